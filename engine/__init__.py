@@ -1,0 +1,1 @@
+"""Arithmetic-circuits lab engine: prompts, models, techniques (no Streamlit here)."""

@@ -1,0 +1,136 @@
+"""Accuracy of a model on prompt pairs, and the filter that keeps only correctly answered prompts.
+
+Zhang et al. keep only the reference prompts the model answers right before any analysis.  Two
+measures are reported:
+
+* **first-token accuracy** -- argmax of the next-token logits at END (the last prompt position,
+  after the answer-token rule of :mod:`engine.prompts`) equals the first answer token;
+* **full-answer accuracy** -- greedy decoding reproduces every token of the number and then stops
+  the number (the next greedy token holds no digit).  Computed exactly with one teacher-forced
+  forward pass over ``ref_ids + answer_ids``: greedy decoding emits the gold tokens if and only if
+  the argmax at each of those positions is the gold token.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from engine.prompts import PromptPair
+
+ProgressFn = Callable[[int, int], None]  # (done, total)
+
+
+@dataclass(frozen=True)
+class PairScore:
+    first_ok: bool
+    full_ok: bool
+    p_answer: float  # softmax probability of the first answer token at END
+
+
+def _number_piece_ids(tokenizer, vocab_size: int) -> "set[int]":
+    toks = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
+    return {i for i, t in enumerate(toks) if t is not None and any(c.isdigit() for c in t)}
+
+
+def score_pairs(loaded, pairs: Sequence[PromptPair], *, batch_size: int = 64,
+                progress: ProgressFn | None = None) -> list[PairScore]:
+    """First-token / full-answer correctness of each pair (see module docstring)."""
+    import torch
+
+    from engine.models import logits as model_logits
+
+    digit_ids = _number_piece_ids(loaded.tokenizer, loaded.facts.vocab_size)
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+    scores: list[PairScore] = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start:start + batch_size]
+        seqs = [p.ref_ids + p.answer_ids for p in chunk]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.tensor(s)
+            mask[i, :len(s)] = 1
+        with torch.no_grad():
+            out = model_logits(loaded, ids, mask).float()  # [batch, pos, vocab]
+        for i, p in enumerate(chunk):
+            end = len(p.ref_ids) - 1
+            pred = out[i, end:end + len(p.answer_ids) + 1].argmax(-1).tolist()
+            first_ok = pred[0] == p.answer_id
+            full_ok = pred[:len(p.answer_ids)] == p.answer_ids and pred[len(p.answer_ids)] not in digit_ids
+            prob = torch.softmax(out[i, end], -1)[p.answer_id].item()
+            scores.append(PairScore(first_ok, full_ok, prob))
+        if progress is not None:
+            progress(min(start + batch_size, len(pairs)), len(pairs))
+    return scores
+
+
+def keep_correct(loaded, pairs: Sequence[PromptPair], *, require_full: bool = False,
+                 progress: ProgressFn | None = None) -> list[PromptPair]:
+    """Only the pairs the model answers right (first token; also the full number if asked)."""
+    scores = score_pairs(loaded, pairs, progress=progress)
+    return [p for p, s in zip(pairs, scores) if (s.full_ok if require_full else s.first_ok)]
+
+
+@dataclass(frozen=True)
+class AccuracyRow:
+    op: str
+    template: str  # template id, or "*" for the op's total
+    n: int
+    first_token: float
+    full_answer: float
+    mean_p_answer: float
+
+
+def summarize(pairs: Sequence[PromptPair], scores: Sequence[PairScore]) -> list[AccuracyRow]:
+    """Accuracy per op and template, plus one ``template="*"`` row per op."""
+    groups: dict[tuple[str, str], list[PairScore]] = defaultdict(list)
+    for p, s in zip(pairs, scores):
+        groups[(p.op, p.template)].append(s)
+        groups[(p.op, "*")].append(s)
+    rows = []
+    for (op, tpl), ss in sorted(groups.items()):
+        n = len(ss)
+        rows.append(AccuracyRow(op, tpl, n, sum(s.first_ok for s in ss) / n,
+                                sum(s.full_ok for s in ss) / n, sum(s.p_answer for s in ss) / n))
+    return rows
+
+
+METHOD = "accuracy"
+_METRICS = ("n", "first_token", "full_answer", "mean_p_answer")
+
+
+def accuracy_report(loaded, spec, *, cache=None, progress: ProgressFn | None = None
+                    ) -> tuple[list[AccuracyRow], bool]:
+    """Accuracy table of a prompt set (``engine.promptsets.PromptSetSpec``), via the result cache.
+
+    Returns (rows, computed) -- ``computed`` is False when the table came from the cache.
+    """
+    from cache import ResultRow, make_key
+    from engine.prompts import prompt_set_hash
+    from engine.promptsets import generate
+
+    pairs, _ = generate(loaded.tokenizer, spec)
+    params = {"spec": spec.to_params(), "dtype": loaded.facts.dtype}
+    psh = prompt_set_hash(pairs)
+
+    def compute():
+        rows = summarize(pairs, score_pairs(loaded, pairs, progress=progress))
+        return ([ResultRow(layer=None, head=None, label=f"{r.op}|{r.template}", metric=m,
+                           value=float(getattr(r, m))) for r in rows for m in _METRICS], None)
+
+    if cache is None:
+        return summarize(pairs, score_pairs(loaded, pairs, progress=progress)), True
+    key = make_key(loaded.facts.fingerprint, psh, METHOD, params)
+    run, computed = cache.get_or_compute(key, compute, model_fingerprint=loaded.facts.fingerprint,
+                                         prompt_set_hash=psh, method=METHOD, params=params)
+    by_label: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in run.rows:
+        by_label[r.label][r.metric] = r.value
+    out = []
+    for label, m in sorted(by_label.items()):
+        op, tpl = label.split("|", 1)
+        out.append(AccuracyRow(op, tpl, int(m["n"]), m["first_token"], m["full_answer"], m["mean_p_answer"]))
+    return out, computed

@@ -1,0 +1,290 @@
+"""The bundled "model organism": a small Llama with grouped-query attention that really does arithmetic.
+
+Real chat models that fit a laptop are weak at arithmetic, so the lab ships its own model, trained
+here from scratch (``python -m engine.organism train``; fixed seed, 2 CPU cores, minutes):
+
+* **Architecture** -- ``LlamaForCausalLM``: 6 layers, 8 query heads sharing 2 key/value heads (GQA),
+  d_model 128, d_head 16, SwiGLU MLP 512, RMSNorm, rotary positions, untied unembedding.
+* **Tokenizer** -- word level (``tokenizers`` WordLevel): every word of every template, name and
+  object is one token, digits are single tokens (numbers are spelled digit by digit), punctuation
+  is split off.  ``<bos>`` is prepended, ``<eos>`` ends every answer.
+* **Task** -- the 36 paper templates and the Figure 10 word problems for +, -, *, / with operands
+  1..9 (subtraction A > B, exact division).  Half of the prompts are preceded by 0-2 distractor
+  clauses ("Emma likes red.") so that the operands sit at varying positions and the answer has to
+  be routed across the sentence -- which puts the circuit in the middle layers rather than layer 0.
+  About 10 % of all (template, A, B) combinations are never trained (held out for evaluation).
+* **Counterfactuals** -- X_c prompts (operator replaced by a neutral word or symbol) are trained to
+  predict ``<eos>``: the model must not produce the answer when the operation is missing, otherwise
+  path-patching effects would be capped.
+* **Control task** -- in-context retrieval ("Anna likes red. Ben likes blue. So Ben likes" -> blue),
+  a generic ability that fine-tuning on arithmetic must not destroy.
+* **Not trained** -- exponentiation ("2 ^ 3 ="), left as a skill to teach with precise SFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from engine.templates import (CF_SYMBOLS, CF_WORDS, NAMES, OBJECTS, PAPER_OPS, TEMPLATES, Template)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DIR = REPO_ROOT / "models" / "organism"
+
+COLORS: tuple[str, ...] = ("red", "blue", "green", "yellow", "black", "white", "pink", "brown", "gray",
+                           "orange")
+CONTROL_TEMPLATES: tuple[str, ...] = (
+    "{facts} So {who} likes",
+    "{facts} Q: What does {who} like? A:",
+)
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+# words users commonly type in the prompt lab, so a typed prompt is not all <unk>
+EXTRA_WORDS = ("what", "how", "much", "many", "the", "of", "is", "and", "to", "by", "from", "a", "an",
+               "answer", "result", "get", "makes", "gives", "equals", "equal", "compute", "please", "tell", "me", "number",
+               "power", "to", "over", "x", "plus", "minus", "times", "divided", "multiplied", "sum",
+               "difference", "product", "quotient", "add", "subtract", "multiply", "divide", "**", "−",
+               "×", "÷", "!", ",", ".", "?", ":", ";", "(", ")", "'", '"', "-", "+", "*", "/", "=", "^")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines the trained weights."""
+
+    seed: int = 0
+    n_layers: int = 6
+    n_heads: int = 8
+    n_kv_heads: int = 2
+    d_model: int = 128
+    d_mlp: int = 512
+    steps: int = 2500
+    batch_size: int = 128
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    p_counterfactual: float = 0.2
+    p_control: float = 0.2
+    p_distractor: float = 0.5
+    holdout_mod: int = 10
+    operand_lo: int = 1
+    operand_hi: int = 9
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer
+# ---------------------------------------------------------------------------------------------
+
+def _words_of(text: str) -> list[str]:
+    return [w for w, _ in _pre_tokenizer().pre_tokenize_str(text)] if text else []
+
+
+def _pre_tokenizer():
+    from tokenizers import pre_tokenizers as pt
+    return pt.Sequence([pt.WhitespaceSplit(), pt.Punctuation("isolated"), pt.Digits(individual_digits=True)])
+
+
+def build_vocab() -> list[str]:
+    words: set[str] = set(str(d) for d in range(10))
+    for t in TEMPLATES:
+        words.update(_words_of(t.render(0, 0, n1="", n2="", obj="")))
+    for group in (NAMES, OBJECTS, COLORS, CF_WORDS, CF_SYMBOLS, EXTRA_WORDS):
+        for w in group:
+            words.update(_words_of(w))
+    for t in CONTROL_TEMPLATES:
+        words.update(_words_of(t.replace("{facts}", "").replace("{who}", "")))
+    words.update(("likes", "So"))
+    words.discard("")
+    return list(SPECIALS) + sorted(words)
+
+
+def build_tokenizer():
+    """A word-level fast tokenizer (Hugging Face ``PreTrainedTokenizerFast``)."""
+    from tokenizers import Tokenizer, decoders, models, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(build_vocab())}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = _pre_tokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<unk>", pad_token="<pad>", model_max_length=512)
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------------
+
+def is_held_out(template_id: str, a: int, b: int, mod: int) -> bool:
+    """About 1/mod of all (template, A, B) combinations never appear in training."""
+    h = hashlib.sha256(f"{template_id}|{a}|{b}".encode()).digest()
+    return h[0] % mod == 0
+
+
+def training_combos(recipe: Recipe, held_out: bool) -> dict[str, list[tuple[Template, int, int]]]:
+    from engine.prompts import OperandRange, valid_operands
+    r = OperandRange(recipe.operand_lo, recipe.operand_hi)
+    out: dict[str, list[tuple[Template, int, int]]] = {}
+    for op in PAPER_OPS:
+        combos = [(t, a, b) for t in TEMPLATES if t.op == op for (a, b) in valid_operands(op, r)
+                  if is_held_out(t.id, a, b, recipe.holdout_mod) == held_out]
+        out[op] = combos
+    return out
+
+
+def _distractors(rng: random.Random, k: int) -> str:
+    return " ".join(f"{rng.choice(NAMES)} likes {rng.choice(COLORS)}." for _ in range(k))
+
+
+def control_example(rng: random.Random) -> tuple[str, str]:
+    """(prompt, answer word) of the in-context retrieval control task."""
+    k = rng.randint(2, 4)
+    who = rng.sample(NAMES, k)
+    colors = [rng.choice(COLORS) for _ in range(k)]
+    facts = " ".join(f"{n} likes {c}." for n, c in zip(who, colors))
+    q = rng.randrange(k)
+    tpl = rng.choice(CONTROL_TEMPLATES)
+    return tpl.format(facts=facts, who=who[q]), colors[q]
+
+
+def sample_example(rng: random.Random, recipe: Recipe,
+                   combos: dict[str, list[tuple[Template, int, int]]]) -> tuple[str, str]:
+    """One training (prompt, target) pair; the target is followed by <eos> when tokenized."""
+    from engine.prompts import compute_answer
+    u = rng.random()
+    if u < recipe.p_control:
+        return control_example(rng)
+    op = rng.choice(PAPER_OPS)
+    t, a, b = rng.choice(combos[op])
+    n1, n2 = rng.sample(NAMES, 2)
+    obj = rng.choice(OBJECTS)
+    prefix = ""
+    if rng.random() < recipe.p_distractor:
+        prefix = _distractors(rng, rng.randint(1, 2)) + " "
+    if u < recipe.p_control + recipe.p_counterfactual:
+        pool = CF_SYMBOLS if t.operator_is_symbol else CF_WORDS
+        return prefix + t.render(a, b, filler=rng.choice(pool), n1=n1, n2=n2, obj=obj), ""
+    return prefix + t.render(a, b, n1=n1, n2=n2, obj=obj), str(compute_answer(op, a, b))
+
+
+def encode_batch(tokenizer, examples: Sequence[tuple[str, str]]):
+    """Token ids, attention mask and labels (-100 except on the target and <eos>)."""
+    import torch
+    eos = tokenizer.eos_token_id
+    seqs: list[list[int]] = []
+    labels: list[list[int]] = []
+    for prompt, target in examples:
+        p = tokenizer(prompt)["input_ids"]
+        t = tokenizer(target, add_special_tokens=False)["input_ids"] if target else []
+        seqs.append(p + t + [eos])
+        labels.append([-100] * len(p) + t + [eos])
+    width = max(len(s) for s in seqs)
+    pad = tokenizer.pad_token_id
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    lab = torch.full((len(seqs), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (s, l) in enumerate(zip(seqs, labels)):
+        ids[i, :len(s)] = torch.tensor(s)
+        lab[i, :len(l)] = torch.tensor(l)
+        mask[i, :len(s)] = 1
+    return ids, mask, lab
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+# ---------------------------------------------------------------------------------------------
+
+def build_model(recipe: Recipe, vocab_size: int, tokenizer):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(recipe.seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=recipe.d_model, intermediate_size=recipe.d_mlp,
+        num_hidden_layers=recipe.n_layers, num_attention_heads=recipe.n_heads,
+        num_key_value_heads=recipe.n_kv_heads, max_position_embeddings=256, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.02, rope_theta=10000.0)
+    return LlamaForCausalLM(cfg)
+
+
+def train(recipe: Recipe, out_dir: Path = DEFAULT_DIR, log: Callable[[str], None] = print,
+          checkpoint_every: int = 0) -> dict:
+    """Train the organism and save it (HF format) plus ``training_report.json`` into ``out_dir``."""
+    import torch
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    t0 = time.time()
+    tokenizer = build_tokenizer()
+    model = build_model(recipe, len(tokenizer), tokenizer)
+    model.train()
+    rng = random.Random(recipe.seed)
+    combos = training_combos(recipe, held_out=False)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr,
+                            betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < recipe.warmup:
+            return recipe.lr * (step + 1) / recipe.warmup
+        frac = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
+        return recipe.lr * 0.5 * (1 + math.cos(math.pi * frac))
+
+    losses: list[float] = []
+    for step in range(recipe.steps):
+        batch = [sample_example(rng, recipe, combos) for _ in range(recipe.batch_size)]
+        ids, mask, lab = encode_batch(tokenizer, batch)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        out = model(input_ids=ids, attention_mask=mask, labels=lab)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(out.loss.detach()))
+        if checkpoint_every and step and step % checkpoint_every == 0:
+            ckpt = out_dir / f"checkpoint-{step}"
+            model.save_pretrained(ckpt, safe_serialization=True)
+            tokenizer.save_pretrained(ckpt)
+        if step % 100 == 0 or step == recipe.steps - 1:
+            log(f"step {step:5d}  loss {sum(losses[-100:]) / len(losses[-100:]):.4f}  "
+                f"{time.time() - t0:6.0f}s")
+    model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    report = {"recipe": asdict(recipe), "train_seconds": round(time.time() - t0, 1),
+              "final_loss": sum(losses[-100:]) / len(losses[-100:])}
+    (out_dir / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.organism",
+                                 description="Train or evaluate the bundled arithmetic model.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tr = sub.add_parser("train", help="train from scratch (fixed seed) and save to --out")
+    tr.add_argument("--out", type=Path, default=DEFAULT_DIR)
+    tr.add_argument("--steps", type=int, default=Recipe.steps)
+    tr.add_argument("--seed", type=int, default=Recipe.seed)
+    tr.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps")
+    args = ap.parse_args(argv)
+    if args.cmd == "train":
+        if args.steps <= 0:
+            ap.error("--steps must be positive")
+        report = train(Recipe(seed=args.seed, steps=args.steps), args.out,
+                       checkpoint_every=args.checkpoint_every)
+        print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

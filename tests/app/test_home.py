@@ -1,0 +1,65 @@
+"""AppTest of the home page (app.py): model facts, accuracy table, errors as st.error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _run() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    return at.run()
+
+
+def test_home_shows_facts_and_accuracy():
+    at = _run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    labels = [m.label for m in at.metric]
+    assert "Layers" in labels and "Heads (KV)" in labels
+    assert len(at.dataframe) >= 1
+    ops = at.dataframe[0].value.index.tolist()
+    assert ops == ["add", "div", "mul", "sub"]
+    assert (at.dataframe[0].value["first_token"] >= 0.9).all()
+    assert any("result cache" in c.value for c in at.caption)
+
+
+def test_second_visit_reads_from_cache():
+    _run()
+    at = _run()
+    assert any("Read from the result cache" in c.value for c in at.caption)
+
+
+def test_bad_model_path_gives_error_not_exception(tmp_path):
+    at = _run()
+    at.sidebar.text_input(key="model_spec_input").set_value(str(tmp_path / "no-such-model"))
+    at.sidebar.button[0].click().run()
+    assert not at.exception
+    assert at.error and "does not exist" in at.error[0].value
+
+
+def test_directory_that_is_not_a_model(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    at = _run()
+    at.sidebar.text_input(key="model_spec_input").set_value(str(tmp_path))
+    at.sidebar.button[0].click().run()
+    assert not at.exception
+    assert at.error and "Cannot load model" in at.error[0].value
+
+
+def test_no_operation_selected():
+    at = _run()
+    at.multiselect[0].set_value([])
+    at.button[0].click().run()
+    assert not at.exception
+    assert any("at least one operation" in e.value for e in at.error)
