@@ -34,15 +34,18 @@ def _number_piece_ids(tokenizer, vocab_size: int) -> "set[int]":
     return {i for i, t in enumerate(toks) if t is not None and any(c.isdigit() for c in t)}
 
 
-def score_pairs(loaded, pairs: Sequence[PromptPair], *, batch_size: int = 64,
+def score_pairs(model, pairs: Sequence[PromptPair], *, batch_size: int = 64,
                 progress: ProgressFn | None = None) -> list[PairScore]:
-    """First-token / full-answer correctness of each pair (see module docstring)."""
+    """First-token / full-answer correctness of each pair (see module docstring).
+
+    ``model`` is an :class:`engine.backend.ModelBackend`.
+    """
     import torch
 
-    from engine.models import logits as model_logits
+    from engine.patching import _pad_id
 
-    digit_ids = _number_piece_ids(loaded.tokenizer, loaded.facts.vocab_size)
-    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+    digit_ids = _number_piece_ids(model.tokenizer, model.facts.vocab_size)
+    pad = _pad_id(model)
     scores: list[PairScore] = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start:start + batch_size]
@@ -54,7 +57,7 @@ def score_pairs(loaded, pairs: Sequence[PromptPair], *, batch_size: int = 64,
             ids[i, :len(s)] = torch.tensor(s)
             mask[i, :len(s)] = 1
         with torch.no_grad():
-            out = model_logits(loaded, ids, mask).float()  # [batch, pos, vocab]
+            out = model.logits(ids, mask).float()  # [batch, pos, vocab]
         for i, p in enumerate(chunk):
             end = len(p.ref_ids) - 1
             pred = out[i, end:end + len(p.answer_ids) + 1].argmax(-1).tolist()
@@ -67,10 +70,10 @@ def score_pairs(loaded, pairs: Sequence[PromptPair], *, batch_size: int = 64,
     return scores
 
 
-def keep_correct(loaded, pairs: Sequence[PromptPair], *, require_full: bool = False,
+def keep_correct(model, pairs: Sequence[PromptPair], *, require_full: bool = False,
                  progress: ProgressFn | None = None) -> list[PromptPair]:
     """Only the pairs the model answers right (first token; also the full number if asked)."""
-    scores = score_pairs(loaded, pairs, progress=progress)
+    scores = score_pairs(model, pairs, progress=progress)
     return [p for p, s in zip(pairs, scores) if (s.full_ok if require_full else s.first_ok)]
 
 
@@ -102,7 +105,7 @@ METHOD = "accuracy"
 _METRICS = ("n", "first_token", "full_answer", "mean_p_answer")
 
 
-def accuracy_report(loaded, spec, *, cache=None, progress: ProgressFn | None = None
+def accuracy_report(model, spec, *, cache=None, progress: ProgressFn | None = None
                     ) -> tuple[list[AccuracyRow], bool]:
     """Accuracy table of a prompt set (``engine.promptsets.PromptSetSpec``), via the result cache.
 
@@ -112,19 +115,19 @@ def accuracy_report(loaded, spec, *, cache=None, progress: ProgressFn | None = N
     from engine.prompts import prompt_set_hash
     from engine.promptsets import generate
 
-    pairs, _ = generate(loaded.tokenizer, spec)
-    params = {"spec": spec.to_params(), "dtype": loaded.facts.dtype}
+    pairs, _ = generate(model.tokenizer, spec)
+    params = {"spec": spec.to_params(), "dtype": model.facts.dtype}
     psh = prompt_set_hash(pairs)
 
     def compute():
-        rows = summarize(pairs, score_pairs(loaded, pairs, progress=progress))
+        rows = summarize(pairs, score_pairs(model, pairs, progress=progress))
         return ([ResultRow(layer=None, head=None, label=f"{r.op}|{r.template}", metric=m,
                            value=float(getattr(r, m))) for r in rows for m in _METRICS], None)
 
     if cache is None:
-        return summarize(pairs, score_pairs(loaded, pairs, progress=progress)), True
-    key = make_key(loaded.facts.fingerprint, psh, METHOD, params)
-    run, computed = cache.get_or_compute(key, compute, model_fingerprint=loaded.facts.fingerprint,
+        return summarize(pairs, score_pairs(model, pairs, progress=progress)), True
+    key = make_key(model.facts.fingerprint, psh, METHOD, params)
+    run, computed = cache.get_or_compute(key, compute, model_fingerprint=model.facts.fingerprint,
                                          prompt_set_hash=psh, method=METHOD, params=params)
     by_label: dict[str, dict[str, float]] = defaultdict(dict)
     for r in run.rows:
@@ -134,3 +137,31 @@ def accuracy_report(loaded, spec, *, cache=None, progress: ProgressFn | None = N
         op, tpl = label.split("|", 1)
         out.append(AccuracyRow(op, tpl, int(m["n"]), m["first_token"], m["full_answer"], m["mean_p_answer"]))
     return out, computed
+
+
+def kept_pairs(model, spec, *, cache=None, require_full: bool = False,
+               progress: ProgressFn | None = None) -> tuple[list[PromptPair], int]:
+    """The spec's pairs that the model answers right, and how many were generated.
+
+    The filter's outcome is cached (method ``kept_prompts``), so a cached analysis of the same
+    set needs no forward pass at all.
+    """
+    from cache import make_key
+    from engine.prompts import prompt_set_hash
+    from engine.promptsets import generate
+
+    pairs, _ = generate(model.tokenizer, spec)
+    if cache is None:
+        return keep_correct(model, pairs, require_full=require_full, progress=progress), len(pairs)
+    psh = prompt_set_hash(pairs)
+    params = {"require_full": require_full, "dtype": model.facts.dtype}
+
+    def compute():
+        scores = score_pairs(model, pairs, progress=progress)
+        keep = [i for i, s in enumerate(scores) if (s.full_ok if require_full else s.first_ok)]
+        return [], {"kept": keep}
+
+    run, _ = cache.get_or_compute(make_key(model.facts.fingerprint, psh, "kept_prompts", params), compute,
+                                  model_fingerprint=model.facts.fingerprint, prompt_set_hash=psh,
+                                  method="kept_prompts", params=params)
+    return [pairs[i] for i in run.artifacts["kept"]], len(pairs)

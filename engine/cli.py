@@ -1,16 +1,18 @@
 """Command-line interface: ``python -m engine SUBCOMMAND``.
 
-Every subcommand prints JSON (or writes the file named by ``--out``); a bad argument or input exits
-with status 2 and one line on stderr that says what is wrong and what to do.
+Every subcommand prints JSON (and writes the file named by ``--out``); results are read from / written
+to the DuckDB result cache (``$ARITHLAB_CACHE``), so a repeated call does no forward pass.  A bad
+argument or input exits with status 2 and one line on stderr that says what is wrong.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 
 class CliError(Exception):
@@ -32,14 +34,27 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="organism",
                    help="organism (bundled, default) | a local HF directory | a .gguf file | a hub id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when present)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--no-cache", action="store_true", help="compute without reading/writing the cache")
 
 
-def _set_args(p: argparse.ArgumentParser, families_default: str) -> None:
+def _set_args(p: argparse.ArgumentParser, families_default: str, with_file: bool) -> None:
+    if with_file:
+        p.add_argument("--prompts", type=Path, help="JSONL written by `prompts` (ids used as given)")
     p.add_argument("--op", default="all", help="add, sub, mul, div, pow, a comma list, or all (+ - * /)")
     p.add_argument("--n", type=_positive_int, default=100, help="prompts per operation (default 100)")
     p.add_argument("--seed", type=int, default=0)
@@ -58,43 +73,150 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prompts", help="write the correctly answered (X_r, X_c) pairs as JSONL")
     _model_args(p)
-    _set_args(p, "paper")
+    _set_args(p, "paper", with_file=False)
     p.add_argument("--out", required=True, type=Path, help="output .jsonl file")
     p.add_argument("--keep-all", action="store_true", help="also keep prompts the model gets wrong")
 
     p = sub.add_parser("accuracy", help="first-token and full-answer accuracy per op and template")
     _model_args(p)
-    _set_args(p, "all")
-    p.add_argument("--no-cache", action="store_true", help="compute without reading/writing the cache")
+    _set_args(p, "all", with_file=False)
+
+    p = sub.add_parser("patch", help="path patching of every head and MLP -> CSV")
+    _model_args(p)
+    _set_args(p, "paper", with_file=True)
+    p.add_argument("--out", required=True, type=Path, help="output .csv")
+    p.add_argument("--by", choices=("all", "op", "template"), default="all",
+                   help="one row per sender (all) or per sender and op / template")
+    p.add_argument("--with-prob", action="store_true", help="also the answer-probability metric")
+    p.add_argument("--batch-size", type=_positive_int, default=32)
+
+    p = sub.add_parser("knockout", help="accuracy before/after mean-ablating heads / MLPs -> JSON")
+    _model_args(p)
+    _set_args(p, "paper", with_file=True)
+    p.add_argument("--heads", default="", help="LAYER.HEAD list, e.g. 3.1,5.0")
+    p.add_argument("--mlps", default="", help="MLP layers, e.g. 4,5")
+    p.add_argument("--text", help="also show this prompt's top-5 next tokens before/after")
+    p.add_argument("--out", type=Path, help="also write the JSON here")
+
+    p = sub.add_parser("knockout-curve", help="Fig. 3: top-k (effect rank) vs k random heads -> CSV")
+    _model_args(p)
+    _set_args(p, "paper", with_file=True)
+    p.add_argument("--k-max", type=_nonneg_int, default=10)
+    p.add_argument("--draws", type=_positive_int, default=10)
+    p.add_argument("--out", required=True, type=Path)
+
+    p = sub.add_parser("attention", help="END-row attention per token role (all heads) -> CSV")
+    _model_args(p)
+    _set_args(p, "paper", with_file=True)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--text", help="instead: one prompt's END row of --layer/--head, token by token")
+    p.add_argument("--layer", type=_nonneg_int)
+    p.add_argument("--head", type=_nonneg_int)
+
+    p = sub.add_parser("mlp-projection", help="MLP in/out cosines with W_U of A, B, C per layer -> CSV")
+    _model_args(p)
+    _set_args(p, "paper", with_file=True)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--text", help="also: this prompt's top number tokens per layer (Fig. 6c)")
+
+    p = sub.add_parser("transfer", help="Table 4: key-head overlap and cross knockouts of two sets -> JSON")
+    _model_args(p)
+    _set_args(p, "paper", with_file=False)
+    p.add_argument("--b-families", default="word", help="families of the second set (default word)")
+    p.add_argument("--b-bench", choices=("svamp", "gsm8k", "addsub", "singleeq"),
+                   help="second set from a math benchmark instead (needs --data-dir)")
+    p.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
+    p.add_argument("--k", type=_positive_int, default=10)
+    p.add_argument("--out", type=Path)
     return ap
 
 
-def _spec(args):
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+def _spec(args, families: str | None = None):
     from engine.promptsets import PromptSetSpec, parse_families, parse_operands, parse_ops
     lo, hi = parse_operands(args.operands)
     return PromptSetSpec(ops=parse_ops(args.op), n=args.n, seed=args.seed,
-                         families=parse_families(args.families), operand_lo=lo, operand_hi=hi,
+                         families=parse_families(families or args.families), operand_lo=lo, operand_hi=hi,
                          allow_negative=args.allow_negative)
 
 
-def _load(args):
-    from engine.models import load_model
-    return load_model(args.model, device=args.device, dtype=args.dtype)
+def _model(args):
+    from engine.backend import open_model
+    return open_model(args.model, device=args.device, dtype=args.dtype)
 
+
+def _cache(args):
+    if getattr(args, "no_cache", False):
+        return None
+    from cache import ResultCache
+    return ResultCache()
+
+
+def _pairs(args, model, cache):
+    """--prompts FILE (as given) or the generated set filtered to correct answers."""
+    from engine.accuracy import kept_pairs
+    from engine.prompts import PromptError, read_jsonl
+    if getattr(args, "prompts", None):
+        pairs = read_jsonl(str(args.prompts))
+        bad = [p for p in pairs if max(p.ref_ids + p.cf_ids + [p.answer_id]) >= model.facts.vocab_size]
+        if bad:
+            raise PromptError(f"{args.prompts} holds token ids outside this model's vocabulary: "
+                              f"it was written for another model")
+        return pairs
+    pairs, _ = kept_pairs(model, _spec(args), cache=cache)
+    if not pairs:
+        raise PromptError("the model answers none of these prompts right: try another op, "
+                          "more prompts or another model")
+    return pairs
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _cached_json(cache, model, pairs, method: str, params: dict, compute: Callable[[], dict]) -> tuple[dict, bool]:
+    """A JSON-shaped result through the cache (as an artifact)."""
+    if cache is None:
+        return compute(), True
+    from cache import make_key
+    from engine.prompts import prompt_set_hash
+    psh = prompt_set_hash(pairs)
+    f = model.facts
+    run, computed = cache.get_or_compute(make_key(f.fingerprint, psh, method, params),
+                                         lambda: ([], {"result": compute()}),
+                                         model_fingerprint=f.fingerprint, prompt_set_hash=psh,
+                                         method=method, params=params)
+    return run.artifacts["result"], computed
+
+
+def _print(obj: Any) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# subcommands
+# ---------------------------------------------------------------------------------------------
 
 def cmd_info(args) -> int:
-    print(json.dumps(_load(args).facts.to_dict(), indent=2))
+    _print(_model(args).facts.to_dict())
     return 0
 
 
 def cmd_prompts(args) -> int:
     from engine.accuracy import keep_correct
-    from engine.promptsets import generate
     from engine.prompts import write_jsonl
+    from engine.promptsets import generate
     spec = _spec(args)
-    loaded = _load(args)
-    pairs, dropped = generate(loaded.tokenizer, spec)
-    kept = pairs if args.keep_all else keep_correct(loaded, pairs)
+    model = _model(args)
+    pairs, dropped = generate(model.tokenizer, spec)
+    kept = pairs if args.keep_all else keep_correct(model, pairs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     n = write_jsonl(str(args.out), kept)
     print(json.dumps({"out": str(args.out), "generated": len(pairs), "kept": n,
@@ -105,24 +227,173 @@ def cmd_prompts(args) -> int:
 def cmd_accuracy(args) -> int:
     from engine.accuracy import accuracy_report
     spec = _spec(args)
-    loaded = _load(args)
-    cache = None
-    if not args.no_cache:
-        from cache import ResultCache
-        cache = ResultCache()
-    rows, computed = accuracy_report(loaded, spec, cache=cache)
+    model = _model(args)
+    rows, computed = accuracy_report(model, spec, cache=_cache(args))
     per_op = {r.op: {"n": r.n, "first_token": r.first_token, "full_answer": r.full_answer}
               for r in rows if r.template == "*"}
     per_template = [{"op": r.op, "template": r.template, "n": r.n, "first_token": r.first_token,
                      "full_answer": r.full_answer, "mean_p_answer": r.mean_p_answer}
                     for r in rows if r.template != "*"]
-    print(json.dumps({"model": loaded.facts.spec, "fingerprint": loaded.facts.fingerprint,
-                      "cached": not computed, "per_op": per_op, "per_template": per_template}, indent=2))
+    _print({"model": model.facts.spec, "fingerprint": model.facts.fingerprint, "cached": not computed,
+            "per_op": per_op, "per_template": per_template})
+    return 0
+
+
+def cmd_patch(args) -> int:
+    from engine.patching import cached_path_patching
+    model = _model(args)
+    cache = _cache(args)
+    pairs = _pairs(args, model, cache)
+    table, computed = cached_path_patching(model, pairs, cache=cache, with_prob=args.with_prob,
+                                           batch_size=args.batch_size)
+    metrics = ["effect", "logit_diff"] + (["prob_diff"] if args.with_prob else [])
+    counts: dict[str, int] = {"*": len(pairs)}
+    for p in pairs:
+        counts[f"op:{p.op}"] = counts.get(f"op:{p.op}", 0) + 1
+        counts[f"template:{p.template}"] = counts.get(f"template:{p.template}", 0) + 1
+    prefix = {"all": "*", "op": "op:", "template": "template:"}[args.by]
+    rows: dict[tuple, dict[str, Any]] = {}
+    for v in table.values:
+        if v.metric not in metrics or not (v.group == "*" if args.by == "all" else v.group.startswith(prefix)):
+            continue
+        key = (v.group, v.component, v.layer, v.head)
+        row = rows.setdefault(key, {**({} if args.by == "all" else {"group": v.group.split(":", 1)[1]}),
+                                    "component": v.component, "layer": v.layer, "head": v.head})
+        row[v.metric] = v.value
+        row["n"] = counts.get(v.group, 0)
+    out = sorted(rows.values(), key=lambda r: (r.get("group", ""), r["layer"], r["component"] == "mlp", r["head"]))
+    _write_csv(args.out, out)
+    top = table.top_heads(5)
+    _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "senders": len(out),
+            "top_heads": [{"layer": layer, "head": h, "effect": e} for layer, h, e in top]})
+    return 0
+
+
+def _knockout_result(model, pairs, ko, text):
+    from engine.ablation import knockout_accuracy, mean_activations, top_next_tokens
+    from engine.ablation import Knockout
+    means = mean_activations(model, pairs)
+    res = {"heads": [f"{a}.{b}" for a, b in ko.heads], "mlps": list(ko.mlps), "n_pairs": len(pairs),
+           "accuracy_before": knockout_accuracy(model, pairs, Knockout(), means),
+           "accuracy_after": knockout_accuracy(model, pairs, ko, means)}
+    if text:
+        from engine.prompts import parse_typed_prompt
+        ids = model.tokenizer(text)["input_ids"]
+        res["text"] = text
+        try:
+            tp = parse_typed_prompt(text)
+            res["parsed"] = {"op": tp.op, "a": tp.a, "b": tp.b, "answer": tp.answer}
+        except ValueError as e:
+            res["parsed"] = {"error": str(e)}
+        res["top5_before"] = [t.__dict__ for t in top_next_tokens(model, ids)]
+        res["top5_after"] = [t.__dict__ for t in top_next_tokens(model, ids, ko=ko, means=means)]
+    return res
+
+
+def cmd_knockout(args) -> int:
+    from engine.ablation import Knockout, parse_heads, parse_layers
+    model = _model(args)
+    ko = Knockout(parse_heads(args.heads), parse_layers(args.mlps)).validate(model.facts.n_layers,
+                                                                            model.facts.n_heads)
+    if ko.empty:
+        raise CliError("nothing to knock out: give --heads LAYER.HEAD,... and/or --mlps LAYER,...")
+    cache = _cache(args)
+    pairs = _pairs(args, model, cache)
+    params = {"heads": [list(h) for h in ko.heads], "mlps": list(ko.mlps), "text": args.text or "",
+              "dtype": model.facts.dtype}
+    res, computed = _cached_json(cache, model, pairs, "knockout", params,
+                                 lambda: _knockout_result(model, pairs, ko, args.text))
+    res = {**res, "cached": not computed}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=2) + "\n")
+    _print(res)
+    return 0
+
+
+def cmd_knockout_curve(args) -> int:
+    from engine.ablation import cached_knockout_curve
+    from engine.patching import cached_path_patching
+    model = _model(args)
+    n_heads = model.facts.n_layers * model.facts.n_heads
+    if args.k_max > n_heads:
+        raise CliError(f"--k-max {args.k_max} exceeds the model's {n_heads} heads")
+    cache = _cache(args)
+    pairs = _pairs(args, model, cache)
+    table, _ = cached_path_patching(model, pairs, cache=cache)
+    ranked = [(layer, h) for layer, h, _ in table.top_heads(args.k_max)]
+    pts, computed = cached_knockout_curve(model, pairs, ranked, k_max=args.k_max, draws=args.draws,
+                                          seed=args.seed, cache=cache)
+    points = [p.__dict__ for p in pts]
+    _write_csv(args.out, points)
+    _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
+            "ranked_heads": [f"{a}.{b}" for a, b in ranked], "points": points})
+    return 0
+
+
+def cmd_attention(args) -> int:
+    model = _model(args)
+    if args.text is not None:
+        from engine.attention import prompt_attention
+        if args.layer is None or args.head is None:
+            raise CliError("--text needs --layer and --head")
+        if not args.text.strip():
+            raise CliError("--text is empty: give a prompt")
+        ids = model.tokenizer(args.text)["input_ids"]
+        rows = [t.__dict__ for t in prompt_attention(model, ids, args.layer, args.head)]
+        _write_csv(args.out, rows)
+        _print({"out": str(args.out), "layer": args.layer, "head": args.head, "tokens": rows})
+        return 0
+    from engine.attention import cached_role_attention
+    cache = _cache(args)
+    pairs = _pairs(args, model, cache)
+    vals, computed = cached_role_attention(model, pairs, cache=cache)
+    _write_csv(args.out, [v.__dict__ for v in vals])
+    _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "rows": len(vals)})
+    return 0
+
+
+def cmd_mlp_projection(args) -> int:
+    from engine.projections import cached_mlp_projections, top_number_tokens
+    model = _model(args)
+    cache = _cache(args)
+    pairs = _pairs(args, model, cache)
+    vals, computed = cached_mlp_projections(model, pairs, cache=cache)
+    _write_csv(args.out, [v.__dict__ for v in vals])
+    res: dict[str, Any] = {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
+                           "per_layer": [v.__dict__ for v in vals]}
+    if args.text:
+        ids = model.tokenizer(args.text)["input_ids"]
+        res["top_number_tokens"] = [t.__dict__ for t in top_number_tokens(model, args.text, ids)]
+    _print(res)
+    return 0
+
+
+def cmd_transfer(args) -> int:
+    from engine.accuracy import keep_correct, kept_pairs
+    from engine.transfer import benchmark_pairs, transfer
+    model = _model(args)
+    cache = _cache(args)
+    pairs_a, _ = kept_pairs(model, _spec(args), cache=cache)
+    if args.b_bench:
+        pairs_b = keep_correct(model, benchmark_pairs(model.tokenizer, args.data_dir, args.b_bench, args.n,
+                                                      args.seed))
+        name_b = args.b_bench
+    else:
+        pairs_b, _ = kept_pairs(model, _spec(args, args.b_families), cache=cache)
+        name_b = args.b_families
+    res = transfer(model, pairs_a, pairs_b, names=(args.families, name_b), k=args.k, cache=cache).to_json()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=2) + "\n")
+    _print(res)
     return 0
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "info": cmd_info, "prompts": cmd_prompts, "accuracy": cmd_accuracy,
+    "info": cmd_info, "prompts": cmd_prompts, "accuracy": cmd_accuracy, "patch": cmd_patch,
+    "knockout": cmd_knockout, "knockout-curve": cmd_knockout_curve, "attention": cmd_attention,
+    "mlp-projection": cmd_mlp_projection, "transfer": cmd_transfer,
 }
 
 
@@ -135,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.cmd](args)
     except CliError as e:
         print(f"error: {e}", file=sys.stderr)
-    except (PromptError, ModelLoadError, CacheError) as e:
+    except (PromptError, ModelLoadError, CacheError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
     except OSError as e:
         print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)

@@ -71,6 +71,9 @@ class Recipe:
     p_counterfactual: float = 0.2
     p_control: float = 0.2
     p_distractor: float = 0.5
+    #: clause kinds of distractors: "likes" (a colour), "said" (an operator word or symbol),
+    #: "age" (a number) -- the last two make layer-0 look-ups of the operator/operands ambiguous
+    distractor_kinds: tuple[str, ...] = ("likes", "said", "age")
     holdout_mod: int = 10
     operand_lo: int = 1
     operand_hi: int = 9
@@ -98,7 +101,7 @@ def build_vocab() -> list[str]:
             words.update(_words_of(w))
     for t in CONTROL_TEMPLATES:
         words.update(_words_of(t.replace("{facts}", "").replace("{who}", "")))
-    words.update(("likes", "So"))
+    words.update(("likes", "So", "said", "years", "old"))
     words.discard("")
     return list(SPECIALS) + sorted(words)
 
@@ -139,8 +142,22 @@ def training_combos(recipe: Recipe, held_out: bool) -> dict[str, list[tuple[Temp
     return out
 
 
-def _distractors(rng: random.Random, k: int) -> str:
-    return " ".join(f"{rng.choice(NAMES)} likes {rng.choice(COLORS)}." for _ in range(k))
+_OPERATOR_WORDS = tuple(sorted({t.operator for t in TEMPLATES}))
+
+
+def _distractors(rng: random.Random, k: int, kinds: Sequence[str] = ("likes",)) -> str:
+    """k distractor clauses such as "Emma likes red.", "Hugo said times.", "Iris is 7 years old." """
+    out = []
+    for _ in range(k):
+        kind = rng.choice(list(kinds))
+        name = rng.choice(NAMES)
+        if kind == "said":
+            out.append(f"{name} said {rng.choice(_OPERATOR_WORDS)}.")
+        elif kind == "age":
+            out.append(f"{name} is {rng.randint(1, 9)} years old.")
+        else:
+            out.append(f"{name} likes {rng.choice(COLORS)}.")
+    return " ".join(out)
 
 
 def control_example(rng: random.Random) -> tuple[str, str]:
@@ -167,7 +184,7 @@ def sample_example(rng: random.Random, recipe: Recipe,
     obj = rng.choice(OBJECTS)
     prefix = ""
     if rng.random() < recipe.p_distractor:
-        prefix = _distractors(rng, rng.randint(1, 2)) + " "
+        prefix = _distractors(rng, rng.randint(1, 2), recipe.distractor_kinds) + " "
     if u < recipe.p_control + recipe.p_counterfactual:
         pool = CF_SYMBOLS if t.operator_is_symbol else CF_WORDS
         return prefix + t.render(a, b, filler=rng.choice(pool), n1=n1, n2=n2, obj=obj), ""
@@ -276,6 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr.add_argument("--steps", type=int, default=Recipe.steps)
     tr.add_argument("--seed", type=int, default=Recipe.seed)
     tr.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps")
+    tr.add_argument("--no-card", action="store_true", help="skip the evaluation and model card")
+    cd = sub.add_parser("card", help="evaluate a trained organism and (re)write its model card")
+    cd.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     args = ap.parse_args(argv)
     if args.cmd == "train":
         if args.steps <= 0:
@@ -283,7 +303,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = train(Recipe(seed=args.seed, steps=args.steps), args.out,
                        checkpoint_every=args.checkpoint_every)
         print(json.dumps(report, indent=2))
+        if not args.no_card:
+            make_card(args.out)
+    elif args.cmd == "card":
+        make_card(args.dir)
     return 0
+
+
+def make_card(model_dir: Path) -> None:
+    """Evaluate the model in ``model_dir`` and write its README.md model card."""
+    from engine.backend import open_model
+    from engine.organism_eval import evaluate_organism, key_heads, write_card
+    report = json.loads((model_dir / "training_report.json").read_text())
+    recipe = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in report["recipe"].items()})
+    model = open_model(str(model_dir), device="cpu")
+    ev = evaluate_organism(model, recipe)
+    ev["n_params"] = model.facts.n_params
+    heads = key_heads(model)
+    write_card(model_dir, report, ev, heads)
+    print(json.dumps({"held_out_by_op": ev["held_out_by_op"], "control": ev["control_accuracy"],
+                      "key_heads": heads["*"]}, indent=2))
 
 
 if __name__ == "__main__":

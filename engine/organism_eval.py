@@ -49,24 +49,22 @@ def _acc(pairs, scores, key) -> dict[str, dict[str, float]]:
                 "full_answer": sum(s.full_ok for s in v) / len(v)} for k, v in sorted(g.items())}
 
 
-def evaluate_organism(loaded, recipe: Recipe | None = None, seed: int = 12345) -> dict[str, Any]:
-    """All model-card numbers for a loaded organism."""
+def evaluate_organism(model, recipe: Recipe | None = None, seed: int = 12345) -> dict[str, Any]:
+    """All model-card numbers for a model organism."""
     import torch
 
-    from engine.models import logits as model_logits
-
     recipe = recipe or Recipe()
-    tok = loaded.tokenizer
+    tok = model.tokenizer
     rng = random.Random(seed)
     pairs, _ = build_pairs(tok, _held_out_problems(recipe, seed))
-    scores = score_pairs(loaded, pairs)
-    distracted = [_with_prefix(tok, p, _distractors(rng, rng.randint(1, 2)) + " ") for p in pairs]
-    d_scores = score_pairs(loaded, distracted)
+    scores = score_pairs(model, pairs)
+    distracted = [_with_prefix(tok, p, _distractors(rng, rng.randint(1, 2), recipe.distractor_kinds) + " ") for p in pairs]
+    d_scores = score_pairs(model, distracted)
 
     # counterfactuals: does X_c still produce the answer?
     cf_pairs = [PromptPair(p.op, p.template, p.family, p.a, p.b, p.answer, p.cf_text, p.cf_text,
                            p.cf_ids, p.cf_ids, p.answer_id, p.answer_ids) for p in pairs]
-    cf_scores = score_pairs(loaded, cf_pairs)
+    cf_scores = score_pairs(model, cf_pairs)
 
     # control task
     ctrl = [control_example(rng) for _ in range(1000)]
@@ -81,12 +79,12 @@ def evaluate_organism(loaded, recipe: Recipe | None = None, seed: int = 12345) -
             ids[j, :len(e)] = torch.tensor(e)
             mask[j, :len(e)] = 1
         with torch.no_grad():
-            out = model_logits(loaded, ids, mask)
+            out = model.logits(ids, mask)
         for j, (e, (_, ans)) in enumerate(zip(enc, chunk)):
             ok += int(out[j, len(e) - 1].argmax().item() == tok.convert_tokens_to_ids(ans))
 
     pow_pairs, _ = build_pairs(tok, sample_problems(["pow"], 200, seed, operands=OperandRange(1, 9)))
-    pow_scores = score_pairs(loaded, pow_pairs)
+    pow_scores = score_pairs(model, pow_pairs)
     return {
         "held_out_by_op": _acc(pairs, scores, lambda p: p.op),
         "held_out_by_family": _acc(pairs, scores, lambda p: f"{p.op}/{p.family}"),
@@ -98,3 +96,103 @@ def evaluate_organism(loaded, recipe: Recipe | None = None, seed: int = 12345) -
         "pow_first_token": sum(s.first_ok for s in pow_scores) / len(pow_scores),
         "n_held_out": len(pairs),
     }
+
+
+def key_heads(model, n: int = 50, seed: int = 0, k: int = 5) -> dict[str, Any]:
+    """Where the bundled model's key heads sit: top-k heads by path-patching effect per op."""
+    from engine.accuracy import keep_correct
+    from engine.patching import PatchingTable, path_patching, summarize
+    from engine.promptsets import PromptSetSpec, generate
+
+    pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=n, seed=seed))
+    pairs = keep_correct(model, pairs)
+    raw = path_patching(model, pairs)
+    table = PatchingTable(model.facts.n_layers, model.facts.n_heads, len(pairs), summarize(raw))
+    out: dict[str, Any] = {"n_pairs": len(pairs)}
+    for group in ("*", "op:add", "op:sub", "op:mul", "op:div"):
+        out[group] = [{"head": f"{layer}.{h}", "effect": round(e, 3)} for layer, h, e in table.top_heads(k, group=group)]
+    _, mlps = table.heatmap("effect")
+    out["mlp_effect"] = [round(m, 3) for m in mlps]
+    return out
+
+
+def _table(d: dict[str, dict[str, float]]) -> str:
+    lines = ["| set | n | first-token | full answer |", "| --- | ---: | ---: | ---: |"]
+    for k, v in d.items():
+        lines.append(f"| {k} | {v['n']} | {v['first_token']:.1%} | {v['full_answer']:.1%} |")
+    return "\n".join(lines)
+
+
+def write_card(out_dir, report: dict[str, Any], ev: dict[str, Any], heads: dict[str, Any]) -> str:
+    """The model card (README.md of ``models/organism``), from measured numbers only."""
+    from pathlib import Path
+    r = report["recipe"]
+    top = ", ".join(f"{h['head']} ({h['effect']:+.2f})" for h in heads["*"])
+    per_op = "\n".join(f"| {op} | " + ", ".join(f"{h['head']} ({h['effect']:+.2f})" for h in heads[f"op:{op}"]) + " |"
+                       for op in ("add", "sub", "mul", "div"))
+    card = f"""# The bundled arithmetic model ("organism")
+
+A small Llama that really does arithmetic, trained from scratch by this project so that the lab works
+offline on a laptop. Reproduce it with `python -m engine.organism train` (fixed seed; about
+{report['train_seconds'] / 60:.0f} minutes on 2 CPU cores); this card is regenerated from measurements by the
+same command (`python -m engine.organism card` re-evaluates an existing model).
+
+## Architecture
+`LlamaForCausalLM`: {r['n_layers']} layers, {r['n_heads']} query heads sharing {r['n_kv_heads']} key/value heads
+(grouped-query attention), d_model {r['d_model']}, d_head {r['d_model'] // r['n_heads']}, SwiGLU MLP {r['d_mlp']},
+RMSNorm, rotary positions, untied unembedding; {ev.get('n_params', 0):,} parameters. Word-level tokenizer:
+every word of every template, name and object is one token, digits are single tokens (numbers are
+spelled digit by digit), `<bos>` is prepended, `<eos>` ends an answer.
+
+## Training recipe
+{r['steps']} AdamW steps (lr {r['lr']}, cosine, {r['warmup']} warm-up steps, weight decay {r['weight_decay']},
+batch {r['batch_size']}, gradient clipping 1.0, seed {r['seed']}); loss only on the answer tokens and `<eos>`.
+Each example is drawn as follows:
+
+* {1 - r['p_control'] - r['p_counterfactual']:.0%} arithmetic: one of the 36 paper templates or the Figure 10 word problems
+  (+, −, ×, ÷; operands {r['operand_lo']}..{r['operand_hi']}, A > B for subtraction, exact division), target the
+  answer's digits then `<eos>`;
+* {r['p_counterfactual']:.0%} counterfactual prompts X_c (operator replaced by a neutral word/symbol), target
+  `<eos>` -- the model must not produce the answer without the operation;
+* {r['p_control']:.0%} control task: in-context retrieval ("Anna likes red. Ben likes blue. So Ben likes" -> blue);
+* with probability {r['p_distractor']} an arithmetic prompt is preceded by 1-2 distractor clauses of kinds
+  {', '.join(r['distractor_kinds'])} ("Emma likes red.", "Hugo said times.", "Iris is 7 years old.") so the
+  operands and operator sit at varying positions and look-alike tokens must be told apart.
+* About 1/{r['holdout_mod']} of all (template, A, B) combinations never appear in training: the
+  held-out prompts below. Exponentiation is never trained (a skill to teach with precise SFT).
+
+Final training loss {report['final_loss']:.4f}.
+
+## Accuracy on held-out prompts ({ev['n_held_out']} (template, A, B) combinations)
+{_table(ev['held_out_by_op'])}
+
+With 1-2 distractor clauses in front:
+
+{_table(ev['held_out_with_distractors_by_op'])}
+
+Per template family:
+
+{_table(ev['held_out_by_family'])}
+
+* Counterfactual prompts X_c: the answer is the top token in {ev['counterfactual_predicts_answer']:.1%} of cases
+  (mean answer probability {ev['counterfactual_mean_p_answer']:.2e}, vs {ev['reference_mean_p_answer']:.3f} on X_r).
+* Control task (in-context retrieval, 1000 fresh prompts): {ev['control_accuracy']:.1%}.
+* Exponentiation (never trained): {ev['pow_first_token']:.1%} first-token accuracy.
+
+## Where the key heads sit
+Path patching (fast exact path, `engine/patching.py`) on {heads['n_pairs']} correctly answered paper-template
+pairs; effect = relative change of the answer logit when the head's END output comes from X_c
+(most negative = most important). Top heads (layer.head):
+
+* all operations: {top}
+
+| op | top heads |
+| --- | --- |
+{per_op}
+
+MLP effects per layer: {', '.join(f'{m:+.2f}' for m in heads['mlp_effect'])}.
+"""
+    Path(out_dir, "README.md").write_text(card)
+    import json
+    Path(out_dir, "evaluation.json").write_text(json.dumps({"evaluation": ev, "key_heads": heads}, indent=2) + "\n")
+    return card

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from cache import CacheError, ResultCache
-from engine.models import LoadedModel, ModelLoadError, load_model
+from engine.backend import ModelBackend, open_model
+from engine.models import ModelLoadError
+
+if TYPE_CHECKING:
+    from engine.promptsets import PromptSetSpec
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -21,9 +26,9 @@ class ModelChoice:
 
 
 @st.cache_resource(show_spinner="Loading the model ...", max_entries=3)
-def _load(spec: str, device: str, dtype: str) -> LoadedModel:
+def _load(spec: str, device: str, dtype: str) -> ModelBackend:
     # st.cache_resource is used for the model only; results live in the DuckDB cache.
-    return load_model(spec, device=None if device == "auto" else device, dtype=dtype)
+    return open_model(spec, device=None if device == "auto" else device, dtype=dtype)
 
 
 def model_choice() -> ModelChoice:
@@ -45,7 +50,7 @@ def model_choice() -> ModelChoice:
     return current
 
 
-def loaded_model(choice: ModelChoice) -> LoadedModel | None:
+def loaded_model(choice: ModelChoice) -> ModelBackend | None:
     """The loaded model, or None after showing an ``st.error`` that says what to do."""
     try:
         return _load(choice.spec, choice.device, choice.dtype)
@@ -66,3 +71,67 @@ def result_cache() -> ResultCache | None:
     if getattr(cache, "last_warning", None):
         st.warning(cache.last_warning)
     return cache
+
+
+FAMILY_CHOICES = {"paper (36 templates)": "paper", "word problems (Fig. 10)": "word", "both": "all"}
+DEFAULT_PROMPT = "The sum of 3 and 5 is"
+
+
+def prompt_set_choice() -> "PromptSetSpec":
+    """Sidebar: which prompt set the analysis pages use (kept in session state)."""
+    from engine.promptsets import PromptSetSpec, parse_families
+    from engine.templates import OPS, PAPER_OPS
+    cur = st.session_state.get("prompt_set", {"ops": list(PAPER_OPS), "families": "paper (36 templates)",
+                                               "n": 40, "seed": 0})
+    with st.sidebar:
+        st.subheader("Prompt set")
+        with st.form("prompt_set_form", border=False):
+            ops = st.multiselect("Operations", OPS, default=cur["ops"], key="ps_ops")
+            fam = st.selectbox("Templates", list(FAMILY_CHOICES), index=list(FAMILY_CHOICES).index(cur["families"]),
+                               key="ps_families")
+            c1, c2 = st.columns(2)
+            n = c1.number_input("Prompts per op", 1, 1000, cur["n"], key="ps_n")
+            seed = c2.number_input("Seed", 0, 10**9, cur["seed"], key="ps_seed")
+            if st.form_submit_button("Use this set", width="stretch"):
+                cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed)}
+                st.session_state["prompt_set"] = cur
+    if not cur["ops"]:
+        raise ValueError("pick at least one operation in the sidebar")
+    return PromptSetSpec(ops=tuple(cur["ops"]), n=cur["n"], seed=cur["seed"],
+                         families=parse_families(FAMILY_CHOICES[cur["families"]]))
+
+
+def current_prompt() -> str:
+    """The typed prompt shared by all pages."""
+    return st.session_state.get("typed_prompt", DEFAULT_PROMPT)
+
+
+def prompt_input(label: str = "Prompt") -> str:
+    """A text box bound to the shared typed prompt."""
+    if "typed_prompt" not in st.session_state:
+        st.session_state["typed_prompt"] = DEFAULT_PROMPT
+    return st.text_input(label, key="typed_prompt",
+                         help="Any arithmetic prompt, e.g. 'Q: What is 7 times 8? A:' or '6 - 2 ='")
+
+
+def progress_bar(text: str):
+    """A progress bar and the engine callback that feeds it."""
+    bar = st.progress(0.0, text=text)
+    return bar, (lambda done, total: bar.progress(min(1.0, done / max(total, 1)), text=f"{text} {done}/{total}"))
+
+
+def setup_page(title: str, caption: str):
+    """Common page header + sidebar; returns (model, spec) or stops the page after an st.error."""
+    st.set_page_config(page_title=f"{title} · Arithmetic-circuits lab", page_icon="🧮", layout="wide")
+    st.title(title)
+    st.caption(caption)
+    choice = model_choice()
+    try:
+        spec = prompt_set_choice()
+    except ValueError as e:
+        st.error(f"{e}.")
+        st.stop()
+    model = loaded_model(choice)
+    if model is None:
+        st.stop()
+    return model, spec

@@ -43,7 +43,7 @@ def test_second_visit_reads_from_cache():
 def test_bad_model_path_gives_error_not_exception(tmp_path):
     at = _run()
     at.sidebar.text_input(key="model_spec_input").set_value(str(tmp_path / "no-such-model"))
-    at.sidebar.button[0].click().run()
+    next(b for b in at.button if b.label == "Load model").click().run()
     assert not at.exception
     assert at.error and "does not exist" in at.error[0].value
 
@@ -52,14 +52,14 @@ def test_directory_that_is_not_a_model(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     at = _run()
     at.sidebar.text_input(key="model_spec_input").set_value(str(tmp_path))
-    at.sidebar.button[0].click().run()
+    next(b for b in at.button if b.label == "Load model").click().run()
     assert not at.exception
     assert at.error and "Cannot load model" in at.error[0].value
 
 
 def test_no_operation_selected():
     at = _run()
-    at.multiselect[0].set_value([])
-    at.button[0].click().run()
+    next(m for m in at.multiselect if m.label == "Operations").set_value([])
+    next(b for b in at.button if b.label == "Show accuracy").click().run()
     assert not at.exception
     assert any("at least one operation" in e.value for e in at.error)

@@ -1,0 +1,57 @@
+"""Benchmark: a live knockout on the bundled model, engine side (what one click on the Knockout page costs).
+
+One "live knockout" = mean activations of the prompt set's counterfactuals + the typed prompt's
+top-5 before and after + the 100-prompt set's accuracy before and after.  Prints a table of the
+median over repeats for several knockout sizes.  Target: < 300 ms.
+
+    .venv/bin/python bench/knockout.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.ablation import Knockout, knockout_accuracy, mean_activations  # noqa: E402
+from engine.accuracy import keep_correct  # noqa: E402
+from engine.backend import open_model  # noqa: E402
+from engine.promptlab import analyse_prompt  # noqa: E402
+from engine.promptsets import PromptSetSpec, generate  # noqa: E402
+
+
+def main(repeats: int = 7) -> None:
+    model = open_model("organism", device="cpu")
+    pairs, _ = generate(model.tokenizer, PromptSetSpec(n=40, seed=0))
+    pairs = keep_correct(model, pairs)[:100]
+    text = "Q: What is 7 times 8? A:"
+    rows = []
+    for label, ko in (("1 head", Knockout(((0, 6),))), ("3 heads", Knockout(((0, 6), (0, 5), (0, 4)))),
+                      ("3 heads + 2 MLPs", Knockout(((0, 6), (0, 5), (0, 4)), (0, 5))),
+                      ("10 heads", Knockout(tuple((layer, h) for layer in range(2) for h in range(5))))):
+        parts: dict[str, list[float]] = {"means": [], "prompt": [], "accuracy": [], "total": []}
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            means = mean_activations(model, pairs)
+            t1 = time.perf_counter()
+            analyse_prompt(model, text)
+            analyse_prompt(model, text, ko=ko, means=means)
+            t2 = time.perf_counter()
+            knockout_accuracy(model, pairs, Knockout(), means)
+            knockout_accuracy(model, pairs, ko, means)
+            t3 = time.perf_counter()
+            for k, v in (("means", t1 - t0), ("prompt", t2 - t1), ("accuracy", t3 - t2), ("total", t3 - t0)):
+                parts[k].append(v * 1000)
+        rows.append((label, {k: statistics.median(v) for k, v in parts.items()}))
+    print(f"\nbundled model, {len(pairs)} prompts, median of {repeats} runs, CPU\n")
+    print("| knockout | mean activations ms | typed prompt before+after ms | set accuracy before+after ms | total ms |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for label, m in rows:
+        print(f"| {label} | {m['means']:.0f} | {m['prompt']:.0f} | {m['accuracy']:.0f} | {m['total']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

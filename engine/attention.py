@@ -1,0 +1,146 @@
+"""Where the key heads look: END-row attention (Zhang et al. 2024, §4.2, Figs. 4-5).
+
+For a head (l, h) and a prompt, the END row of its attention pattern -- softmax(q_END . k_j) over
+key positions j -- shows which tokens it reads when the answer is produced.  Over a prompt set the
+row is summarized by **token role**: the attention mass on the BOS token, on operand A's tokens, on
+operand B's tokens, on the operator's tokens, and on everything else (the five sum to 1).
+
+Roles are found without parsing text: the operator's positions are exactly where X_r and X_c differ
+(the counterfactual replaces only the operator); operands are the runs of digit tokens of the
+prompt, the first run being whichever of {A}, {B} comes first in the template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from engine import hooks
+from engine.backend import ModelBackend
+from engine.patching import _pad, _pad_id
+from engine.prompts import PromptPair
+from engine.templates import TEMPLATES_BY_ID
+
+ROLES: tuple[str, ...] = ("BOS", "operand A", "operand B", "operator", "other")
+ProgressFn = Callable[[int, int], None]
+METHOD = "attention_roles"
+
+
+def token_roles(backend: ModelBackend, pair: PromptPair) -> list[str]:
+    """The role of every position of ``pair.ref_ids``."""
+    toks = backend.tokenizer.convert_ids_to_tokens(pair.ref_ids)
+    roles = ["other"] * len(toks)
+    bos = getattr(backend.tokenizer, "bos_token_id", None)
+    if bos is not None and pair.ref_ids and pair.ref_ids[0] == bos:
+        roles[0] = "BOS"
+    runs: list[list[int]] = []
+    for i, t in enumerate(toks):
+        if t is not None and any(c.isdigit() for c in t):
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    tpl = TEMPLATES_BY_ID.get(pair.template)
+    if len(runs) == 2:
+        a_first = tpl is None or tpl.text.index("{A}") < tpl.text.index("{B}")
+        first, second = ("operand A", "operand B") if a_first else ("operand B", "operand A")
+        for i in runs[0]:
+            roles[i] = first
+        for i in runs[1]:
+            roles[i] = second
+    for i, (r, c) in enumerate(zip(pair.ref_ids, pair.cf_ids)):
+        if r != c:
+            roles[i] = "operator"
+    return roles
+
+
+@torch.no_grad()
+def end_row_patterns(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64,
+                     progress: ProgressFn | None = None) -> list[torch.Tensor]:
+    """END row of every head's attention, per pair: [L, H, len(ref_ids)] each."""
+    L = backend.facts.n_layers
+    names = [hooks.attn_pattern(layer) for layer in range(L)]
+    pad = _pad_id(backend)
+    out: list[torch.Tensor] = []
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, mask, end = _pad([p.ref_ids for p in chunk], pad)
+        _, c = backend.run_with_cache(ids, mask, names)
+        pat = torch.stack([c[n] for n in names], 1).float().cpu()  # [b, L, H, q, k]
+        for i, p in enumerate(chunk):
+            e = int(end[i])
+            out.append(pat[i, :, :, e, :e + 1])
+        if progress is not None:
+            progress(min(s + batch_size, len(pairs)), len(pairs))
+    return out
+
+
+@dataclass(frozen=True)
+class RoleAttention:
+    layer: int
+    head: int
+    role: str
+    value: float  # mean attention mass of the END row on tokens of this role
+
+
+def role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *,
+                   progress: ProgressFn | None = None) -> list[RoleAttention]:
+    """Every head's END-row attention mass per token role, averaged over the pairs."""
+    if not pairs:
+        raise ValueError("no prompt pairs")
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    acc = torch.zeros(L, H, len(ROLES), dtype=torch.float64)
+    for p, row in zip(pairs, end_row_patterns(backend, pairs, progress=progress)):
+        roles = token_roles(backend, p)
+        for r_i, role in enumerate(ROLES):
+            idx = [i for i, r in enumerate(roles) if r == role]
+            if idx:
+                acc[:, :, r_i] += row[:, :, idx].sum(-1).double()
+    acc /= len(pairs)
+    return [RoleAttention(layer, h, role, float(acc[layer, h, r]))
+            for layer in range(L) for h in range(H) for r, role in enumerate(ROLES)]
+
+
+@dataclass(frozen=True)
+class TokenAttention:
+    position: int
+    token: str
+    weight: float
+
+
+@torch.no_grad()
+def prompt_attention(backend: ModelBackend, ids: Sequence[int], layer: int, head: int) -> list[TokenAttention]:
+    """The END row of head (layer, head) on one prompt, token by token."""
+    hooks.validate_layer(layer, backend.facts.n_layers)
+    if not 0 <= head < backend.facts.n_heads:
+        raise ValueError(f"head {head} does not exist: heads 0..{backend.facts.n_heads - 1}")
+    if not ids:
+        raise ValueError("empty prompt")
+    _, c = backend.run_with_cache(torch.tensor([list(ids)]), None, [hooks.attn_pattern(layer)])
+    row = c[hooks.attn_pattern(layer)][0, head, -1].float().cpu()
+    toks = backend.tokenizer.convert_ids_to_tokens(list(ids))
+    return [TokenAttention(i, str(t), float(w)) for i, (t, w) in enumerate(zip(toks, row.tolist()))]
+
+
+def cached_role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
+                          progress: ProgressFn | None = None) -> tuple[list[RoleAttention], bool]:
+    """:func:`role_attention` through the result cache: (values, computed)."""
+    from cache import ResultRow, make_key
+    from engine.prompts import prompt_set_hash
+
+    def compute():
+        vals = role_attention(backend, pairs, progress=progress)
+        return [ResultRow(layer=v.layer, head=v.head, label=v.role, metric="attention", value=v.value)
+                for v in vals], None
+
+    if cache is None:
+        return role_attention(backend, pairs, progress=progress), True
+    f = backend.facts
+    psh = prompt_set_hash(pairs)
+    params = {"roles": list(ROLES), "dtype": f.dtype}
+    run, computed = cache.get_or_compute(make_key(f.fingerprint, psh, METHOD, params), compute,
+                                         model_fingerprint=f.fingerprint, prompt_set_hash=psh,
+                                         method=METHOD, params=params)
+    return [RoleAttention(int(r.layer), int(r.head), r.label, float(r.value)) for r in run.rows], computed

@@ -1,0 +1,163 @@
+"""The narrow interface every technique and page talks to (cf. llm-transparency-tool's TransparentLlm).
+
+Techniques never touch TransformerBridge (or nnsight) directly: they call a :class:`ModelBackend`,
+which offers exactly what the paper's methods need --
+
+* ``logits`` / ``run_with_cache`` / ``hooks`` -- forward passes, cached activations by TransformerLens
+  hook name (built with :mod:`engine.hooks`), and interventions in a ``with`` block that always
+  removes its hooks (the loaded model is shared by every browser session);
+* per-layer *components* for exact single-position computations: the per-head output projection
+  W_O, the MLP branch (its norm included) and the final norm + unembedding.  Fast path patching
+  (:mod:`engine.patching`) chains these at the END position only.
+
+``open_model(spec, backend="bridge")`` is the one entry point the CLI and pages use.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, contextmanager
+from typing import Callable, Sequence
+
+import torch
+
+from engine.hooks import HookName
+from engine.models import LoadedModel, ModelFacts, load_model
+
+HookFn = Callable[[torch.Tensor], torch.Tensor | None]
+
+BACKENDS: tuple[str, ...] = ("bridge",)
+
+
+class ModelBackend(ABC):
+    """A loaded causal LM seen through the lab's narrow interface."""
+
+    name: str
+    facts: ModelFacts
+    tokenizer: object
+
+    @abstractmethod
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """# [batch, pos, vocab]"""
+
+    @abstractmethod
+    def run_with_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                       names: Sequence[HookName]) -> tuple[torch.Tensor, dict[HookName, torch.Tensor]]:
+        """Logits and the named activations (detached)."""
+
+    @abstractmethod
+    def hooks(self, edits: Sequence[tuple[HookName, HookFn]]) -> AbstractContextManager[None]:
+        """Forward hooks active inside the ``with`` block; ``fn(act)`` may edit in place or return."""
+
+    # -- components for exact END-position chains ------------------------------------------------
+    @property
+    @abstractmethod
+    def parallel_attn_mlp(self) -> bool:
+        """True when the MLP reads the block input (GPT-J/NeoX), not the post-attention stream."""
+
+    @abstractmethod
+    def W_O(self, layer: int) -> torch.Tensor:
+        """Per-head output projection. # [head, d_head, d_model]"""
+
+    @abstractmethod
+    def mlp_branch(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """MLP(norm2(x)) for residual vectors x. # [n, d_model] -> [n, d_model]"""
+
+    @abstractmethod
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm. # [n, d_model] -> [n, d_model]"""
+
+    @abstractmethod
+    def unembed(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(W_U # [d_model, vocab], b_U # [vocab] or None)."""
+
+    def answer_logits(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """Logit of ``token_ids[i]`` for residual vector ``x[i]`` (only those columns are computed).
+
+        x: [n, d_model], token_ids: [n] -> [n]
+        """
+        W_U, b_U = self.unembed()
+        h = self.final_norm(x)
+        out = (h * W_U[:, token_ids].T).sum(-1)
+        if b_U is not None:
+            out = out + b_U[token_ids]
+        return out
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.facts.device)
+
+
+class BridgeBackend(ModelBackend):
+    """TransformerLens 4 ``TransformerBridge`` over the raw Hugging Face model."""
+
+    name = "bridge"
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.bridge = loaded.bridge
+        self.facts = loaded.facts
+        self.tokenizer = loaded.tokenizer
+        # One model object serves every browser session: hooks are global to it, so any forward
+        # pass and any hooked block holds this (re-entrant) lock.
+        self._lock = threading.RLock()
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        from engine.models import logits
+        with self._lock:
+            return logits(self.loaded, input_ids, attention_mask)
+
+    def run_with_cache(self, input_ids, attention_mask, names):
+        kwargs = {} if attention_mask is None else {"attention_mask": attention_mask.to(self.device)}
+        wanted = set(names)
+        with self._lock:
+            logits, cache = self.bridge.run_with_cache(input_ids.to(self.device),
+                                                       names_filter=lambda n: n in wanted,
+                                                       return_type="logits", **kwargs)
+        missing = wanted - set(cache.keys())
+        if missing:
+            raise KeyError(f"the model exposes no activation(s) {sorted(missing)}")
+        return logits, {n: cache[n].detach() for n in names}
+
+    @contextmanager
+    def hooks(self, edits):
+        def wrap(fn: HookFn):
+            def hook(act, hook=None):  # TransformerLens passes (tensor, hook=HookPoint)
+                out = fn(act)
+                return act if out is None else out
+            return hook
+        with self._lock, self.bridge.hooks(fwd_hooks=[(n, wrap(fn)) for n, fn in edits]):
+            yield
+
+    @property
+    def parallel_attn_mlp(self) -> bool:
+        return bool(getattr(self.bridge.cfg, "parallel_attn_mlp", False))
+
+    def W_O(self, layer: int) -> torch.Tensor:
+        return self.bridge.blocks[layer].attn.W_O.detach()
+
+    def mlp_branch(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        block = self.bridge.blocks[layer]
+        with self._lock:  # the components carry hook points too
+            return block.mlp(block.ln2(x[:, None, :]))[:, 0, :]
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        with self._lock:
+            return self.bridge.ln_final(x[:, None, :])[:, 0, :]
+
+    def unembed(self):
+        W_U = self.bridge.unembed.W_U.detach()
+        b_U = getattr(self.bridge.unembed, "b_U", None)
+        if b_U is not None and not bool(b_U.any()):
+            b_U = None
+        return W_U, (None if b_U is None else b_U.detach())
+
+
+def open_model(spec: str = "organism", *, device: str | None = None, dtype: str = "float32",
+               backend: str = "bridge") -> ModelBackend:
+    """Load ``spec`` and wrap it in the chosen backend (``bridge``)."""
+    if backend not in BACKENDS:
+        from engine.models import ModelLoadError
+        raise ModelLoadError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
+    return BridgeBackend(load_model(spec, device=device, dtype=dtype))

@@ -1,0 +1,92 @@
+"""One typed prompt, analysed: tokens, parsed operation and counterfactual, next-token predictions.
+
+The prompt lab's engine call.  A typed prompt such as "What is 7 times 8?" is parsed into operands
+and operator (:func:`engine.prompts.parse_typed_prompt`); if that works, the answer-token rule gives
+the ids the model should answer from (``ids``), the answer token and its probability, and the
+counterfactual prompt (operator replaced) with the same measures.  If it does not parse, the prompt
+is still run as typed and ``parse_error`` says why no counterfactual exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.ablation import Knockout, MeanActivations, TokenProb, top_next_tokens
+from engine.backend import ModelBackend
+from engine.prompts import MAX_TYPED_CHARS, PromptError, TypedProblem, answer_tokens, parse_typed_prompt
+
+
+@dataclass
+class PromptReport:
+    text: str
+    ids: list[int]                      # what the model reads (after the answer-token rule)
+    tokens: list[str]
+    top5: list[TokenProb]
+    parsed: TypedProblem | None = None
+    parse_error: str | None = None
+    answer_id: int | None = None
+    answer_token: str | None = None
+    p_answer: float | None = None
+    answer_rank: int | None = None      # 1 = the model's top prediction
+    cf_ids: list[int] = field(default_factory=list)
+    cf_top5: list[TokenProb] = field(default_factory=list)
+    p_answer_cf: float | None = None
+
+
+def _prob_and_rank(model: ModelBackend, ids: list[int], token: int, ko: Knockout | None = None,
+                   means: MeanActivations | None = None) -> tuple[float, int]:
+    from engine.ablation import knocked_out
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        if ko is not None and not ko.empty and means is not None:
+            with knocked_out(model, ko, means, [None], [len(ids) - 1]):
+                lg = model.logits(x)[0, -1].float()
+        else:
+            lg = model.logits(x)[0, -1].float()
+    p = torch.softmax(lg, -1)
+    return float(p[token]), int((p > p[token]).sum()) + 1
+
+
+def analyse_prompt(model: ModelBackend, text: str, *, ko: Knockout | None = None,
+                   means: MeanActivations | None = None) -> PromptReport:
+    """Analyse a typed prompt (optionally under a knockout); PromptError for unusable text."""
+    if text is None or not text.strip():
+        raise PromptError("the prompt is empty: type an arithmetic question such as 'What is 7 times 8?'")
+    if len(text) > MAX_TYPED_CHARS:
+        raise PromptError(f"the prompt has {len(text)} characters; keep it under {MAX_TYPED_CHARS}")
+    tok = model.tokenizer
+    try:
+        parsed: TypedProblem | None = parse_typed_prompt(text)
+        error = None
+    except PromptError as e:
+        parsed, error = None, str(e)
+    if parsed is not None:
+        try:
+            at = answer_tokens(tok, text.rstrip(), parsed.answer)
+            ids = at.prompt_ids
+        except PromptError as e:
+            parsed, error = None, f"the answer cannot be located in the tokens ({e})"
+    if parsed is None:
+        ids = list(tok(text)["input_ids"])
+    if not ids:
+        raise PromptError("the prompt produced no tokens")
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is not None and all(i == unk for i in ids if i != getattr(tok, "bos_token_id", None)):
+        raise PromptError("none of the prompt's words is in this model's vocabulary: use words like "
+                          "'plus', 'times', 'sum of' and digits")
+    rep = PromptReport(text=text, ids=ids, tokens=[str(t) for t in tok.convert_ids_to_tokens(ids)],
+                       top5=top_next_tokens(model, ids, ko=ko, means=means), parsed=parsed, parse_error=error)
+    if parsed is not None:
+        rep.answer_id = at.answer_id
+        rep.answer_token = str(tok.convert_ids_to_tokens([at.answer_id])[0])
+        rep.p_answer, rep.answer_rank = _prob_and_rank(model, ids, at.answer_id, ko, means)
+        try:
+            cf = answer_tokens(tok, parsed.cf_text.rstrip(), parsed.answer)
+            rep.cf_ids = cf.prompt_ids
+            rep.cf_top5 = top_next_tokens(model, cf.prompt_ids)
+            rep.p_answer_cf, _ = _prob_and_rank(model, cf.prompt_ids, at.answer_id)
+        except PromptError:
+            pass
+    return rep

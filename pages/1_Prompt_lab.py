@@ -1,0 +1,51 @@
+"""Prompt lab: type a prompt; see its tokens, the model's top-5 next tokens, the parsed operation and its counterfactual."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine.promptlab import analyse_prompt
+from engine.prompts import PromptError
+from ui.charts import token_bars
+from ui.session import prompt_input, setup_page
+
+model, _ = setup_page(
+    "Prompt lab",
+    "Type any arithmetic prompt. The lab finds its operands and operator, builds the counterfactual "
+    "prompt (the operator replaced by a neutral word or symbol, e.g. `3 @ 5 =`), and shows what the model "
+    "predicts next. The prompt typed here is the one the other pages analyse.")
+
+text = prompt_input()
+try:
+    rep = analyse_prompt(model, text)
+except PromptError as e:
+    st.error(f"{e}")
+    st.stop()
+
+st.subheader("Tokens")
+st.caption("What the model reads (after the answer-token rule: whitespace-only tokens before the answer "
+           "belong to the prompt). The last token is END, where the answer is produced.")
+st.dataframe(pd.DataFrame({"position": range(len(rep.tokens)), "token": rep.tokens, "id": rep.ids}).set_index(
+    "position").T, width="stretch")
+
+c1, c2 = st.columns(2)
+with c1:
+    st.subheader("Next token")
+    top = pd.DataFrame([t.__dict__ for t in rep.top5])
+    st.altair_chart(token_bars(top, "token", "prob", "probability"), width="stretch")
+    st.download_button("Top-5 (CSV)", top.to_csv(index=False).encode(), "top5.csv", "text/csv")
+with c2:
+    st.subheader("Operation")
+    if rep.parsed is None:
+        st.warning(f"No counterfactual for this prompt: {rep.parse_error}")
+    else:
+        p = rep.parsed
+        st.markdown(f"**{p.a} {'+-*/^'['add sub mul div pow'.split().index(p.op)]} {p.b} = {p.answer}** "
+                    f"(operator `{p.operator}`)")
+        st.metric("P(answer token)", f"{rep.p_answer:.3f}", help=f"answer token `{rep.answer_token}`")
+        st.markdown(f"Rank of the answer token: **{rep.answer_rank}**" + (" — the model gets it right"
+                    if rep.answer_rank == 1 else " — the model gets it wrong"))
+        st.markdown(f"Counterfactual: `{p.cf_text}`")
+        if rep.p_answer_cf is not None:
+            st.metric("P(answer) on the counterfactual", f"{rep.p_answer_cf:.3f}")

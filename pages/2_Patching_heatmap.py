@@ -1,0 +1,88 @@
+"""Path patching heatmap: which heads carry the arithmetic; click a head to see where it looks."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from cache import CacheError
+from engine.accuracy import kept_pairs
+from engine.attention import ROLES, cached_role_attention, prompt_attention
+from engine.patching import cached_path_patching
+from engine.promptlab import analyse_prompt
+from engine.prompts import PromptError
+from ui.charts import HEAD_SELECTION, heatmap, token_bars
+from ui.session import current_prompt, progress_bar, result_cache, setup_page
+
+model, spec = setup_page(
+    "Path patching",
+    "Each cell is one attention head (the last column is the layer's MLP). Its colour is the change of the "
+    "answer token's logit when only that component's output at the last position comes from the "
+    "counterfactual prompt (operator removed) and every other head is frozen: blue = the answer logit "
+    "drops, i.e. the head carries the operation. Only prompts the model answers right are used. "
+    "Click a cell to see that head's attention from the last token.")
+
+c1, c2, c3 = st.columns([2, 2, 1])
+metric = c1.selectbox("Metric", ("effect", "logit_diff"),
+                      help="effect: relative change (logit_p - logit_o) / logit_o, the paper's measure; "
+                           "logit_diff: logit_p - logit_o")
+cache = result_cache()
+try:
+    bar, cb = progress_bar("Checking which prompts the model answers right")
+    pairs, n_gen = kept_pairs(model, spec, cache=cache, progress=cb)
+    bar.empty()
+    if not pairs:
+        st.error("The model answers none of these prompts right: pick other operations or another model.")
+        st.stop()
+    bar, cb = progress_bar("Path patching, batch")
+    table, computed = cached_path_patching(model, pairs, cache=cache, progress=cb)
+    bar.empty()
+except (PromptError, CacheError, ValueError) as e:
+    st.error(f"Cannot run path patching: {e}")
+    st.stop()
+
+groups = ["*"] + sorted(g for g in table.groups() if g.startswith("op:"))
+group = c2.selectbox("Operation", groups, format_func=lambda g: "all operations" if g == "*" else g[3:])
+k = c3.number_input("Top k", 1, table.n_layers * table.n_heads, 5)
+st.caption(f"{len(pairs)} of {n_gen} prompt pairs answered right · "
+           + ("computed now, stored in the cache" if computed else "read from the cache"))
+
+heads, mlps = table.heatmap(metric, group)
+df = pd.DataFrame([{"layer": layer, "head": h, "column": str(h), "value": v}
+                   for layer, row in enumerate(heads) for h, v in enumerate(row)]
+                  + [{"layer": layer, "head": -1, "column": "MLP", "value": v} for layer, v in enumerate(mlps)])
+left, right = st.columns([3, 2])
+with left:
+    event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun", key="heatmap")
+    st.download_button("Heatmap data (CSV)", df.to_csv(index=False).encode(), "patching.csv", "text/csv")
+    top = pd.DataFrame(table.top_heads(int(k), metric, group), columns=["layer", "head", metric])
+    st.markdown("**Key heads** (most negative first)")
+    st.dataframe(top, hide_index=True, width="stretch")
+
+picked = (event.selection.get(HEAD_SELECTION) or []) if event else []
+picked = [p for p in picked if int(p.get("head", -1)) >= 0]
+if picked:
+    layer, head = int(picked[0]["layer"]), int(picked[0]["head"])
+    st.session_state["selected_head"] = (layer, head)
+    ko = set(st.session_state.get("knockout_heads", []))
+    ko.add(f"{layer}.{head}")
+    st.session_state["knockout_heads"] = sorted(ko)
+sel = st.session_state.get("selected_head") or (int(top.iloc[0]["layer"]), int(top.iloc[0]["head"]))
+layer, head = sel
+with right:
+    st.subheader(f"Head {layer}.{head}")
+    try:
+        rep = analyse_prompt(model, current_prompt())
+        row = pd.DataFrame([t.__dict__ for t in prompt_attention(model, rep.ids, layer, head)])
+        row["label"] = [f"{i}:{t}" for i, t in zip(row.position, row.token)]
+        st.caption(f"Attention of the last token of `{current_prompt()}` (change it in the Prompt lab)")
+        st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
+    except PromptError as e:
+        st.error(f"Cannot show the typed prompt's attention: {e}")
+    roles, _ = cached_role_attention(model, pairs, cache=cache)
+    rdf = pd.DataFrame([r.__dict__ for r in roles if r.layer == layer and r.head == head])
+    rdf["role"] = pd.Categorical(rdf["role"], ROLES, ordered=True)
+    st.caption("Mean attention of the last token by token role, over the prompt set")
+    st.altair_chart(token_bars(rdf.sort_values("role"), "role", "value", "attention mass"), width="stretch")
+    st.download_button("Attention by role (CSV)", rdf.to_csv(index=False).encode(), "attention_roles.csv",
+                       "text/csv")

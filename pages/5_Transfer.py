@@ -1,0 +1,57 @@
+"""Transfer: are the key heads of one prompt set also the key heads of another? (Table 4)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from cache import CacheError
+from engine.accuracy import keep_correct, kept_pairs
+from engine.prompts import PromptError
+from engine.promptsets import PromptSetSpec
+from engine.transfer import benchmark_pairs, transfer
+from ui.session import progress_bar, result_cache, setup_page
+
+model, spec = setup_page(
+    "Transfer",
+    "Path patching on the sidebar's prompt set (A) and on a second set (B): how many of their top-k key "
+    "heads coincide, and how much each set's accuracy drops when its own or the other set's key heads "
+    "are knocked out. If the heads transfer, both knockouts hurt.")
+
+c1, c2, c3 = st.columns(3)
+second = c1.selectbox("Second set (B)", ("word problems (Fig. 10)", "paper templates", "SVAMP questions",
+                                         "GSM8K questions"))
+k = c2.number_input("Top k", 1, model.facts.n_layers * model.facts.n_heads, 10)
+data_dir = c3.text_input("Data directory (benchmarks)", "../shared/data")
+if not st.button("Compare"):
+    st.info("Pick the second set and press Compare.")
+    st.stop()
+cache = result_cache()
+try:
+    pairs_a, _ = kept_pairs(model, spec, cache=cache)
+    if second.startswith("word") or second.startswith("paper"):
+        fam = ("time_span", "object_accumulation") if second.startswith("word") else ("equation", "statement", "qa")
+        spec_b = PromptSetSpec(ops=tuple(o for o in spec.ops if o in ("add", "sub")) if second.startswith("word")
+                               else spec.ops, n=spec.n, seed=spec.seed + 1, families=fam)
+        pairs_b, _ = kept_pairs(model, spec_b, cache=cache)
+    else:
+        bench = "svamp" if second.startswith("SVAMP") else "gsm8k"
+        if not Path(data_dir).is_dir():
+            st.error(f"{data_dir} is not a directory: point it at a folder laid out like ../shared/data.")
+            st.stop()
+        pairs_b = keep_correct(model, benchmark_pairs(model.tokenizer, data_dir, bench, spec.n, spec.seed))
+    bar, cb = progress_bar("Comparing")
+    res = transfer(model, pairs_a, pairs_b, names=("A", "B"), k=int(k), cache=cache, progress=cb)
+    bar.empty()
+except (PromptError, CacheError, ValueError) as e:
+    st.error(f"Cannot compare: {e}")
+    st.stop()
+
+st.metric("Shared key heads", f"{res.overlap} of {res.k}", help=f"Jaccard index {res.jaccard:.2f}")
+df = pd.DataFrame([{"set": s.name, "pairs": s.n_pairs, "accuracy": s.accuracy,
+                    "knock out own top-k": s.accuracy_ko_own, "knock out other's top-k": s.accuracy_ko_other,
+                    "top heads": ", ".join(f"{a}.{b}" for a, b in s.top_heads)} for s in (res.a, res.b)])
+st.dataframe(df, hide_index=True, width="stretch")
+st.download_button("Transfer table (CSV)", df.to_csv(index=False).encode(), "transfer.csv", "text/csv")

@@ -1,0 +1,28 @@
+"""AppTest helpers: every page runs against a fresh result cache in a temp dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _env(tmp_path_factory, monkeypatch):
+    # one cache per test module: pages recompute once, later tests read from it
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path_factory.getbasetemp() / "apptest-cache.duckdb"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def page(name: str, *, n: int = 12) -> AppTest:
+    at = AppTest.from_file(str(REPO / "pages" / name), default_timeout=300)
+    at.session_state["prompt_set"] = {"ops": ["add", "sub", "mul", "div"], "families": "paper (36 templates)",
+                                      "n": n, "seed": 0}
+    return at
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]

@@ -1,0 +1,85 @@
+"""AppTest of every analysis page: widgets present, charts render, bad input gives st.error."""
+
+from __future__ import annotations
+
+from tests.app.conftest import errors, page
+
+
+def _ok(at):
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+
+
+def _charts(at) -> int:
+    return len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart"))
+
+
+def test_prompt_lab_parses_and_predicts():
+    at = page("1_Prompt_lab.py").run()
+    _ok(at)
+    assert at.text_input(key="typed_prompt").value == "The sum of 3 and 5 is"
+    assert _charts(at) >= 1
+    md = " ".join(m.value for m in at.markdown)
+    assert "3 + 5 = 8" in md and "Counterfactual" in md
+    at.text_input(key="typed_prompt").set_value("Q: What is 7 times 8? A:").run()
+    _ok(at)
+    assert "7 * 8 = 56" in " ".join(m.value for m in at.markdown)
+
+
+def test_prompt_lab_empty_and_nonsense_prompts():
+    at = page("1_Prompt_lab.py").run()
+    at.text_input(key="typed_prompt").set_value("").run()
+    assert not at.exception and any("empty" in e for e in errors(at))
+    at.text_input(key="typed_prompt").set_value("hello there").run()
+    assert not at.exception
+    assert any("vocabulary" in e for e in errors(at)) or any("no numbers" in w.value for w in at.warning)
+
+
+def test_bad_model_path_gives_error_on_pages():
+    for name in ("1_Prompt_lab.py", "2_Patching_heatmap.py"):
+        at = page(name)
+        from ui.session import ModelChoice
+        at.session_state["model_choice"] = ModelChoice(spec="/no/such/model")
+        at.run()
+        assert not at.exception
+        assert any("does not exist" in e for e in errors(at))
+
+
+def test_patching_heatmap_and_head_selection_changes_attention_view():
+    at = page("2_Patching_heatmap.py").run()
+    _ok(at)
+    assert _charts(at) >= 3  # heatmap + token attention + role attention
+    first = [h.value for h in at.subheader]
+    assert any(v.startswith("Head ") for v in first)
+    at.session_state["selected_head"] = (3, 5)
+    at.run()
+    _ok(at)
+    assert "Head 3.5" in [h.value for h in at.subheader]
+    assert "Head 3.5" not in first or first != [h.value for h in at.subheader]
+    assert len(at.dataframe) >= 1 and len(at.dataframe[0].value) == 5
+
+
+def test_mlp_projection_page():
+    at = page("3_MLP_projections.py").run()
+    _ok(at)
+    assert _charts(at) >= 1 and len(at.dataframe) == 1
+
+
+def test_knockout_page_changes_prediction():
+    at = page("4_Knockout.py").run()
+    _ok(at)
+    before = at.table[0].value.copy()
+    at.multiselect(key="knockout_mlps").set_value([0, 5]).run()
+    _ok(at)
+    after = at.table[0].value
+    assert list(after["before"]) == list(before["before"])
+    assert list(after["after knockout"]) != list(before["after knockout"])
+    assert _charts(at) >= 1
+
+
+def test_transfer_page():
+    at = page("5_Transfer.py").run()
+    _ok(at)
+    next(b for b in at.button if b.label == "Compare").click().run()
+    _ok(at)
+    assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 2

@@ -1,0 +1,97 @@
+"""Exactness of fast path patching against the textbook one-forward-per-sender reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.backend import open_model
+from engine.patching import (all_senders, cached_path_patching, path_patching, path_patching_reference,
+                             summarize)
+from engine.promptsets import PromptSetSpec, generate
+from tests.integration.tiny_models import build_tiny_model
+
+ARCHS = ("llama", "qwen2", "mistral", "gpt2")
+
+
+def _max_rel_diff(backend, pairs, senders=None):
+    fast = path_patching(backend, pairs, batch_size=7)
+    ref = path_patching_reference(backend, pairs, senders, batch_size=7)
+    scale = fast.logit_o.abs().clamp_min(1e-3)
+    worst = 0.0
+    for s, v in ref.items():
+        f = fast.head_logit[:, s.layer, s.head] if s.component == "head" else fast.mlp_logit[:, s.layer]
+        worst = max(worst, float(((f - v).abs() / scale).max()))
+    return worst, fast
+
+
+@pytest.fixture(scope="module")
+def organism():
+    return open_model("organism", device="cpu")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_equals_reference_on_random_init(arch, tmp_path):
+    backend = open_model(str(build_tiny_model(arch, tmp_path / arch)), device="cpu")
+    pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=4, seed=1))
+    worst, fast = _max_rel_diff(backend, pairs)
+    assert worst < 1e-4, f"{arch}: fast vs reference relative difference {worst:.2e}"
+    # the patch moves something: not every sender is a no-op
+    assert float((fast.head_logit - fast.logit_o[:, None, None]).abs().max()) > 1e-4
+
+
+def test_fast_equals_reference_on_bundled_model(organism):
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul"), n=10, seed=2))
+    worst, _ = _max_rel_diff(organism, pairs)
+    assert worst < 1e-4
+
+
+def test_effect_definitions(organism):
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("sub",), n=6, seed=3))
+    raw = path_patching(organism, pairs, with_prob=True)
+    eff, meff = raw.per_pair("effect")
+    ld, _ = raw.per_pair("logit_diff")
+    assert torch.allclose(eff * raw.logit_o[:, None, None], ld, atol=1e-5)
+    pd, _ = raw.per_pair("prob_diff")
+    assert pd.shape == eff.shape and float(pd.abs().max()) <= 1.0
+    # the unpatched END logits match a plain forward pass
+    lg = organism.logits(torch.tensor([pairs[0].ref_ids]))
+    assert abs(float(lg[0, -1, pairs[0].answer_id]) - float(raw.logit_o[0])) < 1e-4
+    groups = {v.group for v in summarize(raw)}
+    assert "*" in groups and "op:sub" in groups
+
+
+class CountingBackend:
+    """Delegates to a backend and counts forward passes."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.forwards = 0
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def logits(self, *a, **k):
+        self.forwards += 1
+        return self._inner.logits(*a, **k)
+
+    def run_with_cache(self, *a, **k):
+        self.forwards += 1
+        return self._inner.run_with_cache(*a, **k)
+
+
+def test_second_call_is_served_from_cache(organism, tmp_path):
+    from cache import ResultCache
+    cache = ResultCache(tmp_path / "c.duckdb")
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add",), n=12, seed=4))
+    counting = CountingBackend(organism)
+    t1, computed1 = cached_path_patching(counting, pairs, cache=cache)
+    n1 = counting.forwards
+    t2, computed2 = cached_path_patching(counting, pairs, cache=cache)
+    assert computed1 and not computed2
+    assert n1 > 0 and counting.forwards == n1  # no forward pass for the cached call
+    assert t1.heatmap() == t2.heatmap()
+    heads, mlps = t2.heatmap("effect")
+    assert len(heads) == organism.facts.n_layers and len(heads[0]) == organism.facts.n_heads
+    top = t2.top_heads(3)
+    assert top == sorted(top, key=lambda t: t[2]) and len(top) == 3

@@ -1,0 +1,43 @@
+"""The paper's phenomena on the bundled model: few key heads, and knocking them out breaks arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.ablation import Knockout, knockout_accuracy, knockout_curve, mean_activations
+from engine.accuracy import keep_correct
+from engine.backend import open_model
+from engine.patching import PatchingTable, path_patching, summarize
+from engine.promptsets import PromptSetSpec, generate
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = open_model("organism", device="cpu")
+    pairs, _ = generate(model.tokenizer, PromptSetSpec(n=40, seed=11))
+    pairs = keep_correct(model, pairs)
+    table = PatchingTable(model.facts.n_layers, model.facts.n_heads, len(pairs),
+                          summarize(path_patching(model, pairs)))
+    return model, pairs, table
+
+
+def test_top3_heads_carry_most_of_the_negative_effect(setup):
+    model, pairs, table = setup
+    heads, _ = table.heatmap("effect")
+    negative = sorted((v for row in heads for v in row if v < 0))
+    top3 = sum(negative[:3])
+    assert top3 / sum(negative) > 0.5, (top3, sum(negative))
+    # few heads matter: fewer than 10 % of heads have an effect beyond -0.05
+    strong = sum(1 for row in heads for v in row if v < -0.05)
+    assert strong <= 0.1 * model.facts.n_layers * model.facts.n_heads
+
+
+def test_knocking_out_top3_costs_50_points_more_than_random(setup):
+    model, pairs, table = setup
+    means = mean_activations(model, pairs)
+    ranked = [(layer, h) for layer, h, _ in table.top_heads(3)]
+    pts = knockout_curve(model, pairs, ranked, means, k_max=3, draws=10, seed=0)
+    k3 = pts[3]
+    print(f"top-3 knockout accuracy {k3.top_accuracy:.2f}; 3 random heads {k3.random_mean:.2f} ± {k3.random_std:.2f}")
+    assert k3.random_mean - k3.top_accuracy >= 0.5
+    assert knockout_accuracy(model, pairs, Knockout(), means) == 1.0

@@ -1,0 +1,143 @@
+"""Knockouts, attention and MLP projections: each checked against a plain Hugging Face computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.ablation import (Knockout, knockout_accuracy, knockout_curve, mean_activations, parse_heads,
+                             top_next_tokens)
+from engine.attention import ROLES, prompt_attention, role_attention, token_roles
+from engine.backend import open_model
+from engine.models import resolve_spec
+from engine.projections import METRICS, mlp_projections, number_token, top_number_tokens
+from engine.promptsets import PromptSetSpec, generate
+
+
+@pytest.fixture(scope="module")
+def model():
+    return open_model("organism", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """The same weights as a plain transformers model (eager attention, no bridge)."""
+    m = AutoModelForCausalLM.from_pretrained(resolve_spec("organism").load_target, attn_implementation="eager")
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def pairs(model):
+    from engine.accuracy import keep_correct
+    ps, _ = generate(model.tokenizer, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=12, seed=5))
+    return keep_correct(model, ps)
+
+
+def test_mean_ablation_equals_plain_o_proj_hook(model, plain, pairs):
+    """Knocking out head (l, h) through hook_z == replacing o_proj's input slice in plain HF."""
+    means = mean_activations(model, pairs)
+    layer, head = 2, 3
+    d_head = model.facts.d_head
+    p = pairs[0]
+    ids = torch.tensor([p.ref_ids])
+    with torch.no_grad():
+        from engine.ablation import knocked_out
+        with knocked_out(model, Knockout(((layer, head),)), means, [p.template], [len(p.ref_ids) - 1]):
+            ours = model.logits(ids)[0, -1]
+        mean_z = means.z[means.index(p.template), layer, :, head]  # [T, d_head], offset 0 = END
+        n = len(p.ref_ids)
+        repl = mean_z[:n].flip(0)  # positions 0..n-1
+
+        def pre_hook(mod, args):
+            x = args[0].clone()
+            x[0, :, head * d_head:(head + 1) * d_head] = repl
+            return (x,)
+
+        h = plain.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook)
+        try:
+            theirs = plain(ids).logits[0, -1]
+        finally:
+            h.remove()
+    assert torch.allclose(ours, theirs, atol=1e-4)
+    # and the model is restored after the with block
+    assert torch.allclose(model.logits(ids)[0, -1], plain(ids).logits[0, -1], atol=1e-4)
+
+
+def test_knockout_accuracy_and_curve(model, pairs):
+    means = mean_activations(model, pairs)
+    base = knockout_accuracy(model, pairs, Knockout(), means)
+    assert base == 1.0  # the pairs are the correctly answered ones
+    every = tuple((layer, h) for layer in range(model.facts.n_layers) for h in range(model.facts.n_heads))
+    assert knockout_accuracy(model, pairs, Knockout(every), means) < 0.5
+    pts = knockout_curve(model, pairs, list(every[:3]), means, k_max=2, draws=3)
+    assert [p.k for p in pts] == [0, 1, 2] and pts[0].top_accuracy == 1.0
+    assert all(p.random_min <= p.random_mean <= p.random_max for p in pts)
+    with pytest.raises(ValueError):
+        knockout_curve(model, pairs, [], means, k_max=10_000)
+    with pytest.raises(ValueError):
+        Knockout(((99, 0),)).validate(model.facts.n_layers, model.facts.n_heads)
+    assert parse_heads("3.1, 5.0") == ((3, 1), (5, 0))
+    with pytest.raises(ValueError):
+        parse_heads("3-1")
+
+
+def test_top_next_tokens(model, pairs):
+    p = pairs[0]
+    top = top_next_tokens(model, p.ref_ids)
+    assert top[0].token_id == p.answer_id and len(top) == 5
+    assert abs(sum(t.prob for t in top) - 1) < 1 and top == sorted(top, key=lambda t: -t.prob)
+
+
+def test_prompt_attention_equals_plain_attentions(model, plain, pairs):
+    p = pairs[1]
+    with torch.no_grad():
+        att = plain(torch.tensor([p.ref_ids]), output_attentions=True).attentions  # L x [1, H, q, k]
+    for layer, head in ((0, 0), (3, 5)):
+        ours = torch.tensor([t.weight for t in prompt_attention(model, p.ref_ids, layer, head)])
+        assert torch.allclose(ours, att[layer][0, head, -1], atol=1e-5)
+        assert abs(float(ours.sum()) - 1) < 1e-4
+
+
+def test_role_attention_sums_to_one_and_roles_are_found(model, pairs):
+    vals = role_attention(model, pairs)
+    by_head: dict[tuple[int, int], float] = {}
+    for v in vals:
+        by_head[(v.layer, v.head)] = by_head.get((v.layer, v.head), 0.0) + v.value
+    assert all(abs(s - 1) < 1e-4 for s in by_head.values())
+    for p in pairs:
+        roles = token_roles(model, p)
+        assert roles[0] == "BOS" and "operator" in roles and "operand A" in roles and "operand B" in roles
+        assert set(roles) <= set(ROLES)
+
+
+def test_mlp_projections_equal_plain_hidden_states(model, plain, pairs):
+    vals = {(v.layer, v.metric): v.value for v in mlp_projections(model, pairs[:5])}
+    assert {m for _, m in vals} == set(METRICS)
+    W_U = plain.lm_head.weight.detach()  # [vocab, d]
+    layer = 4
+    cos_a, cos_c = [], []
+    for p in pairs[:5]:
+        captured = {}
+        block = plain.model.layers[layer]
+        h1 = block.post_attention_layernorm.register_forward_pre_hook(
+            lambda m, a: captured.__setitem__("in", a[0][0, -1].detach()))
+        h2 = block.mlp.register_forward_hook(lambda m, a, o: captured.__setitem__("out", o[0, -1].detach()))
+        try:
+            with torch.no_grad():
+                plain(torch.tensor([p.ref_ids]))
+        finally:
+            h1.remove()
+            h2.remove()
+        wa = W_U[number_token(model, p.ref_text, p.a)]
+        cos_a.append(torch.nn.functional.cosine_similarity(captured["in"], wa, dim=0))
+        cos_c.append(torch.nn.functional.cosine_similarity(captured["out"], W_U[p.answer_id], dim=0))
+    assert abs(vals[(layer, "cos_in_A")] - float(torch.stack(cos_a).mean())) < 1e-4
+    assert abs(vals[(layer, "cos_out_C")] - float(torch.stack(cos_c).mean())) < 1e-4
+
+
+def test_top_number_tokens(model, pairs):
+    p = pairs[0]
+    top = top_number_tokens(model, p.ref_text, p.ref_ids, k=3)
+    assert len(top) == 3 * model.facts.n_layers
+    assert all(t.token.strip("Ġ▁").isdigit() for t in top)
