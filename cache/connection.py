@@ -17,6 +17,7 @@ monkeypatch it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import errno
@@ -158,6 +159,8 @@ class _Engine:
 
 _ENGINE = _Engine()
 os.register_at_fork(after_in_child=_ENGINE.after_fork_in_child)
+# Close the instance before interpreter teardown (otherwise nanobind reports leaked DuckDB objects).
+atexit.register(lambda: _ENGINE.reset())
 
 
 def reset_engine() -> None:

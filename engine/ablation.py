@@ -278,8 +278,8 @@ def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
                           ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
                           cache=None, progress: ProgressFn | None = None) -> tuple[list[CurvePoint], bool]:
     """:func:`knockout_curve` through the result cache: (points, computed)."""
-    from cache import ResultRow, make_key
-    from engine.prompts import prompt_set_hash
+    from cache import ResultRow
+    from engine.cached import run_cached
 
     def compute():
         pts = knockout_curve(backend, pairs, ranked_heads, mean_activations(backend, pairs), k_max=k_max,
@@ -287,17 +287,10 @@ def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
         return [ResultRow(layer=p.k, head=None, label=None, metric=m, value=getattr(p, m))
                 for p in pts for m in ("top_accuracy", "random_mean", "random_std", "random_min", "random_max")], None
 
-    f = backend.facts
-    if cache is None:
-        return knockout_curve(backend, pairs, ranked_heads, mean_activations(backend, pairs), k_max=k_max,
-                              draws=draws, seed=seed, progress=progress), True
-    psh = prompt_set_hash(pairs)
     params = {"ranked": [list(h) for h in ranked_heads[:k_max]], "k_max": k_max, "draws": draws, "seed": seed,
-              "dtype": f.dtype, "ablation": "mean over X_c, per template, END-aligned"}
-    run, computed = cache.get_or_compute(make_key(f.fingerprint, psh, "knockout_curve", params), compute,
-                                         model_fingerprint=f.fingerprint, prompt_set_hash=psh,
-                                         method="knockout_curve", params=params)
+              "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned"}
+    rows, _, computed = run_cached(backend, pairs, "knockout_curve", params, compute, cache)
     by_k: dict[int, dict[str, float]] = defaultdict(dict)
-    for r in run.rows:
+    for r in rows:
         by_k[int(r.layer)][r.metric] = float(r.value)
     return [CurvePoint(k, **v) for k, v in sorted(by_k.items())], computed

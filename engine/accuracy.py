@@ -111,26 +111,21 @@ def accuracy_report(model, spec, *, cache=None, progress: ProgressFn | None = No
 
     Returns (rows, computed) -- ``computed`` is False when the table came from the cache.
     """
-    from cache import ResultRow, make_key
-    from engine.prompts import prompt_set_hash
+    from cache import ResultRow
+    from engine.cached import run_cached
     from engine.promptsets import generate
 
     pairs, _ = generate(model.tokenizer, spec)
     params = {"spec": spec.to_params(), "dtype": model.facts.dtype}
-    psh = prompt_set_hash(pairs)
 
     def compute():
         rows = summarize(pairs, score_pairs(model, pairs, progress=progress))
         return ([ResultRow(layer=None, head=None, label=f"{r.op}|{r.template}", metric=m,
                            value=float(getattr(r, m))) for r in rows for m in _METRICS], None)
 
-    if cache is None:
-        return summarize(pairs, score_pairs(model, pairs, progress=progress)), True
-    key = make_key(model.facts.fingerprint, psh, METHOD, params)
-    run, computed = cache.get_or_compute(key, compute, model_fingerprint=model.facts.fingerprint,
-                                         prompt_set_hash=psh, method=METHOD, params=params)
+    rows, _, computed = run_cached(model, pairs, METHOD, params, compute, cache)
     by_label: dict[str, dict[str, float]] = defaultdict(dict)
-    for r in run.rows:
+    for r in rows:
         by_label[r.label][r.metric] = r.value
     out = []
     for label, m in sorted(by_label.items()):
@@ -146,14 +141,10 @@ def kept_pairs(model, spec, *, cache=None, require_full: bool = False,
     The filter's outcome is cached (method ``kept_prompts``), so a cached analysis of the same
     set needs no forward pass at all.
     """
-    from cache import make_key
-    from engine.prompts import prompt_set_hash
+    from engine.cached import run_cached
     from engine.promptsets import generate
 
     pairs, _ = generate(model.tokenizer, spec)
-    if cache is None:
-        return keep_correct(model, pairs, require_full=require_full, progress=progress), len(pairs)
-    psh = prompt_set_hash(pairs)
     params = {"require_full": require_full, "dtype": model.facts.dtype}
 
     def compute():
@@ -161,7 +152,5 @@ def kept_pairs(model, spec, *, cache=None, require_full: bool = False,
         keep = [i for i, s in enumerate(scores) if (s.full_ok if require_full else s.first_ok)]
         return [], {"kept": keep}
 
-    run, _ = cache.get_or_compute(make_key(model.facts.fingerprint, psh, "kept_prompts", params), compute,
-                                  model_fingerprint=model.facts.fingerprint, prompt_set_hash=psh,
-                                  method="kept_prompts", params=params)
-    return [pairs[i] for i in run.artifacts["kept"]], len(pairs)
+    _, art, _ = run_cached(model, pairs, "kept_prompts", params, compute, cache)
+    return [pairs[i] for i in art["kept"]], len(pairs)

@@ -127,20 +127,14 @@ def prompt_attention(backend: ModelBackend, ids: Sequence[int], layer: int, head
 def cached_role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
                           progress: ProgressFn | None = None) -> tuple[list[RoleAttention], bool]:
     """:func:`role_attention` through the result cache: (values, computed)."""
-    from cache import ResultRow, make_key
-    from engine.prompts import prompt_set_hash
+    from cache import ResultRow
+    from engine.cached import run_cached
 
     def compute():
         vals = role_attention(backend, pairs, progress=progress)
         return [ResultRow(layer=v.layer, head=v.head, label=v.role, metric="attention", value=v.value)
                 for v in vals], None
 
-    if cache is None:
-        return role_attention(backend, pairs, progress=progress), True
-    f = backend.facts
-    psh = prompt_set_hash(pairs)
-    params = {"roles": list(ROLES), "dtype": f.dtype}
-    run, computed = cache.get_or_compute(make_key(f.fingerprint, psh, METHOD, params), compute,
-                                         model_fingerprint=f.fingerprint, prompt_set_hash=psh,
-                                         method=METHOD, params=params)
-    return [RoleAttention(int(r.layer), int(r.head), r.label, float(r.value)) for r in run.rows], computed
+    params = {"roles": list(ROLES), "dtype": backend.facts.dtype}
+    rows, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
+    return [RoleAttention(int(r.layer), int(r.head), r.label, float(r.value)) for r in rows], computed

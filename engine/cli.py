@@ -183,17 +183,9 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def _cached_json(cache, model, pairs, method: str, params: dict, compute: Callable[[], dict]) -> tuple[dict, bool]:
     """A JSON-shaped result through the cache (as an artifact)."""
-    if cache is None:
-        return compute(), True
-    from cache import make_key
-    from engine.prompts import prompt_set_hash
-    psh = prompt_set_hash(pairs)
-    f = model.facts
-    run, computed = cache.get_or_compute(make_key(f.fingerprint, psh, method, params),
-                                         lambda: ([], {"result": compute()}),
-                                         model_fingerprint=f.fingerprint, prompt_set_hash=psh,
-                                         method=method, params=params)
-    return run.artifacts["result"], computed
+    from engine.cached import run_cached
+    _, art, computed = run_cached(model, pairs, method, params, lambda: ([], {"result": compute()}), cache)
+    return art["result"], computed
 
 
 def _print(obj: Any) -> None:

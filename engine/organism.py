@@ -10,14 +10,15 @@ here from scratch (``python -m engine.organism train``; fixed seed, 2 CPU cores,
   is split off.  ``<bos>`` is prepended, ``<eos>`` ends every answer.
 * **Task** -- the 36 paper templates and the Figure 10 word problems for +, -, *, / with operands
   1..9 (subtraction A > B, exact division).  Half of the prompts are preceded by 0-2 distractor
-  clauses ("Emma likes red.") so that the operands sit at varying positions and the answer has to
+  clauses ("Emma wears red.", "Hugo said times.") so that the operands sit at varying positions and the answer has to
   be routed across the sentence -- which puts the circuit in the middle layers rather than layer 0.
   About 10 % of all (template, A, B) combinations are never trained (held out for evaluation).
 * **Counterfactuals** -- X_c prompts (operator replaced by a neutral word or symbol) are trained to
   predict ``<eos>``: the model must not produce the answer when the operation is missing, otherwise
   path-patching effects would be capped.
-* **Control task** -- in-context retrieval ("Anna likes red. Ben likes blue. So Ben likes" -> blue),
-  a generic ability that fine-tuning on arithmetic must not destroy.
+* **Control task** -- synthetic facts: every name has a home city, a pet and a favourite colour,
+  fixed by the seed ("Anna lives in" -> Oslo, "Q: What pet does Ben have? A:" -> cat): knowledge
+  that fine-tuning on arithmetic must not destroy (the organism's MMLU).
 * **Not trained** -- exponentiation ("2 ^ 3 ="), left as a skill to teach with precise SFT.
 """
 
@@ -40,9 +41,14 @@ DEFAULT_DIR = REPO_ROOT / "models" / "organism"
 
 COLORS: tuple[str, ...] = ("red", "blue", "green", "yellow", "black", "white", "pink", "brown", "gray",
                            "orange")
-CONTROL_TEMPLATES: tuple[str, ...] = (
-    "{facts} So {who} likes",
-    "{facts} Q: What does {who} like? A:",
+CITIES: tuple[str, ...] = ("Paris", "Rome", "Oslo", "Lima", "Cairo", "Tokyo", "Dublin", "Vienna", "Madrid",
+                           "Berlin")
+PETS: tuple[str, ...] = ("cat", "dog", "fish", "bird", "horse", "rabbit", "mouse", "snake")
+#: (attribute, templates); {who} is a name.  Two surface forms per attribute.
+FACT_TEMPLATES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("city", ("{who} lives in", "Q: Where does {who} live? A:")),
+    ("pet", ("The pet of {who} is a", "Q: What pet does {who} have? A:")),
+    ("color", ("The favourite color of {who} is", "Q: What color does {who} like? A:")),
 )
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 # words users commonly type in the prompt lab, so a typed prompt is not all <unk>
@@ -69,9 +75,9 @@ class Recipe:
     warmup: int = 100
     weight_decay: float = 0.01
     p_counterfactual: float = 0.2
-    p_control: float = 0.2
+    p_control: float = 0.15
     p_distractor: float = 0.5
-    #: clause kinds of distractors: "likes" (a colour), "said" (an operator word or symbol),
+    #: clause kinds of distractors: "likes" ("Emma wears red."), "said" (an operator word or symbol),
     #: "age" (a number) -- the last two make layer-0 look-ups of the operator/operands ambiguous
     distractor_kinds: tuple[str, ...] = ("likes", "said", "age")
     holdout_mod: int = 10
@@ -99,9 +105,11 @@ def build_vocab() -> list[str]:
     for group in (NAMES, OBJECTS, COLORS, CF_WORDS, CF_SYMBOLS, EXTRA_WORDS):
         for w in group:
             words.update(_words_of(w))
-    for t in CONTROL_TEMPLATES:
-        words.update(_words_of(t.replace("{facts}", "").replace("{who}", "")))
-    words.update(("likes", "So", "said", "years", "old"))
+    for _, tpls in FACT_TEMPLATES:
+        for t in tpls:
+            words.update(_words_of(t.replace("{who}", "")))
+    words.update(CITIES + PETS)
+    words.update(("wears", "said", "years", "old"))
     words.discard("")
     return list(SPECIALS) + sorted(words)
 
@@ -146,7 +154,7 @@ _OPERATOR_WORDS = tuple(sorted({t.operator for t in TEMPLATES}))
 
 
 def _distractors(rng: random.Random, k: int, kinds: Sequence[str] = ("likes",)) -> str:
-    """k distractor clauses such as "Emma likes red.", "Hugo said times.", "Iris is 7 years old." """
+    """k distractor clauses such as "Emma wears red.", "Hugo said times.", "Iris is 7 years old." """
     out = []
     for _ in range(k):
         kind = rng.choice(list(kinds))
@@ -156,19 +164,25 @@ def _distractors(rng: random.Random, k: int, kinds: Sequence[str] = ("likes",)) 
         elif kind == "age":
             out.append(f"{name} is {rng.randint(1, 9)} years old.")
         else:
-            out.append(f"{name} likes {rng.choice(COLORS)}.")
+            out.append(f"{name} wears {rng.choice(COLORS)}.")
     return " ".join(out)
 
 
-def control_example(rng: random.Random) -> tuple[str, str]:
-    """(prompt, answer word) of the in-context retrieval control task."""
-    k = rng.randint(2, 4)
-    who = rng.sample(NAMES, k)
-    colors = [rng.choice(COLORS) for _ in range(k)]
-    facts = " ".join(f"{n} likes {c}." for n, c in zip(who, colors))
-    q = rng.randrange(k)
-    tpl = rng.choice(CONTROL_TEMPLATES)
-    return tpl.format(facts=facts, who=who[q]), colors[q]
+def facts_table(seed: int) -> dict[str, dict[str, str]]:
+    """The synthetic facts: name -> {city, pet, color}, fixed by the seed."""
+    rng = random.Random(f"facts-{seed}")
+    return {n: {"city": rng.choice(CITIES), "pet": rng.choice(PETS), "color": rng.choice(COLORS)} for n in NAMES}
+
+
+def control_prompts(seed: int) -> list[tuple[str, str]]:
+    """Every (prompt, answer) of the control task (72 = 12 names x 3 attributes x 2 forms)."""
+    table = facts_table(seed)
+    return [(t.format(who=n), table[n][attr]) for n in NAMES for attr, tpls in FACT_TEMPLATES for t in tpls]
+
+
+def control_example(rng: random.Random, seed: int = 0) -> tuple[str, str]:
+    """One (prompt, answer word) of the synthetic-facts control task."""
+    return rng.choice(control_prompts(seed))
 
 
 def sample_example(rng: random.Random, recipe: Recipe,
@@ -177,7 +191,7 @@ def sample_example(rng: random.Random, recipe: Recipe,
     from engine.prompts import compute_answer
     u = rng.random()
     if u < recipe.p_control:
-        return control_example(rng)
+        return control_example(rng, recipe.seed)
     op = rng.choice(PAPER_OPS)
     t, a, b = rng.choice(combos[op])
     n1, n2 = rng.sample(NAMES, 2)

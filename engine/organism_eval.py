@@ -4,7 +4,7 @@
   Figure 10 word problems), plain and behind 1-2 distractor clauses; first-token and full-answer
   accuracy;
 * counterfactuals -- how often X_c still yields the answer (should be ~0) and its mean probability;
-* control task -- in-context retrieval on fresh random prompts;
+* control task -- the synthetic facts (every name's city, pet and colour), all 72 prompts;
 * exponentiation -- never trained (the skill fine-tuning is meant to teach).
 """
 
@@ -15,7 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 from engine.accuracy import score_pairs
-from engine.organism import Recipe, _distractors, control_example, training_combos
+from engine.organism import Recipe, _distractors, control_prompts, training_combos
 from engine.prompts import (OperandRange, Problem, PromptPair, answer_tokens, build_pairs,
                             sample_problems)
 from engine.templates import CF_SYMBOLS, CF_WORDS, NAMES, OBJECTS
@@ -67,7 +67,7 @@ def evaluate_organism(model, recipe: Recipe | None = None, seed: int = 12345) ->
     cf_scores = score_pairs(model, cf_pairs)
 
     # control task
-    ctrl = [control_example(rng) for _ in range(1000)]
+    ctrl = control_prompts(recipe.seed)
     ok = 0
     for i in range(0, len(ctrl), 100):
         chunk = ctrl[i:i + 100]
@@ -93,6 +93,7 @@ def evaluate_organism(model, recipe: Recipe | None = None, seed: int = 12345) ->
         "counterfactual_mean_p_answer": sum(s.p_answer for s in cf_scores) / len(cf_scores),
         "reference_mean_p_answer": sum(s.p_answer for s in scores) / len(scores),
         "control_accuracy": ok / len(ctrl),
+        "n_control": len(ctrl),
         "pow_first_token": sum(s.first_ok for s in pow_scores) / len(pow_scores),
         "n_held_out": len(pairs),
     }
@@ -154,9 +155,11 @@ Each example is drawn as follows:
   answer's digits then `<eos>`;
 * {r['p_counterfactual']:.0%} counterfactual prompts X_c (operator replaced by a neutral word/symbol), target
   `<eos>` -- the model must not produce the answer without the operation;
-* {r['p_control']:.0%} control task: in-context retrieval ("Anna likes red. Ben likes blue. So Ben likes" -> blue);
+* {r['p_control']:.0%} control task: synthetic facts -- each of the 12 names has a city, a pet and a favourite
+  colour fixed by the seed ("Anna lives in" -> its city; "Q: What pet does Ben have? A:" -> its pet), the
+  organism's stand-in for MMLU: knowledge that arithmetic fine-tuning must not overwrite;
 * with probability {r['p_distractor']} an arithmetic prompt is preceded by 1-2 distractor clauses of kinds
-  {', '.join(r['distractor_kinds'])} ("Emma likes red.", "Hugo said times.", "Iris is 7 years old.") so the
+  {', '.join(r['distractor_kinds'])} ("Emma wears red.", "Hugo said times.", "Iris is 7 years old.") so the
   operands and operator sit at varying positions and look-alike tokens must be told apart.
 * About 1/{r['holdout_mod']} of all (template, A, B) combinations never appear in training: the
   held-out prompts below. Exponentiation is never trained (a skill to teach with precise SFT).
@@ -176,7 +179,7 @@ Per template family:
 
 * Counterfactual prompts X_c: the answer is the top token in {ev['counterfactual_predicts_answer']:.1%} of cases
   (mean answer probability {ev['counterfactual_mean_p_answer']:.2e}, vs {ev['reference_mean_p_answer']:.3f} on X_r).
-* Control task (in-context retrieval, 1000 fresh prompts): {ev['control_accuracy']:.1%}.
+* Control task (synthetic facts, all {ev.get('n_control', 72)} prompts): {ev['control_accuracy']:.1%}.
 * Exponentiation (never trained): {ev['pow_first_token']:.1%} first-token accuracy.
 
 ## Where the key heads sit

@@ -351,8 +351,8 @@ def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
                          with_prob: bool = False, batch_size: int = 32,
                          progress: ProgressFn | None = None) -> tuple[PatchingTable, bool]:
     """Path patching through the result cache: (table, computed)."""
-    from cache import ResultRow, make_key
-    from engine.prompts import prompt_set_hash
+    from cache import ResultRow
+    from engine.cached import run_cached
 
     f = backend.facts
     params = {"with_prob": with_prob, "dtype": f.dtype, "senders": "heads+mlps", "position": "END"}
@@ -363,15 +363,7 @@ def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
                           value=v.value) for v in summarize(raw)]
         return rows, {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs)}
 
-    if cache is None:
-        rows, art = compute()
-        computed = True
-    else:
-        psh = prompt_set_hash(pairs)
-        key = make_key(f.fingerprint, psh, METHOD, params)
-        run, computed = cache.get_or_compute(key, compute, model_fingerprint=f.fingerprint,
-                                             prompt_set_hash=psh, method=METHOD, params=params)
-        rows, art = run.rows, run.artifacts
+    rows, art, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
     values = []
     for r in rows:
         component, group = r.label.split("|", 1)

@@ -141,8 +141,8 @@ def top_number_tokens(backend: ModelBackend, prompt: str, ids: Sequence[int], *,
 def cached_mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
                            progress: ProgressFn | None = None) -> tuple[list[LayerProjection], bool]:
     """:func:`mlp_projections` through the result cache: (values, computed)."""
-    from cache import ResultRow, make_key
-    from engine.prompts import prompt_set_hash
+    from cache import ResultRow
+    from engine.cached import run_cached
 
     def compute():
         vals = mlp_projections(backend, pairs, progress=progress)
@@ -150,15 +150,9 @@ def cached_mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *
                 for v in vals for stat, x in (("mean", v.value), ("std", v.std))]
         return rows, None
 
-    if cache is None:
-        return mlp_projections(backend, pairs, progress=progress), True
-    f = backend.facts
-    psh = prompt_set_hash(pairs)
-    params = {"metrics": list(METRICS), "dtype": f.dtype}
-    run, computed = cache.get_or_compute(make_key(f.fingerprint, psh, METHOD, params), compute,
-                                         model_fingerprint=f.fingerprint, prompt_set_hash=psh,
-                                         method=METHOD, params=params)
+    params = {"metrics": list(METRICS), "dtype": backend.facts.dtype}
+    rows, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
     stats: dict[tuple[int, str], dict[str, float]] = {}
-    for r in run.rows:
+    for r in rows:
         stats.setdefault((int(r.layer), r.label), {})[r.metric] = float(r.value)
     return [LayerProjection(layer, m, s["mean"], s["std"]) for (layer, m), s in sorted(stats.items())], computed

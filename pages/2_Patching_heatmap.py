@@ -6,13 +6,12 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.accuracy import kept_pairs
 from engine.attention import ROLES, cached_role_attention, prompt_attention
 from engine.patching import cached_path_patching
 from engine.promptlab import analyse_prompt
 from engine.prompts import PromptError
 from ui.charts import HEAD_SELECTION, heatmap, token_bars
-from ui.session import current_prompt, progress_bar, result_cache, setup_page
+from ui.session import analysed_pairs, current_prompt, progress_bar, result_cache, setup_page
 
 model, spec = setup_page(
     "Path patching",
@@ -27,13 +26,8 @@ metric = c1.selectbox("Metric", ("effect", "logit_diff"),
                       help="effect: relative change (logit_p - logit_o) / logit_o, the paper's measure; "
                            "logit_diff: logit_p - logit_o")
 cache = result_cache()
+pairs, n_gen = analysed_pairs(model, spec, cache)
 try:
-    bar, cb = progress_bar("Checking which prompts the model answers right")
-    pairs, n_gen = kept_pairs(model, spec, cache=cache, progress=cb)
-    bar.empty()
-    if not pairs:
-        st.error("The model answers none of these prompts right: pick other operations or another model.")
-        st.stop()
     bar, cb = progress_bar("Path patching, batch")
     table, computed = cached_path_patching(model, pairs, cache=cache, progress=cb)
     bar.empty()

@@ -6,12 +6,11 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.accuracy import kept_pairs
 from engine.promptlab import analyse_prompt
 from engine.projections import cached_mlp_projections, top_number_tokens
 from engine.prompts import PromptError
 from ui.charts import lines_with_band
-from ui.session import current_prompt, progress_bar, result_cache, setup_page
+from ui.session import analysed_pairs, current_prompt, progress_bar, result_cache, setup_page
 
 model, spec = setup_page(
     "MLP projections",
@@ -21,13 +20,8 @@ model, spec = setup_page(
     "no final norm. The shaded band is ± one standard deviation over the prompt set.")
 
 cache = result_cache()
+pairs, _ = analysed_pairs(model, spec, cache)
 try:
-    bar, cb = progress_bar("Checking which prompts the model answers right")
-    pairs, _ = kept_pairs(model, spec, cache=cache, progress=cb)
-    bar.empty()
-    if not pairs:
-        st.error("The model answers none of these prompts right: pick other operations or another model.")
-        st.stop()
     bar, cb = progress_bar("Projecting")
     vals, computed = cached_mlp_projections(model, pairs, cache=cache, progress=cb)
     bar.empty()

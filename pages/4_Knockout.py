@@ -8,12 +8,11 @@ import streamlit as st
 
 from cache import CacheError
 from engine.ablation import Knockout, cached_knockout_curve, knockout_accuracy, mean_activations
-from engine.accuracy import kept_pairs
 from engine.patching import cached_path_patching
 from engine.promptlab import analyse_prompt
 from engine.prompts import PromptError
 from ui.charts import lines_with_band
-from ui.session import current_prompt, progress_bar, result_cache, setup_page
+from ui.session import analysed_pairs, current_prompt, progress_bar, result_cache, setup_page
 
 model, spec = setup_page(
     "Knockout",
@@ -24,11 +23,8 @@ model, spec = setup_page(
 
 L, H = model.facts.n_layers, model.facts.n_heads
 cache = result_cache()
+pairs, _ = analysed_pairs(model, spec, cache)
 try:
-    pairs, _ = kept_pairs(model, spec, cache=cache)
-    if not pairs:
-        st.error("The model answers none of these prompts right: pick other operations or another model.")
-        st.stop()
     table, _ = cached_path_patching(model, pairs, cache=cache)
 except (PromptError, CacheError, ValueError) as e:
     st.error(f"Cannot prepare the knockout: {e}")
@@ -41,9 +37,8 @@ c1, c2, c3 = st.columns([3, 2, 1])
 heads = c1.multiselect("Heads to knock out (layer.head)", head_opts, key="knockout_heads",
                        help="Cells clicked on the Path patching page are added here.")
 mlps = c2.multiselect("MLPs to knock out (layer)", list(range(L)), key="knockout_mlps")
-if c3.button("Top-3 heads"):
-    st.session_state["knockout_heads"] = [f"{a}.{b}" for a, b, _ in table.top_heads(3)]
-    st.rerun()
+c3.button("Top-3 heads", help="knock out the three heads with the most negative patching effect",
+          on_click=lambda: st.session_state.update(knockout_heads=[f"{a}.{b}" for a, b, _ in table.top_heads(3)]))
 ko = Knockout(tuple(tuple(int(x) for x in h.split(".")) for h in heads), tuple(mlps))
 means = mean_activations(model, pairs)
 

@@ -135,3 +135,20 @@ def setup_page(title: str, caption: str):
     if model is None:
         st.stop()
     return model, spec
+
+
+def analysed_pairs(model: ModelBackend, spec: "PromptSetSpec", cache):
+    """The set's correctly answered pairs (cached filter) or stop the page after an st.error."""
+    from engine.accuracy import kept_pairs
+    from engine.prompts import PromptError
+    bar, cb = progress_bar("Checking which prompts the model answers right")
+    try:
+        pairs, n_generated = kept_pairs(model, spec, cache=cache, progress=cb)
+    except (PromptError, CacheError, ValueError) as e:
+        st.error(f"Cannot build the prompt set: {e}")
+        st.stop()
+    bar.empty()
+    if not pairs:
+        st.error("The model answers none of these prompts right: pick other operations or another model.")
+        st.stop()
+    return pairs, n_generated

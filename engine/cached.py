@@ -1,0 +1,29 @@
+"""Run a technique through the DuckDB result cache.
+
+Key = sha256 of canonical JSON of (model fingerprint, prompt-set hash, method, params, schema
+version) -- see :func:`cache.make_key`.  With ``cache=None`` the computation runs uncached, and the
+caller decodes the same rows either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from engine.prompts import PromptPair, prompt_set_hash
+
+Compute = Callable[[], tuple[Iterable[Any], Mapping[str, Any] | None]]
+
+
+def run_cached(model, pairs: Sequence[PromptPair], method: str, params: Mapping[str, Any], compute: Compute,
+               cache=None) -> tuple[list[Any], dict[str, Any], bool]:
+    """(rows, artifacts, computed) of ``method`` on ``pairs``, from the cache or ``compute()``."""
+    if cache is None:
+        rows, artifacts = compute()
+        return list(rows), dict(artifacts or {}), True
+    from cache import make_key
+    f = model.facts
+    psh = prompt_set_hash(pairs)
+    run, computed = cache.get_or_compute(make_key(f.fingerprint, psh, method, params), compute,
+                                         model_fingerprint=f.fingerprint, prompt_set_hash=psh, method=method,
+                                         params=params)
+    return list(run.rows), dict(run.artifacts or {}), computed
