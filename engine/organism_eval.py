@@ -134,9 +134,9 @@ def write_card(out_dir, report: dict[str, Any], ev: dict[str, Any], heads: dict[
     card = f"""# The bundled arithmetic model ("organism")
 
 A small Llama that really does arithmetic, trained from scratch by this project so that the lab works
-offline on a laptop. Reproduce it with `python -m engine.organism train` (fixed seed; about
-{report['train_seconds'] / 60:.0f} minutes on 2 CPU cores); this card is regenerated from measurements by the
-same command (`python -m engine.organism card` re-evaluates an existing model).
+offline on a laptop. Reproduce it with `python -m engine.organism train` (fixed seed; these weights took
+{report['train_seconds'] / 60:.0f} minutes{report.get('timing_note', '')}); this card is regenerated from
+measurements by the same command (`python -m engine.organism card` re-evaluates an existing model).
 
 ## Architecture
 `LlamaForCausalLM`: {r['n_layers']} layers, {r['n_heads']} query heads sharing {r['n_kv_heads']} key/value heads

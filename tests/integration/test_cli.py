@@ -83,3 +83,19 @@ def test_bad_arguments_exit_nonzero_with_one_line(cache_file, args, phrase):
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1, r.stderr
     assert phrase in lines[0] and "Traceback" not in r.stderr
+
+
+def test_patch_csv_and_second_call_cached(cache_file, tmp_path):
+    import csv
+    out = tmp_path / "e.csv"
+    args = ("patch", "--model", "organism", "--op", "add", "--n", "200", "--seed", "0", "--out", str(out))
+    first = run_cli(*args, cache=cache_file)
+    assert first.returncode == 0, first.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert set(rows[0]) == {"component", "layer", "head", "effect", "logit_diff", "n"}
+    assert sum(r["component"] == "mlp" for r in rows) == 6 and sum(r["component"] == "head" for r in rows) == 48
+    assert all(r["head"] == "-1" for r in rows if r["component"] == "mlp")
+    assert json.loads(first.stdout)["cached"] is False
+    second = run_cli(*args, cache=cache_file)
+    assert json.loads(second.stdout)["cached"] is True
+    assert list(csv.DictReader(out.open())) == rows
