@@ -529,6 +529,8 @@ def load_model(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None =
     "bfloat16" or "float16".  The model is in eval mode with gradients enabled (fine-tuning
     works on ``hf_model`` / ``bridge`` directly).  Raises ModelLoadError on any failure.
     """
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars in the CLI's output or the server log
     dtype_name, torch_dtype = _parse_dtype(dtype)
     dev = _parse_device(device)
     resolved = resolve_spec(spec)

@@ -17,8 +17,8 @@ model, spec = setup_page(
     "Path patching",
     "Each cell is one attention head (the last column is the layer's MLP). Its colour is the change of the "
     "answer token's logit when only that component's output at the last position comes from the "
-    "counterfactual prompt (operator removed) and every other head is frozen: blue = the answer logit "
-    "drops, i.e. the head carries the operation. Only prompts the model answers right are used. "
+    "counterfactual prompt (operator removed) and every other head is frozen: red = the answer logit "
+    "drops, i.e. the head carries the operation (the colour range follows the heads; MLP cells saturate). Only prompts the model answers right are used. "
     "Click a cell to see that head's attention from the last token.")
 
 c1, c2, c3 = st.columns([2, 2, 1])

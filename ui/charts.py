@@ -11,16 +11,19 @@ HEAD_SELECTION = "cell"
 def heatmap(df: pd.DataFrame, metric: str) -> alt.Chart:
     """Layer x head heatmap with an MLP column; diverging colours centred at 0; click selects a cell.
 
+    The colour range is set by the heads (MLP cells, often larger, saturate at the ends).
+
     ``df`` columns: layer, column (head number as text, or "MLP"), head (-1 for MLPs), value.
     """
-    lim = float(df["value"].abs().max() or 1.0)
+    heads = df.loc[df["column"] != "MLP", "value"].abs()
+    lim = float(heads.max() if len(heads) and heads.max() > 0 else df["value"].abs().max() or 1.0)
     sel = alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick")
     cols = [c for c in df["column"].unique() if c != "MLP"] + ["MLP"]
     return alt.Chart(df).mark_rect(stroke="white", strokeWidth=0.5).encode(
         x=alt.X("column:N", sort=cols, title="head (and the layer's MLP)"),
         y=alt.Y("layer:O", sort="descending", title="layer"),
         color=alt.Color("value:Q", title=metric,
-                        scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0)),
+                        scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0, clamp=True)),
         opacity=alt.condition(sel, alt.value(1.0), alt.value(0.35)),
         tooltip=["layer", "column", alt.Tooltip("value:Q", format=".4f")],
     ).add_params(sel).properties(height=max(220, 26 * df["layer"].nunique()))
