@@ -13,9 +13,37 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _remember(exitstatus)
     # close the cache's process-wide DuckDB instance before interpreter teardown
     import gc
 
     from cache.connection import reset_engine
     reset_engine()
     gc.collect()
+
+
+_EXIT_STATUS = {"value": 0}
+
+
+def pytest_sessionstart(session):
+    _EXIT_STATUS["value"] = 0
+
+
+def _remember(exitstatus) -> None:
+    _EXIT_STATUS["value"] = int(exitstatus)
+
+
+def pytest_unconfigure(config):
+    """Leave without interpreter teardown once pytest has reported everything.
+
+    DuckDB's nanobind bindings print pages of "leaked instance" warnings when Python tears down
+    after a long session (torch, Streamlit and DuckDB objects still referenced); they would bury
+    pytest's closing line. The exit status is pytest's own.
+    """
+    import os
+    import sys
+    if os.environ.get("ARITHLAB_PYTEST_FAST_EXIT", "1") != "1":
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS["value"])
