@@ -221,9 +221,9 @@ def encode_batch(tokenizer, examples: Sequence[tuple[str, str]]):
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     lab = torch.full((len(seqs), width), -100, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (s, l) in enumerate(zip(seqs, labels)):
+    for i, (s, lab_i) in enumerate(zip(seqs, labels)):
         ids[i, :len(s)] = torch.tensor(s)
-        lab[i, :len(l)] = torch.tensor(l)
+        lab[i, :len(lab_i)] = torch.tensor(lab_i)
         mask[i, :len(s)] = 1
     return ids, mask, lab
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.backend import open_model
-from engine.patching import (all_senders, cached_path_patching, path_patching, path_patching_reference,
+from engine.patching import (cached_path_patching, path_patching, path_patching_reference,
                              summarize)
 from engine.promptsets import PromptSetSpec, generate
 from tests.integration.tiny_models import build_tiny_model

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
 from engine.attention import prompt_attention, role_attention

@@ -12,7 +12,7 @@ from engine.organism import build_tokenizer
 from engine.prompts import (OperandRange, PromptError, PromptPair, answer_tokens, build_pairs,
                             compute_answer, parse_typed_prompt, sample_problems)
 from engine.promptsets import PromptSetSpec, generate, parse_families, parse_ops
-from engine.templates import (CF_SYMBOLS, CF_WORDS, OP_SYMBOLS, OPERATOR_TERMS, OPS, PAPER_FAMILIES,
+from engine.templates import (CF_SYMBOLS, CF_WORDS, OPERATOR_TERMS, OPS, PAPER_FAMILIES,
                               TEMPLATES, paper_templates)
 
 TOK = build_tokenizer()
