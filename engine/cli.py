@@ -262,8 +262,7 @@ def cmd_patch(args) -> int:
 
 
 def _knockout_result(model, pairs, ko, text):
-    from engine.ablation import knockout_accuracy, mean_activations, top_next_tokens
-    from engine.ablation import Knockout
+    from engine.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
     means = mean_activations(model, pairs)
     res = {"heads": [f"{a}.{b}" for a, b in ko.heads], "mlps": list(ko.mlps), "n_pairs": len(pairs),
            "accuracy_before": knockout_accuracy(model, pairs, Knockout(), means),

@@ -86,7 +86,11 @@ def test_top_next_tokens(model, pairs):
     p = pairs[0]
     top = top_next_tokens(model, p.ref_ids)
     assert top[0].token_id == p.answer_id and len(top) == 5
-    assert abs(sum(t.prob for t in top) - 1) < 1 and top == sorted(top, key=lambda t: -t.prob)
+    assert top == sorted(top, key=lambda t: -t.prob)
+    with torch.no_grad():
+        probs = torch.softmax(model.logits(torch.tensor([p.ref_ids]))[0, -1].float(), -1)
+    assert [t.token_id for t in top] == probs.topk(5).indices.tolist()
+    assert all(abs(t.prob - float(probs[t.token_id])) < 1e-6 for t in top)
 
 
 def test_prompt_attention_equals_plain_attentions(model, plain, pairs):
