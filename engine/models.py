@@ -546,6 +546,40 @@ def load_model(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None =
     return LoadedModel(bridge=bridge, hf_model=hf_model, tokenizer=tokenizer, facts=facts)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlainModel:
+    """A loaded Hugging Face model *without* the TransformerBridge (fine-tuning, nnsight).
+
+    Same checks as ``load_model`` (safetensors only, no remote code, supported architecture);
+    ``hf_model.save_pretrained`` works on it.
+    """
+
+    hf_model: "PreTrainedModel"
+    tokenizer: "PreTrainedTokenizerBase"
+    resolved: ResolvedSpec
+    architecture: str
+    dtype: str
+    device: str
+
+
+def load_plain(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None = None,
+               dtype: str | torch.dtype = "float32") -> PlainModel:
+    """Load ``spec`` as a plain HF causal LM (eval mode, on ``device``); raises ModelLoadError."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    dtype_name, torch_dtype = _parse_dtype(dtype)
+    dev = _parse_device(device)
+    resolved = resolve_spec(spec)
+    config = _load_config(resolved)
+    architecture = _check_architecture(config)
+    tokenizer = _load_tokenizer(resolved)
+    hf_model = _load_hf_model(resolved, config, torch_dtype)
+    hf_model.to(dev)
+    hf_model.eval()
+    return PlainModel(hf_model=hf_model, tokenizer=tokenizer, resolved=resolved,
+                      architecture=architecture, dtype=dtype_name, device=str(dev))
+
+
 def _facts(resolved: ResolvedSpec, architecture: str, bridge: "TransformerBridge",
            hf_model: "PreTrainedModel", dtype_name: str, device: torch.device,
            n_params: int) -> ModelFacts:
