@@ -128,6 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
     p.add_argument("--k", type=_positive_int, default=10)
     p.add_argument("--out", type=Path)
+
+    p = sub.add_parser("evaluate", help="Table 1: accuracy on GSM8K, AddSub, SingleEq, SVAMP, MMLU, CSQA -> JSON")
+    _model_args(p)
+    p.add_argument("--bench", required=True,
+                   help="gsm8k, addsub, singleeq, svamp, mmlu, csqa, a comma list, or all")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="folder laid out like ../shared/data (default: $ARITHLAB_DATA, else ../shared/data, "
+                        "else the Hugging Face hub when `datasets` is installed)")
+    p.add_argument("--split", default=None, help="split to evaluate (default: test; csqa: dev)")
+    p.add_argument("--limit", type=_positive_int, default=None, help="only the first N items of each set")
+    p.add_argument("--few-shot", type=_nonneg_int, default=0, help="k solved exemplars before each question")
+    p.add_argument("--seed", type=int, default=0, help="seed of the exemplar draw")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=16, help="greedy tokens for math sets")
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--base", default=None, help="also evaluate this base model and print Table 1 rows (Acc, Δ)")
+    p.add_argument("--out", type=Path, help="also write the JSON, with every item's prediction, here")
     return ap
 
 
@@ -381,10 +397,53 @@ def cmd_transfer(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    from engine.benchmarks import parse_benches
+    from engine.evaluate import evaluate_cached, load_eval_set, table1, table1_markdown
+    benches = parse_benches(args.bench)
+    for b in benches:  # bad data fails before a model is loaded
+        load_eval_set(b, data_dir=args.data_dir, split=args.split, limit=args.limit, few_shot=args.few_shot,
+                      seed=args.seed)
+    cache = _cache(args)
+
+    def run(model) -> dict[str, Any]:
+        out = {}
+        for b in benches:
+            res, computed = evaluate_cached(model, b, data_dir=args.data_dir, split=args.split, limit=args.limit,
+                                            few_shot=args.few_shot, seed=args.seed,
+                                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                            cache=cache)
+            out[b] = {**res.to_json(), "cached": not computed}
+        return out
+
+    model = _model(args)
+    full: dict[str, Any] = {"model": model.facts.spec, "fingerprint": model.facts.fingerprint,
+                            "results": run(model)}
+    if args.base:
+        from engine.backend import open_model
+        base = open_model(args.base, device=args.device, dtype=args.dtype)
+        full["base"] = {"model": base.facts.spec, "fingerprint": base.facts.fingerprint, "results": run(base)}
+        rows = table1({b: r["accuracy"] for b, r in full["base"]["results"].items()},
+                      {args.model: {b: r["accuracy"] for b, r in full["results"].items()}}, base_name=args.base)
+        full["table1"] = [r.__dict__ for r in rows]
+        full["table1_markdown"] = table1_markdown(rows)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(full, indent=2) + "\n")
+
+    def brief(results: dict[str, Any]) -> dict[str, Any]:
+        return {b: {k: v for k, v in r.items() if k != "records"} for b, r in results.items()}
+    shown = {**full, "results": brief(full["results"])}
+    if "base" in full:
+        shown["base"] = {**full["base"], "results": brief(full["base"]["results"])}
+    _print(shown)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "info": cmd_info, "prompts": cmd_prompts, "accuracy": cmd_accuracy, "patch": cmd_patch,
     "knockout": cmd_knockout, "knockout-curve": cmd_knockout_curve, "attention": cmd_attention,
-    "mlp-projection": cmd_mlp_projection, "transfer": cmd_transfer,
+    "mlp-projection": cmd_mlp_projection, "transfer": cmd_transfer, "evaluate": cmd_evaluate,
 }
 
 

@@ -297,7 +297,8 @@ class BenchResult:
         return {**self.summary(), "records": [r.to_json() for r in self.records]}
 
 
-def _check_items(bench: str, items: Sequence[BenchItem]) -> None:
+def check_items(bench: str, items: Sequence[BenchItem]) -> None:
+    """Raise BenchmarkError unless ``items`` are answered items of ``bench``."""
     if not items:
         raise BenchmarkError(f"no {bench} items to evaluate")
     hidden = [it.id for it in items if it.answer is None]
@@ -338,7 +339,7 @@ def evaluate(model, bench: str, items: Sequence[BenchItem], *, few_shot: int = 0
              batch_size: int = 8, split: str = "", progress: ProgressFn | None = None) -> BenchResult:
     """Accuracy of ``model`` (a :class:`engine.backend.ModelBackend`) on ``items`` (see module docstring)."""
     check_bench(bench)
-    _check_items(bench, items)
+    check_items(bench, items)
     prompts, labels = build_prompts(model.tokenizer, bench, items, few_shot=few_shot, pool=pool, seed=seed)
     if bench in CHOICE_BENCHMARKS:
         ids, cut = _tokenize(model, prompts, 0)
@@ -365,6 +366,21 @@ def _item_set_hash(items: Sequence[BenchItem], prompts: Sequence[str]) -> str:
     return hash_prompt_set([{"id": str(it.id), "prompt": p, "answer": it.answer} for it, p in zip(items, prompts)])
 
 
+def load_eval_set(bench: str, *, data_dir: str | Path | None = None, split: str | None = None,
+                  limit: int | None = None, few_shot: int = 0, seed: int = 0
+                  ) -> tuple[str, list[BenchItem], list[BenchItem]]:
+    """(split, items, exemplar pool) of a benchmark, checked: answered items, and k exemplars exist
+    for every item (no model needed, so the CLI fails fast on bad data)."""
+    check_bench(bench)
+    split = split if split is not None else EVAL_SPLIT[bench]
+    items = load_benchmark(bench, data_dir=data_dir, split=split, limit=limit)
+    check_items(bench, items)
+    pool = exemplar_pool(bench, few_shot, data_dir)
+    for it in items:
+        select_exemplars(bench, it, few_shot, pool, seed)
+    return split, items, pool
+
+
 def evaluate_cached(model, bench: str, *, data_dir: str | Path | None = None, split: str | None = None,
                     limit: int | None = None, few_shot: int = 0, seed: int = 0,
                     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, batch_size: int = 8, cache=None,
@@ -374,11 +390,8 @@ def evaluate_cached(model, bench: str, *, data_dir: str | Path | None = None, sp
     Returns (result, computed) -- ``computed`` is False when the result came from the cache.
     Key: model fingerprint + hash of (item id, prompt, answer) + method + params.
     """
-    check_bench(bench)
-    split = split if split is not None else EVAL_SPLIT[bench]
-    items = load_benchmark(bench, data_dir=data_dir, split=split, limit=limit)
-    _check_items(bench, items)
-    pool = exemplar_pool(bench, few_shot, data_dir)
+    split, items, pool = load_eval_set(bench, data_dir=data_dir, split=split, limit=limit, few_shot=few_shot,
+                                       seed=seed)
     prompts, labels = build_prompts(model.tokenizer, bench, items, few_shot=few_shot, pool=pool, seed=seed)
     params = {"bench": bench, "split": split, "few_shot": few_shot, "seed": seed,
               "max_new_tokens": max_new_tokens if bench not in CHOICE_BENCHMARKS else 0,
