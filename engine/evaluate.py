@@ -35,23 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from engine.benchmarks import (
-    ANSWER_CUE,
-    BENCHMARKS,
-    CHOICE_BENCHMARKS,
-    DEFAULT_LABELS,
-    EVAL_SPLIT,
-    LETTERS,
-    BenchItem,
-    BenchmarkError,
-    OptionLabels,
-    check_bench,
-    exemplar_pool,
-    load_benchmark,
-    option_labels,
-    render_prompt,
-    select_exemplars,
-)
+from engine.benchmarks import (ANSWER_CUE, BENCHMARKS, CHOICE_BENCHMARKS, DEFAULT_LABELS, EVAL_SPLIT, LETTERS,
+                               BenchItem, BenchmarkError, OptionLabels, check_bench, exemplar_pool, load_benchmark,
+                               option_labels, render_prompt, select_exemplars)
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
 
