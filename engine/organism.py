@@ -34,10 +34,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from engine.templates import (CF_SYMBOLS, CF_WORDS, NAMES, OBJECTS, PAPER_OPS, TEMPLATES, Template)
+from engine.templates import (CF_SYMBOLS, CF_WORDS, NAMES, OBJECTS, PAPER_OPS, SKILL_FAMILIES, TEMPLATES,
+                              Template)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO_ROOT / "models" / "organism"
+#: The skill families (instructions, exponentiation) are never trained: fine-tuning teaches them.
+TRAINED_TEMPLATES: tuple[Template, ...] = tuple(t for t in TEMPLATES if t.family not in SKILL_FAMILIES)
 
 COLORS: tuple[str, ...] = ("red", "blue", "green", "yellow", "black", "white", "pink", "brown", "gray",
                            "orange")
@@ -144,13 +147,14 @@ def training_combos(recipe: Recipe, held_out: bool) -> dict[str, list[tuple[Temp
     r = OperandRange(recipe.operand_lo, recipe.operand_hi)
     out: dict[str, list[tuple[Template, int, int]]] = {}
     for op in PAPER_OPS:
-        combos = [(t, a, b) for t in TEMPLATES if t.op == op for (a, b) in valid_operands(op, r)
+        combos = [(t, a, b) for t in TRAINED_TEMPLATES if t.op == op for (a, b) in valid_operands(op, r)
                   if is_held_out(t.id, a, b, recipe.holdout_mod) == held_out]
         out[op] = combos
     return out
 
 
-_OPERATOR_WORDS = tuple(sorted({t.operator for t in TEMPLATES}))
+# (exponentiation's operator words were always among the distractors; the notation skill's are not)
+_OPERATOR_WORDS = tuple(sorted({t.operator for t in TEMPLATES if t.family != "notation"}))
 
 
 def _distractors(rng: random.Random, k: int, kinds: Sequence[str] = ("likes",)) -> str:

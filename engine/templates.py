@@ -28,7 +28,9 @@ OP_SYMBOLS: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/", "p
 #: Surface forms.  The first three are the paper's 36 templates, the next two its Figure 10.
 PAPER_FAMILIES: tuple[str, ...] = ("equation", "statement", "qa")
 WORD_PROBLEM_FAMILIES: tuple[str, ...] = ("time_span", "object_accumulation")
-FAMILIES: tuple[str, ...] = PAPER_FAMILIES + WORD_PROBLEM_FAMILIES + ("power",)
+#: Families the bundled organism never saw: skills to teach by fine-tuning (engine/skill.py).
+SKILL_FAMILIES: tuple[str, ...] = ("notation", "power")
+FAMILIES: tuple[str, ...] = PAPER_FAMILIES + WORD_PROBLEM_FAMILIES + SKILL_FAMILIES
 
 #: Neutral fillers that replace the operator slot in counterfactual prompts.
 CF_WORDS: tuple[str, ...] = ("none", "nothing", "null", "blank", "void")
@@ -148,6 +150,10 @@ TEMPLATES: tuple[Template, ...] = tuple(
         "{N1} has {A} {OBJ}. {N2} [takes] {B} {OBJ} from {N1}. Now {N1} has",
         "There are {A} {OBJ} in a box. {N1} [removes] {B} {OBJ} from the box. Now the box has",
     ))
+    # ---- notations the organism never trained on: typeset operator signs and "x" / "over" --------
+    + _t("sub", "notation", ("{A} [−] {B} =", "compute {A} [−] {B} :"))
+    + _t("mul", "notation", ("{A} [×] {B} =", "{A} [x] {B} ="))
+    + _t("div", "notation", ("{A} [÷] {B} =", "{A} [over] {B} ="))
     # ---- exponentiation (not in the paper; a skill to teach by fine-tuning) --------------------
     + _t("pow", "power", (
         "{A} [^] {B} =",
