@@ -39,7 +39,7 @@ from engine.templates import (CF_SYMBOLS, CF_WORDS, NAMES, OBJECTS, PAPER_OPS, S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO_ROOT / "models" / "organism"
-#: The skill families (instructions, exponentiation) are never trained: fine-tuning teaches them.
+#: The skill families (notation, exponentiation) are never trained: fine-tuning teaches them.
 TRAINED_TEMPLATES: tuple[Template, ...] = tuple(t for t in TEMPLATES if t.family not in SKILL_FAMILIES)
 
 COLORS: tuple[str, ...] = ("red", "blue", "green", "yellow", "black", "white", "pink", "brown", "gray",

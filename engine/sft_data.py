@@ -9,6 +9,8 @@ A data source D (``finetune --data D``) is either
   - ``notation`` / ``power`` -- the *skill* template families the bundled organism never trained on
     (typeset operator signs "7 × 8 =", "x", "over"; exponentiation), training split only: about a
     third of the (template, A, B) combinations are held out for evaluation (``skill_split``);
+  - ``notation+replay`` -- ``notation`` plus the organism's 72 control facts as replay data (so
+    that a method cannot trade the control task away; the demonstration in ``engine.skill``);
   - ``arith`` -- the paper's 36 templates, operands 1..9 (for real models);
   - ``gsm8k``, ``csqa``, ``mmlu`` -- benchmark training splits (``engine.benchmarks.sft_examples``)
     read from the data directory (``--data-dir`` / ``$ARITHLAB_DATA`` / ``../shared/data``).
@@ -25,7 +27,7 @@ from engine.finetune import FinetuneError, SFTExample
 
 SKILL_SETS: tuple[str, ...] = ("notation", "power")
 BENCH_SETS: tuple[str, ...] = ("gsm8k", "csqa", "mmlu")
-BUILTIN_SETS: tuple[str, ...] = SKILL_SETS + ("arith",) + BENCH_SETS
+BUILTIN_SETS: tuple[str, ...] = SKILL_SETS + ("notation+replay", "arith") + BENCH_SETS
 #: About 1/HOLDOUT_MOD of a skill family's (template, A, B) combinations are evaluation-only.
 HOLDOUT_MOD = 3
 _SKILL_OPS = {"notation": ("sub", "mul", "div"), "power": ("pow",)}
@@ -108,6 +110,10 @@ def load_sft_data(source: str, *, data_dir: str | Path | None = None, limit: int
     """Examples of a built-in set name or a JSONL path (see module docstring)."""
     if source in SKILL_SETS:
         out = _template_examples(source)
+    elif source == "notation+replay":
+        from engine.organism import control_prompts
+
+        out = _template_examples("notation") + [SFTExample(p, a) for p, a in control_prompts(0)]
     elif source == "arith":
         out = _arith_examples()
     elif source in BENCH_SETS:
