@@ -7,7 +7,7 @@ hash, method, params, schema version), in long format
 
 Public API::
 
-    ResultCache(path=None, *, timeout=60.0, compute_timeout=None, schema_version=SCHEMA_VERSION)
+    ResultCache(path=None, *, timeout=60.0, compute_timeout=None, schema_version=None, on_warning=None)
         .get(run_id) -> CachedRun | None
         .put(run_id, *, model_fingerprint, prompt_set_hash, method, params, rows, artifacts=None) -> CachedRun
         .get_or_compute(run_id, compute, *, model_fingerprint, prompt_set_hash, method, params)
@@ -18,6 +18,9 @@ Public API::
     make_key, canonical_json, hash_prompt_set, rows_as_records
     ResultRow, CachedRun, RunSummary
     CacheError > CacheBusyError, CacheWriteError, CacheReadError
+
+``$ARITHLAB_TRACE`` (off by default) names a file that gets one JSON line per computation
+started and stored -- see :mod:`cache.trace`.
 
 This package imports neither streamlit nor torch.
 """

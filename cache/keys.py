@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias
 
-from .schema import SCHEMA_VERSION
+from . import schema as _schema
 
 __all__ = ["JSONValue", "canonical_json", "hash_prompt_set", "make_key", "require_str", "sha256_hex"]
 
@@ -93,7 +93,7 @@ def make_key(
     prompt_set_hash: str,
     method: str,
     params: Mapping[str, Any],
-    schema_version: int = SCHEMA_VERSION,
+    schema_version: int | None = None,
 ) -> str:
     """Cache key (64 hex chars) of one computation.
 
@@ -105,6 +105,8 @@ def make_key(
     require_str("method", method)
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a Mapping, not {type(params).__name__}")
+    if schema_version is None:  # read now, not at import: a version bump takes effect everywhere
+        schema_version = _schema.SCHEMA_VERSION
     if isinstance(schema_version, bool) or not isinstance(schema_version, int):
         raise TypeError(f"schema_version must be int, not {type(schema_version).__name__}")
     payload = {

@@ -36,7 +36,8 @@ from .keys import require_str as _check_str
 from .locking import Deadline, FileLock
 from .models import CachedRun, RowLike, RunSummary, coerce_rows
 from .paths import key_lock_path, keys_dir_for, lock_path_for, resolve_db_path
-from .schema import SCHEMA_VERSION
+from . import schema as _schema
+from .trace import trace_event
 
 __all__ = ["DEFAULT_TIMEOUT", "ComputeResult", "ResultCache"]
 
@@ -61,7 +62,10 @@ class ResultCache:
         compute_timeout: seconds ``get_or_compute`` waits for another process
             that is computing the same run id (``None`` = as long as it takes;
             a crashed computer releases its lock automatically).
-        schema_version: runs stored under any other version are ignored.
+        schema_version: runs stored under any other version are ignored
+            (``None``: the current :data:`cache.schema.SCHEMA_VERSION`).
+        on_warning: also called with each :attr:`last_warning` message as it
+            happens (the dashboard shows it on the page that hit the problem).
 
     Attributes:
         last_warning: the latest non-fatal problem (e.g. a corrupt file that was
@@ -74,8 +78,11 @@ class ResultCache:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         compute_timeout: float | None = None,
-        schema_version: int = SCHEMA_VERSION,
+        schema_version: int | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
+        if schema_version is None:  # read now, not at import: a version bump takes effect everywhere
+            schema_version = _schema.SCHEMA_VERSION
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
             raise ValueError(f"timeout must be a number >= 0, got {timeout!r}")
         if compute_timeout is not None and (
@@ -84,7 +91,10 @@ class ResultCache:
             raise ValueError(f"compute_timeout must be a number >= 0 or None, got {compute_timeout!r}")
         if isinstance(schema_version, bool) or not isinstance(schema_version, int):
             raise TypeError(f"schema_version must be int, not {type(schema_version).__name__}")
+        if on_warning is not None and not callable(on_warning):
+            raise TypeError(f"on_warning must be callable or None, not {type(on_warning).__name__}")
         self.last_warning: str | None = None
+        self._on_warning = on_warning
         self.compute_timeout: float | None = compute_timeout
         self._db = CacheDatabase(
             resolve_db_path(path),
@@ -193,13 +203,22 @@ class ResultCache:
             hit = self.get(run_id)  # another process may have finished meanwhile
             if hit is not None:
                 return hit, False
-            rows, artifacts = _unpack(compute())
-            prepared = self._prepare(run_id, model_fingerprint, prompt_set_hash, method, params, rows, artifacts)
+            trace_event("compute-start", run_id, method)
+            try:
+                rows, artifacts = _unpack(compute())
+                prepared = self._prepare(run_id, model_fingerprint, prompt_set_hash, method, params, rows,
+                                         artifacts)
+            except BaseException:
+                trace_event("compute-failed", run_id, method)
+                raise
             try:
                 self._db.write(lambda con: queries.insert_run(con, prepared), action=f"store run {run_id!r}")
             except CacheWriteError as exc:
+                trace_event("not-stored", run_id, method)
                 self._set_warning(f"The result was computed but not cached: {exc}")
                 logger.warning("%s", exc)
+            else:
+                trace_event("stored", run_id, method)
         return prepared.to_cached_run(), True
 
     # ---------------------------------------------------------------- helpers
@@ -210,6 +229,8 @@ class ResultCache:
 
     def _set_warning(self, message: str) -> None:
         self.last_warning = message
+        if self._on_warning is not None:
+            self._on_warning(message)
 
     def _key_lock(self, run_id: str) -> AbstractContextManager[object]:
         """The acquired per-key compute lock (a no-op where no lock file can be made)."""

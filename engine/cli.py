@@ -2,7 +2,9 @@
 
 Every subcommand prints JSON (and writes the file named by ``--out``); results are read from / written
 to the DuckDB result cache (``$ARITHLAB_CACHE``), so a repeated call does no forward pass.  A bad
-argument or input exits with status 2 and one line on stderr that says what is wrong.
+argument or input exits with status 2 and one line on stderr that says what is wrong.  When the cache
+could not store a result (read-only file, full disk) or moved a damaged cache file aside, the output
+is still printed and written, and one ``error:`` line on stderr says what happened (exit status 2).
 """
 
 from __future__ import annotations
@@ -168,7 +170,22 @@ def _cache(args):
     if getattr(args, "no_cache", False):
         return None
     from cache import ResultCache
-    return ResultCache()
+    cache = ResultCache()
+    args.result_cache = cache  # main() reports its warnings (damaged file moved aside, result not stored)
+    return cache
+
+
+def _text_ids(model, text: str | None) -> list[int] | None:
+    """``--text``'s token ids, or None without ``--text``; PromptError (exit 2) for an empty, too long
+    or unknown-word prompt -- the Prompt lab's checks, made before any computation."""
+    if text is None:
+        return None
+    from engine.promptlab import check_typed_text
+    return check_typed_text(model.tokenizer, text)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 def _pairs(args, model, cache):
@@ -304,6 +321,7 @@ def cmd_knockout(args) -> int:
                                                                             model.facts.n_heads)
     if ko.empty:
         raise CliError("nothing to knock out: give --heads LAYER.HEAD,... and/or --mlps LAYER,...")
+    _text_ids(model, args.text)
     cache = _cache(args)
     pairs = _pairs(args, model, cache)
     params = {"heads": [list(h) for h in ko.heads], "mlps": list(ko.mlps), "text": args.text or "",
@@ -344,9 +362,7 @@ def cmd_attention(args) -> int:
         from engine.attention import prompt_attention
         if args.layer is None or args.head is None:
             raise CliError("--text needs --layer and --head")
-        if not args.text.strip():
-            raise CliError("--text is empty: give a prompt")
-        ids = model.tokenizer(args.text)["input_ids"]
+        ids = _text_ids(model, args.text)
         rows = [t.__dict__ for t in prompt_attention(model, ids, args.layer, args.head)]
         _write_csv(args.out, rows)
         _print({"out": str(args.out), "layer": args.layer, "head": args.head, "tokens": rows})
@@ -363,15 +379,15 @@ def cmd_attention(args) -> int:
 def cmd_mlp_projection(args) -> int:
     from engine.projections import cached_mlp_projections, top_number_tokens
     model = _model(args)
+    text_ids = _text_ids(model, args.text)
     cache = _cache(args)
     pairs = _pairs(args, model, cache)
     vals, computed = cached_mlp_projections(model, pairs, cache=cache)
     _write_csv(args.out, [v.__dict__ for v in vals])
     res: dict[str, Any] = {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
                            "per_layer": [v.__dict__ for v in vals]}
-    if args.text:
-        ids = model.tokenizer(args.text)["input_ids"]
-        res["top_number_tokens"] = [t.__dict__ for t in top_number_tokens(model, args.text, ids)]
+    if text_ids is not None:
+        res["top_number_tokens"] = [t.__dict__ for t in top_number_tokens(model, args.text, text_ids)]
     _print(res)
     return 0
 
@@ -453,13 +469,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.prompts import PromptError
     try:
         args = build_parser().parse_args(argv)
-        return COMMANDS[args.cmd](args)
+        status = COMMANDS[args.cmd](args)
+        cache = getattr(args, "result_cache", None)
+        warning = cache.last_warning if cache is not None else None
+        if status == 0 and warning:
+            # the output above is complete, but the cache did not do its job: say so, exit 2
+            print(_one_line(f"error: {warning} The output above is complete; --no-cache skips the cache."),
+                  file=sys.stderr)
+            return 2
+        return status
     except CliError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_one_line(f"error: {e}"), file=sys.stderr)
     except (PromptError, ModelLoadError, CacheError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_one_line(f"error: {e}"), file=sys.stderr)
     except OSError as e:
-        print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        print(_one_line(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": ")), file=sys.stderr)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -33,6 +33,7 @@ class PromptReport:
     cf_ids: list[int] = field(default_factory=list)
     cf_top5: list[TokenProb] = field(default_factory=list)
     p_answer_cf: float | None = None
+    notes: list[str] = field(default_factory=list)  # what the reader should know (unknown tokens, ...)
 
 
 def _prob_and_rank(model: ModelBackend, ids: list[int], token: int, ko: Knockout | None = None,
@@ -49,13 +50,54 @@ def _prob_and_rank(model: ModelBackend, ids: list[int], token: int, ko: Knockout
     return float(p[token]), int((p > p[token]).sum()) + 1
 
 
-def analyse_prompt(model: ModelBackend, text: str, *, ko: Knockout | None = None,
-                   means: MeanActivations | None = None) -> PromptReport:
-    """Analyse a typed prompt (optionally under a knockout); PromptError for unusable text."""
+def _check_text(text: str | None) -> None:
     if text is None or not text.strip():
         raise PromptError("the prompt is empty: type an arithmetic question such as 'What is 7 times 8?'")
     if len(text) > MAX_TYPED_CHARS:
         raise PromptError(f"the prompt has {len(text)} characters; keep it under {MAX_TYPED_CHARS}")
+
+
+def _check_known(tok, ids: list[int]) -> None:
+    if not ids:
+        raise PromptError("the prompt produced no tokens")
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is not None and all(i == unk for i in ids if i != getattr(tok, "bos_token_id", None)):
+        raise PromptError("none of the prompt's words is in this model's vocabulary: use words like "
+                          "'plus', 'times', 'sum of' and digits")
+
+
+def check_typed_text(tok, text: str | None) -> list[int]:
+    """The token ids of a typed prompt (as the tokenizer gives them); PromptError when the text is
+    empty, longer than MAX_TYPED_CHARS or holds no word the model knows -- the checks of
+    :func:`analyse_prompt`, for callers (the CLI's ``--text``) that need only the ids."""
+    _check_text(text)
+    ids = list(tok(text)["input_ids"])
+    _check_known(tok, ids)
+    return ids
+
+
+def _notes(tok, ids: list[int], parsed: TypedProblem | None) -> list[str]:
+    notes = []
+    unk = getattr(tok, "unk_token_id", None)
+    n_unk = sum(i == unk for i in ids) if unk is not None else 0
+    if n_unk:
+        notes.append(f"{n_unk} of the prompt's {len(ids)} tokens are not in this model's vocabulary "
+                     f"(shown as {tok.unk_token}): the model reads each as the same placeholder")
+    if parsed is not None:
+        for x in dict.fromkeys((parsed.a, parsed.b)):
+            pieces = tok.convert_ids_to_tokens(tok(str(abs(x)), add_special_tokens=False)["input_ids"])
+            n = sum(any(c.isdigit() for c in str(p)) for p in pieces)
+            if n > 1:
+                notes.append(f"operand {x} is {n} tokens for this model; the prompt sets of the analysis "
+                             f"pages use single-token operands (1-9 by default), this prompt is analysed "
+                             f"as typed")
+    return notes
+
+
+def analyse_prompt(model: ModelBackend, text: str, *, ko: Knockout | None = None,
+                   means: MeanActivations | None = None) -> PromptReport:
+    """Analyse a typed prompt (optionally under a knockout); PromptError for unusable text."""
+    _check_text(text)
     tok = model.tokenizer
     try:
         parsed: TypedProblem | None = parse_typed_prompt(text)
@@ -70,14 +112,10 @@ def analyse_prompt(model: ModelBackend, text: str, *, ko: Knockout | None = None
             parsed, error = None, f"the answer cannot be located in the tokens ({e})"
     if parsed is None:
         ids = list(tok(text)["input_ids"])
-    if not ids:
-        raise PromptError("the prompt produced no tokens")
-    unk = getattr(tok, "unk_token_id", None)
-    if unk is not None and all(i == unk for i in ids if i != getattr(tok, "bos_token_id", None)):
-        raise PromptError("none of the prompt's words is in this model's vocabulary: use words like "
-                          "'plus', 'times', 'sum of' and digits")
+    _check_known(tok, ids)
     rep = PromptReport(text=text, ids=ids, tokens=[str(t) for t in tok.convert_ids_to_tokens(ids)],
-                       top5=top_next_tokens(model, ids, ko=ko, means=means), parsed=parsed, parse_error=error)
+                       top5=top_next_tokens(model, ids, ko=ko, means=means), parsed=parsed, parse_error=error,
+                       notes=_notes(tok, ids, parsed))
     if parsed is not None:
         rep.answer_id = at.answer_id
         rep.answer_token = str(tok.convert_ids_to_tokens([at.answer_id])[0])

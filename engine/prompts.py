@@ -299,7 +299,7 @@ def write_jsonl(path: str, pairs: Iterable[PromptPair]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 MAX_TYPED_CHARS = 2000
-_NUM = r"(-?\d+)"
+_NUM = r"(-?[0-9]+)"  # ASCII digits only: "٣" is a digit to Python, not to the tokenizer
 # (regex, op, operands reversed?, operator group index).  Order matters: phrases before symbols.
 _PATTERNS: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
     (re.compile(p, re.IGNORECASE), op, rev) for p, op, rev in (
@@ -317,7 +317,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
         (rf"{_NUM}\s+(times|multiplied)(?: by)?\s+{_NUM}", "mul", False),
         (rf"{_NUM}\s+(divided|over)(?: by)?\s+{_NUM}", "div", False),
         (rf"{_NUM}\s*(\+)\s*{_NUM}", "add", False),
-        (rf"(\d+)\s*(-|−)\s*{_NUM}", "sub", False),
+        (rf"([0-9]+)\s*(-|−)\s*{_NUM}", "sub", False),
         (rf"{_NUM}\s*(\*|×|x)\s*{_NUM}", "mul", False),
         (rf"{_NUM}\s*(/|÷)\s*{_NUM}", "div", False),
         (rf"{_NUM}\s*(\^|\*\*)\s*{_NUM}", "pow", False),
@@ -347,9 +347,9 @@ def parse_typed_prompt(text: str, *, filler_seed: int = 0) -> TypedProblem:
         raise PromptError("the prompt is empty: type an arithmetic question such as 'What is 7 times 8?'")
     if len(text) > MAX_TYPED_CHARS:
         raise PromptError(f"the prompt has {len(text)} characters; keep it under {MAX_TYPED_CHARS}")
-    numbers = re.findall(r"\d+", text)
+    numbers = re.findall(r"[0-9]+", text)
     if not numbers:
-        raise PromptError("the prompt contains no numbers: write two operands, e.g. '3 + 5 ='")
+        raise PromptError("the prompt contains no numbers (digits 0-9): write two operands, e.g. '3 + 5 ='")
     if len(numbers) < 2:
         raise PromptError("the prompt contains only one number: an operation needs two operands")
     matches = []

@@ -23,6 +23,9 @@ except PromptError as e:
     st.error(f"{e}")
     st.stop()
 
+for note in rep.notes:
+    st.info(note)
+
 st.subheader("Tokens")
 st.caption("What the model reads (after the answer-token rule: whitespace-only tokens before the answer "
            "belong to the prompt). The last token is END, where the answer is produced.")

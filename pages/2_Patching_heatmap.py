@@ -73,7 +73,11 @@ with right:
         st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
     except PromptError as e:
         st.error(f"Cannot show the typed prompt's attention: {e}")
-    roles, _ = cached_role_attention(model, pairs, cache=cache)
+    try:
+        roles, _ = cached_role_attention(model, pairs, cache=cache)
+    except (CacheError, ValueError) as e:
+        st.error(f"Cannot compute the attention by token role: {e}")
+        st.stop()
     rdf = pd.DataFrame([r.__dict__ for r in roles if r.layer == layer and r.head == head])
     rdf["role"] = pd.Categorical(rdf["role"], ROLES, ordered=True)
     st.caption("Mean attention of the last token by token role, over the prompt set")

@@ -69,8 +69,12 @@ c1, c2 = st.columns(2)
 k_max = c1.slider("Up to k heads", 1, min(30, L * H), min(10, L * H))
 draws = c2.slider("Random draws per k", 2, 30, 10)
 bar, cb = progress_bar("Knocking out")
-pts, _ = cached_knockout_curve(model, pairs, [(a, b) for a, b, _ in table.top_heads(k_max)], k_max=k_max,
-                               draws=draws, cache=cache, progress=cb)
+try:
+    pts, _ = cached_knockout_curve(model, pairs, [(a, b) for a, b, _ in table.top_heads(k_max)], k_max=k_max,
+                                   draws=draws, cache=cache, progress=cb)
+except (CacheError, ValueError) as e:
+    st.error(f"Cannot compute the knockout curve: {e}")
+    st.stop()
 bar.empty()
 cdf = pd.DataFrame([p.__dict__ for p in pts])
 long = pd.concat([

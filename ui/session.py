@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from cache import CacheError, ResultCache
 from engine.backend import ModelBackend, open_model
-from engine.models import ModelLoadError
+from engine.models import ORGANISM_DIR, ORGANISM_SPEC, REPO_ROOT, ModelLoadError
 
 if TYPE_CHECKING:
     from engine.promptsets import PromptSetSpec
 
-DEVICES = ("auto", "cpu", "cuda")
+MULTI_GPU = "all GPUs"  # device choice: accelerate's device_map="auto" over every visible GPU
+DEVICES = ("auto", "cpu", "cuda", MULTI_GPU)
 DTYPES = ("float32", "bfloat16", "float16")
+BACKEND_CHOICES = {"bridge": "TransformerBridge (transformer-lens)", "nnsight": "nnsight (plain HF model)"}
 
 
 @dataclass(frozen=True)
@@ -23,12 +27,47 @@ class ModelChoice:
     spec: str = "organism"
     device: str = "auto"
     dtype: str = "float32"
+    backend: str = "bridge"
+    remote: bool = False  # nnsight only: run on NDIF with $NDIF_API_KEY
 
 
 @st.cache_resource(show_spinner="Loading the model ...", max_entries=3)
-def _load(spec: str, device: str, dtype: str) -> ModelBackend:
+def _load(spec: str, device: str, dtype: str, files_stamp: str, backend: str = "bridge",
+          remote: bool = False) -> ModelBackend:
     # st.cache_resource is used for the model only; results live in the DuckDB cache.
-    return open_model(spec, device=None if device == "auto" else device, dtype=dtype)
+    # files_stamp is part of the key: weights replaced on disk are loaded again (new fingerprint).
+    if remote:
+        return open_model(spec, dtype=dtype, backend=backend, remote=True)
+    if device == MULTI_GPU:
+        return open_model(spec, dtype=dtype, backend=backend, device_map="auto")
+    return open_model(spec, device=None if device == "auto" else device, dtype=dtype, backend=backend)
+
+
+def files_stamp(spec: str) -> str:
+    """Name, size, inode and mtime of a local model's files, hashed ('' for hub ids / missing paths).
+
+    Only ``stat`` calls, cheap enough for every rerun: a long-running dashboard notices that a
+    model directory's weights were replaced and loads (and fingerprints) them again instead of
+    serving the old model -- and the old model's cached results -- under the same name.
+    """
+    spec = spec.strip()
+    if spec == ORGANISM_SPEC:
+        candidates = [ORGANISM_DIR]
+    else:
+        raw = Path(spec).expanduser()
+        candidates = [raw] if raw.is_absolute() else [Path.cwd() / raw, REPO_ROOT / raw]
+    h = hashlib.sha256()
+    try:
+        path = next((c for c in candidates if c.exists()), None)
+        if path is None:
+            return ""
+        files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+        for f in files:
+            st_ = f.stat()
+            h.update(f"{f.name}\0{st_.st_size}\0{st_.st_ino}\0{st_.st_mtime_ns}\n".encode())
+    except (OSError, ValueError):  # unreadable / odd paths: open_model reports the problem
+        return ""
+    return h.hexdigest()[:16]
 
 
 def model_choice() -> ModelChoice:
@@ -42,10 +81,22 @@ def model_choice() -> ModelChoice:
                 help="`organism` (the bundled arithmetic model), a local Hugging Face directory, "
                      "a .gguf file, or a hub id such as Qwen/Qwen2.5-0.5B (needs the internet).")
             c1, c2 = st.columns(2)
-            device = c1.selectbox("Device", DEVICES, index=DEVICES.index(current.device))
-            dtype = c2.selectbox("Precision", DTYPES, index=DTYPES.index(current.dtype))
+            device = c1.selectbox("Device", DEVICES, index=DEVICES.index(current.device),
+                                  help="`all GPUs` spreads a model too big for one GPU over every visible GPU "
+                                       "(accelerate device_map=auto).")
+            dtype = c2.selectbox("Precision", DTYPES, index=DTYPES.index(current.dtype),
+                                 help="bfloat16 / float16 halve the memory; README 'Bigger models' lists how far "
+                                      "their results move from float32.")
+            backend = st.selectbox("Backend", list(BACKEND_CHOICES), index=list(BACKEND_CHOICES).index(current.backend),
+                                   format_func=BACKEND_CHOICES.get, key="model_backend_input",
+                                   help="Both give the same numbers and share cached results; nnsight can also "
+                                        "run hub models remotely on NDIF.")
+            remote = st.checkbox("Run remotely on NDIF", value=current.remote, key="model_remote_input",
+                                 help="nnsight backend and a hub id NDIF hosts (e.g. meta-llama/Llama-3.1-8B); "
+                                      "the API key comes from the NDIF_API_KEY environment variable of the "
+                                      "server process.")
             if st.form_submit_button("Load model", width="stretch"):
-                current = ModelChoice(spec.strip() or "organism", device, dtype)
+                current = ModelChoice(spec.strip() or "organism", device, dtype, backend, bool(remote))
                 st.session_state["model_choice"] = current
     return current
 
@@ -53,7 +104,8 @@ def model_choice() -> ModelChoice:
 def loaded_model(choice: ModelChoice) -> ModelBackend | None:
     """The loaded model, or None after showing an ``st.error`` that says what to do."""
     try:
-        return _load(choice.spec, choice.device, choice.dtype)
+        return _load(choice.spec, choice.device, choice.dtype, files_stamp(choice.spec), choice.backend,
+                     choice.remote)
     except ModelLoadError as e:
         st.error(f"Cannot load model `{choice.spec}`: {e}")
     except (OSError, ValueError, RuntimeError) as e:
@@ -62,9 +114,21 @@ def loaded_model(choice: ModelChoice) -> ModelBackend | None:
 
 
 def result_cache() -> ResultCache | None:
-    """The DuckDB result cache, or None (after an ``st.warning``) when it cannot be opened."""
+    """The DuckDB result cache, or None (after an ``st.warning``) when it cannot be opened.
+
+    A problem met while the page computes (a damaged cache file moved aside, a result that could
+    not be stored: read-only file, full disk) is shown as an ``st.error`` where it happens, once per
+    page run; the page still shows its results.
+    """
+    shown: list[str] = []
+
+    def show(message: str) -> None:
+        if not shown:  # later messages of the same run have the same cause
+            shown.append(message)
+            st.error(message)
+
     try:
-        cache = ResultCache()
+        cache = ResultCache(on_warning=show)
     except CacheError as e:
         st.warning(f"The result cache is unavailable ({e}); results are computed without caching.")
         return None
