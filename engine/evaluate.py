@@ -105,12 +105,12 @@ class ItemResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "gold": self.gold, "pred": self.pred, "correct": self.correct,
-                "output": self.output, "scores": list(self.scores)}
+                "output": self.output, "scores": [s if math.isfinite(s) else None for s in self.scores]}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "ItemResult":
         return ItemResult(d["id"], d["gold"], d["pred"], bool(d["correct"]), d.get("output", ""),
-                          tuple(d.get("scores", ())))
+                          tuple(float("nan") if s is None else float(s) for s in d.get("scores", ())))
 
 
 def _as_number(x: float) -> int | float:
@@ -128,13 +128,13 @@ def score_completion(item: BenchItem, completion: str) -> ItemResult:
 
 def score_choice(item: BenchItem, option_scores: Sequence[float]) -> ItemResult:
     """Score a multiple-choice item from its options' next-token logits (highest wins; ties go
-    to the earlier option)."""
+    to the earlier option; NaN counts as lowest)."""
     if not item.is_choice or item.answer is None:
         raise BenchmarkError(f"item {item.id!r} is not an answered multiple-choice item")
     scores = [float(s) for s in option_scores]
     if len(scores) != len(item.choices):
         raise BenchmarkError(f"item {item.id!r}: {len(scores)} scores for {len(item.choices)} choices")
-    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    best = max(range(len(scores)), key=lambda i: (-math.inf if math.isnan(scores[i]) else scores[i], -i))
     pred = LETTERS[best]
     return ItemResult(item.id, item.answer, pred, pred == item.answer, "", tuple(scores))
 

@@ -157,6 +157,9 @@ def test_choice_ties_go_to_the_earlier_option_and_bad_scores_raise():
         score_completion(it, " 3")
     r = score_choice(it, [0.0, 2.0, 1.0])
     assert ItemResult.from_json(json.loads(json.dumps(r.to_json()))) == r
+    assert score_choice(it, [float("nan"), -5.0, -6.0]).pred == "B"
+    r = score_choice(it, [float("-inf"), 2.0, float("nan")])  # fp16 overflow: still valid JSON
+    assert r.pred == "B" and json.loads(json.dumps(r.to_json(), allow_nan=False))["scores"] == [None, 2.0, None]
 
 
 # ---------------------------------------------------------------------------------------------
