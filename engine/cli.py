@@ -51,6 +51,16 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="organism (bundled, default) | a local HF directory | a .gguf file | a hub id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when present)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--backend", default="bridge", choices=("bridge", "nnsight"),
+                   help="bridge: TransformerBridge (transformer-lens, default) | nnsight: the plain HF model "
+                        "through nnsight (same numbers; also runs on NDIF with --remote)")
+    p.add_argument("--device-map", default=None, metavar="MAP",
+                   help="spread a model over several GPUs (accelerate): auto | balanced | sequential | a JSON "
+                        "object module -> device, e.g. '{\"model.layers.0\": 0, ...}' (instead of --device)")
+    p.add_argument("--offload-folder", default=None, type=Path,
+                   help="where a --device-map puts weights mapped to \"disk\"")
+    p.add_argument("--remote", action="store_true",
+                   help="run a hub model on NDIF (needs --backend nnsight and the key in $NDIF_API_KEY)")
     p.add_argument("--no-cache", action="store_true", help="compute without reading/writing the cache")
 
 
@@ -146,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=8)
     p.add_argument("--base", default=None, help="also evaluate this base model and print Table 1 rows (Acc, Δ)")
     p.add_argument("--out", type=Path, help="also write the JSON, with every item's prediction, here")
+
+    from engine import cli_finetune
+    cli_finetune.add_parser(sub, _model_args, _positive_int)
     return ap
 
 
@@ -161,9 +174,25 @@ def _spec(args, families: str | None = None):
                          allow_negative=args.allow_negative)
 
 
+def _device_map(text: str | None):
+    """--device-map: a strategy name, or a JSON object module -> device (GPU index, "cpu", "disk")."""
+    if text is None or not text.strip().startswith("{"):
+        return text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"--device-map is not valid JSON ({e.msg}); give auto, balanced, sequential or a "
+                       f"JSON object module -> device") from None
+    if not isinstance(value, dict):
+        raise CliError("--device-map JSON must be an object module -> device")
+    return value
+
+
 def _model(args):
     from engine.backend import open_model
-    return open_model(args.model, device=args.device, dtype=args.dtype)
+    return open_model(args.model, device=args.device, dtype=args.dtype, backend=getattr(args, "backend", "bridge"),
+                      device_map=_device_map(getattr(args, "device_map", None)),
+                      offload_folder=getattr(args, "offload_folder", None), remote=getattr(args, "remote", False))
 
 
 def _cache(args):
@@ -456,10 +485,18 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_finetune(args) -> int:
+    from engine import cli_finetune
+    if args.remote or args.device_map:
+        raise CliError("finetune trains a local copy of the model: --remote and --device-map are not supported")
+    return cli_finetune.cmd_finetune(args, _cache)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "info": cmd_info, "prompts": cmd_prompts, "accuracy": cmd_accuracy, "patch": cmd_patch,
     "knockout": cmd_knockout, "knockout-curve": cmd_knockout_curve, "attention": cmd_attention,
     "mlp-projection": cmd_mlp_projection, "transfer": cmd_transfer, "evaluate": cmd_evaluate,
+    "finetune": cmd_finetune,
 }
 
 

@@ -466,7 +466,7 @@ class HeadSlices:
             for pname, p in sliced.named_parameters(recurse=False):
                 out[f"{base}.{pname}"] = p.detach().cpu().contiguous()
             idx = sliced.rows if isinstance(sliced, _RowSliced) else sliced.cols
-            out[f"{base}.{'rows' if isinstance(sliced, _RowSliced) else 'cols'}"] = idx.cpu()
+            out[f"{base}.{'rows' if isinstance(sliced, _RowSliced) else 'cols'}"] = idx.cpu().clone()
         for m in self.mlps:
             for pname, p in self.layout.mlp(self.model, m).named_parameters():
                 out[f"mlp.{m}.{pname}"] = p.detach().cpu().contiguous()
@@ -484,7 +484,9 @@ class HeadSlices:
 # ---------------------------------------------------------------------------------------------
 
 def _lora_targets(model: nn.Module) -> list[str]:
-    return ["c_attn", "c_proj"] if getattr(model.config, "model_type", "") == "gpt2" else \
+    # peft matches a target by module-name suffix: GPT-2's MLP has a ``c_proj`` too (mlp.c_proj),
+    # so the attention modules are named with their parent to keep LoRA on attention only.
+    return ["attn.c_attn", "attn.c_proj"] if getattr(model.config, "model_type", "") == "gpt2" else \
         ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
