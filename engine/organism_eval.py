@@ -49,25 +49,12 @@ def _acc(pairs, scores, key) -> dict[str, dict[str, float]]:
                 "full_answer": sum(s.full_ok for s in v) / len(v)} for k, v in sorted(g.items())}
 
 
-def evaluate_organism(model, recipe: Recipe | None = None, seed: int = 12345) -> dict[str, Any]:
-    """All model-card numbers for a model organism."""
+def control_accuracy(model, seed: int = 0) -> float:
+    """First-token accuracy on the synthetic-facts control task (72 prompts) of a backend."""
     import torch
 
-    recipe = recipe or Recipe()
     tok = model.tokenizer
-    rng = random.Random(seed)
-    pairs, _ = build_pairs(tok, _held_out_problems(recipe, seed))
-    scores = score_pairs(model, pairs)
-    distracted = [_with_prefix(tok, p, _distractors(rng, rng.randint(1, 2), recipe.distractor_kinds) + " ") for p in pairs]
-    d_scores = score_pairs(model, distracted)
-
-    # counterfactuals: does X_c still produce the answer?
-    cf_pairs = [PromptPair(p.op, p.template, p.family, p.a, p.b, p.answer, p.cf_text, p.cf_text,
-                           p.cf_ids, p.cf_ids, p.answer_id, p.answer_ids) for p in pairs]
-    cf_scores = score_pairs(model, cf_pairs)
-
-    # control task
-    ctrl = control_prompts(recipe.seed)
+    ctrl = control_prompts(seed)
     ok = 0
     for i in range(0, len(ctrl), 100):
         chunk = ctrl[i:i + 100]
@@ -82,6 +69,26 @@ def evaluate_organism(model, recipe: Recipe | None = None, seed: int = 12345) ->
             out = model.logits(ids, mask)
         for j, (e, (_, ans)) in enumerate(zip(enc, chunk)):
             ok += int(out[j, len(e) - 1].argmax().item() == tok.convert_tokens_to_ids(ans))
+    return ok / len(ctrl)
+
+
+def evaluate_organism(model, recipe: Recipe | None = None, seed: int = 12345) -> dict[str, Any]:
+    """All model-card numbers for a model organism."""
+    recipe = recipe or Recipe()
+    tok = model.tokenizer
+    rng = random.Random(seed)
+    pairs, _ = build_pairs(tok, _held_out_problems(recipe, seed))
+    scores = score_pairs(model, pairs)
+    distracted = [_with_prefix(tok, p, _distractors(rng, rng.randint(1, 2), recipe.distractor_kinds) + " ") for p in pairs]
+    d_scores = score_pairs(model, distracted)
+
+    # counterfactuals: does X_c still produce the answer?
+    cf_pairs = [PromptPair(p.op, p.template, p.family, p.a, p.b, p.answer, p.cf_text, p.cf_text,
+                           p.cf_ids, p.cf_ids, p.answer_id, p.answer_ids) for p in pairs]
+    cf_scores = score_pairs(model, cf_pairs)
+
+    ctrl = control_prompts(recipe.seed)
+    ok = round(control_accuracy(model, recipe.seed) * len(ctrl))
 
     pow_pairs, _ = build_pairs(tok, sample_problems(["pow"], 200, seed, operands=OperandRange(1, 9)))
     pow_scores = score_pairs(model, pow_pairs)

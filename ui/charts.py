@@ -53,3 +53,12 @@ def lines_with_band(df: pd.DataFrame, x: str, y: str, lo: str, hi: str, color: s
     band = base.mark_area(opacity=0.18).encode(y=alt.Y(f"{lo}:Q", title=ytitle), y2=f"{hi}:Q")
     line = base.mark_line(point=True).encode(y=f"{y}:Q", tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=".3f")])
     return (band + line).properties(height=300)
+
+
+def loss_curve(df: pd.DataFrame) -> alt.Chart:
+    """Training loss per optimizer step (``df`` columns: step, loss)."""
+    return alt.Chart(df).mark_line().encode(
+        x=alt.X("step:Q", title="step"),
+        y=alt.Y("loss:Q", title="answer-token loss", scale=alt.Scale(type="log")),
+        tooltip=["step", alt.Tooltip("loss:Q", format=".4f")],
+    ).properties(height=220)

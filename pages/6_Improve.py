@@ -1,0 +1,178 @@
+"""Improve: precise SFT of the key heads (or full SFT / LoRA) as a background job, then base vs tuned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from cache import CacheError
+from engine.finetune import FinetuneError, parse_heads
+from engine.jobs import job_dir, jobs_root, list_jobs, log_tail, losses, read_job, start_job, stop_job
+from engine.patching import cached_path_patching
+from engine.prompts import PromptError
+from engine.sft_data import BUILTIN_SETS
+from engine.skill import compare
+from engine.tuning import heads_text, read_record
+from ui.charts import heatmap, loss_curve
+from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page
+
+model, spec = setup_page(
+    "Improve",
+    "Precise SFT (the paper's §4.3): fine-tune only the Q/K/V/O slices of the key heads found by path "
+    "patching, with gradients scaled by H/h; full SFT and LoRA are the baselines. The job runs in the "
+    "background (it survives a page reload); when it ends, compare the tuned model with the base.")
+choice: ModelChoice = st.session_state.get("model_choice", ModelChoice())
+cache = result_cache()
+if choice.remote:
+    st.error("Fine-tuning runs on a local copy of the model: switch off 'Run remotely on NDIF' in the sidebar.")
+    st.stop()
+
+# ---- 1. the job -----------------------------------------------------------------------------
+pairs, _ = analysed_pairs(model, spec, cache)
+try:
+    table, _ = cached_path_patching(model, pairs, cache=cache)
+except (PromptError, CacheError, ValueError) as e:
+    st.error(f"Cannot rank the heads (path patching failed): {e}")
+    st.stop()
+n_heads = table.n_layers * table.n_heads
+st.subheader("1 · Train")
+with st.form("finetune_form"):
+    c1, c2, c3 = st.columns([1, 1, 2])
+    method = c1.radio("Method", ("precise", "full", "lora"), horizontal=False, key="ft_method",
+                      help="precise: only the selected heads' slices; full: every weight; lora: rank-8 adapters "
+                           "on the attention projections")
+    k = c2.number_input("Top k heads", 1, n_heads, min(8, n_heads), key="ft_k",
+                        help="prefills the head list from this prompt set's path-patching heatmap")
+    heads_in = c3.text_input("Heads (LAYER.HEAD, comma separated; empty = the top k)", "", key="ft_heads",
+                             help="e.g. 0.1,3.7 -- overrides the top k")
+    c4, c5, c6, c7 = st.columns(4)
+    default_set = "notation+replay" if model.facts.spec == "organism" else "arith"
+    data = c4.selectbox("Data", list(BUILTIN_SETS) + ["JSONL file ..."], index=list(BUILTIN_SETS).index(default_set), key="ft_data",
+                        help="built-in sets (see README) or a JSONL file of {prompt, answer} lines")
+    data_path = c4.text_input("JSONL path", "", key="ft_data_path", label_visibility="collapsed", placeholder="path/to/data.jsonl")
+    lr = c5.number_input("Learning rate", 1e-7, 1.0, 3e-3, format="%.1e", key="ft_lr")
+    epochs = c6.number_input("Epochs", 0.1, 1000.0, 30.0, key="ft_epochs")
+    batch = c7.number_input("Batch size", 1, 4096, 32, key="ft_batch")
+    c8, c9, c10 = st.columns(3)
+    max_steps = c8.number_input("Max steps (0 = no limit)", 0, 10**6, 0, help="the budget", key="ft_max_steps")
+    wd = c9.number_input("Weight decay", 0.0, 10.0, 0.0, key="ft_wd")
+    name = c10.text_input("Save as", "", key="ft_name", placeholder="name of the tuned model (under .cache/tuned/)")
+    submitted = st.form_submit_button("Start fine-tuning", type="primary")
+
+top = [(int(a), int(b)) for a, b, _ in table.top_heads(int(k))]
+if submitted:
+    try:
+        heads = parse_heads(heads_in) if heads_in.strip() else tuple(top)
+        bad = [f"{a}.{b}" for a, b in heads if a >= table.n_layers or b >= table.n_heads]
+        if bad:
+            raise FinetuneError(f"head(s) {', '.join(bad)} do not exist: the model has {table.n_layers} layers "
+                                f"x {table.n_heads} heads (0-based)")
+        source = data_path.strip() if data == "JSONL file ..." else data
+        if not source:
+            raise FinetuneError("give the path of a JSONL file of {\"prompt\": ..., \"answer\": ...} lines")
+        if data == "JSONL file ..." and not Path(source).is_file():
+            raise FinetuneError(f"data file {source} does not exist")
+        label = (name.strip() or f"{method}-{Path(choice.spec).name}").replace("/", "_")
+        if label.startswith("."):
+            raise FinetuneError("the name must not start with a dot")
+        out = jobs_root().parent / "tuned" / label
+        args = ["--model", choice.spec, "--dtype", choice.dtype, "--method", method, "--data", source,
+                "--out", str(out), "--lr", str(lr), "--epochs", str(epochs), "--batch-size", str(int(batch)),
+                "--weight-decay", str(wd), "--warmup", "0.05"]
+        if choice.device not in ("auto", "all GPUs"):
+            args += ["--device", choice.device]
+        if max_steps:
+            args += ["--max-steps", str(int(max_steps))]
+        if method == "precise":
+            args += ["--heads", heads_text(heads)]
+        st.session_state["job_id"] = start_job(args)
+        st.query_params["job"] = st.session_state["job_id"]
+    except (FinetuneError, OSError, ValueError) as e:
+        st.error(f"Cannot start the job: {e}")
+st.caption(f"Top {int(k)} heads of this prompt set: {heads_text(top)}")
+
+# ---- 2. progress ----------------------------------------------------------------------------
+jobs = list_jobs()
+if not jobs:
+    st.info("No fine-tuning job yet: start one above.")
+    st.stop()
+ids = [j.job_id for j in jobs]
+wanted = st.session_state.get("job_id") or st.query_params.get("job")
+job_id = st.selectbox("Job", ids, index=ids.index(wanted) if wanted in ids else 0,
+                      format_func=lambda i: f"{i} · {next(j.state for j in jobs if j.job_id == i)}")
+st.query_params["job"] = job_id
+jdir = job_dir(job_id)
+
+
+@st.fragment(run_every=1.0)
+def job_panel() -> None:
+    status = read_job(jdir)
+    st.subheader("2 · Progress")
+    total = max(status.total_steps, 1)
+    st.progress(min(1.0, status.step / total),
+                text=f"{status.state} · step {status.step}/{status.total_steps or '?'}"
+                     + (f" · loss {status.loss:.4f}" if status.loss is not None else ""))
+    curve = pd.DataFrame(losses(jdir))
+    if len(curve):
+        st.altair_chart(loss_curve(curve), width="stretch")
+    if status.state == "failed":
+        st.error(f"The job failed: {status.message}")
+        st.code(log_tail(jdir) or "(empty log)")
+    elif status.state == "stopped":
+        st.warning("The job was stopped; the model was saved with the steps it had made.")
+    if not status.done and st.button("Stop the job"):
+        stop_job(jdir)
+    if status.done and st.session_state.get(f"shown_{job_id}") != status.state:
+        st.session_state[f"shown_{job_id}"] = status.state
+        st.rerun()  # full rerun: the comparison below appears
+
+
+job_panel()
+
+# ---- 3. results -----------------------------------------------------------------------------
+status = read_job(jdir)
+if status.state not in ("finished", "stopped"):
+    st.stop()
+try:
+    record = read_record(status.out_dir)
+except FinetuneError as e:
+    st.error(str(e))
+    st.stop()
+if record is None:
+    st.error(f"The job says it finished but {status.out_dir} holds no fine-tuning record; start it again.")
+    st.stop()
+st.subheader("3 · Base vs tuned")
+r = record["result"]
+st.caption(f"{r['method']} · {r['steps']} steps · {r['samples_per_s']:.0f} samples/s · "
+           f"{r['trainable_params']:,} of {r['total_params']:,} parameters trained · "
+           f"optimizer state {r['optimizer_state_numel']:,} numbers · saved in `{status.out_dir}` (a model spec)")
+if record["base_fingerprint"] != model.facts.fingerprint:
+    st.warning(f"This job tuned `{record['base_spec']}`, not the model loaded in the sidebar: load "
+               f"`{record['base_spec']}` to compare against its base.")
+    st.stop()
+tuned = loaded_model(ModelChoice(status.out_dir, choice.device, choice.dtype, choice.backend, False))
+if tuned is None:
+    st.stop()
+try:
+    rows = compare(model, tuned, cache=cache)
+    t_table, _ = cached_path_patching(tuned, pairs, cache=cache)
+except (PromptError, CacheError, ValueError) as e:
+    st.error(f"Cannot compare the models: {e}")
+    st.stop()
+st.dataframe(pd.DataFrame([{"task": x.task, "n": x.n, "base": round(100 * x.base, 1),
+                            "tuned": round(100 * x.tuned, 1), "Δ (points)": round(x.delta, 1)} for x in rows]),
+             hide_index=True, width="stretch")
+left, right = st.columns(2)
+for col, (title, tab) in zip((left, right), (("base", table), ("tuned", t_table))):
+    hm, mlps = tab.heatmap("effect", "*")
+    df = pd.DataFrame([{"layer": layer, "head": h, "column": str(h), "value": v}
+                       for layer, row in enumerate(hm) for h, v in enumerate(row)]
+                      + [{"layer": layer, "head": -1, "column": "MLP", "value": v} for layer, v in enumerate(mlps)])
+    col.markdown(f"**Path patching · {title}**")
+    col.altair_chart(heatmap(df, "effect"), width="stretch", key=f"cmp_{title}")
+if st.button("Use the tuned model in every page"):
+    st.session_state["model_choice"] = ModelChoice(status.out_dir, choice.device, choice.dtype, choice.backend, False)
+    st.rerun()
+st.caption(f"Jobs live in `{jobs_root()}`.")

@@ -1,0 +1,65 @@
+"""AppTest of the Improve page: a real background fine-tuning job, its progress, then base vs tuned."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine.jobs import job_dir, list_jobs, read_job
+from tests.app.conftest import errors, page
+
+
+@pytest.fixture(autouse=True)
+def _jobs(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARITHLAB_JOBS", str(tmp_path / "jobs"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def _wait(timeout: float = 240.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        jobs = list_jobs()
+        if jobs and jobs[0].done:
+            return jobs[0]
+        time.sleep(0.5)
+    raise AssertionError(f"the job did not finish in {timeout} s: {[j.to_dict() for j in list_jobs()]}")
+
+
+def test_precise_job_runs_and_compares():
+    at = page("6_Improve.py").run()
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+    assert any("No fine-tuning job yet" in i.value for i in at.info)
+    at.number_input(key="ft_max_steps").set_value(4)  # a short budget
+    at.text_input(key="ft_name").set_value("demo-precise")
+    at.button[0].click().run()  # form submit: Start fine-tuning
+    assert not at.exception, at.exception
+    job = _wait()
+    assert job.state == "finished", job.to_dict()
+    assert job.step == 4
+    at.run()
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+    tables = [d.value for d in at.dataframe]
+    cmp = next(t for t in tables if "tuned" in t.columns and "task" in t.columns)
+    assert set(cmp["task"]) >= {"skill (held-out)", "arithmetic (paper templates)", "control facts"}
+    assert ((cmp["tuned"] >= 0) & (cmp["tuned"] <= 100)).all()
+    # base heatmap + tuned heatmap + loss curve
+    assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) >= 3
+    assert read_job(job_dir(job.job_id)).out_dir.endswith("demo-precise")
+
+
+def test_bad_inputs_show_errors():
+    at = page("6_Improve.py").run()
+    at.text_input(key="ft_heads").set_value("99.99")  # a head that does not exist
+    at.button[0].click().run()
+    assert not at.exception, at.exception
+    assert any("do not exist" in e for e in errors(at)), errors(at)
+    assert not list_jobs()  # nothing was started
+    at = page("6_Improve.py").run()
+    at.selectbox(key="ft_data").set_value("JSONL file ...")
+    at.text_input(key="ft_data_path").set_value("/nonexistent/data.jsonl")
+    at.button[0].click().run()
+    assert not at.exception, at.exception
+    assert any("does not exist" in e for e in errors(at)), errors(at)
