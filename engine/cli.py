@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -504,6 +505,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cache import CacheError
     from engine.models import ModelLoadError
     from engine.prompts import PromptError
+    # the lab's library loggers (arithlab.cache) stay quiet: what the user must know is in the one
+    # error line below (a warning-level record would otherwise reach stderr via logging.lastResort)
+    lab_logger = logging.getLogger("arithlab")
+    if not lab_logger.handlers:
+        lab_logger.addHandler(logging.NullHandler())
     try:
         args = build_parser().parse_args(argv)
         status = COMMANDS[args.cmd](args)

@@ -1,8 +1,27 @@
-"""Session-wide hooks: timings reported by tests are printed in pytest's terminal summary."""
+"""Session-wide hooks: timings reported by tests are printed in pytest's terminal summary; one
+Chromium (``browser``) serves every browser test (tests/e2e, tests/reliability)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 TIMINGS: list[str] = []
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                                    "--disable-component-update", "--disable-sync", "--no-first-run"])
+        yield b
+        b.close()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -1,7 +1,12 @@
-"""Start the dashboard on a free port and drive it with Playwright in Debian's Chromium."""
+"""Start the dashboard on a free port and drive it with Playwright in Debian's Chromium.
+
+The ``browser`` fixture lives in ``tests/conftest.py`` (one Chromium for every browser test);
+:func:`streamlit_server` is shared with ``tests/reliability``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -9,11 +14,11 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator, Mapping, Sequence
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -23,45 +28,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def streamlit_server(env: Mapping[str, str], *, port: int | None = None, log: Path | None = None,
+                     args: Sequence[str] = ("--server.address", "127.0.0.1")) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``streamlit run app.py`` (cwd = repo root, so ``.streamlit/config.toml`` applies) until it answers
+    its health check; yields (url, process) and stops it afterwards.  Output goes to ``log`` (or a pipe
+    read only on a failed start)."""
+    port = port or _free_port()
+    out = open(log, "wb") if log is not None else subprocess.PIPE
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), *args, "--server.port", str(port),
+         "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=REPO, env=dict(env), stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.5)
+        else:
+            proc.kill()
+        if proc.poll() is not None:
+            text = (log.read_bytes() if log is not None else proc.stdout.read()).decode(errors="replace")
+            raise RuntimeError("streamlit did not start: " + text[-2000:])
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        if log is not None:
+            out.close()
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    port = _free_port()
     env = dict(os.environ, ARITHLAB_CACHE=str(tmp_path_factory.mktemp("e2e") / "results.duckdb"),
                HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.address", "127.0.0.1",
-         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError("streamlit did not start: " + proc.stdout.read().decode()[-2000:])
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-@pytest.fixture(scope="session")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                              args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                                    "--disable-component-update", "--disable-sync", "--no-first-run"])
-        yield b
-        b.close()
+    with streamlit_server(env) as (url, _):
+        yield url
 
 
 @pytest.fixture()
