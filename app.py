@@ -11,7 +11,7 @@ from engine.accuracy import accuracy_report
 from engine.prompts import PromptError
 from engine.promptsets import PromptSetSpec
 from engine.templates import OPS, PAPER_OPS
-from ui.session import loaded_model, model_choice, result_cache
+from ui.session import loaded_model, model_choice, progress_bar, result_cache
 
 st.set_page_config(page_title="Arithmetic-circuits lab", page_icon="🧮", layout="wide")
 
@@ -62,9 +62,8 @@ if not ops:
 try:
     from engine.promptsets import parse_families
     spec = PromptSetSpec(ops=tuple(ops), n=int(n), seed=int(seed), families=parse_families(fam))
-    bar = st.progress(0.0, text="Scoring prompts ...")
-    rows, computed = accuracy_report(model, spec, cache=result_cache(),
-                                     progress=lambda d, t: bar.progress(d / t, text=f"Scoring {d}/{t}"))
+    bar, cb = progress_bar("Scoring prompts")
+    rows, computed = accuracy_report(model, spec, cache=result_cache(), progress=cb)
     bar.empty()
 except (PromptError, CacheError) as e:
     st.error(f"Cannot compute accuracy: {e}")

@@ -29,8 +29,9 @@ for note in rep.notes:
 st.subheader("Tokens")
 st.caption("What the model reads (after the answer-token rule: whitespace-only tokens before the answer "
            "belong to the prompt). The last token is END, where the answer is produced.")
+# all text: the transposed frame mixes tokens and ids in each column, which Arrow cannot serialise
 st.dataframe(pd.DataFrame({"position": range(len(rep.tokens)), "token": rep.tokens, "id": rep.ids}).set_index(
-    "position").T, width="stretch")
+    "position").T.astype(str), width="stretch")
 
 c1, c2 = st.columns(2)
 with c1:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import streamlit as st
+from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException
 
 from cache import CacheError, ResultCache
 from engine.backend import ModelBackend, open_model
@@ -178,10 +179,42 @@ def prompt_input(label: str = "Prompt") -> str:
                          help="Any arithmetic prompt, e.g. 'Q: What is 7 times 8? A:' or '6 - 2 ='")
 
 
-def progress_bar(text: str):
-    """A progress bar and the engine callback that feeds it."""
-    bar = st.progress(0.0, text=text)
-    return bar, (lambda done, total: bar.progress(min(1.0, done / max(total, 1)), text=f"{text} {done}/{total}"))
+class ProgressBar:
+    """``st.progress`` fed by an engine callback, whose computation a rerun cannot throw away.
+
+    Streamlit delivers a rerun (any click in the session) or a stop as an exception raised inside
+    the next ``st.*`` call -- during a computation, inside the progress callback, which would abort
+    the computation so that the rerun starts it again from scratch.  The callback holds that
+    exception back instead: the computation runs to the end and is stored in the cache, and
+    :meth:`empty` (called right after it) raises the exception, so the rerun happens then and finds
+    the result cached.  Every result is computed once, however much the user clicks meanwhile.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._bar = st.progress(0.0, text=text)
+        self._deferred: BaseException | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._deferred is not None:
+            return
+        try:
+            self._bar.progress(min(1.0, done / max(total, 1)), text=f"{self.text} {done}/{total}")
+        except ScriptControlException as e:  # a rerun / stop request: honoured in empty()
+            self._deferred = e
+
+    def empty(self) -> None:
+        self._bar.empty()
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            raise deferred
+
+
+def progress_bar(text: str) -> tuple[ProgressBar, ProgressBar]:
+    """A progress bar and the engine callback that feeds it (the same object; call ``.empty()`` after
+    the computation)."""
+    bar = ProgressBar(text)
+    return bar, bar
 
 
 def setup_page(title: str, caption: str):

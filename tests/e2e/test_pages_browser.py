@@ -20,8 +20,11 @@ def _goto(page, server, path):
 
 
 def _idle(page):
-    """Wait until Streamlit has finished the current run."""
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=WAIT)
+    """Wait until Streamlit has finished the current run: the app root's data-test-script-state says
+    notRunning (the status widget is no signal: with toolbarMode "minimal" it is never shown)."""
+    page.wait_for_function("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
+                           " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }",
+                           timeout=WAIT)
 
 
 def test_every_page_renders(server, page):
