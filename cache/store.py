@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from . import queries
+from . import schema as _schema
 from .database import CacheDatabase
 from .errors import CacheWriteError
 from .keys import canonical_json
@@ -36,7 +37,6 @@ from .keys import require_str as _check_str
 from .locking import Deadline, FileLock
 from .models import CachedRun, RowLike, RunSummary, coerce_rows
 from .paths import key_lock_path, keys_dir_for, lock_path_for, resolve_db_path
-from . import schema as _schema
 from .trace import trace_event
 
 __all__ = ["DEFAULT_TIMEOUT", "ComputeResult", "ResultCache"]

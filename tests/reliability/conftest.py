@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import pytest
 
-from tests.e2e.conftest import streamlit_server
+from tests.e2e.conftest import _free_port, streamlit_server
 
 REPO = Path(__file__).resolve().parents[2]
 ORGANISM = REPO / "models" / "organism"
@@ -293,7 +293,8 @@ def make_bad_model(kind: str, root: Path) -> tuple[Path, Path]:
                                                    "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"})
     elif kind == "remote_code_tokenizer":
         (path / "tokenization_evil.py").write_text(f"open({str(marker)!r}, 'w').write('remote code ran')\n")
-        _edit_json(path / "tokenizer_config.json", auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]})
+        _edit_json(path / "tokenizer_config.json",
+                   auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]})
     elif kind == "truncated_safetensors":
         weights = path / "model.safetensors"
         data = weights.read_bytes()
@@ -301,8 +302,6 @@ def make_bad_model(kind: str, root: Path) -> tuple[Path, Path]:
     elif kind == "pickle_only":
         (path / "model.safetensors").unlink()
         write_malicious_pickle(path / "pytorch_model.bin", marker)
-    elif kind == "unreadable":
-        path.chmod(0)
     else:
         raise ValueError(kind)
     return path, marker
@@ -335,7 +334,6 @@ def rel_server(tmp_path_factory):
     cache, trace, log = d / "results.duckdb", d / "trace.jsonl", d / "server.log"
     env = dict(os.environ, ARITHLAB_CACHE=str(cache), ARITHLAB_TRACE=str(trace), HF_HUB_OFFLINE="1",
                **SECRET_ENV)
-    from tests.e2e.conftest import _free_port
     port = _free_port()
     with streamlit_server(env, port=port, log=log, args=()) as (url, proc):
         yield RelServer(url, port, proc.pid, cache, trace, log)

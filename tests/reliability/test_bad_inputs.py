@@ -11,9 +11,20 @@ import shutil
 import duckdb
 import pytest
 
-from tests.reliability.conftest import (BAD_MODELS, ORGANISM, SMALL_SET, SMALL_SET_ARGS, make_bad_model, n_charts,
-                                        page_results, run_page, snapshot, start_cli, start_pages_unprivileged,
-                                        texts)
+from tests.reliability.conftest import (
+    BAD_MODELS,
+    ORGANISM,
+    SMALL_SET,
+    SMALL_SET_ARGS,
+    make_bad_model,
+    n_charts,
+    page_results,
+    run_page,
+    snapshot,
+    start_cli,
+    start_pages_unprivileged,
+    texts,
+)
 
 ANALYSIS_PAGES = ("2_Patching_heatmap.py", "3_MLP_projections.py", "4_Knockout.py")
 

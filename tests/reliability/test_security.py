@@ -15,8 +15,19 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_pages_browser import WAIT, _goto, _idle
-from tests.reliability.conftest import (CANARY, ORGANISM, REPO, SECRET_ENV, SMALL_SET_ARGS, cli_env, make_bad_model,
-                                        run_page, start_cli, texts, write_malicious_pickle)
+from tests.reliability.conftest import (
+    CANARY,
+    ORGANISM,
+    REPO,
+    SECRET_ENV,
+    SMALL_SET_ARGS,
+    cli_env,
+    make_bad_model,
+    run_page,
+    start_cli,
+    texts,
+    write_malicious_pickle,
+)
 
 SOURCE_DIRS = ("engine", "cache", "ui", "pages", "bench")
 
