@@ -161,9 +161,9 @@ try:
 except (PromptError, CacheError, ValueError) as e:
     st.error(f"Cannot compare the models: {e}")
     st.stop()
-st.dataframe(pd.DataFrame([{"task": x.task, "n": x.n, "base": round(100 * x.base, 1),
-                            "tuned": round(100 * x.tuned, 1), "Δ (points)": round(x.delta, 1)} for x in rows]),
-             hide_index=True, width="stretch")
+st.table(pd.DataFrame([{"task": x.task, "n": x.n, "base %": f"{100 * x.base:.1f}",
+                        "tuned %": f"{100 * x.tuned:.1f}", "Δ (points)": f"{x.delta:+.1f}"} for x in rows])
+         .set_index("task"))
 left, right = st.columns(2)
 for col, (title, tab) in zip((left, right), (("base", table), ("tuned", t_table))):
     hm, mlps = tab.heatmap("effect", "*")

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engine.jobs import job_dir, list_jobs, read_job
+from engine.jobs import job_dir, list_jobs, log_tail, read_job
 from tests.app.conftest import errors, page
 
 
@@ -36,15 +36,15 @@ def test_precise_job_runs_and_compares():
     at.button[0].click().run()  # form submit: Start fine-tuning
     assert not at.exception, at.exception
     job = _wait()
-    assert job.state == "finished", job.to_dict()
+    assert job.state == "finished", (job.to_dict(), log_tail(job_dir(job.job_id), 40))
     assert job.step == 4
     at.run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)
-    tables = [d.value for d in at.dataframe]
-    cmp = next(t for t in tables if "tuned" in t.columns and "task" in t.columns)
-    assert set(cmp["task"]) >= {"skill (held-out)", "arithmetic (paper templates)", "control facts"}
-    assert ((cmp["tuned"] >= 0) & (cmp["tuned"] <= 100)).all()
+    cmp = next(t.value for t in at.table if "tuned %" in t.value.columns)
+    assert set(cmp.index) >= {"skill (held-out)", "arithmetic (paper templates)", "control facts"}
+    tuned = cmp["tuned %"].astype(float)
+    assert ((tuned >= 0) & (tuned <= 100)).all()
     # base heatmap + tuned heatmap + loss curve
     assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) >= 3
     assert read_job(job_dir(job.job_id)).out_dir.endswith("demo-precise")

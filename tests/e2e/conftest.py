@@ -70,7 +70,8 @@ def streamlit_server(env: Mapping[str, str], *, port: int | None = None, log: Pa
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    env = dict(os.environ, ARITHLAB_CACHE=str(tmp_path_factory.mktemp("e2e") / "results.duckdb"),
+    tmp = tmp_path_factory.mktemp("e2e")
+    env = dict(os.environ, ARITHLAB_CACHE=str(tmp / "results.duckdb"), ARITHLAB_JOBS=str(tmp / "jobs"),
                HF_HUB_OFFLINE="1")
     with streamlit_server(env) as (url, _):
         yield url
