@@ -35,6 +35,7 @@ the tuned model is saved with ``save_pretrained`` and is a model SPEC like any o
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import random
 import time
@@ -190,11 +191,25 @@ def _batch(encoded: Sequence[tuple[list[int], int]], pad_id: int, device) -> tup
     return ids.to(device), mask.to(device), labels.to(device)
 
 
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wrapper
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def answer_loss(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
                 reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy of the answer tokens given everything before them."""
-    logits = model(input_ids=ids, attention_mask=mask).logits  # [batch, pos, vocab]
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+    """Cross-entropy of the answer tokens given everything before them.
+
+    Only the positions that predict an answer token go through the unembedding (``logits_to_keep``,
+    where the model takes it): with a large vocabulary the LM head over every position would
+    otherwise be a large share of the step (forward, backward, and the logits' memory).
+    """
+    keep = (labels[:, 1:] != -100).any(0).nonzero().squeeze(1)  # [n_keep] positions p: labels[:, p+1] is an answer
+    if _takes_logits_to_keep(model):
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits  # [batch, n_keep, vocab]
+    else:
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, keep]
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels[:, keep + 1].flatten(),
                            ignore_index=-100, reduction=reduction)
 
 
