@@ -10,7 +10,13 @@ which offers exactly what the paper's methods need --
   W_O, the MLP branch (its norm included) and the final norm + unembedding.  Fast path patching
   (:mod:`engine.patching`) chains these at the END position only.
 
-``open_model(spec, backend="bridge")`` is the one entry point the CLI and pages use.
+``open_model(spec, backend="bridge" | "nnsight")`` is the one entry point the CLI and pages use:
+``bridge`` is TransformerBridge (transformer-lens 4), ``nnsight`` the nnsight wrapper of the plain
+Hugging Face model (:mod:`engine.nnsight_backend`), which can also run on NDIF (``remote=True``).
+Both give the same numbers (``tests/integration/test_backends.py``) and the same weights
+fingerprint, so their results share the cache entries.  ``device_map`` spreads a model over
+several GPUs (accelerate); activations, weights and component outputs come back on the
+embedding's device either way.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from engine.models import LoadedModel, ModelFacts, load_model
 
 HookFn = Callable[[torch.Tensor], torch.Tensor | None]
 
-BACKENDS: tuple[str, ...] = ("bridge",)
+BACKENDS: tuple[str, ...] = ("bridge", "nnsight")
 
 
 class ModelBackend(ABC):
@@ -106,7 +112,7 @@ class BridgeBackend(ModelBackend):
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         from engine.models import logits
         with self._lock:
-            return logits(self.loaded, input_ids, attention_mask)
+            return logits(self.loaded, input_ids, attention_mask).to(self.device)
 
     def run_with_cache(self, input_ids, attention_mask, names):
         kwargs = {} if attention_mask is None else {"attention_mask": attention_mask.to(self.device)}
@@ -118,7 +124,8 @@ class BridgeBackend(ModelBackend):
         missing = wanted - set(cache.keys())
         if missing:
             raise KeyError(f"the model exposes no activation(s) {sorted(missing)}")
-        return logits, {n: cache[n].detach() for n in names}
+        # under a device_map each layer's activations sit on its own GPU: gather them
+        return logits.to(self.device), {n: cache[n].detach().to(self.device) for n in names}
 
     @contextmanager
     def hooks(self, edits):
@@ -135,29 +142,81 @@ class BridgeBackend(ModelBackend):
         return bool(getattr(self.bridge.cfg, "parallel_attn_mlp", False))
 
     def W_O(self, layer: int) -> torch.Tensor:
-        return self.bridge.blocks[layer].attn.W_O.detach()
+        attn = self.bridge.blocks[layer].attn
+        with _aligned(attn):  # offloaded (device_map "cpu"/"disk") weights are meta until aligned
+            return attn.W_O.detach().to(self.device)
 
     def mlp_branch(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         block = self.bridge.blocks[layer]
         with self._lock:  # the components carry hook points too
-            return block.mlp(block.ln2(x[:, None, :]))[:, 0, :]
+            h = x[:, None, :].to(_module_device(block.ln2, x.device))
+            return block.mlp(block.ln2(h))[:, 0, :].to(x.device)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         with self._lock:
-            return self.bridge.ln_final(x[:, None, :])[:, 0, :]
+            h = x[:, None, :].to(_module_device(self.bridge.ln_final, x.device))
+            return self.bridge.ln_final(h)[:, 0, :].to(x.device)
 
     def unembed(self):
-        W_U = self.bridge.unembed.W_U.detach()
-        b_U = getattr(self.bridge.unembed, "b_U", None)
-        if b_U is not None and not bool(b_U.any()):
-            b_U = None
-        return W_U, (None if b_U is None else b_U.detach())
+        with _aligned(self.bridge.unembed):
+            W_U = self.bridge.unembed.W_U.detach().to(self.device)
+            b_U = getattr(self.bridge.unembed, "b_U", None)
+            if b_U is not None and not bool(b_U.any()):
+                b_U = None
+            return W_U, (None if b_U is None else b_U.detach().to(self.device))
+
+
+def _original(module: torch.nn.Module) -> torch.nn.Module:
+    return module._modules.get("_original_component", module)
+
+
+def _aligned(module: torch.nn.Module):
+    """accelerate's ``align_module_device`` for every offloaded module under ``module`` (no-op otherwise)."""
+    from contextlib import ExitStack
+    stack = ExitStack()
+    hooked = [m for m in module.modules() if getattr(getattr(m, "_hf_hook", None), "offload", False)]
+    if hooked:
+        from accelerate.utils import align_module_device
+        for m in hooked:
+            stack.enter_context(align_module_device(m))
+    return stack
+
+
+def _module_device(module: torch.nn.Module, default: torch.device) -> torch.device:
+    """Where ``module`` computes (its accelerate hook's device, else its weights')."""
+    for m in (module, _original(module)):
+        hook = getattr(m, "_hf_hook", None)
+        if hook is not None and getattr(hook, "execution_device", None) is not None:
+            return torch.device(hook.execution_device)
+    for p in module.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return default
 
 
 def open_model(spec: str = "organism", *, device: str | None = None, dtype: str = "float32",
-               backend: str = "bridge") -> ModelBackend:
-    """Load ``spec`` and wrap it in the chosen backend (``bridge``)."""
+               backend: str = "bridge", device_map: str | dict | None = None, max_memory: dict | None = None,
+               offload_folder: str | None = None, remote: bool | str = False,
+               ndif_host: str | None = None) -> ModelBackend:
+    """Load ``spec`` and wrap it in the chosen backend (``bridge`` or ``nnsight``).
+
+    ``device_map`` ("auto", ... or a dict; see ``engine.models.load_model``) spreads the model over
+    several GPUs instead of ``device``.  ``remote=True`` (nnsight only) runs a hub model on NDIF
+    with the key in ``$NDIF_API_KEY`` (``dtype`` does not apply: NDIF serves its deployment's dtype,
+    which ``facts.dtype`` reports); ``remote="local"`` sends every trace through nnsight's
+    serialise/deserialise dry run of a remote request, on local weights."""
+    from engine.models import ModelLoadError
     if backend not in BACKENDS:
-        from engine.models import ModelLoadError
         raise ModelLoadError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
-    return BridgeBackend(load_model(spec, device=device, dtype=dtype))
+    if remote and backend != "nnsight":
+        raise ModelLoadError("remote execution (NDIF) needs the nnsight backend: pass --backend nnsight")
+    if backend == "nnsight":
+        from engine import nnsight_backend
+        if remote is True:
+            if device is not None or device_map is not None:
+                raise ModelLoadError("a remote model runs on NDIF's GPUs: drop --device / --device-map")
+            return nnsight_backend.open_remote(spec, host=ndif_host)  # NDIF picks the dtype; facts say which
+        return nnsight_backend.open_local(spec, device=device, dtype=dtype, device_map=device_map,
+                                          max_memory=max_memory, offload_folder=offload_folder, remote=remote)
+    return BridgeBackend(load_model(spec, device=device, dtype=dtype, device_map=device_map,
+                                    max_memory=max_memory, offload_folder=offload_folder))

@@ -58,6 +58,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-map", default=None, metavar="MAP",
                    help="spread a model over several GPUs (accelerate): auto | balanced | sequential | a JSON "
                         "object module -> device, e.g. '{\"model.layers.0\": 0, ...}' (instead of --device)")
+    p.add_argument("--max-memory", default=None, metavar="JSON",
+                   help="with --device-map auto: memory per device, e.g. '{\"0\": \"60GiB\", \"1\": \"80GiB\"}'")
     p.add_argument("--offload-folder", default=None, type=Path,
                    help="where a --device-map puts weights mapped to \"disk\"")
     p.add_argument("--remote", action="store_true",
@@ -189,10 +191,25 @@ def _device_map(text: str | None):
     return value
 
 
+def _max_memory(text: str | None):
+    """--max-memory: JSON object device -> size; GPU indices may be given as strings ("0")."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"--max-memory is not valid JSON ({e.msg}); e.g. '{{\"0\": \"60GiB\", \"cpu\": \"200GiB\"}}'"
+                       ) from None
+    if not isinstance(value, dict) or not value:
+        raise CliError("--max-memory must be a JSON object device -> size, e.g. {\"0\": \"60GiB\"}")
+    return {int(k) if str(k).isdigit() else k: v for k, v in value.items()}
+
+
 def _model(args):
     from engine.backend import open_model
     return open_model(args.model, device=args.device, dtype=args.dtype, backend=getattr(args, "backend", "bridge"),
                       device_map=_device_map(getattr(args, "device_map", None)),
+                      max_memory=_max_memory(getattr(args, "max_memory", None)),
                       offload_folder=getattr(args, "offload_folder", None), remote=getattr(args, "remote", False))
 
 

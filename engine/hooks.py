@@ -25,7 +25,7 @@ Shapes (``n_kv_heads < n_heads`` for grouped-query attention)::
     mlp_pre(l)              # [batch, pos, d_mlp]        pre-activation (gate projection for SwiGLU)
     mlp_post(l)             # [batch, pos, d_mlp]        post-activation (input of the down projection)
     mlp_out(l)              # [batch, pos, d_model]      MLP output
-    ln_final_out()          # [batch, pos, d_model]      final norm output (what the unembedding reads)
+    ln_final_out()          # [batch, pos, d_model]      final norm's input normalised, before its weight
     unembed_out()           # [batch, pos, d_vocab]      logits
 
 Flags: ``attn_result`` fires only after ``bridge.set_use_attn_result(True)``; ``q_input``/``k_input``/
@@ -174,7 +174,8 @@ def mlp_out(layer: int) -> HookName:
 # --- output ----------------------------------------------------------------------------------
 
 def ln_final_out() -> HookName:
-    """Final norm output, the input of the unembedding.  # [batch, pos, d_model]"""
+    """The final norm's input, normalised but not yet scaled by the norm's weight (and bias):
+    transformer-lens' ``hook_normalized``, so not exactly what the unembedding reads.  # [batch, pos, d_model]"""
     return HookName("ln_final.hook_normalized")
 
 

@@ -437,11 +437,14 @@ def _load_tokenizer(resolved: ResolvedSpec) -> "PreTrainedTokenizerBase":
                              f"tokenizer.save_pretrained(model_dir)") from e
 
 
-def _load_hf_model(resolved: ResolvedSpec, config: Any, torch_dtype: torch.dtype) -> "PreTrainedModel":
+def _load_hf_model(resolved: ResolvedSpec, config: Any, torch_dtype: torch.dtype,
+                   placement: "DevicePlacement | None" = None) -> "PreTrainedModel":
     from transformers import AutoModelForCausalLM
 
     kwargs = _from_pretrained_kwargs(resolved)
     kwargs.update(config=config, dtype=torch_dtype, use_safetensors=True, attn_implementation="eager")
+    if placement is not None:
+        kwargs.update(placement.from_pretrained_kwargs())
     if resolved.kind is SourceKind.GGUF:
         from transformers import GgufConfig
 
@@ -450,6 +453,9 @@ def _load_hf_model(resolved: ResolvedSpec, config: Any, torch_dtype: torch.dtype
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved.load_target, **kwargs)
+    except ImportError as e:  # device_map needs accelerate
+        raise ModelLoadError(f"device_map needs the accelerate package ({e}); install the pinned "
+                             f"requirements (make setup)") from e
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"could not load the model weights from {resolved.location} "
                              f"({type(e).__name__}: {str(e)[:400]}); the checkpoint may be corrupt, "
@@ -522,24 +528,29 @@ def _boot_bridge(resolved: ResolvedSpec, hf_model: "PreTrainedModel",
 
 
 def load_model(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None = None,
-               dtype: str | torch.dtype = "float32") -> LoadedModel:
+               dtype: str | torch.dtype = "float32", device_map: str | dict[str, Any] | None = None,
+               max_memory: dict[Any, str] | None = None, offload_folder: str | Path | None = None
+               ) -> LoadedModel:
     """Load ``spec`` (see ``resolve_spec``) and wrap it in a TransformerBridge.
 
     ``device`` None picks "cuda" when available, else "cpu"; ``dtype`` is "float32",
-    "bfloat16" or "float16".  The model is in eval mode with gradients enabled (fine-tuning
-    works on ``hf_model`` / ``bridge`` directly).  Raises ModelLoadError on any failure.
+    "bfloat16" or "float16".  ``device_map`` ("auto", "balanced", "sequential" or a dict
+    module -> device, as in ``from_pretrained``) spreads a model that does not fit one GPU over
+    several (accelerate; ``max_memory`` / ``offload_folder`` as there) -- then ``device`` must be
+    None, and ``facts.device`` is the device of the input embedding.  The model is in eval mode
+    with gradients enabled (fine-tuning works on ``hf_model`` / ``bridge`` directly).  Raises
+    ModelLoadError on any failure.
     """
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # no "Loading weights" bars in the CLI's output or the server log
     dtype_name, torch_dtype = _parse_dtype(dtype)
-    dev = _parse_device(device)
+    placement = _parse_placement(device, device_map, max_memory, offload_folder)
     resolved = resolve_spec(spec)
     config = _load_config(resolved)  # hub ids while offline: local HF cache only, else a clear error
     architecture = _check_architecture(config)
     tokenizer = _load_tokenizer(resolved)
-    hf_model = _load_hf_model(resolved, config, torch_dtype)
-    hf_model.to(dev)
-    hf_model.eval()
+    hf_model = _load_hf_model(resolved, config, torch_dtype, placement)
+    dev = _place(hf_model, placement)
     n_params = sum(p.numel() for p in hf_model.parameters())  # parameters() dedupes tied weights
     bridge = _boot_bridge(resolved, hf_model, tokenizer, dev, torch_dtype)
     facts = _facts(resolved, architecture, bridge, hf_model, dtype_name, dev, n_params)
@@ -559,25 +570,174 @@ class PlainModel:
     resolved: ResolvedSpec
     architecture: str
     dtype: str
-    device: str
+    device: str  # the input embedding's device (the first one of a device_map)
+
+    def facts(self) -> ModelFacts:
+        """The same :class:`ModelFacts` ``load_model`` gives for these weights (fingerprint included)."""
+        return plain_facts(self)
 
 
 def load_plain(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None = None,
-               dtype: str | torch.dtype = "float32") -> PlainModel:
-    """Load ``spec`` as a plain HF causal LM (eval mode, on ``device``); raises ModelLoadError."""
+               dtype: str | torch.dtype = "float32", device_map: str | dict[str, Any] | None = None,
+               max_memory: dict[Any, str] | None = None, offload_folder: str | Path | None = None
+               ) -> PlainModel:
+    """Load ``spec`` as a plain HF causal LM (eval mode, on ``device`` or spread by ``device_map``,
+    see ``load_model``); raises ModelLoadError."""
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     dtype_name, torch_dtype = _parse_dtype(dtype)
-    dev = _parse_device(device)
+    placement = _parse_placement(device, device_map, max_memory, offload_folder)
     resolved = resolve_spec(spec)
     config = _load_config(resolved)
     architecture = _check_architecture(config)
     tokenizer = _load_tokenizer(resolved)
-    hf_model = _load_hf_model(resolved, config, torch_dtype)
-    hf_model.to(dev)
-    hf_model.eval()
+    hf_model = _load_hf_model(resolved, config, torch_dtype, placement)
+    dev = _place(hf_model, placement)
     return PlainModel(hf_model=hf_model, tokenizer=tokenizer, resolved=resolved,
                       architecture=architecture, dtype=dtype_name, device=str(dev))
+
+
+def bridge_plain(plain: PlainModel) -> LoadedModel:
+    """Wrap an already loaded plain model in the TransformerBridge, as ``load_model`` would have.
+
+    The bridge wraps ``plain.hf_model`` in place (see :class:`LoadedModel`): use ``plain`` only
+    through the returned LoadedModel afterwards."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    dtype_name, torch_dtype = _parse_dtype(plain.dtype)
+    dev = torch.device(plain.device)
+    n_params = sum(p.numel() for p in plain.hf_model.parameters())
+    bridge = _boot_bridge(plain.resolved, plain.hf_model, plain.tokenizer, dev, torch_dtype)
+    facts = _facts(plain.resolved, plain.architecture, bridge, plain.hf_model, dtype_name, dev, n_params)
+    return LoadedModel(bridge=bridge, hf_model=plain.hf_model, tokenizer=plain.tokenizer, facts=facts)
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePlacement:
+    """Where the weights go: one ``device``, or accelerate's ``device_map`` (several GPUs, offload)."""
+
+    device: torch.device | None
+    device_map: str | dict[str, Any] | None = None
+    max_memory: dict[Any, str] | None = None
+    offload_folder: str | None = None
+
+    def from_pretrained_kwargs(self) -> dict[str, Any]:
+        if self.device_map is None:
+            return {}
+        kwargs: dict[str, Any] = {"device_map": self.device_map}
+        if self.max_memory is not None:
+            kwargs["max_memory"] = self.max_memory
+        if self.offload_folder is not None:
+            kwargs["offload_folder"] = self.offload_folder
+        return kwargs
+
+
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _parse_placement(device: str | torch.device | None, device_map: str | dict[str, Any] | None,
+                     max_memory: dict[Any, str] | None, offload_folder: str | Path | None) -> DevicePlacement:
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            raise ModelLoadError("max_memory / offload_folder only apply together with a device_map")
+        return DevicePlacement(_parse_device(device))
+    if device is not None:
+        raise ModelLoadError(f"pass either device ({device!r}) or device_map, not both: a device_map "
+                             f"places every module itself")
+    if isinstance(device_map, str):
+        if device_map not in DEVICE_MAP_STRATEGIES:
+            raise ModelLoadError(f"unknown device_map {device_map!r}: use one of "
+                                 f"{', '.join(DEVICE_MAP_STRATEGIES)} or a dict module -> device")
+    elif not isinstance(device_map, dict) or not device_map:
+        raise ModelLoadError(f"device_map must be a strategy name or a non-empty dict module -> device, "
+                             f"got {device_map!r}")
+    else:
+        for target in device_map.values():
+            if str(target) == "meta":
+                raise ModelLoadError("device_map target 'meta' holds no weights; use a GPU index, "
+                                     "'cpu' or 'disk'")
+            if str(target) == "disk" and offload_folder is None:
+                raise ModelLoadError("device_map offloads to 'disk': pass offload_folder as well")
+            if str(target) not in ("cpu", "disk"):
+                _parse_device(target if not isinstance(target, int) else f"cuda:{target}")
+    try:
+        import accelerate  # noqa: F401
+    except ImportError as e:  # pragma: no cover - pinned in requirements.txt
+        raise ModelLoadError("device_map needs the accelerate package; run `make setup`") from e
+    return DevicePlacement(None, device_map, max_memory,
+                           None if offload_folder is None else str(offload_folder))
+
+
+def _place(hf_model: "PreTrainedModel", placement: DevicePlacement) -> torch.device:
+    """Move the model (single device) or leave accelerate's placement; eval mode; its input device."""
+    if placement.device is not None:
+        hf_model.to(placement.device)
+    hf_model.eval()
+    return input_device(hf_model)
+
+
+def input_device(hf_model: "PreTrainedModel") -> torch.device:
+    """Where input ids must go: the input embedding's execution device (accelerate-aware)."""
+    emb = hf_model.get_input_embeddings()
+    hook = getattr(emb, "_hf_hook", None)
+    if hook is not None and getattr(hook, "execution_device", None) is not None:
+        return torch.device(hook.execution_device)
+    device_map = getattr(hf_model, "hf_device_map", None) or {}
+    for name, target in device_map.items():  # hooks sit on the map's modules, maybe above the embedding
+        if str(target) not in ("disk", "meta"):
+            mod = hf_model.get_submodule(name) if name else hf_model
+            if any(m is emb for m in mod.modules()):
+                return torch.device(f"cuda:{target}" if isinstance(target, int) else str(target))
+    for p in emb.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return torch.device("cpu")
+
+
+def plain_facts(plain: PlainModel) -> ModelFacts:
+    """ModelFacts read from the Hugging Face config (no bridge): equal to what ``load_model`` reports."""
+    hf_model = plain.hf_model
+    n_params = sum(p.numel() for p in hf_model.parameters())
+    return facts_from_config(plain.resolved, plain.architecture, hf_model.config, plain.dtype, plain.device,
+                             n_params, weights_fingerprint(hf_model),
+                             vocab_size=int(hf_model.get_input_embeddings().weight.shape[0]))
+
+
+def facts_from_config(resolved: ResolvedSpec, architecture: str, config: Any, dtype_name: str, device: Any,
+                      n_params: int, fingerprint: str, vocab_size: int | None = None) -> ModelFacts:
+    """ModelFacts from a Hugging Face config alone (also for models whose weights are remote)."""
+    cfg = getattr(config, "text_config", None) or config
+
+    def first(*names: str, default: Any = None) -> Any:
+        for name in names:
+            value = getattr(cfg, name, None)
+            if value is not None:
+                return value
+        return default
+
+    d_model = int(first("hidden_size", "n_embd", "d_model"))
+    n_heads = int(first("num_attention_heads", "n_head", "num_heads"))
+    n_kv = int(first("num_key_value_heads", "num_kv_heads", default=n_heads))
+    d_head = int(first("head_dim", default=d_model // n_heads))
+    d_mlp = int(first("intermediate_size", "n_inner", "ffn_dim", default=4 * d_model))
+    return ModelFacts(
+        spec=resolved.spec,
+        source_kind=resolved.kind.value,
+        source=resolved.location,
+        architecture=architecture,
+        model_type=str(getattr(config, "model_type", "")),
+        n_layers=int(first("num_hidden_layers", "n_layer", "num_layers")),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        d_model=d_model,
+        d_head=d_head,
+        d_mlp=d_mlp,
+        vocab_size=int(vocab_size if vocab_size is not None else first("vocab_size")),
+        dtype=dtype_name,
+        device=str(device),
+        n_params=int(n_params),
+        fingerprint=fingerprint,
+    )
 
 
 def _facts(resolved: ResolvedSpec, architecture: str, bridge: "TransformerBridge",
@@ -618,6 +778,17 @@ def logits(loaded: LoadedModel, input_ids: torch.Tensor,
     None.  Padding may be on either side: the bridge derives position ids from the mask.  Runs
     in the caller's grad mode (wrap in ``torch.no_grad()`` for inference).
     """
+    validate_inputs(input_ids, attention_mask, loaded.facts.vocab_size)
+    device = torch.device(loaded.facts.device)
+    kwargs: dict[str, Any] = {}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask.to(device=device, dtype=torch.long)
+    return loaded.bridge(input_ids.to(device=device, dtype=torch.long), return_type="logits", **kwargs)
+
+
+def validate_inputs(input_ids: Any, attention_mask: Any, vocab_size: int) -> None:
+    """TypeError / ValueError unless ``input_ids`` is an integer [batch, pos] tensor of token ids in
+    ``[0, vocab_size)`` and ``attention_mask`` is None or a tensor of the same shape (every backend)."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
     if input_ids.ndim != 2:
@@ -625,17 +796,13 @@ def logits(loaded: LoadedModel, input_ids: torch.Tensor,
                          f"use input_ids[None] for a single sequence")
     if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
         raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
-    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= loaded.facts.vocab_size):
-        raise ValueError(f"input_ids must lie in [0, {loaded.facts.vocab_size}), got "
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+        raise ValueError(f"input_ids must lie in [0, {vocab_size}), got "
                          f"[{int(input_ids.min())}, {int(input_ids.max())}]")
-    device = torch.device(loaded.facts.device)
-    kwargs: dict[str, Any] = {}
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must be a tensor of shape {tuple(input_ids.shape)}, got "
                              f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
-        kwargs["attention_mask"] = attention_mask.to(device=device, dtype=torch.long)
-    return loaded.bridge(input_ids.to(device=device, dtype=torch.long), return_type="logits", **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -711,24 +878,86 @@ def weights_fingerprint(model: Any, *, length: int = 16) -> str:
                         f"got {type(model).__name__}")
     tensors: dict[str, torch.Tensor] = {}
     _canonical_tensors(model, "", tensors)
+    offloaded = _offloaded_owners(model)
     h = hashlib.sha256()
     h.update(b"arith-lab-fingerprint-v1\0")
     h.update(_canonical_config_json(getattr(model, "config", None)).encode())
     seen: dict[tuple[Any, ...], str] = {}
-    with torch.no_grad():
+    with torch.no_grad(), _OffloadReader(offloaded) as reader:
         for name in sorted(tensors):
             t = tensors[name].detach()
-            key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                   t.stride(), t.dtype)
+            if t.device.type == "meta":  # accelerate offload (device_map with "cpu"/"disk" targets)
+                key: tuple[Any, ...] = ("meta", id(tensors[name]))  # tied weights are one Parameter
+            else:
+                key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                       t.stride(), t.dtype)
             h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
             if key in seen:
                 h.update(f"alias-of\0{seen[key]}".encode())
                 continue
             seen[key] = name
+            if t.device.type == "meta":
+                t = reader.value(name)
             flat = t.to("cpu").contiguous().reshape(-1)
             if flat.numel():
                 h.update(flat.view(torch.uint8).numpy())  # raw bytes; bf16 etc. are viewed, not cast
     return h.hexdigest()[:length]
+
+
+def _offloaded_owners(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Canonical name prefix -> module whose accelerate hook holds offloaded weights (none usually)."""
+    modules: dict[str, torch.nn.Module] = {}
+    _canonical_modules(model, "", modules)
+    if not any(getattr(m, "_hf_hook", None) is not None for m in modules.values()):
+        return {}
+    from accelerate.utils import has_offloaded_params
+    return {prefix: m for prefix, m in modules.items() if has_offloaded_params(m)}
+
+
+def _canonical_modules(module: torch.nn.Module, prefix: str, out: dict[str, torch.nn.Module]) -> None:
+    """Modules under their plain Hugging Face name prefixes (bridge wrappers skipped, as in
+    ``_canonical_tensors``)."""
+    if _is_bridge_wrapper(module):
+        _canonical_modules(module._modules["_original_component"], prefix, out)
+        return
+    out[prefix] = module
+    for name, child in module._modules.items():
+        if child is not None:
+            _canonical_modules(child, f"{prefix}{name}.", out)
+
+
+class _OffloadReader:
+    """Reads offloaded (meta) weights by materializing their owner module on the CPU, one at a time."""
+
+    def __init__(self, owners: dict[str, torch.nn.Module]) -> None:
+        self.owners = owners
+        self._open: tuple[str, Any, dict[str, torch.Tensor]] | None = None
+
+    def __enter__(self) -> "_OffloadReader":
+        return self
+
+    def value(self, name: str) -> torch.Tensor:
+        prefix = max((p for p in self.owners if name.startswith(p)), key=len, default=None)
+        if prefix is None:
+            raise ValueError(f"weight {name} is on the meta device and no accelerate hook holds it; "
+                             f"the model has no data to fingerprint")
+        if self._open is None or self._open[0] != prefix:
+            self._close()
+            from accelerate.utils import align_module_device
+            ctx = align_module_device(self.owners[prefix], torch.device("cpu"))
+            ctx.__enter__()
+            real: dict[str, torch.Tensor] = {}
+            self._open = (prefix, ctx, real)
+            _canonical_tensors(self.owners[prefix], prefix, real)
+        return self._open[2][name].detach()
+
+    def _close(self) -> None:
+        if self._open is not None:
+            self._open[1].__exit__(None, None, None)
+            self._open = None
+
+    def __exit__(self, *exc: Any) -> None:
+        self._close()
 
 
 def save_model(loaded: LoadedModel, out_dir: str | Path) -> Path:

@@ -105,8 +105,11 @@ def model_choice() -> ModelChoice:
 def loaded_model(choice: ModelChoice) -> ModelBackend | None:
     """The loaded model, or None after showing an ``st.error`` that says what to do."""
     try:
-        return _load(choice.spec, choice.device, choice.dtype, files_stamp(choice.spec), choice.backend,
-                     choice.remote)
+        model = _load(choice.spec, choice.device, choice.dtype, files_stamp(choice.spec), choice.backend,
+                      choice.remote)
+        st.sidebar.caption(f"Loaded with the **{model.name}** backend on {model.facts.device} "
+                           f"({model.facts.dtype}).")
+        return model
     except ModelLoadError as e:
         st.error(f"Cannot load model `{choice.spec}`: {e}")
     except (OSError, ValueError, RuntimeError) as e:

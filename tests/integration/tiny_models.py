@@ -27,6 +27,21 @@ def _config(arch: str, vocab: int, tok):
                              sliding_window=None, tie_word_embeddings=False, **common)
     if arch == "gpt2":
         return GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=128, initializer_range=0.1, **common)
+    if arch in ("gpt_neox", "gpt_neox_sequential"):  # Pythia layout; parallel attention + MLP by default
+        from transformers import GPTNeoXConfig
+        return GPTNeoXConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                             max_position_embeddings=128, initializer_range=0.1, rotary_pct=0.25,
+                             use_parallel_residual=arch == "gpt_neox", tie_word_embeddings=False, **common)
+    if arch == "qwen3":
+        from transformers import Qwen3Config
+        return Qwen3Config(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.1,
+                           tie_word_embeddings=False, use_sliding_window=False, **common)
+    if arch == "gemma":
+        from transformers import GemmaConfig
+        return GemmaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                           num_key_value_heads=1, head_dim=16, max_position_embeddings=128, initializer_range=0.1,
+                           **common)
     raise ValueError(arch)
 
 
