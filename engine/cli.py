@@ -483,8 +483,10 @@ def cmd_evaluate(args) -> int:
     full: dict[str, Any] = {"model": model.facts.spec, "fingerprint": model.facts.fingerprint,
                             "results": run(model)}
     if args.base:
-        from engine.backend import open_model
-        base = open_model(args.base, device=args.device, dtype=args.dtype)
+        import copy
+        base_args = copy.copy(args)
+        base_args.model = args.base  # same backend, device map and remote choice as the tuned model
+        base = _model(base_args)
         full["base"] = {"model": base.facts.spec, "fingerprint": base.facts.fingerprint, "results": run(base)}
         rows = table1({b: r["accuracy"] for b, r in full["base"]["results"].items()},
                       {args.model: {b: r["accuracy"] for b, r in full["results"].items()}}, base_name=args.base)

@@ -141,7 +141,8 @@ def result_cache() -> ResultCache | None:
     return cache
 
 
-FAMILY_CHOICES = {"paper (36 templates)": "paper", "word problems (Fig. 10)": "word", "both": "all"}
+FAMILY_CHOICES = {"paper (36 templates)": "paper", "word problems (Fig. 10)": "word", "both": "all",
+                  "notation (untaught: 7 × 8 =)": "notation"}
 DEFAULT_PROMPT = "The sum of 3 and 5 is"
 
 
