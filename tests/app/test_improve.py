@@ -63,3 +63,23 @@ def test_bad_inputs_show_errors():
     at.button[0].click().run()
     assert not at.exception, at.exception
     assert any("does not exist" in e for e in errors(at)), errors(at)
+
+
+def test_a_job_whose_worker_died_is_shown_failed(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from engine.jobs import jobs_root
+    # a worker that exits without ever finishing its job: status still says "running"
+    d = jobs_root() / "20260101-000000-dead00"
+    d.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", "pass", "--job-dir", str(d)])
+    proc.wait()
+    (d / "status.json").write_text(json.dumps({"job_id": d.name, "state": "running", "pid": proc.pid, "step": 7,
+                                               "total_steps": 90, "started": time.time(), "updated": time.time()}))
+    at = page("6_Improve.py").run()
+    assert not at.exception, at.exception
+    msgs = errors(at)
+    assert any("The job failed" in m and "killed or crashed" in m and "7/90" in m for m in msgs), msgs
+    assert not any("3 · Base vs tuned" in m.value for m in at.subheader)
