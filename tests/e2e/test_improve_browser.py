@@ -32,11 +32,12 @@ def test_job_survives_reload_and_ends_in_the_comparison(server, page):
     page.reload()
     page.get_by_text("2 · Progress").first.wait_for(timeout=WAIT)
     page.get_by_text("3 · Base vs tuned").first.wait_for(timeout=WAIT)
+    page.get_by_text("skill (held-out)").first.wait_for(timeout=WAIT)
     _idle(page)
     elapsed = time.time() - t0
     assert page.locator("[data-testid='stException']").count() == 0
     body = page.locator("[data-testid='stMain']").inner_text()
-    assert "skill (held-out)" in body and "control facts" in body
+    assert "skill (held-out)" in body and "control facts" in body, body[-3000:]
     assert "finished · step 40/40" in body
     line = f"e2e: Improve page, 40-step precise SFT job (with a reload) to the base-vs-tuned view: {elapsed:.1f}s"
     print(line)
