@@ -133,7 +133,7 @@ def apply_slices(model: torch.nn.Module, slices_file: str | Path) -> list[Head]:
     """
     from safetensors import safe_open
 
-    from engine.finetune import _weight_out_in
+    from engine.finetune import _weight_out_in, attn_layout
 
     path = Path(slices_file)
     if not path.is_file():
@@ -146,7 +146,6 @@ def apply_slices(model: torch.nn.Module, slices_file: str | Path) -> list[Head]:
             for key in sorted(keys):
                 if key.startswith("mlp."):
                     _, layer, pname = key.split(".", 2)
-                    from engine.finetune import attn_layout
                     target = dict(attn_layout(model).mlp(model, int(layer)).named_parameters())[pname]
                     target.copy_(f.get_tensor(key).to(target))
                     continue

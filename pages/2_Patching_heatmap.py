@@ -10,7 +10,7 @@ from engine.attention import ROLES, cached_role_attention, prompt_attention
 from engine.patching import cached_path_patching
 from engine.promptlab import analyse_prompt
 from engine.prompts import PromptError
-from ui.charts import HEAD_SELECTION, heatmap, token_bars
+from ui.charts import HEAD_SELECTION, heatmap, heatmap_frame, token_bars
 from ui.session import analysed_pairs, current_prompt, progress_bar, result_cache, setup_page
 
 model, spec = setup_page(
@@ -42,9 +42,7 @@ st.caption(f"{len(pairs)} of {n_gen} prompt pairs answered right · "
            + ("computed now, stored in the cache" if computed else "read from the cache"))
 
 heads, mlps = table.heatmap(metric, group)
-df = pd.DataFrame([{"layer": layer, "head": h, "column": str(h), "value": v}
-                   for layer, row in enumerate(heads) for h, v in enumerate(row)]
-                  + [{"layer": layer, "head": -1, "column": "MLP", "value": v} for layer, v in enumerate(mlps)])
+df = heatmap_frame(heads, mlps)
 left, right = st.columns([3, 2])
 with left:
     event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun", key="heatmap")

@@ -15,7 +15,7 @@ from engine.prompts import PromptError
 from engine.sft_data import BUILTIN_SETS
 from engine.skill import compare
 from engine.tuning import heads_text, read_record
-from ui.charts import heatmap, loss_curve
+from ui.charts import heatmap, heatmap_frame, loss_curve
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page
 
 model, spec = setup_page(
@@ -167,9 +167,7 @@ st.table(pd.DataFrame([{"task": x.task, "n": x.n, "base %": f"{100 * x.base:.1f}
 left, right = st.columns(2)
 for col, (title, tab) in zip((left, right), (("base", table), ("tuned", t_table))):
     hm, mlps = tab.heatmap("effect", "*")
-    df = pd.DataFrame([{"layer": layer, "head": h, "column": str(h), "value": v}
-                       for layer, row in enumerate(hm) for h, v in enumerate(row)]
-                      + [{"layer": layer, "head": -1, "column": "MLP", "value": v} for layer, v in enumerate(mlps)])
+    df = heatmap_frame(hm, mlps)
     col.markdown(f"**Path patching · {title}**")
     col.altair_chart(heatmap(df, "effect"), width="stretch", key=f"cmp_{title}")
 if st.button("Use the tuned model in every page"):

@@ -8,6 +8,13 @@ import pandas as pd
 HEAD_SELECTION = "cell"
 
 
+def heatmap_frame(heads: list[list[float]], mlps: list[float]) -> pd.DataFrame:
+    """The long table ``heatmap`` draws: one row per head, plus each layer's MLP as column "MLP"."""
+    return pd.DataFrame([{"layer": layer, "head": h, "column": str(h), "value": v}
+                         for layer, row in enumerate(heads) for h, v in enumerate(row)]
+                        + [{"layer": layer, "head": -1, "column": "MLP", "value": v} for layer, v in enumerate(mlps)])
+
+
 def heatmap(df: pd.DataFrame, metric: str) -> alt.Chart:
     """Layer x head heatmap with an MLP column; diverging colours centred at 0; click selects a cell.
 
