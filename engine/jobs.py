@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+import psutil
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATES = ("starting", "running", "finished", "failed", "stopped")
 
@@ -62,24 +64,16 @@ def _write_json(path: Path, obj) -> None:
 
 
 def _alive(pid: int | None, job_dir: Path) -> bool:
-    """Is ``pid`` a live (non-zombie) worker of this job?"""
+    """Is ``pid`` a live (non-zombie) worker of this job (its command line names the job dir)?"""
     if not pid:
         return False
-    proc = Path(f"/proc/{pid}")
-    if proc.exists():
-        try:
-            stat = (proc / "stat").read_text()
-            if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                return False
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
             return False
-        return str(job_dir) in cmd
-    try:  # no /proc (macOS): fall back to signal 0
-        os.kill(pid, 0)
-    except OSError:
+        return str(job_dir) in " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
-    return True
 
 
 class JobWriter:
