@@ -45,6 +45,10 @@ import torch
 
 from engine import hooks
 from engine.backend import ModelBackend
+from engine.batching import batches as _batches
+from engine.batching import check_pairs as _check_pairs
+from engine.batching import pad as _pad
+from engine.batching import pad_id as _pad_id
 from engine.prompts import PromptPair
 
 ProgressFn = Callable[[int, int], None]
@@ -116,43 +120,6 @@ def summarize(raw: PatchingRaw) -> list[SenderValue]:
                     out.append(SenderValue("head", layer, head, group, metric, float(h[layer, head])))
                 out.append(SenderValue("mlp", layer, -1, group, metric, float(m[layer])))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# batching helpers
-# ---------------------------------------------------------------------------------------------
-
-def _pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids [b, pos], mask [b, pos], END index [b]."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(list(s), dtype=torch.long)
-        mask[i, :len(s)] = 1
-    return ids, mask, torch.tensor([len(s) - 1 for s in seqs])
-
-
-def _pad_id(backend: ModelBackend) -> int:
-    tok = backend.tokenizer
-    for cand in (getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None)):
-        if cand is not None:
-            return int(cand)
-    return 0
-
-
-def _check_pairs(pairs: Sequence[PromptPair], vocab: int) -> None:
-    if not pairs:
-        raise ValueError("no prompt pairs: generate a prompt set first")
-    for p in pairs:
-        if len(p.ref_ids) != len(p.cf_ids):
-            raise ValueError(f"X_r and X_c differ in length for {p.ref_text!r}")
-        if not 0 <= p.answer_id < vocab:
-            raise ValueError(f"answer id {p.answer_id} outside the vocabulary of {vocab}")
-
-
-def _batches(n: int, size: int) -> list[range]:
-    return [range(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 # ---------------------------------------------------------------------------------------------
