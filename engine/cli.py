@@ -160,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", default=None, help="also evaluate this base model and print Table 1 rows (Acc, Δ)")
     p.add_argument("--out", type=Path, help="also write the JSON, with every item's prediction, here")
 
-    from engine import cli_finetune
+    from engine import cli_circuits, cli_finetune
     cli_finetune.add_parser(sub, _model_args, _positive_int)
+    cli_circuits.add_parsers(sub, _model_args, _set_args)
     return ap
 
 
@@ -518,6 +519,15 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "mlp-projection": cmd_mlp_projection, "transfer": cmd_transfer, "evaluate": cmd_evaluate,
     "finetune": cmd_finetune,
 }
+
+
+def _circuits_command(name: str) -> Callable[[argparse.Namespace], int]:
+    from engine import cli_circuits
+    tools = cli_circuits.CliTools(model=_model, cache=_cache, pairs=_pairs, write_csv=_write_csv, print=_print)
+    return lambda args: cli_circuits.COMMANDS[name](args, tools)
+
+
+COMMANDS.update({name: _circuits_command(name) for name in ("attribution", "position-patch", "logit-lens")})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
