@@ -1,0 +1,62 @@
+"""Altair charts of the views beyond path patching (data in, chart out; no engine calls)."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from ui.charts import HEAD_SELECTION
+
+
+def exact_vs_estimate(df: pd.DataFrame, exact: str, estimate: str, metric: str) -> alt.Chart:
+    """One point per sender: exact effect (x) vs its attribution estimate (y), with the y = x line.
+
+    ``df`` columns: name, component, layer, head, ``exact``, ``estimate``.  Clicking a head's point
+    selects it like a heatmap cell (selection ``HEAD_SELECTION`` on layer and head)."""
+    lo = float(min(df[exact].min(), df[estimate].min(), 0.0))
+    hi = float(max(df[exact].max(), df[estimate].max(), 0.0))
+    sel = alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick")
+    line = alt.Chart(pd.DataFrame({"x": [lo, hi], "y": [lo, hi]})).mark_line(
+        strokeDash=[4, 4], color="#888").encode(x="x:Q", y="y:Q")
+    points = alt.Chart(df).mark_point(filled=True, size=70).encode(
+        x=alt.X(f"{exact}:Q", title=f"exact ({metric})", scale=alt.Scale(domain=[lo, hi])),
+        y=alt.Y(f"{estimate}:Q", title=f"attribution estimate ({metric})", scale=alt.Scale(domain=[lo, hi])),
+        color=alt.Color("component:N", title=None, scale=alt.Scale(domain=["head", "mlp"],
+                                                                    range=["#0072B2", "#E69F00"])),
+        shape=alt.Shape("component:N", title=None),
+        tooltip=["name", alt.Tooltip(f"{exact}:Q", format=".4f"), alt.Tooltip(f"{estimate}:Q", format=".4f")],
+        opacity=alt.condition(sel, alt.value(1.0), alt.value(0.4)),
+    ).add_params(sel)
+    return (line + points).properties(height=380)
+
+
+def position_heatmap(df: pd.DataFrame, metric: str) -> alt.Chart:
+    """Layer x position heatmap (positions left to right ending at END), token labels on the x axis.
+
+    ``df`` columns: layer, rel (0 = END), token, value."""
+    df = df.assign(position=[f"{t} ({-r})" if r else f"{t} (END)" for t, r in zip(df["token"], df["rel"])])
+    order = [p for _, p in sorted({(-r, p) for r, p in zip(df["rel"], df["position"])})]
+    lim = float(df["value"].abs().max() or 1.0)
+    return alt.Chart(df).mark_rect(stroke="white", strokeWidth=0.5).encode(
+        x=alt.X("position:N", sort=order, title="position (token, counted from END)",
+                axis=alt.Axis(labelAngle=-45, labelLimit=160)),
+        y=alt.Y("layer:O", sort="descending", title="layer (residual stream entering it)"),
+        color=alt.Color("value:Q", title=metric,
+                        scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0, clamp=True)),
+        tooltip=["layer", "token", alt.Tooltip("rel:Q", title="positions before END"),
+                 alt.Tooltip("value:Q", format=".4f")],
+    ).properties(height=max(220, 22 * df["layer"].nunique()))
+
+
+def lens_lines(df: pd.DataFrame) -> alt.Chart:
+    """Answer probability (left) and median rank (right, log scale) per layer; layer -1 = embedding.
+
+    ``df`` columns: layer, mean_prob, median_rank, top1."""
+    base = alt.Chart(df).encode(x=alt.X("layer:O", title="layer (-1 = embedding)"))
+    prob = base.mark_line(point=True, color="#D55E00", strokeWidth=3).encode(
+        y=alt.Y("mean_prob:Q", title="mean P(answer) at END", scale=alt.Scale(domain=[0, 1])),
+        tooltip=["layer", alt.Tooltip("mean_prob:Q", format=".3f"), alt.Tooltip("top1:Q", format=".0%"),
+                 alt.Tooltip("median_rank:Q", format=".0f")])
+    rank = base.mark_line(point=True, color="#0072B2", strokeDash=[5, 3]).encode(
+        y=alt.Y("median_rank:Q", title="median rank of the answer (log)", scale=alt.Scale(type="log")))
+    return alt.layer(prob, rank).resolve_scale(y="independent").properties(height=280)

@@ -1,0 +1,163 @@
+"""Dashboard views beyond path patching: each renders one engine result (cached) as one chart.
+
+Used by the Path patching page (exact vs attribution, head -> head) and the Information flow page
+(layer x position, logit lens).  Every engine call is guarded: a problem is an ``st.error`` saying
+what to do, never a traceback.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from cache import CacheError
+from engine.attribution import KINDS, agreement, cached_attribution
+from engine.head_patching import Receiver, cached_head_path_patching
+from engine.logit_lens import cached_logit_lens
+from engine.position_patching import cached_layer_position_patching
+from engine.prompts import PromptError
+from ui.charts import HEAD_SELECTION, heatmap, heatmap_frame
+from ui.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
+from ui.session import progress_bar
+
+ERRORS = (PromptError, CacheError, ValueError)
+KIND_NAMES = dict(KINDS)
+
+
+def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None:
+    """Exact vs attribution patching: scatter, agreement, misses; returns the clicked head, if any."""
+    total = st.toggle("Also activation patching (nothing frozen; one forward pass per sender)", value=True,
+                      help="Exact activation patching of each head's END output costs one forward pass per "
+                           "sender; its AtP estimate one forward + one backward pass.")
+    try:
+        bar, cb = progress_bar("Exact and attribution patching, step")
+        table, computed = cached_attribution(model, pairs, cache=cache, total=total, progress=cb)
+        bar.empty()
+    except ERRORS as e:
+        st.error(f"Cannot run attribution patching: {e}")
+        return None
+    rows = table.rows[metric]
+    pairs_of_kinds = [("exact", "atp")] + ([("exact_total", "atp_total")] if total else [])
+    choice = st.radio("Compare", pairs_of_kinds, horizontal=True,
+                      format_func=lambda p: f"{KIND_NAMES[p[1]]} vs {KIND_NAMES[p[0]]}")
+    exact, est = choice
+    df = pd.DataFrame([{"name": r.name, "component": r.component, "layer": r.layer, "head": r.head,
+                        exact: r.values[exact], est: r.values[est]} for r in rows])
+    ag = agreement(rows, exact, est)
+    secs = table.seconds
+    st.caption(f"{len(pairs)} prompt pairs · heads: Spearman {ag.spearman:.3f}, top-5 overlap {ag.overlap[5]}/5, "
+               f"top-10 overlap {ag.overlap[10]}/10, largest |error| {ag.max_abs_error:.3f} · "
+               f"time: exact {secs.get(exact, float('nan')):.2f} s, AtP {secs.get(est, float('nan')):.2f} s"
+               + (" (when computed)" if not computed else ""))
+    event = st.altair_chart(exact_vs_estimate(df, exact, est, metric), width="stretch", on_select="rerun",
+                            key=f"atp_scatter_{exact}")
+    miss = pd.DataFrame({
+        "k": [k for k in (5, 10) for _ in range(max(len(ag.missed[k]), len(ag.invented[k]), 1))],
+        "missed by AtP (in the exact top-k)": [x for k in (5, 10) for x in _pad(ag.missed[k], ag.invented[k])],
+        "invented by AtP (not in the exact top-k)": [x for k in (5, 10) for x in _pad(ag.invented[k], ag.missed[k])],
+    })
+    st.markdown("**Where the estimate ranks differently** (most negative effect first)")
+    st.dataframe(miss, hide_index=True, width="stretch")
+    st.download_button("Exact vs attribution (CSV)", df.to_csv(index=False).encode(), "attribution.csv", "text/csv")
+    return clicked_head(event)
+
+
+def _pad(a: list[str], b: list[str]) -> list[str]:
+    n = max(len(a), len(b), 1)
+    return a + ["—"] * (n - len(a))
+
+
+def clicked_head(event) -> tuple[int, int] | None:
+    """The (layer, head) a chart click selected, or None (MLP points / nothing clicked)."""
+    picked = (event.selection.get(HEAD_SELECTION) or []) if event else []
+    picked = [p for p in picked if int(p.get("head", -1)) >= 0]
+    return (int(picked[0]["layer"]), int(picked[0]["head"])) if picked else None
+
+
+def head_to_head_view(model, pairs, cache, layer: int, head: int, metric: str) -> None:
+    """Which earlier heads feed head (layer, head) through its query (or key / value) at END."""
+    if layer == 0:
+        st.info(f"Head {layer}.{head} is in layer 0: no earlier head can feed it. Click a head in a later layer.")
+        return
+    inp = st.radio("Receiver input", ("q", "k", "v"), horizontal=True, key="h2h_input",
+                   format_func={"q": "query", "k": "key", "v": "value"}.get,
+                   help="Only this input of the receiver is recomputed from the patched residual stream; the "
+                        "other two and every other head stay at the reference run.")
+    rec = Receiver(layer, head, inp)
+    n_senders = layer * (model.facts.n_heads + 1)
+    try:
+        bar, cb = progress_bar(f"Head -> head into {rec} ({n_senders} senders), batch")
+        vals, _ = cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb)
+        bar.empty()
+    except ERRORS as e:
+        st.error(f"Cannot run head -> head path patching: {e}")
+        return
+    L, H = layer, model.facts.n_heads
+    heads = [[float("nan")] * H for _ in range(L)]
+    mlps = [float("nan")] * L
+    for v in vals:
+        if v.metric == metric and v.group == "*":
+            if v.component == "head":
+                heads[v.layer][v.head] = v.value
+            else:
+                mlps[v.layer] = v.value
+    df = heatmap_frame(heads, mlps)
+    st.caption(f"Senders below layer {layer}: effect on the answer logit carried only through head {layer}.{head}'s "
+               f"{ {'q': 'query', 'k': 'key', 'v': 'value'}[inp]} at the last position (other heads frozen).")
+    st.altair_chart(heatmap(df, metric), width="stretch", key=f"h2h_{rec}")
+    st.download_button("Head -> head data (CSV)", df.to_csv(index=False).encode(), f"head_to_head_{layer}_{head}.csv",
+                       "text/csv")
+
+
+def position_view(model, pairs, cache) -> None:
+    """Layer x position activation patching heatmap, per operation or template."""
+    tok = model.tokenizer
+    try:
+        bar, cb = progress_bar("Layer x position patching, batch")
+        cells, computed = cached_layer_position_patching(
+            model, pairs, cache=cache, tokens=lambda ids: [display_token(t) for t in tok.convert_ids_to_tokens(list(ids))],
+            progress=cb)
+        bar.empty()
+    except ERRORS as e:
+        st.error(f"Cannot run layer x position patching: {e}")
+        return
+    groups = sorted({c.group for c in cells}, key=lambda g: (not g.startswith("op:"), g != "*", g))
+    c1, c2 = st.columns([3, 2])
+    group = c1.selectbox("Prompts", groups, key="lp_group",
+                         format_func=lambda g: "all prompts" if g == "*" else g.replace(":", ": ", 1))
+    metric = c2.radio("Metric", ("logit_diff", "restored"), horizontal=True, key="lp_metric",
+                      help="logit_diff: patched minus original answer logit; restored: that change as a "
+                           "fraction of the counterfactual's own change (1 = as if the operation were gone)")
+    df = pd.DataFrame([{"layer": c.layer, "rel": c.rel, "token": c.token, "value": getattr(c, metric)}
+                       for c in cells if c.group == group])
+    st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache")
+               + (" · a template's positions carry its first prompt's tokens" if group.startswith("template:")
+                  else " · mixed templates: positions are counted from the last token"))
+    st.altair_chart(position_heatmap(df, metric), width="stretch")
+    st.download_button("Layer x position data (CSV)", df.to_csv(index=False).encode(), "layer_position.csv", "text/csv")
+
+
+def logit_lens_view(model, pairs, cache) -> None:
+    """The answer's probability and rank at END after each layer."""
+    try:
+        bar, cb = progress_bar("Logit lens, batch")
+        rows, computed = cached_logit_lens(model, pairs, cache=cache, progress=cb)
+        bar.empty()
+    except ERRORS as e:
+        st.error(f"Cannot run the logit lens: {e}")
+        return
+    groups = sorted({r.group for r in rows}, key=lambda g: (g != "*", g))
+    group = st.selectbox("Prompts", groups, key="lens_group",
+                         format_func=lambda g: "all operations" if g == "*" else g[3:])
+    df = pd.DataFrame([r.__dict__ for r in rows if r.group == group])
+    first = next((int(r.layer) for r in df.itertuples() if r.top1 >= 0.5), None)
+    st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache") + " · "
+               + (f"the answer is the top token for at least half of the prompts from layer {first} on"
+                  if first is not None else "the answer never tops the lens for half of the prompts"))
+    st.altair_chart(lens_lines(df), width="stretch")
+    st.download_button("Logit lens (CSV)", df.to_csv(index=False).encode(), "logit_lens.csv", "text/csv")
+
+
+def display_token(token: str) -> str:
+    """A tokenizer piece as a reader sees it: leading-space markers as ␣, newlines as ⏎."""
+    return token.replace("Ġ", "␣").replace("▁", "␣").replace("Ċ", "⏎").replace("\n", "⏎")
