@@ -34,18 +34,19 @@ def position_heatmap(df: pd.DataFrame, metric: str) -> alt.Chart:
     """Layer x position heatmap (positions left to right ending at END), token labels on the x axis.
 
     ``df`` columns: layer, rel (0 = END), token, value."""
-    df = df.assign(position=[f"{t} ({-r})" if r else f"{t} (END)" for t, r in zip(df["token"], df["rel"])])
+    df = df.assign(position=[t if t.startswith("END") else (f"{t} ({-r})" if r else f"{t} (END)")
+                             for t, r in zip(df["token"], df["rel"])])
     order = [p for _, p in sorted({(-r, p) for r, p in zip(df["rel"], df["position"])})]
     lim = float(df["value"].abs().max() or 1.0)
     return alt.Chart(df).mark_rect(stroke="white", strokeWidth=0.5).encode(
         x=alt.X("position:N", sort=order, title="position (token, counted from END)",
                 axis=alt.Axis(labelAngle=-45, labelLimit=160)),
-        y=alt.Y("layer:O", sort="descending", title="layer (residual stream entering it)"),
+        y=alt.Y("layer:O", sort="descending", title="layer"),
         color=alt.Color("value:Q", title=metric,
                         scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0, clamp=True)),
         tooltip=["layer", "token", alt.Tooltip("rel:Q", title="positions before END"),
                  alt.Tooltip("value:Q", format=".4f")],
-    ).properties(height=max(220, 22 * df["layer"].nunique()))
+    ).properties(height=max(260, 30 * df["layer"].nunique()))
 
 
 def lens_lines(df: pd.DataFrame) -> alt.Chart:
@@ -54,9 +55,11 @@ def lens_lines(df: pd.DataFrame) -> alt.Chart:
     ``df`` columns: layer, mean_prob, median_rank, top1."""
     base = alt.Chart(df).encode(x=alt.X("layer:O", title="layer (-1 = embedding)"))
     prob = base.mark_line(point=True, color="#D55E00", strokeWidth=3).encode(
-        y=alt.Y("mean_prob:Q", title="mean P(answer) at END", scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("mean_prob:Q", title="mean P(answer) at END (solid)", scale=alt.Scale(domain=[0, 1]),
+                axis=alt.Axis(titleColor="#D55E00")),
         tooltip=["layer", alt.Tooltip("mean_prob:Q", format=".3f"), alt.Tooltip("top1:Q", format=".0%"),
                  alt.Tooltip("median_rank:Q", format=".0f")])
     rank = base.mark_line(point=True, color="#0072B2", strokeDash=[5, 3]).encode(
-        y=alt.Y("median_rank:Q", title="median rank of the answer (log)", scale=alt.Scale(type="log")))
+        y=alt.Y("median_rank:Q", title="median rank of the answer (dashed, log)", scale=alt.Scale(type="log"),
+                axis=alt.Axis(titleColor="#0072B2")))
     return alt.layer(prob, rank).resolve_scale(y="independent").properties(height=280)

@@ -1,0 +1,65 @@
+"""Regenerate the README's screenshots: every page of the dashboard in Debian's Chromium.
+
+    make screenshots                      # every page, bundled model -> docs/screenshots/<page>.png
+    .venv/bin/python docs/screenshots.py --pages Information_flow --model organism
+
+Starts the dashboard on a free local port with a fresh result cache (so the computations shown are
+real), opens each page, waits until Streamlit has finished its run, and saves a full-page PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.conftest import streamlit_server  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+WAIT_MS = 600_000
+IDLE = ("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
+        " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }")
+
+
+def page_paths() -> list[str]:
+    """URL paths of the pages: "" (Home) and each pages/N_Name.py as Name."""
+    return [""] + [p.stem.split("_", 1)[1] for p in sorted((REPO / "pages").glob("*.py"))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pages", default=None, help="comma list of page paths (default: every page)")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "screenshots")
+    ap.add_argument("--width", type=int, default=1400)
+    ap.add_argument("--height", type=int, default=2000)
+    args = ap.parse_args()
+    paths = page_paths() if args.pages is None else args.pages.split(",")
+    args.out.mkdir(parents=True, exist_ok=True)
+    from playwright.sync_api import sync_playwright
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, ARITHLAB_CACHE=str(Path(tmp) / "results.duckdb"),
+                   ARITHLAB_JOBS=str(Path(tmp) / "jobs"), HF_HUB_OFFLINE="1")
+        with streamlit_server(env) as (url, _), sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+            # Streamlit scrolls inside its own container: a tall viewport shows the whole page
+            page = browser.new_page(viewport={"width": args.width, "height": args.height})
+            for path in paths:
+                page.goto(f"{url}/{path}")
+                page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=WAIT_MS)
+                page.wait_for_timeout(1500)  # let the run start before waiting for its end
+                page.wait_for_function(IDLE, timeout=WAIT_MS)
+                page.wait_for_timeout(1000)  # charts draw after the run
+                target = args.out / f"{path or 'Home'}.png"
+                page.screenshot(path=str(target), full_page=True)
+                print(target)
+            browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
