@@ -10,7 +10,7 @@ PORT ?= 8501
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup run test chromium smollm2 bench clean-cache
+.PHONY: setup run test chromium smollm2 bench clean-cache screenshots
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -38,6 +38,10 @@ smollm2: setup
 
 test: setup chromium smollm2
 	HF_HUB_OFFLINE=1 $(PY) -m pytest tests $(PYTEST_ARGS)
+
+# Every page of the dashboard in Chromium, freshly computed, as docs/screenshots/<page>.png (README figures).
+screenshots: setup chromium
+	HF_HUB_OFFLINE=1 $(PY) docs/screenshots.py
 
 clean-cache:
 	rm -rf .cache/results.duckdb .cache/results.duckdb.*
