@@ -7,16 +7,44 @@ caller decodes the same rows either way.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Sequence
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from engine.prompts import PromptPair, prompt_set_hash
 
 Compute = Callable[[], tuple[Iterable[Any], Mapping[str, Any] | None]]
 
 
+class NotCached(LookupError):
+    """Inside :func:`cache_only`: the result is not in the cache (nothing was computed)."""
+
+
+_CACHE_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("cache_only", default=False)
+
+
+@contextlib.contextmanager
+def cache_only() -> Iterator[None]:
+    """Within the block, every cached technique reads the cache and raises :class:`NotCached` on a
+    miss instead of computing (summaries of what has already been computed)."""
+    token = _CACHE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _CACHE_ONLY.reset(token)
+
+
+def _refuse() -> tuple[Iterable[Any], Mapping[str, Any] | None]:
+    raise NotCached("not computed yet")
+
+
 def run_cached(model, pairs: Sequence[PromptPair], method: str, params: Mapping[str, Any], compute: Compute,
                cache=None) -> tuple[list[Any], dict[str, Any], bool]:
     """(rows, artifacts, computed) of ``method`` on ``pairs``, from the cache or ``compute()``."""
+    if _CACHE_ONLY.get():
+        if cache is None:
+            raise NotCached("no result cache")
+        compute = _refuse
     if cache is None:
         rows, artifacts = compute()
         return list(rows), dict(artifacts or {}), True

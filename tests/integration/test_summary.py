@@ -1,0 +1,38 @@
+"""The circuit summary is built from cached results only, with the numbers the techniques computed."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache import ResultCache
+from engine.backend import open_model
+from engine.cached import NotCached, cache_only
+from engine.logit_lens import cached_logit_lens
+from engine.patching import cached_path_patching
+from engine.promptsets import PromptSetSpec, generate
+from engine.summary import circuit_summary
+from tests.integration.test_patching import CountingBackend
+
+
+def test_summary_reads_only_the_cache_and_quotes_its_numbers(tmp_path):
+    model = open_model("organism", device="cpu")
+    pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=("add", "mul"), n=10, seed=0))
+    cache = ResultCache(tmp_path / "c.duckdb")
+    counting = CountingBackend(model)
+    # nothing cached: one "not computed yet" finding, and no forward pass
+    assert [(f.step, f.computed) for f in circuit_summary(counting, pairs, cache)] == [("key heads", False)]
+    with cache_only(), pytest.raises(NotCached):
+        cached_path_patching(counting, pairs, cache=cache)
+    assert counting.forwards == 0 and cache.list_runs() == []
+
+    table, _ = cached_path_patching(model, pairs, cache=cache)
+    lens, _ = cached_logit_lens(model, pairs, cache=cache)
+    n = counting.forwards
+    found = {f.step: f for f in circuit_summary(counting, pairs, cache)}
+    assert counting.forwards == n  # still nothing computed
+    layer, head, effect = table.top_heads(1)[0]
+    assert found["key heads"].computed and f"{layer}.{head} ({effect:+.2f})" in found["key heads"].text
+    assert not found["attention"].computed  # attention roles were never computed
+    assert found["MLPs"].computed and found["MLPs"].page == "Patching_heatmap"
+    last = [r for r in lens if r.group == "*"][-1]
+    assert found["logit lens"].computed and f"P = {last.mean_prob:.2f} after the last layer" in found["logit lens"].text
