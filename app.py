@@ -11,7 +11,8 @@ from engine.accuracy import accuracy_report
 from engine.prompts import PromptError
 from engine.promptsets import PromptSetSpec
 from engine.templates import OPS, PAPER_OPS
-from ui.session import loaded_model, model_choice, progress_bar, result_cache
+from ui.circuit_views import circuit_summary_view
+from ui.session import loaded_model, model_choice, progress_bar, prompt_set_choice, result_cache
 
 st.set_page_config(page_title="Arithmetic-circuits lab", page_icon="🧮", layout="wide")
 
@@ -40,6 +41,16 @@ cols[4].metric("Parameters", f"{f.n_params / 1e6:.2f} M")
 cols[5].metric("Device", f"{f.device} · {f.dtype}")
 with st.expander("All model facts"):
     st.json(f.to_dict())
+
+st.subheader("Circuit summary")
+st.caption("The paper's argument on this model, for the prompt set chosen in the sidebar, from results already "
+           "computed by the analysis pages (nothing is computed here). Each sentence links to its page.")
+try:
+    summary_spec = prompt_set_choice()
+except ValueError as e:
+    st.error(f"{e}.")
+else:
+    circuit_summary_view(model, summary_spec, result_cache())
 
 st.subheader("Arithmetic accuracy")
 st.caption(

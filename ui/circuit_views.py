@@ -161,3 +161,36 @@ def logit_lens_view(model, pairs, cache) -> None:
 def display_token(token: str) -> str:
     """A tokenizer piece as a reader sees it: leading-space markers as ␣, newlines as ⏎."""
     return token.replace("Ġ", "␣").replace("▁", "␣").replace("Ċ", "⏎").replace("\n", "⏎")
+
+
+def circuit_summary_view(model, spec, cache) -> None:
+    """Home: the circuit summary of the sidebar's prompt set, from cached results only, with page links."""
+    from pathlib import Path
+
+    from engine.accuracy import kept_pairs
+    from engine.cached import NotCached, cache_only
+    from engine.summary import circuit_summary
+    pages = {p.stem.split("_", 1)[1]: f"pages/{p.name}"
+             for p in (Path(__file__).resolve().parents[1] / "pages").glob("*.py")}
+    try:
+        with cache_only():
+            pairs, _ = kept_pairs(model, spec, cache=cache)
+        findings = circuit_summary(model, pairs, cache) if pairs else []
+    except NotCached:
+        findings = []
+    except ERRORS as e:
+        st.error(f"Cannot read the cached results for the summary: {e}")
+        return
+    if not findings or not findings[0].computed:
+        st.info("No path-patching result for this model and prompt set yet: open **Path patching** to compute it; "
+                "the summary then appears here.")
+        st.page_link(pages["Patching_heatmap"], label="Path patching", icon="🔥")
+        return
+    for f in findings:
+        c1, c2 = st.columns([5, 1])
+        step = f.step[:1].upper() + f.step[1:]
+        if f.computed:
+            c1.markdown(f"**{step}.** {f.text}")
+        else:
+            c1.markdown(f"**{step}.** _not computed yet for this set: open the page to compute it._")
+        c2.page_link(pages[f.page], label=f.page.replace("_", " "))

@@ -63,3 +63,21 @@ def test_no_operation_selected():
     next(b for b in at.button if b.label == "Show accuracy").click().run()
     assert not at.exception
     assert any("at least one operation" in e.value for e in at.error)
+
+
+def test_home_circuit_summary_appears_after_patching_ran():
+    at = _run()
+    assert not at.exception, at.exception
+    assert any("No path-patching result" in i.value for i in at.info)
+    # the Patching page computes (same sidebar set, same cache); Home then quotes its numbers
+    patching = AppTest.from_file(str(Path(APP).parent / "pages" / "2_Patching_heatmap.py"), default_timeout=300)
+    patching.session_state["prompt_set"] = at.session_state["prompt_set"] if "prompt_set" in at.session_state else {
+        "ops": ["add", "sub", "mul", "div"], "families": "paper (36 templates)", "n": 40, "seed": 0}
+    patching.run()
+    assert not patching.exception, patching.exception
+    top = patching.dataframe[0].value.iloc[0]
+    at.run()
+    assert not at.exception, at.exception
+    text = " ".join(m.value for m in at.markdown)
+    assert "**Key heads.**" in text and f"{int(top['layer'])}.{int(top['head'])} (" in text
+    assert "**Attention.**" in text and "**MLPs.**" in text
