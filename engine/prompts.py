@@ -11,6 +11,12 @@ model must emit the answer.  ``answer_ids`` are all the number's tokens, for ful
 Counterfactual ids get the same treatment and must have the same length as the reference ids
 (position-aligned patching); fillers are tried in a seeded order until one fits.
 
+**Typed prompts** (CLI ``--text``, the pages) go through the same rule: :func:`typed_prompt_ids`
+parses the operation, computes the answer and applies :func:`answer_tokens`, so the model is always
+read at the position that predicts the answer's first digit -- never at a lone whitespace token.  A
+prompt that does not parse is read at the position where a number would start (the rule applied
+with a placeholder digit), or as typed when even that fails.
+
 Everything is seeded: the same (ops, n, seed, operand range, families) gives the same prompts.
 """
 
@@ -149,6 +155,10 @@ def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandR
 # ---------------------------------------------------------------------------------------------
 # answer-token rule
 # ---------------------------------------------------------------------------------------------
+
+#: Names the answer-token rule below; part of every prompt set's params (cache keys).
+ANSWER_TOKEN_RULE = "first digit-bearing continuation token; whitespace-only tokens before it join the prompt"
+
 
 @dataclass(frozen=True)
 class AnswerTokens:
@@ -378,3 +388,39 @@ def parse_typed_prompt(text: str, *, filler_seed: int = 0) -> TypedProblem:
     filler = pool[filler_seed % len(pool)]
     cf_text = text[:op_span[0]] + filler + text[op_span[1]:]
     return TypedProblem(text=text, op=op, a=a, b=b, answer=answer, operator=operator, cf_text=cf_text)
+
+
+@dataclass(frozen=True)
+class TypedIds:
+    """A typed prompt after the answer-token rule: what the model reads, and what was understood."""
+
+    ids: list[int]                      # the prompt ids, ending where the answer's first token is predicted
+    parsed: TypedProblem | None         # None when the prompt does not parse (``error`` says why)
+    answer: AnswerTokens | None         # the answer's tokens (parsed prompts only)
+    error: str | None = None            # why no answer / counterfactual is known
+    rule_applied: bool = True           # False: read exactly as typed (the rule could not be applied)
+
+
+def typed_prompt_ids(tokenizer: TokenizerLike, text: str) -> TypedIds:
+    """The answer-token rule for a typed prompt -- the one function behind CLI ``--text`` and the pages.
+
+    Parsed prompts: :func:`answer_tokens` with the computed answer.  Unparsed prompts: the same rule
+    with a placeholder digit (the whitespace a tokenizer emits before a number does not depend on the
+    number), so the last position is still where a number would be predicted.
+    """
+    stripped = text.rstrip()
+    try:
+        parsed: TypedProblem | None = parse_typed_prompt(text)
+        error = None
+    except PromptError as e:
+        parsed, error = None, str(e)
+    if parsed is not None:
+        try:
+            at = answer_tokens(tokenizer, stripped, parsed.answer)
+            return TypedIds(at.prompt_ids, parsed, at)
+        except PromptError as e:
+            error = f"the answer cannot be located in the tokens ({e})"
+    try:
+        return TypedIds(answer_tokens(tokenizer, stripped, 0).prompt_ids, None, None, error)
+    except PromptError:
+        return TypedIds(list(tokenizer(text)["input_ids"]), None, None, error, rule_applied=False)
