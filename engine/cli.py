@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     _set_args(p, "paper", with_file=False)
     p.add_argument("--out", required=True, type=Path, help="output .jsonl file")
     p.add_argument("--keep-all", action="store_true", help="also keep prompts the model gets wrong")
+    p.add_argument("--show-dropped", action="store_true",
+                   help="also list every dropped prompt with its reason (the model's token when it answered wrong)")
 
     p = sub.add_parser("accuracy", help="first-token and full-answer accuracy per op and template")
     _model_args(p)
@@ -309,32 +311,57 @@ def cmd_info(args) -> int:
 
 
 def cmd_prompts(args) -> int:
-    from engine.accuracy import keep_correct
+    import dataclasses
+    from collections import Counter
+
+    from engine.ablation import top_next_tokens
+    from engine.accuracy import score_pairs
     from engine.prompts import write_jsonl
-    from engine.promptsets import generate
+    from engine.promptsets import generate_set
     spec = _spec(args)
     model = _model(args)
-    pairs, dropped = generate(model.tokenizer, spec)
-    kept = pairs if args.keep_all else keep_correct(model, pairs)
+    tok = model.tokenizer
+    gen = generate_set(tok, spec)
+    scores = score_pairs(model, gen.pairs)
+    kept = gen.pairs if args.keep_all else [p for p, s in zip(gen.pairs, scores) if s.first_ok]
+    dropped: list[dict[str, Any]] = [{"ref_text": prob.ref_text, "reason": why} for prob, why in gen.dropped]
+    if not args.keep_all:
+        for p, s in zip(gen.pairs, scores):
+            if not s.first_ok:
+                said = top_next_tokens(model, p.ref_ids, k=1)[0].token
+                dropped.append({"ref_text": p.ref_text, "reason": "wrong answer", "model_token": said,
+                                "answer_token": str(tok.convert_ids_to_tokens([p.answer_id])[0])})
+    # informative, not a filter: X_c whose top token is still the answer (the operator was not needed)
+    cf_scores = score_pairs(model, [dataclasses.replace(p, ref_ids=p.cf_ids) for p in kept]) if kept else []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     n = write_jsonl(str(args.out), kept)
-    print(json.dumps({"out": str(args.out), "generated": len(pairs), "kept": n,
-                      "dropped_no_counterfactual": dropped}))
+    res: dict[str, Any] = {
+        "out": str(args.out), "balanced": spec.balance, "candidates": gen.candidates,
+        "generated": len(gen.pairs), "kept": n, "dropped": len(dropped),
+        "dropped_by_reason": dict(Counter(d["reason"] for d in dropped).most_common()),
+        "kept_counterfactual_still_answers": sum(s.first_ok for s in cf_scores)}
+    if kept:
+        res["answer_tokens"] = _answer_token_summary(model, kept)
+    if args.show_dropped:
+        res["dropped_prompts"] = dropped
+    print(json.dumps(res))
     return 0
 
 
 def cmd_accuracy(args) -> int:
     from engine.accuracy import accuracy_report
+    from engine.promptsets import generate
     spec = _spec(args)
     model = _model(args)
     rows, computed = accuracy_report(model, spec, cache=_cache(args))
+    pairs, _ = generate(model.tokenizer, spec)
     per_op = {r.op: {"n": r.n, "first_token": r.first_token, "full_answer": r.full_answer}
               for r in rows if r.template == "*"}
     per_template = [{"op": r.op, "template": r.template, "n": r.n, "first_token": r.first_token,
                      "full_answer": r.full_answer, "mean_p_answer": r.mean_p_answer}
                     for r in rows if r.template != "*"]
     _print({"model": model.facts.spec, "fingerprint": model.facts.fingerprint, "cached": not computed,
-            "per_op": per_op, "per_template": per_template})
+            "answer_tokens": _answer_token_summary(model, pairs), "per_op": per_op, "per_template": per_template})
     return 0
 
 
@@ -362,9 +389,13 @@ def cmd_patch(args) -> int:
         row["n"] = counts.get(v.group, 0)
     out = sorted(rows.values(), key=lambda r: (r.get("group", ""), r["layer"], r["component"] == "mlp", r["head"]))
     _write_csv(args.out, out)
-    top = table.top_heads(5)
+    ranking = table.ranking_metric()
+    top = table.top_heads(5, ranking)
+    excluded, _ = table.guard_counts()
     _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "senders": len(out),
-            "top_heads": [{"layer": layer, "head": h, "effect": e} for layer, h, e in top]})
+            "answer_tokens": _answer_token_summary(model, pairs),
+            "effect_guard": {"excluded_pairs": excluded, "ranked_by": ranking, "note": table.effect_note()},
+            "top_heads": [{"layer": layer, "head": h, ranking: e} for layer, h, e in top]})
     return 0
 
 
@@ -423,7 +454,8 @@ def cmd_knockout_curve(args) -> int:
     points = [p.__dict__ for p in pts]
     _write_csv(args.out, points)
     _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
-            "ranked_heads": [f"{a}.{b}" for a, b in ranked], "points": points})
+            "answer_tokens": _answer_token_summary(model, pairs), "ranked_by": table.ranking_metric(),
+            "effect_note": table.effect_note(), "ranked_heads": [f"{a}.{b}" for a, b in ranked], "points": points})
     return 0
 
 
@@ -444,7 +476,8 @@ def cmd_attention(args) -> int:
     pairs = _pairs(args, model, cache)
     vals, computed = cached_role_attention(model, pairs, cache=cache)
     _write_csv(args.out, [v.__dict__ for v in vals])
-    _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "rows": len(vals)})
+    _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "rows": len(vals),
+            "answer_tokens": _answer_token_summary(model, pairs)})
     return 0
 
 
@@ -480,6 +513,8 @@ def cmd_transfer(args) -> int:
         pairs_b, _ = kept_pairs(model, _spec(args, args.b_families), cache=cache)
         name_b = args.b_families
     res = transfer(model, pairs_a, pairs_b, names=(args.families, name_b), k=args.k, cache=cache).to_json()
+    res["answer_tokens"] = {name: _answer_token_summary(model, ps) for name, ps in
+                            ((args.families, pairs_a), (name_b, pairs_b)) if ps}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=2) + "\n")

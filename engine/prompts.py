@@ -245,6 +245,10 @@ class PromptPair:
                    answer_ids=[int(x) for x in d.get("answer_ids", [d["answer_id"]])])
 
 
+#: The reason a problem is dropped when no filler keeps X_c as long (in tokens) as X_r.
+LENGTH_MISMATCH = "length mismatch: no counterfactual filler gives the same token length as the reference"
+
+
 def build_pair(tokenizer: TokenizerLike, problem: Problem) -> PromptPair:
     """Tokenize one problem; raises PromptError when no counterfactual of equal length exists."""
     ref = answer_tokens(tokenizer, problem.ref_text, problem.answer)
@@ -257,7 +261,7 @@ def build_pair(tokenizer: TokenizerLike, problem: Problem) -> PromptPair:
                               answer=problem.answer, ref_text=problem.ref_text, cf_text=cf_text,
                               ref_ids=ref.prompt_ids, cf_ids=cf.prompt_ids, answer_id=ref.answer_id,
                               answer_ids=ref.answer_ids)
-    raise PromptError(f"no counterfactual of the same token length for {problem.ref_text!r}")
+    raise PromptError(LENGTH_MISMATCH)
 
 
 def build_pairs(tokenizer: TokenizerLike, problems: Iterable[Problem]
