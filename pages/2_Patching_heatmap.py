@@ -46,8 +46,8 @@ st.caption(f"{len(pairs)} of {n_gen} prompt pairs answered right · "
 stats = answer_token_stats(model.tokenizer, pairs)
 with st.container(border=True):
     st.markdown(f"**First answer tokens of these {stats.n} prompts** — the token whose logit the heatmap "
-                f"measures (most frequent: `{stats.top_token}` in {stats.top_share:.0%} of the {stats.top_op} "
-                f"prompts; a warning above {DOMINANT_SHARE:.0%})")
+                f"measures. Largest share: `{stats.top_token}`, {stats.top_share:.0%} of the {stats.top_op} "
+                f"prompts (a warning above {DOMINANT_SHARE:.0%}).")
     st.altair_chart(token_bars(pd.DataFrame({"token": list(stats.counts), "prompts": list(stats.counts.values())}),
                                "token", "prompts", "prompts", fmt="d").properties(height=140), width="stretch")
     if stats.warning:
