@@ -2,8 +2,15 @@
 
 For a head (l, h) and a prompt, the END row of its attention pattern -- softmax(q_END . k_j) over
 key positions j -- shows which tokens it reads when the answer is produced.  Over a prompt set the
-row is summarized by **token role**: the attention mass on the BOS token, on operand A's tokens, on
-operand B's tokens, on the operator's tokens, and on everything else (the five sum to 1).
+row is summarized by **token role** (the five masses sum to 1; :data:`ROLE_DEFINITIONS`):
+
+* ``first token (attention sink)`` -- position 0: the BOS token for models that add one (Llama,
+  the bundled model), the prompt's first token for models that add none (Qwen2, SmolLM2, GPT-2).
+  Heads park unused attention on the first position whatever it holds, so it is one role either way;
+  when position 0 is itself an operand or the operator (``3 + 5 =`` without BOS), that role wins;
+* ``operand A`` / ``operand B`` -- the digit tokens of each operand;
+* ``operator`` -- the tokens the counterfactual replaces;
+* ``other`` -- every remaining token (template words, ``=``, whitespace before the answer).
 
 Roles are found without parsing text: the operator's positions are exactly where X_r and X_c differ
 (the counterfactual replaces only the operator); operands are the runs of digit tokens of the
@@ -23,7 +30,18 @@ from engine.patching import _pad, _pad_id
 from engine.prompts import PromptPair
 from engine.templates import TEMPLATES_BY_ID
 
-ROLES: tuple[str, ...] = ("BOS", "operand A", "operand B", "operator", "other")
+FIRST_TOKEN = "first token (attention sink)"
+ROLES: tuple[str, ...] = (FIRST_TOKEN, "operand A", "operand B", "operator", "other")
+ROLE_DEFINITIONS: dict[str, str] = {
+    FIRST_TOKEN: "position 0: the BOS token when the model adds one, else the prompt's first token "
+                 "(unless that is an operand or the operator); heads park spare attention there",
+    "operand A": "the digit tokens of the first operand of the operation (A in A op B)",
+    "operand B": "the digit tokens of the second operand (B)",
+    "operator": "the tokens that differ between the prompt and its counterfactual (the operation's word or sign)",
+    "other": "every other token: template words, '=', whitespace before the answer",
+}
+#: Bumped when the role labels or their rules change (part of the cache params).
+ROLES_VERSION = 2
 ProgressFn = Callable[[int, int], None]
 METHOD = "attention_roles"
 
@@ -32,9 +50,8 @@ def token_roles(backend: ModelBackend, pair: PromptPair) -> list[str]:
     """The role of every position of ``pair.ref_ids``."""
     toks = backend.tokenizer.convert_ids_to_tokens(pair.ref_ids)
     roles = ["other"] * len(toks)
-    bos = getattr(backend.tokenizer, "bos_token_id", None)
-    if bos is not None and pair.ref_ids and pair.ref_ids[0] == bos:
-        roles[0] = "BOS"
+    if toks:
+        roles[0] = FIRST_TOKEN  # operand / operator roles below take precedence
     runs: list[list[int]] = []
     for i, t in enumerate(toks):
         if t is not None and any(c.isdigit() for c in t):
@@ -135,6 +152,6 @@ def cached_role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *,
         return [ResultRow(layer=v.layer, head=v.head, label=v.role, metric="attention", value=v.value)
                 for v in vals], None
 
-    params = {"roles": list(ROLES), "dtype": backend.facts.dtype}
+    params = {"roles": list(ROLES), "roles_version": ROLES_VERSION, "dtype": backend.facts.dtype}
     rows, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
     return [RoleAttention(int(r.layer), int(r.head), r.label, float(r.value)) for r in rows], computed

@@ -77,6 +77,9 @@ def _set_args(p: argparse.ArgumentParser, families_default: str, with_file: bool
                    help="paper (the 36 templates) | word (Figure 10) | all | comma list of families")
     p.add_argument("--operands", default="1-9", help="operand range LO-HI (default 1-9)")
     p.add_argument("--allow-negative", action="store_true", help="subtraction may go below zero")
+    p.add_argument("--no-balance", action="store_true",
+                   help="keep the first n sampled prompts per op instead of balancing their first answer tokens "
+                        "(README: balance rule)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,10 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     _set_args(p, "paper", with_file=False)
     p.add_argument("--out", required=True, type=Path, help="output .jsonl file")
     p.add_argument("--keep-all", action="store_true", help="also keep prompts the model gets wrong")
+    p.add_argument("--show-dropped", action="store_true",
+                   help="also list every dropped prompt with its reason (the model's token when it answered wrong)")
 
     p = sub.add_parser("accuracy", help="first-token and full-answer accuracy per op and template")
     _model_args(p)
-    _set_args(p, "all", with_file=False)
+    _set_args(p, "paper", with_file=False)
 
     p = sub.add_parser("patch", help="path patching of every head and MLP -> CSV")
     _model_args(p)
@@ -175,7 +180,7 @@ def _spec(args, families: str | None = None):
     lo, hi = parse_operands(args.operands)
     return PromptSetSpec(ops=parse_ops(args.op), n=args.n, seed=args.seed,
                          families=parse_families(families or args.families), operand_lo=lo, operand_hi=hi,
-                         allow_negative=args.allow_negative)
+                         allow_negative=args.allow_negative, balance=not args.no_balance)
 
 
 def _device_map(text: str | None):
@@ -223,13 +228,37 @@ def _cache(args):
     return cache
 
 
-def _text_ids(model, text: str | None) -> list[int] | None:
-    """``--text``'s token ids, or None without ``--text``; PromptError (exit 2) for an empty, too long
-    or unknown-word prompt -- the Prompt lab's checks, made before any computation."""
+def _typed(model, text: str | None):
+    """``--text`` after the answer-token rule (:func:`engine.prompts.typed_prompt_ids`, the rule the pages
+    and prompt files use), or None without ``--text``; PromptError (exit 2) for an empty, too long or
+    unknown-word prompt -- the Prompt lab's checks, made before any computation."""
     if text is None:
         return None
     from engine.promptlab import check_typed_text
     return check_typed_text(model.tokenizer, text)
+
+
+def _typed_summary(model, typed) -> dict[str, Any]:
+    """What ``--text`` was read as: the analysed tokens (the last one is END) and the parsed problem."""
+    tok = model.tokenizer
+    out: dict[str, Any] = {"analysed_tokens": [str(t) for t in tok.convert_ids_to_tokens(typed.ids)]}
+    if typed.parsed is not None:
+        tp = typed.parsed
+        out["parsed"] = {"op": tp.op, "a": tp.a, "b": tp.b, "answer": tp.answer,
+                         "answer_token": str(tok.convert_ids_to_tokens([typed.answer.answer_id])[0])}
+    else:
+        out["parsed"] = {"error": typed.error}
+    return out
+
+
+#: How ``--text`` is read (part of the knockout cache params: results of an older reading never come back).
+TEXT_RULE = "typed_prompt_ids: answer-token rule (v2)"
+
+
+def _answer_token_summary(model, pairs) -> dict[str, Any]:
+    """The first-answer-token distribution of the analysed pairs, with its warning (README: balance rule)."""
+    from engine.promptsets import answer_token_stats
+    return answer_token_stats(model.tokenizer, pairs).to_json()
 
 
 def _one_line(text: str) -> str:
@@ -283,32 +312,57 @@ def cmd_info(args) -> int:
 
 
 def cmd_prompts(args) -> int:
-    from engine.accuracy import keep_correct
+    import dataclasses
+    from collections import Counter
+
+    from engine.ablation import top_next_tokens
+    from engine.accuracy import score_pairs
     from engine.prompts import write_jsonl
-    from engine.promptsets import generate
+    from engine.promptsets import generate_set
     spec = _spec(args)
     model = _model(args)
-    pairs, dropped = generate(model.tokenizer, spec)
-    kept = pairs if args.keep_all else keep_correct(model, pairs)
+    tok = model.tokenizer
+    gen = generate_set(tok, spec)
+    scores = score_pairs(model, gen.pairs)
+    kept = gen.pairs if args.keep_all else [p for p, s in zip(gen.pairs, scores) if s.first_ok]
+    dropped: list[dict[str, Any]] = [{"ref_text": prob.ref_text, "reason": why} for prob, why in gen.dropped]
+    if not args.keep_all:
+        for p, s in zip(gen.pairs, scores):
+            if not s.first_ok:
+                said = top_next_tokens(model, p.ref_ids, k=1)[0].token
+                dropped.append({"ref_text": p.ref_text, "reason": "wrong answer", "model_token": said,
+                                "answer_token": str(tok.convert_ids_to_tokens([p.answer_id])[0])})
+    # informative, not a filter: X_c whose top token is still the answer (the operator was not needed)
+    cf_scores = score_pairs(model, [dataclasses.replace(p, ref_ids=p.cf_ids) for p in kept]) if kept else []
     args.out.parent.mkdir(parents=True, exist_ok=True)
     n = write_jsonl(str(args.out), kept)
-    print(json.dumps({"out": str(args.out), "generated": len(pairs), "kept": n,
-                      "dropped_no_counterfactual": dropped}))
+    res: dict[str, Any] = {
+        "out": str(args.out), "balanced": spec.balance, "candidates": gen.candidates,
+        "generated": len(gen.pairs), "kept": n, "dropped": len(dropped),
+        "dropped_by_reason": dict(Counter(d["reason"] for d in dropped).most_common()),
+        "kept_counterfactual_still_answers": sum(s.first_ok for s in cf_scores)}
+    if kept:
+        res["answer_tokens"] = _answer_token_summary(model, kept)
+    if args.show_dropped:
+        res["dropped_prompts"] = dropped
+    print(json.dumps(res))
     return 0
 
 
 def cmd_accuracy(args) -> int:
     from engine.accuracy import accuracy_report
+    from engine.promptsets import generate
     spec = _spec(args)
     model = _model(args)
     rows, computed = accuracy_report(model, spec, cache=_cache(args))
+    pairs, _ = generate(model.tokenizer, spec)
     per_op = {r.op: {"n": r.n, "first_token": r.first_token, "full_answer": r.full_answer}
               for r in rows if r.template == "*"}
     per_template = [{"op": r.op, "template": r.template, "n": r.n, "first_token": r.first_token,
                      "full_answer": r.full_answer, "mean_p_answer": r.mean_p_answer}
                     for r in rows if r.template != "*"]
     _print({"model": model.facts.spec, "fingerprint": model.facts.fingerprint, "cached": not computed,
-            "per_op": per_op, "per_template": per_template})
+            "answer_tokens": _answer_token_summary(model, pairs), "per_op": per_op, "per_template": per_template})
     return 0
 
 
@@ -336,27 +390,26 @@ def cmd_patch(args) -> int:
         row["n"] = counts.get(v.group, 0)
     out = sorted(rows.values(), key=lambda r: (r.get("group", ""), r["layer"], r["component"] == "mlp", r["head"]))
     _write_csv(args.out, out)
-    top = table.top_heads(5)
+    ranking = table.ranking_metric()
+    top = table.top_heads(5, ranking)
+    excluded, _ = table.guard_counts()
     _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "senders": len(out),
-            "top_heads": [{"layer": layer, "head": h, "effect": e} for layer, h, e in top]})
+            "answer_tokens": _answer_token_summary(model, pairs),
+            "effect_guard": {"excluded_pairs": excluded, "ranked_by": ranking, "note": table.effect_note()},
+            "top_heads": [{"layer": layer, "head": h, ranking: e} for layer, h, e in top]})
     return 0
 
 
-def _knockout_result(model, pairs, ko, text):
+def _knockout_result(model, pairs, ko, text, typed):
     from engine.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
     means = mean_activations(model, pairs)
     res = {"heads": [f"{a}.{b}" for a, b in ko.heads], "mlps": list(ko.mlps), "n_pairs": len(pairs),
            "accuracy_before": knockout_accuracy(model, pairs, Knockout(), means),
            "accuracy_after": knockout_accuracy(model, pairs, ko, means)}
-    if text:
-        from engine.prompts import parse_typed_prompt
-        ids = model.tokenizer(text)["input_ids"]
+    if typed is not None:
+        ids = typed.ids
         res["text"] = text
-        try:
-            tp = parse_typed_prompt(text)
-            res["parsed"] = {"op": tp.op, "a": tp.a, "b": tp.b, "answer": tp.answer}
-        except ValueError as e:
-            res["parsed"] = {"error": str(e)}
+        res.update(_typed_summary(model, typed))
         res["top5_before"] = [t.__dict__ for t in top_next_tokens(model, ids)]
         res["top5_after"] = [t.__dict__ for t in top_next_tokens(model, ids, ko=ko, means=means)]
     return res
@@ -369,14 +422,16 @@ def cmd_knockout(args) -> int:
                                                                             model.facts.n_heads)
     if ko.empty:
         raise CliError("nothing to knock out: give --heads LAYER.HEAD,... and/or --mlps LAYER,...")
-    _text_ids(model, args.text)
+    typed = _typed(model, args.text)
     cache = _cache(args)
     pairs = _pairs(args, model, cache)
+    # text_rule: --text is read after the answer-token rule (results of the raw reading never come back)
     params = {"heads": [list(h) for h in ko.heads], "mlps": list(ko.mlps), "text": args.text or "",
+              "text_ids": typed.ids if typed is not None else [], "text_rule": TEXT_RULE,
               "dtype": model.facts.dtype}
     res, computed = _cached_json(cache, model, pairs, "knockout", params,
-                                 lambda: _knockout_result(model, pairs, ko, args.text))
-    res = {**res, "cached": not computed}
+                                 lambda: _knockout_result(model, pairs, ko, args.text, typed))
+    res = {**res, "cached": not computed, "answer_tokens": _answer_token_summary(model, pairs)}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=2) + "\n")
@@ -400,7 +455,8 @@ def cmd_knockout_curve(args) -> int:
     points = [p.__dict__ for p in pts]
     _write_csv(args.out, points)
     _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
-            "ranked_heads": [f"{a}.{b}" for a, b in ranked], "points": points})
+            "answer_tokens": _answer_token_summary(model, pairs), "ranked_by": table.ranking_metric(),
+            "effect_note": table.effect_note(), "ranked_heads": [f"{a}.{b}" for a, b in ranked], "points": points})
     return 0
 
 
@@ -410,32 +466,36 @@ def cmd_attention(args) -> int:
         from engine.attention import prompt_attention
         if args.layer is None or args.head is None:
             raise CliError("--text needs --layer and --head")
-        ids = _text_ids(model, args.text)
-        rows = [t.__dict__ for t in prompt_attention(model, ids, args.layer, args.head)]
+        typed = _typed(model, args.text)
+        rows = [t.__dict__ for t in prompt_attention(model, typed.ids, args.layer, args.head)]
         _write_csv(args.out, rows)
-        _print({"out": str(args.out), "layer": args.layer, "head": args.head, "tokens": rows})
+        _print({"out": str(args.out), "layer": args.layer, "head": args.head, **_typed_summary(model, typed),
+                "tokens": rows})
         return 0
     from engine.attention import cached_role_attention
     cache = _cache(args)
     pairs = _pairs(args, model, cache)
     vals, computed = cached_role_attention(model, pairs, cache=cache)
     _write_csv(args.out, [v.__dict__ for v in vals])
-    _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "rows": len(vals)})
+    _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "rows": len(vals),
+            "answer_tokens": _answer_token_summary(model, pairs)})
     return 0
 
 
 def cmd_mlp_projection(args) -> int:
     from engine.projections import cached_mlp_projections, top_number_tokens
     model = _model(args)
-    text_ids = _text_ids(model, args.text)
+    typed = _typed(model, args.text)
     cache = _cache(args)
     pairs = _pairs(args, model, cache)
     vals, computed = cached_mlp_projections(model, pairs, cache=cache)
     _write_csv(args.out, [v.__dict__ for v in vals])
     res: dict[str, Any] = {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
+                           "answer_tokens": _answer_token_summary(model, pairs),
                            "per_layer": [v.__dict__ for v in vals]}
-    if text_ids is not None:
-        res["top_number_tokens"] = [t.__dict__ for t in top_number_tokens(model, args.text, text_ids)]
+    if typed is not None:
+        res.update(_typed_summary(model, typed))
+        res["top_number_tokens"] = [t.__dict__ for t in top_number_tokens(model, args.text, typed.ids)]
     _print(res)
     return 0
 
@@ -454,6 +514,8 @@ def cmd_transfer(args) -> int:
         pairs_b, _ = kept_pairs(model, _spec(args, args.b_families), cache=cache)
         name_b = args.b_families
     res = transfer(model, pairs_a, pairs_b, names=(args.families, name_b), k=args.k, cache=cache).to_json()
+    res["answer_tokens"] = {name: _answer_token_summary(model, ps) for name, ps in
+                            ((args.families, pairs_a), (name_b, pairs_b)) if ps}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=2) + "\n")

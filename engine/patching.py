@@ -12,10 +12,18 @@ logit as receiver, over reference / counterfactual prompt pairs (X_r, X_c):
 
 Metrics, averaged over prompt pairs:
   * ``effect``     -- the paper's relative change, (logit_p - logit_o) / logit_o;
-  * ``logit_diff`` -- logit_p - logit_o;
+  * ``logit_diff`` -- logit_p - logit_o (always available);
   * ``prob_diff``  -- p_p - p_o of the answer token (softmax over the whole vocabulary; optional).
 A key head has a strongly negative effect: without the operation's information it routes, the
 answer's logit collapses.  Ranking "by effect" means most negative first.
+
+**Guard of the relative effect.**  Dividing by logit_o flips the sign when logit_o < 0 and explodes
+when it is near 0, silently.  A pair whose unpatched answer logit is below ``EFFECT_MIN_LOGIT`` is
+left out of the effect's mean (its logit_diff still counts); the number left out is stored per group
+(component ``guard``, metric ``effect_excluded``, next to ``pairs``).  When more than
+``EFFECT_MAX_EXCLUDED`` of a group's pairs are left out, the effect of that group is not a fair summary:
+:meth:`PatchingTable.ranking_metric` then ranks by ``logit_diff`` instead, and
+:meth:`PatchingTable.effect_note` says so (shown by the CLI and the Patching page).
 
 **Exact fast path.**  With all other heads frozen, the patch at END can reach the logits only
 through the END position's MLPs and norms: attention outputs are frozen everywhere, and no later
@@ -54,6 +62,11 @@ from engine.prompts import PromptPair
 ProgressFn = Callable[[int, int], None]
 METHOD = "path_patching"
 METRICS: tuple[str, ...] = ("effect", "logit_diff", "prob_diff")
+#: Pairs whose unpatched answer logit is below this are left out of the relative effect (module docstring).
+EFFECT_MIN_LOGIT = 1.0
+#: A group whose share of left-out pairs exceeds this is ranked by logit_diff instead of effect.
+EFFECT_MAX_EXCLUDED = 0.5
+GUARD = "guard"  # component of the per-group guard counts
 
 
 @dataclass
@@ -70,8 +83,8 @@ class PatchingRaw:
 
     def per_pair(self, metric: str) -> tuple[torch.Tensor, torch.Tensor]:
         """([P, L, H], [P, L]) values of ``metric`` for each pair."""
-        if metric == "effect":
-            lo = self.logit_o
+        if metric == "effect":  # NaN for the pairs the guard leaves out
+            lo = torch.where(self.effect_excluded(), torch.full_like(self.logit_o, float("nan")), self.logit_o)
             return ((self.head_logit - lo[:, None, None]) / lo[:, None, None],
                     (self.mlp_logit - lo[:, None]) / lo[:, None])
         if metric == "logit_diff":
@@ -81,6 +94,10 @@ class PatchingRaw:
                 raise ValueError("prob_diff was not computed: pass with_prob=True")
             return self.head_prob - self.prob_o[:, None, None], self.mlp_prob - self.prob_o[:, None]
         raise ValueError(f"unknown metric {metric!r}: choose from {', '.join(METRICS)}")
+
+    def effect_excluded(self) -> torch.Tensor:
+        """[P] bool: pairs left out of the relative effect (unpatched answer logit < EFFECT_MIN_LOGIT)."""
+        return ~(self.logit_o >= EFFECT_MIN_LOGIT)  # NaN logits are left out too
 
     def metrics(self) -> tuple[str, ...]:
         return METRICS if self.head_prob is not None else METRICS[:2]
@@ -106,15 +123,20 @@ class SenderValue:
 
 
 def summarize(raw: PatchingRaw) -> list[SenderValue]:
-    """Mean of every metric per sender, for all pairs and per op / template."""
+    """Mean of every metric per sender, for all pairs and per op / template, and the effect guard's
+    counts per group (component ``guard``: metrics ``pairs`` and ``effect_excluded``)."""
     out: list[SenderValue] = []
     groups = raw.groups()
+    excluded = raw.effect_excluded()
+    for group, idx in groups.items():
+        out.append(SenderValue(GUARD, -1, -1, group, "pairs", float(len(idx))))
+        out.append(SenderValue(GUARD, -1, -1, group, "effect_excluded", float(excluded[torch.tensor(idx)].sum())))
     for metric in raw.metrics():
         heads, mlps = raw.per_pair(metric)
         for group, idx in groups.items():
             ix = torch.tensor(idx)
-            h = heads[ix].double().mean(0)  # [L, H]
-            m = mlps[ix].double().mean(0)   # [L]
+            h = heads[ix].double().nanmean(0)  # [L, H]; NaN only where the guard left every pair out
+            m = mlps[ix].double().nanmean(0)   # [L]
             for layer in range(h.shape[0]):
                 for head in range(h.shape[1]):
                     out.append(SenderValue("head", layer, head, group, metric, float(h[layer, head])))
@@ -303,14 +325,39 @@ class PatchingTable:
             if v.metric == metric and v.group == group:
                 if v.component == "head":
                     heads[v.layer][v.head] = v.value
-                else:
+                elif v.component == "mlp":
                     mlps[v.layer] = v.value
         return heads, mlps
 
-    def top_heads(self, k: int, metric: str = "effect", group: str = "*") -> list[tuple[int, int, float]]:
-        """The k heads with the most negative ``metric`` (the key heads): (layer, head, value)."""
+    def guard_counts(self, group: str = "*") -> tuple[int, int]:
+        """(pairs left out of the relative effect, pairs) of a group (module docstring: guard)."""
+        got = {v.metric: int(v.value) for v in self.values if v.component == GUARD and v.group == group}
+        return got.get("effect_excluded", 0), got.get("pairs", 0)
+
+    def ranking_metric(self, group: str = "*") -> str:
+        """``effect``, or ``logit_diff`` when the guard left out more than EFFECT_MAX_EXCLUDED of the pairs."""
+        excluded, n = self.guard_counts(group)
+        return "logit_diff" if n and excluded > EFFECT_MAX_EXCLUDED * n else "effect"
+
+    def effect_note(self, group: str = "*") -> str | None:
+        """What the reader must know about the relative effect of a group (None when every pair counts)."""
+        excluded, n = self.guard_counts(group)
+        if not excluded:
+            return None
+        note = (f"{excluded} of {n} prompt pairs have an unpatched answer logit below {EFFECT_MIN_LOGIT:g} and are "
+                f"left out of the relative effect (dividing by it would flip or explode the sign); "
+                f"logit_diff uses every pair.")
+        if self.ranking_metric(group) == "logit_diff":
+            note += " That is more than half of them: heads are ranked by logit_diff instead."
+        return note
+
+    def top_heads(self, k: int, metric: str | None = None, group: str = "*") -> list[tuple[int, int, float]]:
+        """The k heads with the most negative ``metric`` (the key heads): (layer, head, value).
+
+        ``metric`` None: :meth:`ranking_metric` (effect, or logit_diff when the guard falls back)."""
+        metric = metric or self.ranking_metric(group)
         hs = [(v.layer, v.head, v.value) for v in self.values
-              if v.component == "head" and v.metric == metric and v.group == group]
+              if v.component == "head" and v.metric == metric and v.group == group and v.value == v.value]
         return sorted(hs, key=lambda t: t[2])[:max(0, k)]
 
 
@@ -322,7 +369,8 @@ def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
     from engine.cached import run_cached
 
     f = backend.facts
-    params = {"with_prob": with_prob, "dtype": f.dtype, "senders": "heads+mlps", "position": "END"}
+    params = {"with_prob": with_prob, "dtype": f.dtype, "senders": "heads+mlps", "position": "END",
+              "effect_guard": {"min_logit": EFFECT_MIN_LOGIT, "max_excluded": EFFECT_MAX_EXCLUDED}}
 
     def compute():
         raw = path_patching(backend, pairs, batch_size=batch_size, with_prob=with_prob, progress=progress)

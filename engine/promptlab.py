@@ -4,7 +4,8 @@ The prompt lab's engine call.  A typed prompt such as "What is 7 times 8?" is pa
 and operator (:func:`engine.prompts.parse_typed_prompt`); if that works, the answer-token rule gives
 the ids the model should answer from (``ids``), the answer token and its probability, and the
 counterfactual prompt (operator replaced) with the same measures.  If it does not parse, the prompt
-is still run as typed and ``parse_error`` says why no counterfactual exists.
+is read at the position where a number would start (the same rule with a placeholder digit) and
+``parse_error`` says why no counterfactual exists.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 
 from engine.ablation import Knockout, MeanActivations, TokenProb, top_next_tokens
 from engine.backend import ModelBackend
-from engine.prompts import MAX_TYPED_CHARS, PromptError, TypedProblem, answer_tokens, parse_typed_prompt
+from engine.prompts import (MAX_TYPED_CHARS, PromptError, TypedIds, TypedProblem, answer_tokens,
+                            typed_prompt_ids)
 
 
 @dataclass
@@ -66,14 +68,14 @@ def _check_known(tok, ids: list[int]) -> None:
                           "'plus', 'times', 'sum of' and digits")
 
 
-def check_typed_text(tok, text: str | None) -> list[int]:
-    """The token ids of a typed prompt (as the tokenizer gives them); PromptError when the text is
-    empty, longer than MAX_TYPED_CHARS or holds no word the model knows -- the checks of
-    :func:`analyse_prompt`, for callers (the CLI's ``--text``) that need only the ids."""
+def check_typed_text(tok, text: str | None) -> TypedIds:
+    """A typed prompt after the answer-token rule (:func:`engine.prompts.typed_prompt_ids`); PromptError
+    when the text is empty, longer than MAX_TYPED_CHARS or holds no word the model knows -- the checks
+    of :func:`analyse_prompt`, for callers (the CLI's ``--text``) that need only the ids."""
     _check_text(text)
-    ids = list(tok(text)["input_ids"])
-    _check_known(tok, ids)
-    return ids
+    typed = typed_prompt_ids(tok, text)
+    _check_known(tok, typed.ids)
+    return typed
 
 
 def _notes(tok, ids: list[int], parsed: TypedProblem | None) -> list[str]:
@@ -97,26 +99,13 @@ def _notes(tok, ids: list[int], parsed: TypedProblem | None) -> list[str]:
 def analyse_prompt(model: ModelBackend, text: str, *, ko: Knockout | None = None,
                    means: MeanActivations | None = None) -> PromptReport:
     """Analyse a typed prompt (optionally under a knockout); PromptError for unusable text."""
-    _check_text(text)
     tok = model.tokenizer
-    try:
-        parsed: TypedProblem | None = parse_typed_prompt(text)
-        error = None
-    except PromptError as e:
-        parsed, error = None, str(e)
-    if parsed is not None:
-        try:
-            at = answer_tokens(tok, text.rstrip(), parsed.answer)
-            ids = at.prompt_ids
-        except PromptError as e:
-            parsed, error = None, f"the answer cannot be located in the tokens ({e})"
-    if parsed is None:
-        ids = list(tok(text)["input_ids"])
-    _check_known(tok, ids)
+    typed = check_typed_text(tok, text)
+    ids, parsed, at = typed.ids, typed.parsed, typed.answer
     rep = PromptReport(text=text, ids=ids, tokens=[str(t) for t in tok.convert_ids_to_tokens(ids)],
-                       top5=top_next_tokens(model, ids, ko=ko, means=means), parsed=parsed, parse_error=error,
-                       notes=_notes(tok, ids, parsed))
-    if parsed is not None:
+                       top5=top_next_tokens(model, ids, ko=ko, means=means), parsed=parsed,
+                       parse_error=typed.error, notes=_notes(tok, ids, parsed))
+    if parsed is not None and at is not None:
         rep.answer_id = at.answer_id
         rep.answer_token = str(tok.convert_ids_to_tokens([at.answer_id])[0])
         rep.p_answer, rep.answer_rank = _prob_and_rank(model, ids, at.answer_id, ko, means)

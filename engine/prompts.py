@@ -11,6 +11,12 @@ model must emit the answer.  ``answer_ids`` are all the number's tokens, for ful
 Counterfactual ids get the same treatment and must have the same length as the reference ids
 (position-aligned patching); fillers are tried in a seeded order until one fits.
 
+**Typed prompts** (CLI ``--text``, the pages) go through the same rule: :func:`typed_prompt_ids`
+parses the operation, computes the answer and applies :func:`answer_tokens`, so the model is always
+read at the position that predicts the answer's first digit -- never at a lone whitespace token.  A
+prompt that does not parse is read at the position where a number would start (the rule applied
+with a placeholder digit), or as typed when even that fails.
+
 Everything is seeded: the same (ops, n, seed, operand range, families) gives the same prompts.
 """
 
@@ -150,6 +156,10 @@ def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandR
 # answer-token rule
 # ---------------------------------------------------------------------------------------------
 
+#: Names the answer-token rule below; part of every prompt set's params (cache keys).
+ANSWER_TOKEN_RULE = "first digit-bearing continuation token; whitespace-only tokens before it join the prompt"
+
+
 @dataclass(frozen=True)
 class AnswerTokens:
     prompt_ids: list[int]  # prompt (+ whitespace-only continuation tokens), with special tokens
@@ -235,6 +245,10 @@ class PromptPair:
                    answer_ids=[int(x) for x in d.get("answer_ids", [d["answer_id"]])])
 
 
+#: The reason a problem is dropped when no filler keeps X_c as long (in tokens) as X_r.
+LENGTH_MISMATCH = "length mismatch: no counterfactual filler gives the same token length as the reference"
+
+
 def build_pair(tokenizer: TokenizerLike, problem: Problem) -> PromptPair:
     """Tokenize one problem; raises PromptError when no counterfactual of equal length exists."""
     ref = answer_tokens(tokenizer, problem.ref_text, problem.answer)
@@ -247,7 +261,7 @@ def build_pair(tokenizer: TokenizerLike, problem: Problem) -> PromptPair:
                               answer=problem.answer, ref_text=problem.ref_text, cf_text=cf_text,
                               ref_ids=ref.prompt_ids, cf_ids=cf.prompt_ids, answer_id=ref.answer_id,
                               answer_ids=ref.answer_ids)
-    raise PromptError(f"no counterfactual of the same token length for {problem.ref_text!r}")
+    raise PromptError(LENGTH_MISMATCH)
 
 
 def build_pairs(tokenizer: TokenizerLike, problems: Iterable[Problem]
@@ -378,3 +392,39 @@ def parse_typed_prompt(text: str, *, filler_seed: int = 0) -> TypedProblem:
     filler = pool[filler_seed % len(pool)]
     cf_text = text[:op_span[0]] + filler + text[op_span[1]:]
     return TypedProblem(text=text, op=op, a=a, b=b, answer=answer, operator=operator, cf_text=cf_text)
+
+
+@dataclass(frozen=True)
+class TypedIds:
+    """A typed prompt after the answer-token rule: what the model reads, and what was understood."""
+
+    ids: list[int]                      # the prompt ids, ending where the answer's first token is predicted
+    parsed: TypedProblem | None         # None when the prompt does not parse (``error`` says why)
+    answer: AnswerTokens | None         # the answer's tokens (parsed prompts only)
+    error: str | None = None            # why no answer / counterfactual is known
+    rule_applied: bool = True           # False: read exactly as typed (the rule could not be applied)
+
+
+def typed_prompt_ids(tokenizer: TokenizerLike, text: str) -> TypedIds:
+    """The answer-token rule for a typed prompt -- the one function behind CLI ``--text`` and the pages.
+
+    Parsed prompts: :func:`answer_tokens` with the computed answer.  Unparsed prompts: the same rule
+    with a placeholder digit (the whitespace a tokenizer emits before a number does not depend on the
+    number), so the last position is still where a number would be predicted.
+    """
+    stripped = text.rstrip()
+    try:
+        parsed: TypedProblem | None = parse_typed_prompt(text)
+        error = None
+    except PromptError as e:
+        parsed, error = None, str(e)
+    if parsed is not None:
+        try:
+            at = answer_tokens(tokenizer, stripped, parsed.answer)
+            return TypedIds(at.prompt_ids, parsed, at)
+        except PromptError as e:
+            error = f"the answer cannot be located in the tokens ({e})"
+    try:
+        return TypedIds(answer_tokens(tokenizer, stripped, 0).prompt_ids, None, None, error)
+    except PromptError:
+        return TypedIds(list(tokenizer(text)["input_ids"]), None, None, error, rule_applied=False)

@@ -2,14 +2,27 @@
 
 The same :class:`PromptSetSpec` is used by the CLI, the pages and the cache key, so that a set is
 described once and generated identically everywhere.
+
+**Balance rule** (``balance=True``, the default).  Tokenizers that split numbers into digits (Llama,
+Qwen2, SmolLM2, the bundled model) give every answer from 10 to 19 -- all additions of 1..9 above 9 --
+the same first answer token "1", so an unbalanced set measures mostly "predict a 1".  A balanced set
+samples ``BALANCE_OVERSAMPLE`` times ``n`` candidate problems per operation (seeded, as usual),
+tokenizes them, groups them by first answer token and takes them round-robin over the groups (in
+order of first appearance) until ``n`` are chosen: no first answer token holds more than its share
+unless the other tokens run out of candidates.  The flag and :data:`BALANCE_RULE` are part of the
+spec's params, and the chosen pairs are part of the prompt-set hash, so cached results of balanced
+and unbalanced sets never mix.  :func:`answer_token_stats` reports the distribution of any set and
+warns when one token holds more than :data:`DOMINANT_SHARE` of it.
 """
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Sequence
 
-from engine.prompts import (OperandRange, PromptError, PromptPair, build_pairs, sample_problems)
+from engine.prompts import (ANSWER_TOKEN_RULE, OperandRange, Problem, PromptError, PromptPair, build_pairs,
+                            sample_problems)
 from engine.templates import FAMILIES, OPS, PAPER_FAMILIES, PAPER_OPS, WORD_PROBLEM_FAMILIES
 
 FAMILY_GROUPS: dict[str, tuple[str, ...]] = {
@@ -19,6 +32,14 @@ FAMILY_GROUPS: dict[str, tuple[str, ...]] = {
     # (typeset signs the bundled model was never taught) is only used when named
     "all": tuple(f for f in FAMILIES if f != "notation"),
 }
+
+
+#: Candidates sampled per wanted prompt when balancing (module docstring).
+BALANCE_OVERSAMPLE = 10
+#: Names the balance rule in the spec's params (change it when the rule changes: old cache entries stay apart).
+BALANCE_RULE = f"round-robin over first answer tokens of {BALANCE_OVERSAMPLE}x n candidates per op (v1)"
+#: A set whose most frequent first answer token holds more than this share gets a warning.
+DOMINANT_SHARE = 0.40
 
 
 def parse_ops(text: str) -> tuple[str, ...]:
@@ -65,6 +86,7 @@ class PromptSetSpec:
     operand_hi: int = 9
     allow_negative: bool = False
     max_exponent: int = 3
+    balance: bool = True  # balanced first answer tokens (module docstring)
 
     def __post_init__(self) -> None:
         if self.n <= 0:
@@ -78,6 +100,8 @@ class PromptSetSpec:
         d = asdict(self)
         d["ops"] = list(self.ops)
         d["families"] = list(self.families)
+        d["answer_token_rule"] = ANSWER_TOKEN_RULE
+        d["balance_rule"] = BALANCE_RULE if self.balance else "none"
         return d
 
     @property
@@ -85,12 +109,98 @@ class PromptSetSpec:
         return OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent)
 
 
-def generate(tokenizer, spec: PromptSetSpec) -> tuple[list[PromptPair], int]:
-    """Tokenized pairs of the spec, and how many problems had to be dropped (no equal-length X_c)."""
-    problems = sample_problems(spec.ops, spec.n, spec.seed, operands=spec.operand_range,
+@dataclass(frozen=True)
+class GeneratedSet:
+    pairs: list[PromptPair]               # the set, n per operation at most
+    dropped: list[tuple[Problem, str]]    # candidates that could not be tokenized into a pair, and why
+    candidates: int                       # problems sampled (BALANCE_OVERSAMPLE x n per op when balanced)
+
+
+def balanced(pairs: Sequence[PromptPair], n: int) -> list[PromptPair]:
+    """Per operation, ``n`` pairs taken round-robin over the groups of equal first answer token.
+
+    Groups are visited in order of their first appearance, each group in its own order, so the choice
+    is as seeded as ``pairs``; the chosen pairs keep their original order.
+    """
+    chosen: set[int] = set()
+    by_op: dict[str, dict[int, list[int]]] = defaultdict(dict)
+    for i, p in enumerate(pairs):
+        by_op[p.op].setdefault(p.answer_id, []).append(i)
+    for groups in by_op.values():
+        queues = [list(reversed(g)) for g in groups.values()]
+        taken = 0
+        while taken < n and any(queues):
+            for q in queues:
+                if q and taken < n:
+                    chosen.add(q.pop())
+                    taken += 1
+    return [p for i, p in enumerate(pairs) if i in chosen]
+
+
+def generate_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
+    """Tokenized pairs of the spec (balanced when ``spec.balance``), with every dropped candidate."""
+    n_sample = spec.n * BALANCE_OVERSAMPLE if spec.balance else spec.n
+    problems = sample_problems(spec.ops, n_sample, spec.seed, operands=spec.operand_range,
                                families=spec.families)
     pairs, dropped = build_pairs(tokenizer, problems)
     if not pairs:
         reason = dropped[0][1] if dropped else "no problems"
         raise PromptError(f"no usable prompt pairs for this tokenizer: {reason}")
-    return pairs, len(dropped)
+    if spec.balance:
+        pairs = balanced(pairs, spec.n)
+    return GeneratedSet(pairs, dropped, len(problems))
+
+
+def generate(tokenizer, spec: PromptSetSpec) -> tuple[list[PromptPair], int]:
+    """Tokenized pairs of the spec, and how many candidates had to be dropped (no equal-length X_c)."""
+    gen = generate_set(tokenizer, spec)
+    return gen.pairs, len(gen.dropped)
+
+
+# ---------------------------------------------------------------------------------------------
+# answer-token distribution
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AnswerTokenStats:
+    """Distribution of the first answer tokens of a set of pairs, in all and per operation."""
+
+    n: int
+    counts: dict[str, int]               # first answer token (as the tokenizer writes it) -> pairs, most first
+    per_op: dict[str, dict[str, int]]    # the same per operation
+    top_op: str                          # the operation whose most frequent token has the largest share
+    top_token: str
+    top_share: float                     # that token's share of that operation's pairs
+
+    @property
+    def warning(self) -> str | None:
+        """A sentence when one token holds more than DOMINANT_SHARE of an operation's pairs, else None."""
+        if self.top_share <= DOMINANT_SHARE:
+            return None
+        return (f"{self.top_share:.0%} of the {self.top_op} prompts have the same first answer token "
+                f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. Use a balanced "
+                f"set (the default; the CLI's --no-balance turns it off) or other operations/operands.")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n": self.n, "counts": self.counts, "per_op": self.per_op, "top_op": self.top_op,
+                "top_token": self.top_token, "top_share": round(self.top_share, 4), "warning": self.warning}
+
+
+def _token_counts(tokenizer, pairs: Sequence[PromptPair]) -> dict[str, int]:
+    ids = Counter(p.answer_id for p in pairs)
+    toks = tokenizer.convert_ids_to_tokens(list(ids))
+    return {str(t): c for t, c in sorted(zip(toks, ids.values()), key=lambda x: (-x[1], str(x[0])))}
+
+
+def answer_token_stats(tokenizer, pairs: Sequence[PromptPair]) -> AnswerTokenStats:
+    """How often each first answer token occurs in ``pairs`` (real tokenization: the pairs' ids)."""
+    if not pairs:
+        raise PromptError("no prompt pairs: nothing to count")
+    by_op: dict[str, list[PromptPair]] = defaultdict(list)
+    for p in pairs:
+        by_op[p.op].append(p)
+    per_op = {op: _token_counts(tokenizer, ps) for op, ps in by_op.items()}
+    top_op = max(per_op, key=lambda op: next(iter(per_op[op].values())) / len(by_op[op]))
+    top_token, top_n = next(iter(per_op[top_op].items()))
+    return AnswerTokenStats(len(pairs), _token_counts(tokenizer, pairs), per_op, top_op, top_token,
+                            top_n / len(by_op[top_op]))

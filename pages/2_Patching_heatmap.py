@@ -6,10 +6,11 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.attention import ROLES, cached_role_attention, prompt_attention
+from engine.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention, prompt_attention
 from engine.patching import cached_path_patching
 from engine.promptlab import analyse_prompt
 from engine.prompts import PromptError
+from engine.promptsets import DOMINANT_SHARE, answer_token_stats
 from ui.charts import HEAD_SELECTION, heatmap, heatmap_frame, token_bars
 from ui.session import analysed_pairs, current_prompt, progress_bar, result_cache, setup_page
 
@@ -23,8 +24,9 @@ model, spec = setup_page(
 
 c1, c2, c3 = st.columns([2, 2, 1])
 metric = c1.selectbox("Metric", ("effect", "logit_diff"),
-                      help="effect: relative change (logit_p - logit_o) / logit_o, the paper's measure; "
-                           "logit_diff: logit_p - logit_o")
+                      help="effect: relative change (logit_p - logit_o) / logit_o, the paper's measure (pairs "
+                           "whose unpatched answer logit is below 1 are left out of it); logit_diff: logit_p - "
+                           "logit_o, every pair")
 cache = result_cache()
 pairs, n_gen = analysed_pairs(model, spec, cache)
 try:
@@ -40,6 +42,25 @@ group = c2.selectbox("Operation", groups, format_func=lambda g: "all operations"
 k = c3.number_input("Top k", 1, table.n_layers * table.n_heads, 5)
 st.caption(f"{len(pairs)} of {n_gen} prompt pairs answered right · "
            + ("computed now, stored in the cache" if computed else "read from the cache"))
+
+stats = answer_token_stats(model.tokenizer, pairs)
+with st.container(border=True):
+    st.markdown(f"**First answer tokens of these {stats.n} prompts** — the token whose logit the heatmap "
+                f"measures. Largest share: `{stats.top_token}`, {stats.top_share:.0%} of the {stats.top_op} "
+                f"prompts (a warning above {DOMINANT_SHARE:.0%}).")
+    st.altair_chart(token_bars(pd.DataFrame({"token": list(stats.counts), "prompts": list(stats.counts.values())}),
+                               "token", "prompts", "prompts", fmt="d").properties(height=140), width="stretch")
+    if stats.warning:
+        st.warning(stats.warning)
+    st.caption("Sets are balanced by default: candidates are taken round-robin over their first answer token, "
+               "so no token (e.g. the '1' of every sum from 10 to 18) holds more than its share.")
+
+note = table.effect_note(group)
+if metric == "effect" and table.ranking_metric(group) == "logit_diff":
+    st.warning(f"{note} The heatmap shows logit_diff.")
+    metric = "logit_diff"
+elif metric == "effect" and note:
+    st.info(note)
 
 heads, mlps = table.heatmap(metric, group)
 df = heatmap_frame(heads, mlps)
@@ -80,5 +101,6 @@ with right:
     rdf["role"] = pd.Categorical(rdf["role"], ROLES, ordered=True)
     st.caption("Mean attention of the last token by token role, over the prompt set")
     st.altair_chart(token_bars(rdf.sort_values("role"), "role", "value", "attention mass"), width="stretch")
+    st.markdown("**Token roles**\n\n" + "\n".join(f"- **{r}**: {ROLE_DEFINITIONS[r]}" for r in ROLES))
     st.download_button("Attention by role (CSV)", rdf.to_csv(index=False).encode(), "attention_roles.csv",
                        "text/csv")

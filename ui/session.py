@@ -161,13 +161,16 @@ def prompt_set_choice() -> "PromptSetSpec":
             c1, c2 = st.columns(2)
             n = c1.number_input("Prompts per op", 1, 1000, cur["n"], key="ps_n")
             seed = c2.number_input("Seed", 0, 10**9, cur["seed"], key="ps_seed")
+            balance = st.checkbox("Balance first answer tokens", value=cur.get("balance", True), key="ps_balance",
+                                  help="Take prompts round-robin over their first answer token, so that e.g. the "
+                                       "'1' of every sum from 10 to 18 does not dominate (README: balance rule).")
             if st.form_submit_button("Use this set", width="stretch"):
-                cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed)}
+                cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed), "balance": bool(balance)}
                 st.session_state["prompt_set"] = cur
     if not cur["ops"]:
         raise ValueError("pick at least one operation in the sidebar")
     return PromptSetSpec(ops=tuple(cur["ops"]), n=cur["n"], seed=cur["seed"],
-                         families=parse_families(FAMILY_CHOICES[cur["families"]]))
+                         families=parse_families(FAMILY_CHOICES[cur["families"]]), balance=cur.get("balance", True))
 
 
 def current_prompt() -> str:

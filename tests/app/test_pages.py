@@ -83,3 +83,19 @@ def test_transfer_page():
     next(b for b in at.button if b.label == "Compare").click().run()
     _ok(at)
     assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 2
+
+
+def test_patching_page_shows_answer_tokens_and_role_definitions():
+    from engine.attention import ROLE_DEFINITIONS
+    at = page("2_Patching_heatmap.py").run()
+    _ok(at)
+    md = " ".join(m.value for m in at.markdown)
+    assert "First answer tokens of these" in md
+    assert all(f"**{role}**: {text}" in md for role, text in ROLE_DEFINITIONS.items())
+    assert not any("same first answer token" in w.value for w in at.warning)  # balanced by default
+    at.session_state["prompt_set"] = {"ops": ["add"], "families": at.session_state["prompt_set"]["families"],
+                                      "n": 30, "seed": 0, "balance": False}
+    at.run()
+    _ok(at)
+    assert any("of the add prompts have the same first answer token '1'" in w.value for w in at.warning), \
+        [w.value for w in at.warning]

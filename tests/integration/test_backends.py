@@ -97,7 +97,9 @@ def check_patching(bridge, nns, pairs, senders, full: bool = True) -> None:
     tn, _ = cached_path_patching(nns, pairs)
     assert [(v.component, v.layer, v.head, v.group, v.metric) for v in tn.values] == \
            [(v.component, v.layer, v.head, v.group, v.metric) for v in tb.values]
-    assert all(abs(a.value - b.value) <= TOL * (1 + abs(b.value)) for a, b in zip(tn.values, tb.values))
+    # NaN: the effect of a group whose every pair the guard left out (random-init logits lie near 0)
+    assert all(abs(a.value - b.value) <= TOL * (1 + abs(b.value)) or (a.value != a.value and b.value != b.value)
+               for a, b in zip(tn.values, tb.values))
 
 
 def check_knockouts_attention_projections(bridge, nns, pairs, ko: Knockout) -> None:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from engine.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
-from engine.attention import prompt_attention, role_attention
+from engine.attention import FIRST_TOKEN, prompt_attention, role_attention, token_roles
 from engine.backend import open_model
 from engine.models import smollm2_gguf_path
 from engine.patching import Sender, path_patching, path_patching_reference
 from engine.projections import mlp_projections, top_number_tokens
-from engine.promptsets import PromptSetSpec, generate
+from engine.prompts import write_jsonl
+from engine.promptsets import DOMINANT_SHARE, PromptSetSpec, answer_token_stats, generate
 from engine.transfer import benchmark_pairs, transfer
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
@@ -70,3 +72,82 @@ def test_benchmark_pairs_and_transfer_on_smollm2(smol, pairs):
     assert bench and all(len(p.ref_ids) == len(p.cf_ids) and p.ref_text != p.cf_text for p in bench)
     res = transfer(smol, pairs, bench, names=("templates", "svamp"), k=5)
     assert 0 <= res.overlap <= 5 and len(res.a.top_heads) == 5
+
+
+# ---------------------------------------------------------------------------------------------
+# one answer-token rule: CLI --text reads the digit position (issue 11)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture()
+def cli_on_smol(smol, monkeypatch, capsys, tmp_path):
+    """``python -m engine ...`` in-process, its model the loaded SmolLM2 (open_model is what the CLI calls)."""
+    import engine.backend
+    from engine import cli
+    monkeypatch.setattr(engine.backend, "open_model", lambda *a, **k: smol)
+
+    def run(*args: str) -> dict:
+        assert cli.main([*args, "--no-cache"]) == 0, capsys.readouterr().err
+        return json.loads(capsys.readouterr().out)
+    return run
+
+
+def _digit(token: str) -> bool:
+    return token.lstrip("Ġ").isdigit()
+
+
+@pytest.mark.parametrize("cmd", ["knockout", "attention", "mlp-projection"])
+def test_cli_text_analyses_the_digit_position_on_smollm2(smol, pairs, cli_on_smol, tmp_path, cmd):
+    prompts = tmp_path / "pairs.jsonl"
+    write_jsonl(str(prompts), pairs)
+    text = "3 + 5 ="
+    # SmolLM2 writes " 8" as a lone "Ġ" and "8": the digit is predicted after the "Ġ"
+    full = smol.tokenizer(f"{text} 8")["input_ids"]
+    assert smol.tokenizer.convert_ids_to_tokens(full[-2:]) == ["Ġ", "8"]
+    want = smol.tokenizer.convert_ids_to_tokens(full[:-1])
+    common = ("--model", "smollm2.gguf", "--prompts", str(prompts), "--text", text)
+    if cmd == "knockout":
+        res = cli_on_smol("knockout", *common, "--heads", "5.1")
+        top = [t["token"] for t in res["top5_before"]]
+        # read as typed, the next token is the lone space (p 0.91); at the digit position all top-5 are digits
+        raw = top_next_tokens(smol, smol.tokenizer(text)["input_ids"])
+        assert raw[0].token == "Ġ" and raw[0].prob > 0.5
+        assert all(_digit(t) for t in top) and "8" in top, top
+        assert res["parsed"]["answer_token"] == "8" and res["analysed_tokens"] == want
+    elif cmd == "attention":
+        res = cli_on_smol("attention", *common, "--layer", "10", "--head", "3", "--out", str(tmp_path / "a.csv"))
+        assert [t["token"] for t in res["tokens"]] == want == res["analysed_tokens"]
+        row = prompt_attention(smol, full[:-1], 10, 3)  # the END row of the digit-predicting position
+        assert [round(t["weight"], 6) for t in res["tokens"]] == [round(t.weight, 6) for t in row]
+    else:
+        res = cli_on_smol("mlp-projection", *common, "--out", str(tmp_path / "p.csv"))
+        assert res["analysed_tokens"] == want
+        at_digit = top_number_tokens(smol, text, full[:-1])
+        assert [t["token"] for t in res["top_number_tokens"]] == [t.token for t in at_digit]
+        assert [t.token for t in top_number_tokens(smol, text, smol.tokenizer(text)["input_ids"])] != \
+            [t.token for t in at_digit]
+    if cmd != "attention":  # attention --text reads no prompt set
+        assert res["answer_tokens"]["n"] == len(pairs)
+
+
+def test_answer_token_distribution_and_balance_on_smollm2(smol):
+    """Real SmolLM2 tokenization: unbalanced additions of 1..9 are mostly "1"; balanced ones are not."""
+    tok = smol.tokenizer
+    plain, _ = generate(tok, PromptSetSpec(ops=("add",), n=60, seed=0, balance=False))
+    balanced, _ = generate(tok, PromptSetSpec(ops=("add",), n=60, seed=0))
+    sp, sb = answer_token_stats(tok, plain), answer_token_stats(tok, balanced)
+    assert sp.top_token == "1" and sp.top_share > DOMINANT_SHARE and sp.warning is not None
+    assert set(sb.counts) == {str(d) for d in range(1, 10)} and sb.top_share <= 7 / 60 and sb.warning is None
+
+
+def test_first_token_role_on_smollm2_without_bos(smol, pairs):
+    """SmolLM2 adds no BOS: position 0 is the prompt's first token, and its attention sink is counted."""
+    assert smol.tokenizer("3 + 5 =")["input_ids"][0] != smol.tokenizer.bos_token_id
+    for p in pairs:
+        roles = token_roles(smol, p)
+        first = smol.tokenizer.convert_ids_to_tokens(p.ref_ids[:1])[0]
+        assert roles[0] in (("operand A", "operand B") if first.isdigit() else (FIRST_TOKEN,)), (first, roles)
+    worded = [p for p in pairs if token_roles(smol, p)[0] == FIRST_TOKEN]  # prompts not starting with a digit
+    assert worded
+    ra = role_attention(smol, worded)
+    # measured: up to 0.86 of a head's END-row mass sits on position 0 (formerly counted as "other")
+    assert max(v.value for v in ra if v.role == FIRST_TOKEN) > 0.5

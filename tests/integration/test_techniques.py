@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.ablation import (Knockout, knockout_accuracy, knockout_curve, mean_activations, parse_heads,
                              top_next_tokens)
-from engine.attention import ROLES, prompt_attention, role_attention, token_roles
+from engine.attention import FIRST_TOKEN, ROLES, prompt_attention, role_attention, token_roles
 from engine.backend import open_model
 from engine.models import resolve_spec
 from engine.projections import METRICS, mlp_projections, number_token, top_number_tokens
@@ -111,7 +111,7 @@ def test_role_attention_sums_to_one_and_roles_are_found(model, pairs):
     assert all(abs(s - 1) < 1e-4 for s in by_head.values())
     for p in pairs:
         roles = token_roles(model, p)
-        assert roles[0] == "BOS" and "operator" in roles and "operand A" in roles and "operand B" in roles
+        assert roles[0] == FIRST_TOKEN and "operator" in roles and "operand A" in roles and "operand B" in roles
         assert set(roles) <= set(ROLES)
 
 
