@@ -332,7 +332,7 @@ def sender_rows(raw: AttributionRaw, metric: str = "effect") -> list[SenderRow]:
     means = {}
     for kind, r in raw.kinds().items():
         h, m = r.per_pair(metric)
-        means[kind] = (h.double().mean(0), m.double().mean(0))  # [L, H], [L]
+        means[kind] = (h.double().nanmean(0), m.double().nanmean(0))  # [L, H], [L]; the guard's NaN pairs left out
     L, H = raw.exact.head_logit.shape[1:]
     out = []
     for layer in range(L):

@@ -175,7 +175,8 @@ def cached_head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair]
 
     def compute():
         raw = head_path_patching(backend, pairs, receiver, progress=progress)
-        vals = [v for v in summarize(raw) if v.layer < receiver.layer and v.metric in ("effect", "logit_diff")]
+        vals = [v for v in summarize(raw) if v.component in ("head", "mlp") and v.layer < receiver.layer
+                and v.metric in ("effect", "logit_diff")]
         return [ResultRow(layer=v.layer, head=v.head, label=f"{v.component}|{v.group}", metric=v.metric,
                           value=v.value) for v in vals], {"receiver": str(receiver)}
 

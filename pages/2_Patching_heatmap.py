@@ -11,7 +11,8 @@ from engine.patching import cached_path_patching
 from engine.promptlab import analyse_prompt
 from engine.prompts import PromptError
 from engine.promptsets import DOMINANT_SHARE, answer_token_stats
-from ui.charts import HEAD_SELECTION, heatmap, heatmap_frame, token_bars
+from ui.charts import heatmap, heatmap_frame, token_bars
+from ui.circuit_views import attribution_view, clicked_head, head_to_head_section, select_head
 from ui.session import analysed_pairs, current_prompt, progress_bar, result_cache, setup_page
 
 model, spec = setup_page(
@@ -64,43 +65,49 @@ elif metric == "effect" and note:
 
 heads, mlps = table.heatmap(metric, group)
 df = heatmap_frame(heads, mlps)
-left, right = st.columns([3, 2])
-with left:
-    event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun", key="heatmap")
-    st.download_button("Heatmap data (CSV)", df.to_csv(index=False).encode(), "patching.csv", "text/csv")
-    top = pd.DataFrame(table.top_heads(int(k), metric, group), columns=["layer", "head", metric])
-    st.markdown("**Key heads** (most negative first)")
-    st.dataframe(top, hide_index=True, width="stretch")
-
-picked = (event.selection.get(HEAD_SELECTION) or []) if event else []
-picked = [p for p in picked if int(p.get("head", -1)) >= 0]
-if picked:
-    layer, head = int(picked[0]["layer"]), int(picked[0]["head"])
-    st.session_state["selected_head"] = (layer, head)
-    ko = set(st.session_state.get("knockout_heads", []))
-    ko.add(f"{layer}.{head}")
-    st.session_state["knockout_heads"] = sorted(ko)
-sel = st.session_state.get("selected_head") or (int(top.iloc[0]["layer"]), int(top.iloc[0]["head"]))
-layer, head = sel
-with right:
-    st.subheader(f"Head {layer}.{head}")
-    try:
-        rep = analyse_prompt(model, current_prompt())
-        row = pd.DataFrame([t.__dict__ for t in prompt_attention(model, rep.ids, layer, head)])
-        row["label"] = [f"{i}:{t}" for i, t in zip(row.position, row.token)]
-        st.caption(f"Attention of the last token of `{current_prompt()}` (change it in the Prompt lab)")
-        st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
-    except PromptError as e:
-        st.error(f"Cannot show the typed prompt's attention: {e}")
-    try:
-        roles, _ = cached_role_attention(model, pairs, cache=cache)
-    except (CacheError, ValueError) as e:
-        st.error(f"Cannot compute the attention by token role: {e}")
-        st.stop()
-    rdf = pd.DataFrame([r.__dict__ for r in roles if r.layer == layer and r.head == head])
-    rdf["role"] = pd.Categorical(rdf["role"], ROLES, ordered=True)
-    st.caption("Mean attention of the last token by token role, over the prompt set")
-    st.altair_chart(token_bars(rdf.sort_values("role"), "role", "value", "attention mass"), width="stretch")
-    st.markdown("**Token roles**\n\n" + "\n".join(f"- **{r}**: {ROLE_DEFINITIONS[r]}" for r in ROLES))
-    st.download_button("Attention by role (CSV)", rdf.to_csv(index=False).encode(), "attention_roles.csv",
-                       "text/csv")
+tab_map, tab_atp = st.tabs(["Heatmap", "Exact vs attribution"])
+with tab_atp:
+    st.caption("Attribution patching (AtP) estimates each sender's effect from one gradient instead of one patch: "
+               "grad(answer logit) · (z_c − z_r), through the last position's MLPs and norms with every other head "
+               "frozen (the same quantity as the heatmap), and for plain activation patching (nothing frozen). Each "
+               "point is a sender: on the dashed line the estimate is exact. Click a head's point to select it.")
+    select_head("atp_click", attribution_view(model, pairs, cache, metric))
+with tab_map:
+    left, right = st.columns([3, 2])
+    with left:
+        event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun", key="heatmap")
+        st.download_button("Heatmap data (CSV)", df.to_csv(index=False).encode(), "patching.csv", "text/csv")
+        top = pd.DataFrame(table.top_heads(int(k), metric, group), columns=["layer", "head", metric])
+        st.markdown("**Key heads** (most negative first)")
+        st.dataframe(top, hide_index=True, width="stretch")
+    clicked = clicked_head(event)
+    if select_head("heatmap_click", clicked):
+        ko = set(st.session_state.get("knockout_heads", []))
+        ko.add(f"{clicked[0]}.{clicked[1]}")
+        st.session_state["knockout_heads"] = sorted(ko)
+    sel = st.session_state.get("selected_head") or (int(top.iloc[0]["layer"]), int(top.iloc[0]["head"]))
+    layer, head = sel
+    with right:
+        st.subheader(f"Head {layer}.{head}")
+        try:
+            rep = analyse_prompt(model, current_prompt())
+            row = pd.DataFrame([t.__dict__ for t in prompt_attention(model, rep.ids, layer, head)])
+            row["label"] = [f"{i}:{t}" for i, t in zip(row.position, row.token)]
+            st.caption(f"Attention of the last token of `{current_prompt()}` (change it in the Prompt lab)")
+            st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
+        except PromptError as e:
+            st.error(f"Cannot show the typed prompt's attention: {e}")
+        try:
+            roles, _ = cached_role_attention(model, pairs, cache=cache)
+        except (CacheError, ValueError) as e:
+            st.error(f"Cannot compute the attention by token role: {e}")
+            st.stop()
+        rdf = pd.DataFrame([r.__dict__ for r in roles if r.layer == layer and r.head == head])
+        rdf["role"] = pd.Categorical(rdf["role"], ROLES, ordered=True)
+        st.caption("Mean attention of the last token by token role, over the prompt set")
+        st.altair_chart(token_bars(rdf.sort_values("role"), "role", "value", "attention mass"), width="stretch")
+        st.markdown("**Token roles**\n\n" + "\n".join(f"- **{r}**: {ROLE_DEFINITIONS[r]}" for r in ROLES))
+        st.download_button("Attention by role (CSV)", rdf.to_csv(index=False).encode(), "attention_roles.csv",
+                           "text/csv")
+        st.subheader(f"What feeds head {layer}.{head}")
+        head_to_head_section(model, pairs, cache, layer, head, metric)

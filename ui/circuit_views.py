@@ -74,8 +74,27 @@ def clicked_head(event) -> tuple[int, int] | None:
     return (int(picked[0]["layer"]), int(picked[0]["head"])) if picked else None
 
 
-def head_to_head_view(model, pairs, cache, layer: int, head: int, metric: str) -> None:
-    """Which earlier heads feed head (layer, head) through its query (or key / value) at END."""
+def select_head(source: str, clicked: tuple[int, int] | None) -> bool:
+    """Make a chart click the selected head (``selected_head``) when it is new for that chart.
+
+    Streamlit keeps a chart's last selection across reruns, so each chart's last click is remembered
+    and only a *new* click selects: the most recent click of any chart wins."""
+    last = f"_last_click_{source}"
+    if clicked is None:
+        st.session_state[last] = None
+        return False
+    if st.session_state.get(last) == clicked:
+        return False
+    st.session_state[last] = clicked
+    st.session_state["selected_head"] = clicked
+    return True
+
+
+def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str) -> None:
+    """Which earlier heads feed head (layer, head) through its query (or key / value) at END.
+
+    Read from the cache when computed before; otherwise a button starts it, with its cost."""
+    from engine.cached import NotCached, cache_only
     if layer == 0:
         st.info(f"Head {layer}.{head} is in layer 0: no earlier head can feed it. Click a head in a later layer.")
         return
@@ -86,27 +105,38 @@ def head_to_head_view(model, pairs, cache, layer: int, head: int, metric: str) -
     rec = Receiver(layer, head, inp)
     n_senders = layer * (model.facts.n_heads + 1)
     try:
-        bar, cb = progress_bar(f"Head -> head into {rec} ({n_senders} senders), batch")
-        vals, _ = cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb)
-        bar.empty()
+        with cache_only():
+            vals, _ = cached_head_path_patching(model, pairs, rec, cache=cache)
+    except NotCached:
+        if not st.button(f"Compute which heads feed {rec} ({n_senders} senders, about {n_senders} forward passes "
+                         f"of the set)", key=f"h2h_go_{rec}"):
+            return
+        try:
+            bar, cb = progress_bar(f"Head -> head into {rec}, batch")
+            vals, _ = cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb)
+            bar.empty()
+        except ERRORS as e:
+            st.error(f"Cannot run head -> head path patching: {e}")
+            return
     except ERRORS as e:
-        st.error(f"Cannot run head -> head path patching: {e}")
+        st.error(f"Cannot read head -> head path patching: {e}")
         return
-    L, H = layer, model.facts.n_heads
-    heads = [[float("nan")] * H for _ in range(L)]
-    mlps = [float("nan")] * L
+    heads = [[float("nan")] * model.facts.n_heads for _ in range(layer)]
+    mlps = [float("nan")] * layer
     for v in vals:
         if v.metric == metric and v.group == "*":
             if v.component == "head":
                 heads[v.layer][v.head] = v.value
-            else:
+            elif v.component == "mlp":
                 mlps[v.layer] = v.value
     df = heatmap_frame(heads, mlps)
-    st.caption(f"Senders below layer {layer}: effect on the answer logit carried only through head {layer}.{head}'s "
-               f"{ {'q': 'query', 'k': 'key', 'v': 'value'}[inp]} at the last position (other heads frozen).")
+    word = {"q": "query", "k": "key", "v": "value"}[inp]
+    st.caption(f"Senders below layer {layer}: the answer logit's change carried only through head {layer}.{head}'s "
+               f"{word} at the last position (every other head frozen). Red = the receiver reads the operation from "
+               f"this sender.")
     st.altair_chart(heatmap(df, metric), width="stretch", key=f"h2h_{rec}")
-    st.download_button("Head -> head data (CSV)", df.to_csv(index=False).encode(), f"head_to_head_{layer}_{head}.csv",
-                       "text/csv")
+    st.download_button("Head -> head data (CSV)", df.to_csv(index=False).encode(),
+                       f"head_to_head_{layer}_{head}_{inp}.csv", "text/csv")
 
 
 def position_view(model, pairs, cache) -> None:

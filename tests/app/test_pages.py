@@ -99,3 +99,23 @@ def test_patching_page_shows_answer_tokens_and_role_definitions():
     _ok(at)
     assert any("of the add prompts have the same first answer token '1'" in w.value for w in at.warning), \
         [w.value for w in at.warning]
+
+
+def test_patching_exact_vs_attribution_tab_and_head_to_head_on_demand():
+    at = page("2_Patching_heatmap.py").run()
+    _ok(at)
+    assert [t.label for t in at.tabs] == ["Heatmap", "Exact vs attribution"]
+    assert any("Spearman" in c.value for c in at.caption)
+    assert any("missed by AtP" in str(list(d.value.columns)) for d in at.dataframe)
+    at.session_state["selected_head"] = (3, 5)
+    at.run()
+    _ok(at)
+    assert "What feeds head 3.5" in [h.value for h in at.subheader]
+    go = [b for b in at.button if b.key == "h2h_go_3.5:q"]
+    assert go and "27 senders" in go[0].label  # 3 layers x (8 heads + MLP)
+    n_charts = _charts(at)
+    go[0].click().run()
+    _ok(at)
+    assert _charts(at) == n_charts + 1  # the head -> head heatmap
+    at.run()  # now read from the cache: no button
+    assert not [b for b in at.button if b.key == "h2h_go_3.5:q"] and _charts(at) == n_charts + 1

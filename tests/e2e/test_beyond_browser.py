@@ -1,0 +1,79 @@
+"""Issue "Beyond path patching" in real Chromium: the exact-vs-attribution tab, a click on a point selects
+its head, and a head's "what feeds it" heatmap is computed on demand; the Information flow page draws."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.e2e.conftest import shot
+from tests.e2e.test_pages_browser import WAIT, _goto, _idle
+
+pytestmark = pytest.mark.e2e
+
+
+def _head_title(page) -> str:
+    return page.locator("h3", has_text=re.compile(r"^Head \d+\.\d+")).first.inner_text()
+
+
+def test_attribution_tab_point_click_and_head_to_head(server, page):
+    _goto(page, server, "Patching_heatmap")
+    page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
+    _idle(page)
+    page.get_by_role("tab", name="Exact vs attribution").click()
+    page.get_by_text("Spearman").first.wait_for(timeout=WAIT)
+    _idle(page)
+    # visible charts of the active tab; the first one on the page is the answer-token bar above the tabs
+    scatter = page.locator("[data-testid='stVegaLiteChart']:visible").nth(1)
+    scatter.wait_for(timeout=WAIT)
+    page.get_by_role("tab", name="Heatmap").click()
+    before = _head_title(page)
+    page.get_by_role("tab", name="Exact vs attribution").click()
+    # find a head's point as a user does: hover the points until the tooltip names another head, click it
+    scatter.scroll_into_view_if_needed()
+    tip = page.locator("#vg-tooltip-element")
+    want = None
+    for point in scatter.locator("g.mark-symbol path").all():
+        point.hover()
+        found = re.search(r"L(\d+)H(\d+)", tip.inner_text()) if tip.count() and tip.is_visible() else None
+        if found and f"Head {found.group(1)}.{found.group(2)}" != before:
+            want = f"Head {found.group(1)}.{found.group(2)}"
+            point.click()
+            break
+    assert want is not None, "no head point found in the scatter"
+    page.get_by_role("tab", name="Heatmap").click()
+    page.wait_for_function("(w) => [...document.querySelectorAll('h3')].some(e => e.innerText === w)", arg=want,
+                           timeout=60_000)
+    _idle(page)
+    shot(page, "attribution_click")
+    # a head in a later layer: click heatmap cells until the selected head is above layer 0
+    page.get_by_role("tab", name="Heatmap").click()
+    heat = page.locator("[data-testid='stVegaLiteChart']:visible").nth(1)
+    for fx, fy in ((0.3, 0.2), (0.5, 0.3), (0.4, 0.15)):
+        if not _head_title(page).startswith("Head 0."):
+            break
+        hb = heat.bounding_box()
+        page.mouse.click(hb["x"] + hb["width"] * fx, hb["y"] + hb["height"] * fy)
+        _idle(page)
+    title = _head_title(page)
+    assert not title.startswith("Head 0."), title
+    button = page.get_by_role("button", name=re.compile(r"^Compute which heads feed"))
+    button.wait_for(timeout=WAIT)
+    n_before = page.locator("[data-testid='stVegaLiteChart']").count()
+    button.click()
+    page.get_by_text(re.compile(r"carried only through head")).first.wait_for(timeout=WAIT)
+    _idle(page)
+    assert page.locator("[data-testid='stVegaLiteChart']").count() == n_before + 1
+    assert page.locator("[data-testid='stException']").count() == 0
+    shot(page, "head_to_head")
+
+
+def test_information_flow_page(server, page):
+    _goto(page, server, "Information_flow")
+    page.get_by_text("Logit lens of the answer").first.wait_for(timeout=WAIT)
+    _idle(page)
+    page.get_by_text(re.compile("the answer is the top token")).first.wait_for(timeout=WAIT)
+    assert page.locator("[data-testid='stVegaLiteChart']").count() == 2
+    assert page.locator("[data-testid='stException']").count() == 0
+    shot(page, "information_flow")
