@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one row per sender (all) or per sender and op / template")
     p.add_argument("--with-prob", action="store_true", help="also the answer-probability metric")
     p.add_argument("--batch-size", type=_positive_int, default=32)
+    p.add_argument("--receiver", default=None, metavar="LAYER.HEAD[:q|k|v]",
+                   help="instead of the answer logit, a head as receiver: every earlier sender's effect carried "
+                        "only through that head's query (default), key or value at END, e.g. 3.1:q")
 
     p = sub.add_parser("knockout", help="accuracy before/after mean-ablating heads / MLPs -> JSON")
     _model_args(p)
@@ -368,6 +371,10 @@ def cmd_accuracy(args) -> int:
 
 def cmd_patch(args) -> int:
     from engine.patching import cached_path_patching
+    if args.receiver is not None:
+        if args.by != "all" or args.with_prob:
+            raise CliError("--receiver gives one row per sender: drop --by and --with-prob")
+        return _circuits_command("head-patch")(args)
     model = _model(args)
     cache = _cache(args)
     pairs = _pairs(args, model, cache)
@@ -590,6 +597,7 @@ def _circuits_command(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 COMMANDS.update({name: _circuits_command(name) for name in ("attribution", "position-patch", "logit-lens")})
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@
     python -m engine attribution    --model SPEC (--prompts F | --op ... --n ...) --out atp.csv
     python -m engine position-patch --model SPEC (--prompts F | --op ... --n ...) --out lp.csv [--group op:add]
     python -m engine logit-lens     --model SPEC (--prompts F | --op ... --n ...) --out lens.csv
+    python -m engine patch --receiver 3.1:q ... --out h2h.csv     (head -> head path patching)
 
 ``attribution`` writes one row per sender -- ``component, layer, head, exact, atp, abs_error`` and
 the activation-patching pair ``exact_total, atp_total`` (mean relative effect over the pairs) --
@@ -112,6 +113,28 @@ def cmd_logit_lens(args, tools: CliTools) -> int:
     return 0
 
 
+def cmd_head_patch(args, tools: CliTools) -> int:
+    """``patch --receiver L.H[:q|k|v]``: every earlier sender's effect through that head's input."""
+    from engine.head_patching import cached_head_path_patching, parse_receiver
+    model = tools.model(args)
+    receiver = parse_receiver(args.receiver, model.facts.n_layers, model.facts.n_heads)
+    cache = tools.cache(args)
+    pairs = tools.pairs(args, model, cache)
+    vals, computed = cached_head_path_patching(model, pairs, receiver, cache=cache)
+    rows: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for v in vals:
+        if v.group == "*" and v.component in ("head", "mlp"):
+            rows.setdefault((v.component, v.layer, v.head), {"component": v.component, "layer": v.layer,
+                                                              "head": v.head})[v.metric] = v.value
+    out = sorted(rows.values(), key=lambda r: (r["layer"], r["component"] == "mlp", r["head"]))
+    tools.write_csv(args.out, out)
+    top = sorted((r for r in out if r["component"] == "head"), key=lambda r: r["logit_diff"])[:5]
+    tools.print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "receiver": str(receiver),
+                 "senders": len(out), "top_senders": top})
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, CliTools], int]] = {
     "attribution": cmd_attribution, "position-patch": cmd_position_patch, "logit-lens": cmd_logit_lens,
+    "head-patch": cmd_head_patch,
 }

@@ -65,3 +65,17 @@ def test_bad_input_one_line_exit_2(cache_file, tmp_path, args, words):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], r.stderr
+
+
+def test_patch_receiver_writes_one_row_per_earlier_sender(cache_file, tmp_path):
+    out = tmp_path / "h2h.csv"
+    r = run_cli("patch", "--model", "organism", "--op", "add", "--n", "6", "--receiver", "2.3:k", "--out", str(out),
+                cache=cache_file)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    rows = _csv(out)
+    assert res["receiver"] == "2.3:k" and len(rows) == res["senders"] == 2 * (8 + 1)
+    assert {int(row["layer"]) for row in rows} == {0, 1}
+    bad = run_cli("patch", "--model", "organism", "--op", "add", "--n", "6", "--receiver", "2.3:x", "--out",
+                  str(out), cache=cache_file)
+    assert bad.returncode == 2 and "choose q, k or v" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
