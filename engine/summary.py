@@ -99,7 +99,7 @@ def _lens(model, pairs, cache) -> Finding:
     try:
         rows, _ = cached_logit_lens(model, pairs, cache=cache)
     except NotCached:
-        return Finding("logit lens", "", "Information_flow", False)
+        return Finding("logit lens", "", "MLP_projections", False)
     overall = [r for r in rows if r.group == "*"]
     first = next((r for r in overall if r.top1 >= 0.5), None)
     last = overall[-1]
@@ -109,4 +109,4 @@ def _lens(model, pairs, cache) -> Finding:
         text = (f"Read through the logit lens, the answer becomes the top token for half of the prompts after "
                 f"{'the embedding' if first.layer < 0 else f'layer {first.layer}'} (P = {first.mean_prob:.2f}), "
                 f"and reaches P = {last.mean_prob:.2f} after the last layer.")
-    return Finding("logit lens", text, "Information_flow", True)
+    return Finding("logit lens", text, "MLP_projections", True)

@@ -10,6 +10,7 @@ from engine.promptlab import analyse_prompt
 from engine.projections import cached_mlp_projections, top_number_tokens
 from engine.prompts import PromptError
 from ui.charts import lines_with_band
+from ui.circuit_views import logit_lens_view
 from ui.session import analysed_pairs, current_prompt, progress_bar, result_cache, setup_page
 
 model, spec = setup_page(
@@ -37,6 +38,12 @@ df["lo"], df["hi"] = df["value"] - df["std"], df["value"] + df["std"]
 st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache"))
 st.altair_chart(lines_with_band(df, "layer", "value", "lo", "hi", "series", "cosine"), width="stretch")
 st.download_button("Projection data (CSV)", df.to_csv(index=False).encode(), "mlp_projections.csv", "text/csv")
+
+st.subheader("Logit lens of the answer")
+st.caption("The residual stream at the last token after each layer, read through the final norm and the "
+           "unembedding: the answer's probability and its rank among all tokens. Where the MLPs above write the "
+           "answer, the lens shows it appear.")
+logit_lens_view(model, pairs, cache)
 
 st.subheader("Top number tokens of each layer's MLP, on the typed prompt")
 st.caption(f"Prompt: `{current_prompt()}` (change it in the Prompt lab). Score = MLP contribution · W_U[n].")

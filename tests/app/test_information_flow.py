@@ -5,11 +5,11 @@ from __future__ import annotations
 from tests.app.conftest import errors, page
 
 
-def test_information_flow_draws_both_views_and_switches_group_and_metric():
+def test_information_flow_draws_the_heatmap_and_switches_group_and_metric():
     at = page("7_Information_flow.py").run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)
-    assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == 2
+    assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == 1
     assert at.selectbox(key="lp_group").value.startswith("op:")
     at.selectbox(key="lp_group").set_value("*").run()
     at.radio(key="lp_metric").set_value("restored").run()
@@ -17,4 +17,11 @@ def test_information_flow_draws_both_views_and_switches_group_and_metric():
     captions = " ".join(c.value for c in at.caption)
     assert "read from the cache" in captions  # the second run did not recompute
     assert "counted from the last token" in captions
-    assert "the answer is the top token" in captions
+
+
+def test_mlp_projections_page_shows_the_logit_lens():
+    at = page("3_MLP_projections.py").run()
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+    assert "Logit lens of the answer" in [h.value for h in at.subheader]
+    assert any("the answer is the top token" in c.value for c in at.caption)

@@ -71,9 +71,9 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
 
 def test_information_flow_page(server, page):
     _goto(page, server, "Information_flow")
-    page.get_by_text("Logit lens of the answer").first.wait_for(timeout=WAIT)
+    page.get_by_text("Layer x position patching").first.wait_for(timeout=WAIT)
     _idle(page)
-    page.get_by_text(re.compile("the answer is the top token")).first.wait_for(timeout=WAIT)
-    assert page.locator("[data-testid='stVegaLiteChart']").count() == 2
+    page.get_by_text(re.compile("positions are counted from the last token")).first.wait_for(timeout=WAIT)
+    assert page.locator("[data-testid='stVegaLiteChart']").count() == 1
     assert page.locator("[data-testid='stException']").count() == 0
     shot(page, "information_flow")
