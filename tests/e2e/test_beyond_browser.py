@@ -24,8 +24,8 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
     page.get_by_role("tab", name="Exact vs attribution").click()
     page.get_by_text("Spearman").first.wait_for(timeout=WAIT)
     _idle(page)
-    # visible charts of the active tab; the first one on the page is the answer-token bar above the tabs
-    scatter = page.locator("[data-testid='stVegaLiteChart']:visible").nth(1)
+    # the first chart of the active tab
+    scatter = page.locator("[role='tabpanel']:visible [data-testid='stVegaLiteChart']").first
     scatter.wait_for(timeout=WAIT)
     page.get_by_role("tab", name="Heatmap").click()
     before = _head_title(page)
@@ -49,7 +49,7 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
     shot(page, "attribution_click")
     # a head in a later layer: click heatmap cells until the selected head is above layer 0
     page.get_by_role("tab", name="Heatmap").click()
-    heat = page.locator("[data-testid='stVegaLiteChart']:visible").nth(1)
+    heat = page.locator("[role='tabpanel']:visible [data-testid='stVegaLiteChart']").first
     for fx, fy in ((0.3, 0.2), (0.5, 0.3), (0.4, 0.15)):
         if not _head_title(page).startswith("Head 0."):
             break
@@ -74,6 +74,8 @@ def test_information_flow_page(server, page):
     page.get_by_text("Layer x position patching").first.wait_for(timeout=WAIT)
     _idle(page)
     page.get_by_text(re.compile("positions are counted from the last token")).first.wait_for(timeout=WAIT)
+    page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=WAIT)
+    _idle(page)
     assert page.locator("[data-testid='stVegaLiteChart']").count() == 1
     assert page.locator("[data-testid='stException']").count() == 0
     shot(page, "information_flow")
