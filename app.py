@@ -11,7 +11,7 @@ from engine.accuracy import accuracy_report
 from engine.prompts import PromptError
 from engine.promptsets import PromptSetSpec
 from engine.templates import OPS, PAPER_OPS
-from ui.circuit_views import circuit_summary_view
+from ui.circuit_views import circuit_summary_view, report_section
 from ui.session import loaded_model, model_choice, progress_bar, prompt_set_choice, result_cache
 
 st.set_page_config(page_title="Arithmetic-circuits lab", page_icon="🧮", layout="wide")
@@ -51,6 +51,7 @@ except ValueError as e:
     st.error(f"{e}.")
 else:
     circuit_summary_view(model, summary_spec, result_cache())
+    report_section(model, summary_spec, result_cache())
 
 st.subheader("Arithmetic accuracy")
 st.caption(

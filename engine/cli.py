@@ -592,11 +592,12 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def _circuits_command(name: str) -> Callable[[argparse.Namespace], int]:
     from engine import cli_circuits
-    tools = cli_circuits.CliTools(model=_model, cache=_cache, pairs=_pairs, write_csv=_write_csv, print=_print)
+    tools = cli_circuits.CliTools(model=_model, cache=_cache, pairs=_pairs, write_csv=_write_csv, print=_print,
+                                  spec=_spec)
     return lambda args: cli_circuits.COMMANDS[name](args, tools)
 
 
-COMMANDS.update({name: _circuits_command(name) for name in ("attribution", "position-patch", "logit-lens")})
+COMMANDS.update({name: _circuits_command(name) for name in ("attribution", "position-patch", "logit-lens", "report")})
 
 
 

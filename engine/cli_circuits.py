@@ -4,6 +4,7 @@
     python -m engine position-patch --model SPEC (--prompts F | --op ... --n ...) --out lp.csv [--group op:add]
     python -m engine logit-lens     --model SPEC (--prompts F | --op ... --n ...) --out lens.csv
     python -m engine patch --receiver 3.1:q ... --out h2h.csv     (head -> head path patching)
+    python -m engine report --model SPEC [--op ... --n ...] --out report.html [--images DIR]
 
 ``attribution`` writes one row per sender -- ``component, layer, head, exact, atp, abs_error`` and
 the activation-patching pair ``exact_total, atp_total`` (mean relative effect over the pairs) --
@@ -28,6 +29,7 @@ class CliTools:
     pairs: Callable[[argparse.Namespace, Any, Any], list]
     write_csv: Callable[[Path, list[dict[str, Any]]], None]
     print: Callable[[Any], None]
+    spec: Callable[[argparse.Namespace], Any]
 
 
 def add_parsers(sub, model_args: Callable, set_args: Callable) -> None:
@@ -45,6 +47,14 @@ def add_parsers(sub, model_args: Callable, set_args: Callable) -> None:
     p.add_argument("--out", required=True, type=Path, help="output .csv, one row per group, layer and position")
     p.add_argument("--group", default=None,
                    help="only this group: '*', op:add, template:<id> (default: every group)")
+
+    p = sub.add_parser("report", help="one self-contained HTML report of the analysis (opens offline)")
+    model_args(p)
+    set_args(p, "paper", with_file=False)
+    p.add_argument("--out", required=True, type=Path, help="output .html")
+    p.add_argument("--images", type=Path, default=None, help="also write every chart as SVG and PNG in this folder")
+    p.add_argument("--k-max", type=int, default=10, help="knockout curve up to k heads (default 10)")
+    p.add_argument("--draws", type=int, default=5, help="random draws per k of the knockout curve (default 5)")
 
     p = sub.add_parser("logit-lens", help="the answer's probability and rank at END after every layer -> CSV")
     model_args(p)
@@ -134,7 +144,24 @@ def cmd_head_patch(args, tools: CliTools) -> int:
     return 0
 
 
+def cmd_report(args, tools: CliTools) -> int:
+    """``report``: every number of the paper's steps on the set, as one HTML file (+ chart images)."""
+    from engine.report import build_report
+    from ui.report import chart_images, render_html  # the dashboard's own charts (no Streamlit there)
+    if args.k_max < 1 or args.draws < 1:
+        raise ValueError("--k-max and --draws must be at least 1")
+    model = tools.model(args)
+    cache = tools.cache(args)
+    rep = build_report(model, tools.spec(args), cache, k_max=args.k_max, draws=args.draws)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render_html(rep), encoding="utf-8")
+    images = [str(p) for p in chart_images(rep, args.images)] if args.images else []
+    tools.print({"out": str(args.out), "bytes": args.out.stat().st_size, "prompt_set": rep.prompt_set,
+                 "top_heads": rep.top_heads[:3], "images": images})
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, CliTools], int]] = {
     "attribution": cmd_attribution, "position-patch": cmd_position_patch, "logit-lens": cmd_logit_lens,
-    "head-patch": cmd_head_patch,
+    "head-patch": cmd_head_patch, "report": cmd_report,
 }

@@ -224,3 +224,24 @@ def circuit_summary_view(model, spec, cache) -> None:
         else:
             c1.markdown(f"**{step}.** _not computed yet for this set: open the page to compute it._")
         c2.page_link(pages[f.page], label=f.page.replace("_", " "))
+
+
+def report_section(model, spec, cache) -> None:
+    """Build the shareable HTML report of the sidebar's prompt set (computing what is missing), then offer it."""
+    from engine.report import STEPS, build_report
+    from ui.report import render_html
+    key = f"report:{model.facts.fingerprint}:{sorted(spec.to_params().items())}"
+    if st.button("Build the report of this prompt set", key="report_build",
+                 help="Accuracy, path patching, the top heads' attention, MLP projections, logit lens and the "
+                      "knockout curve, with the model fingerprint, the prompt-set definition and the versions, "
+                      f"as one HTML file that opens offline ({len(STEPS)} steps; cached results are reused)."):
+        try:
+            bar, cb = progress_bar("Building the report, step")
+            st.session_state[key] = render_html(build_report(model, spec, cache, progress=cb))
+            bar.empty()
+        except ERRORS as e:
+            st.error(f"Cannot build the report: {e}")
+            return
+    if key in st.session_state:
+        st.download_button("Download report (HTML)", st.session_state[key].encode(), "arithmetic_circuits_report.html",
+                           "text/html", key="report_download")

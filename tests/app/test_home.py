@@ -81,3 +81,15 @@ def test_home_circuit_summary_appears_after_patching_ran():
     text = " ".join(m.value for m in at.markdown)
     assert "**Key heads.**" in text and f"{int(top['layer'])}.{int(top['head'])} (" in text
     assert "**Attention.**" in text and "**MLPs.**" in text
+
+
+def test_home_builds_the_report_and_offers_it_for_download():
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.session_state["prompt_set"] = {"ops": ["add", "mul"], "families": "paper (36 templates)", "n": 8, "seed": 0}
+    at.run()
+    assert not at.exception, at.exception
+    at.button(key="report_build").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    html = at.session_state[[k for k in at.session_state if str(k).startswith("report:")][0]]
+    assert html.startswith("<!DOCTYPE html>") and html.count('class="chart"') == 5 and "vegaEmbed" in html

@@ -1,0 +1,118 @@
+"""A shareable report of the paper's analysis on one model and prompt set (data only; see ``ui/report.py``).
+
+Gathers, through the result cache (computing what is missing), the numbers of the paper's steps on
+the chosen prompt set: accuracy per operation, path patching (every head and MLP), the top heads'
+attention by token role, MLP projections, the logit lens and the Fig. 3 knockout curve -- plus what
+is needed to reproduce them: the model's fingerprint and facts, the prompt-set definition and hash,
+and the versions of the packages that computed them.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.prompts import prompt_set_hash
+
+ProgressFn = Callable[[int, int], None]
+PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
+STEPS = ("prompt set", "path patching", "attention", "MLP projections", "logit lens", "knockout curve")
+
+
+@dataclass
+class Report:
+    title: str
+    created: str
+    model: dict[str, Any]
+    prompt_set: dict[str, Any]
+    versions: dict[str, str]
+    accuracy: list[dict[str, Any]]                  # per op: n generated, n kept
+    patching: list[dict[str, Any]]                  # component, layer, head, effect, logit_diff
+    top_heads: list[dict[str, Any]]                 # layer, head, effect
+    roles: list[dict[str, Any]]                     # top heads' layer, head, role, value
+    projections: list[dict[str, Any]]               # layer, metric, value, std
+    lens: list[dict[str, Any]]                      # layer, mean_prob, median_rank, top1
+    knockout: list[dict[str, Any]]                  # k, top_accuracy, random_mean, ...
+    notes: list[str] = field(default_factory=list)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parents[1], check=False).stdout.strip()
+    except OSError:
+        rev = ""
+    out["arithmetic-circuits lab"] = rev or "unknown"
+    return out
+
+
+def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: int = 3,
+                 progress: ProgressFn | None = None) -> Report:
+    """Every number of the report for ``model`` on the prompt set ``spec`` (cached where possible)."""
+    from engine.ablation import cached_knockout_curve
+    from engine.accuracy import kept_pairs
+    from engine.attention import cached_role_attention
+    from engine.logit_lens import cached_logit_lens
+    from engine.patching import cached_path_patching
+    from engine.projections import cached_mlp_projections
+
+    def step(i: int) -> None:
+        if progress is not None:
+            progress(i, len(STEPS))
+
+    f = model.facts
+    pairs, n_generated = kept_pairs(model, spec, cache=cache)
+    if not pairs:
+        raise ValueError("the model answers none of these prompts right: pick other operations or another model")
+    step(1)
+    table, _ = cached_path_patching(model, pairs, cache=cache)
+    ranking = table.ranking_metric()
+    patching: dict[tuple, dict[str, Any]] = {}
+    for v in table.values:
+        if v.group == "*" and v.component in ("head", "mlp") and v.metric in ("effect", "logit_diff"):
+            patching.setdefault((v.layer, v.component == "mlp", v.head),
+                                {"component": v.component, "layer": v.layer, "head": v.head})[v.metric] = v.value
+    top = table.top_heads(max(top_k, k_max), ranking)
+    step(2)
+    roles, _ = cached_role_attention(model, pairs, cache=cache)
+    wanted = {(layer, h) for layer, h, _ in top[:top_k]}
+    step(3)
+    proj, _ = cached_mlp_projections(model, pairs, cache=cache)
+    step(4)
+    lens, _ = cached_logit_lens(model, pairs, cache=cache)
+    step(5)
+    k_max = min(k_max, f.n_layers * f.n_heads)
+    curve, _ = cached_knockout_curve(model, pairs, [(layer, h) for layer, h, _ in top[:k_max]], k_max=k_max,
+                                     draws=draws, seed=spec.seed, cache=cache)
+    step(6)
+    kept: dict[str, int] = {}
+    for p in pairs:
+        kept[p.op] = kept.get(p.op, 0) + 1
+    notes = [n for n in (table.effect_note(),) if n]
+    return Report(
+        title=f"Arithmetic circuits of {f.spec}",
+        created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        model=f.to_dict(),
+        prompt_set={**spec.to_params(), "hash": prompt_set_hash(pairs), "n_generated": n_generated,
+                    "n_kept": len(pairs)},
+        versions=versions(),
+        accuracy=[{"op": op, "kept": n} for op, n in sorted(kept.items())],
+        patching=[patching[k] for k in sorted(patching)],
+        top_heads=[{"layer": layer, "head": h, ranking: e} for layer, h, e in top[:max(top_k, 5)]],
+        roles=[r.__dict__ for r in roles if (r.layer, r.head) in wanted],
+        projections=[v.__dict__ for v in proj],
+        lens=[r.__dict__ for r in lens if r.group == "*"],
+        knockout=[p.__dict__ for p in curve],
+        notes=notes,
+    )
