@@ -181,6 +181,10 @@ class AnswerTokenStats:
                 f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. Use a balanced "
                 f"set (the default; the CLI's --no-balance turns it off) or other operations/operands.")
 
+    def summary(self) -> str:
+        """One line (Markdown) for the pages: each token with its count and share."""
+        return " · ".join(f"`{t}` {c} ({c / self.n:.0%})" for t, c in self.counts.items())
+
     def to_json(self) -> dict[str, Any]:
         return {"n": self.n, "counts": self.counts, "per_op": self.per_op, "top_op": self.top_op,
                 "top_token": self.top_token, "top_share": round(self.top_share, 4), "warning": self.warning}

@@ -46,7 +46,7 @@ st.caption(f"{len(pairs)} of {n_gen} prompt pairs answered right · "
 stats = answer_token_stats(model.tokenizer, pairs)
 with st.container(border=True):
     st.markdown(f"**First answer tokens of these {stats.n} prompts** (the token whose logit the heatmap measures): "
-                + " · ".join(f"`{t}` {c} ({c / stats.n:.0%})" for t, c in stats.counts.items()))
+                + stats.summary())
     if stats.warning:
         st.warning(stats.warning)
     st.caption(f"Largest share within one operation: `{stats.top_token}`, {stats.top_share:.0%} of the "
