@@ -99,3 +99,25 @@ def test_patch_csv_and_second_call_cached(cache_file, tmp_path):
     second = run_cli(*args, cache=cache_file)
     assert json.loads(second.stdout)["cached"] is True
     assert list(csv.DictReader(out.open())) == rows
+
+
+def test_prompts_reports_why_prompts_were_dropped(cache_file, tmp_path):
+    # exponentiation: a skill the bundled model was never taught, so most prompts are answered wrong
+    out = tmp_path / "pow.jsonl"
+    r = run_cli("prompts", "--model", "organism", "--op", "pow", "--n", "12", "--seed", "0", "--show-dropped",
+                "--out", str(out), cache=cache_file)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["balanced"] is True and s["candidates"] > s["generated"] == 12
+    assert s["dropped"] == sum(s["dropped_by_reason"].values()) == len(s["dropped_prompts"]) > 0
+    wrong = [d for d in s["dropped_prompts"] if d["reason"] == "wrong answer"]
+    assert len(wrong) == s["generated"] - s["kept"] and s["kept"] == len(out.read_text().splitlines())
+    assert all(d["model_token"] != d["answer_token"] for d in wrong)
+    assert s["answer_tokens"]["n"] == s["kept"]
+
+
+def test_every_subcommand_defaults_to_the_paper_templates():
+    from engine.cli import build_parser
+    for cmd in ("prompts --out x", "accuracy", "patch --out x", "knockout", "knockout-curve --out x",
+                "attention --out x", "mlp-projection --out x", "transfer"):
+        assert build_parser().parse_args(cmd.split()).families == "paper", cmd
