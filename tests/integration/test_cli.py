@@ -121,3 +121,22 @@ def test_every_subcommand_defaults_to_the_paper_templates():
     for cmd in ("prompts --out x", "accuracy", "patch --out x", "knockout", "knockout-curve --out x",
                 "attention --out x", "mlp-projection --out x", "transfer"):
         assert build_parser().parse_args(cmd.split()).families == "paper", cmd
+
+
+def test_patch_guards_the_relative_effect_on_a_random_init_model(cache_file, tmp_path):
+    """Random weights: answer logits near 0 or negative -- the relative effect would flip or explode."""
+    from engine.organism import build_tokenizer
+    from engine.prompts import write_jsonl
+    from engine.promptsets import PromptSetSpec, generate
+    from tests.integration.tiny_models import build_tiny_model
+    model_dir = build_tiny_model("qwen2", tmp_path / "tiny")
+    pairs, _ = generate(build_tokenizer(), PromptSetSpec(ops=("add",), n=10, seed=0))
+    write_jsonl(str(tmp_path / "p.jsonl"), pairs)  # as given: not filtered to right answers
+    r = run_cli("patch", "--model", str(model_dir), "--prompts", str(tmp_path / "p.jsonl"), "--out",
+                str(tmp_path / "e.csv"), cache=cache_file)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    guard = s["effect_guard"]
+    assert guard["excluded_pairs"] > 5 and guard["ranked_by"] == "logit_diff"  # measured: all 10 below 1
+    assert f"{guard['excluded_pairs']} of 10 prompt pairs" in guard["note"] and "logit_diff" in guard["note"]
+    assert all("logit_diff" in h and "effect" not in h for h in s["top_heads"])
