@@ -9,7 +9,7 @@ import streamlit as st
 from cache import CacheError
 from engine.accuracy import accuracy_report
 from engine.prompts import PromptError
-from engine.promptsets import PromptSetSpec
+from engine.promptsets import PromptSetSpec, answer_token_stats, generate
 from engine.templates import OPS, PAPER_OPS
 from ui.circuit_views import circuit_summary_view, report_section
 from ui.session import loaded_model, model_choice, progress_bar, prompt_set_choice, result_cache
@@ -83,6 +83,10 @@ except (PromptError, CacheError) as e:
 
 df = pd.DataFrame([r.__dict__ for r in rows])
 st.caption("Computed now and stored in the result cache." if computed else "Read from the result cache.")
+stats = answer_token_stats(model.tokenizer, generate(model.tokenizer, spec)[0])  # tokenization only
+st.markdown(f"First answer tokens of these {stats.n} prompts (balanced, README: balance rule): {stats.summary()}")
+if stats.warning:
+    st.warning(stats.warning)
 per_op = df[df.template == "*"].drop(columns="template").set_index("op")
 st.dataframe(per_op.style.format({"first_token": "{:.1%}", "full_answer": "{:.1%}",
                                   "mean_p_answer": "{:.3f}"}), width="stretch")

@@ -348,6 +348,7 @@ def cmd_prompts(args) -> int:
         res["answer_tokens"] = _answer_token_summary(model, kept)
     if args.show_dropped:
         res["dropped_prompts"] = dropped
+        res["kept_counterfactual_still_answers_prompts"] = [p.cf_text for p, s in zip(kept, cf_scores) if s.first_ok]
     print(json.dumps(res))
     return 0
 

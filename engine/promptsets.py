@@ -178,8 +178,14 @@ class AnswerTokenStats:
         if self.top_share <= DOMINANT_SHARE:
             return None
         return (f"{self.top_share:.0%} of the {self.top_op} prompts have the same first answer token "
-                f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. Use a balanced "
-                f"set (the default; the CLI's --no-balance turns it off) or other operations/operands.")
+                f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. "
+                f"Use a balanced set (the default; the CLI's --no-balance turns it off); if it is balanced "
+                f"already, keeping only the prompts the model answers right unbalanced it: use more prompts or "
+                f"other operations.")
+
+    def summary(self) -> str:
+        """One line (Markdown) for the pages: each token with its count and share."""
+        return " · ".join(f"`{t}` {c} ({c / self.n:.0%})" for t, c in self.counts.items())
 
     def to_json(self) -> dict[str, Any]:
         return {"n": self.n, "counts": self.counts, "per_op": self.per_op, "top_op": self.top_op,

@@ -46,15 +46,14 @@ st.caption(f"{len(pairs)} of {n_gen} prompt pairs answered right · "
 
 stats = answer_token_stats(model.tokenizer, pairs)
 with st.container(border=True):
-    st.markdown(f"**First answer tokens of these {stats.n} prompts** — the token whose logit the heatmap "
-                f"measures. Largest share: `{stats.top_token}`, {stats.top_share:.0%} of the {stats.top_op} "
-                f"prompts (a warning above {DOMINANT_SHARE:.0%}).")
-    st.altair_chart(token_bars(pd.DataFrame({"token": list(stats.counts), "prompts": list(stats.counts.values())}),
-                               "token", "prompts", "prompts", fmt="d").properties(height=140), width="stretch")
+    st.markdown(f"**First answer tokens of these {stats.n} prompts** (the token whose logit the heatmap measures): "
+                + stats.summary())
     if stats.warning:
         st.warning(stats.warning)
-    st.caption("Sets are balanced by default: candidates are taken round-robin over their first answer token, "
-               "so no token (e.g. the '1' of every sum from 10 to 18) holds more than its share.")
+    st.caption(f"Largest share within one operation: `{stats.top_token}`, {stats.top_share:.0%} of the "
+               f"{stats.top_op} prompts (a warning above {DOMINANT_SHARE:.0%}). Sets are balanced by default: "
+               f"candidates are taken round-robin over their first answer token, so no token (e.g. the '1' of "
+               f"every sum from 10 to 18) holds more than its share.")
 
 note = table.effect_note(group)
 if metric == "effect" and table.ranking_metric(group) == "logit_diff":

@@ -32,6 +32,8 @@ def test_home_shows_facts_and_accuracy():
     assert ops == ["add", "div", "mul", "sub"]
     assert (at.dataframe[0].value["first_token"] >= 0.9).all()
     assert any("result cache" in c.value for c in at.caption)
+    shown = [m.value for m in at.markdown if "First answer tokens of these 400 prompts" in m.value]
+    assert shown and "`1`" in shown[0] and not at.warning  # balanced: no token holds more than 40 %
 
 
 def test_second_visit_reads_from_cache():

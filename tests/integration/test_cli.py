@@ -99,3 +99,44 @@ def test_patch_csv_and_second_call_cached(cache_file, tmp_path):
     second = run_cli(*args, cache=cache_file)
     assert json.loads(second.stdout)["cached"] is True
     assert list(csv.DictReader(out.open())) == rows
+
+
+def test_prompts_reports_why_prompts_were_dropped(cache_file, tmp_path):
+    # exponentiation: a skill the bundled model was never taught, so most prompts are answered wrong
+    out = tmp_path / "pow.jsonl"
+    r = run_cli("prompts", "--model", "organism", "--op", "pow", "--n", "12", "--seed", "0", "--show-dropped",
+                "--out", str(out), cache=cache_file)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["balanced"] is True and s["candidates"] > s["generated"] == 12
+    assert s["dropped"] == sum(s["dropped_by_reason"].values()) == len(s["dropped_prompts"]) > 0
+    wrong = [d for d in s["dropped_prompts"] if d["reason"] == "wrong answer"]
+    assert len(wrong) == s["generated"] - s["kept"] and s["kept"] == len(out.read_text().splitlines())
+    assert all(d["model_token"] != d["answer_token"] for d in wrong)
+    assert s["answer_tokens"]["n"] == s["kept"]
+
+
+def test_every_subcommand_defaults_to_the_paper_templates():
+    from engine.cli import build_parser
+    for cmd in ("prompts --out x", "accuracy", "patch --out x", "knockout", "knockout-curve --out x",
+                "attention --out x", "mlp-projection --out x", "transfer"):
+        assert build_parser().parse_args(cmd.split()).families == "paper", cmd
+
+
+def test_patch_guards_the_relative_effect_on_a_random_init_model(cache_file, tmp_path):
+    """Random weights: answer logits near 0 or negative -- the relative effect would flip or explode."""
+    from engine.organism import build_tokenizer
+    from engine.prompts import write_jsonl
+    from engine.promptsets import PromptSetSpec, generate
+    from tests.integration.tiny_models import build_tiny_model
+    model_dir = build_tiny_model("qwen2", tmp_path / "tiny")
+    pairs, _ = generate(build_tokenizer(), PromptSetSpec(ops=("add",), n=10, seed=0))
+    write_jsonl(str(tmp_path / "p.jsonl"), pairs)  # as given: not filtered to right answers
+    r = run_cli("patch", "--model", str(model_dir), "--prompts", str(tmp_path / "p.jsonl"), "--out",
+                str(tmp_path / "e.csv"), cache=cache_file)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    guard = s["effect_guard"]
+    assert guard["excluded_pairs"] > 5 and guard["ranked_by"] == "logit_diff"  # measured: all 10 below 1
+    assert f"{guard['excluded_pairs']} of 10 prompt pairs" in guard["note"] and "logit_diff" in guard["note"]
+    assert all("logit_diff" in h and "effect" not in h for h in s["top_heads"])

@@ -21,7 +21,8 @@ import pytest
 from engine.attention import FIRST_TOKEN, ROLE_DEFINITIONS, ROLES, token_roles
 from engine.organism import build_tokenizer
 from engine.prompts import Problem, build_pair, prompt_set_hash, typed_prompt_ids
-from engine.promptsets import BALANCE_OVERSAMPLE, DOMINANT_SHARE, PromptSetSpec, answer_token_stats, generate, generate_set
+from engine.promptsets import (BALANCE_OVERSAMPLE, DOMINANT_SHARE, PromptSetSpec, answer_token_stats, generate,
+                               generate_set)
 from engine.templates import Template
 
 CORPUS = [f"{a} + {b} = {a + b}. The sum of {a} and {b} is {a + b}. Q: What is {a} times {b}? A: {a * b}. "

@@ -58,7 +58,8 @@ def test_more_than_half_left_out_falls_back_to_logit_diff():
     assert "ranked by logit_diff" in table.effect_note()
     top = table.top_heads(1)
     assert top[0][:2] == (1, 0) and math.isclose(top[0][2], -2.0)  # a logit difference, not a ratio
-    assert math.isclose(table.top_heads(1, "effect")[0][2], -2 / 10, rel_tol=1e-6) # the effect is still there, from pair 0 only
+    # the effect is still there, from pair 0 only
+    assert math.isclose(table.top_heads(1, "effect")[0][2], -2 / 10, rel_tol=1e-6)
 
 
 def test_every_pair_left_out_gives_no_effect_value_but_logit_diff():
