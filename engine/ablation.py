@@ -228,6 +228,19 @@ def distinct_knockouts(kos: Sequence[Knockout], n_layers: int, n_heads: int) -> 
     return list(dict.fromkeys(ko.validate(n_layers, n_heads) for ko in kos))
 
 
+def length_chunks(pairs: Sequence[PromptPair], tokens_per_pass: int) -> list[list[int]]:
+    """Indices of ``pairs`` in chunks of equal prompt length (so no padding), each chunk at most
+    ``tokens_per_pass`` tokens (one prompt at least)."""
+    by_len: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(pairs):
+        by_len[len(p.ref_ids)].append(i)
+    out = []
+    for length, idx in sorted(by_len.items()):
+        cap = max(1, tokens_per_pass // max(length, 1))
+        out += [idx[j:j + cap] for j in range(0, len(idx), cap)]
+    return out
+
+
 @torch.no_grad()
 def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequence[Knockout],
                         means: MeanActivations, *, sets_per_pass: int | None = None,
@@ -235,11 +248,12 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
                         progress: ProgressFn | None = None) -> list[float]:
     """First-token accuracy of the reference prompts under each knockout of ``kos``.
 
-    Each **distinct** knockout set is evaluated once, reading only the END position's logits; several
-    sets share one forward pass (the prompts repeated, each copy with its own head mask):
-    ``sets_per_pass`` of them, or as many as fit ``tokens_per_pass`` (rows x padded width).  So
-    the forward passes number ceil(distinct sets / sets per pass) per chunk of prompts.
-    ``progress(done, total)`` is called after every pass (knockout sets evaluated so far).
+    Each **distinct** knockout set is evaluated once, reading only the END position's logits.  The
+    prompts go in chunks of equal length (no padding, see :func:`length_chunks`), and several sets
+    share one forward pass (the chunk repeated, each copy with its own head mask): ``sets_per_pass``
+    of them, or as many as fit ``tokens_per_pass``.  So the forward passes number, per chunk,
+    ceil(distinct sets / sets per pass).  ``progress(done, total)`` is called after every pass
+    (chunk x knockout-set evaluations so far); an exception raised there stops the computation.
     """
     if not pairs:
         raise ValueError("no prompt pairs")
@@ -248,28 +262,25 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
     distinct = distinct_knockouts(valid, L, H)
     if not distinct:
         return []
-    pad = _pad_id(backend)
-    ids_all, mask_all, end_all = _pad([p.ref_ids for p in pairs], pad)
-    width = ids_all.shape[1]
-    chunk_n = max(1, min(len(pairs), tokens_per_pass // max(width, 1)))
-    per_pass = sets_per_pass or max(1, tokens_per_pass // (chunk_n * width))
     answers = torch.tensor([p.answer_id for p in pairs])
     right = torch.zeros(len(distinct), dtype=torch.long)
     heads_all, mlps_all = head_masks(distinct, L, H)
-    total = len(distinct) * -(-len(pairs) // chunk_n)
-    done = 0
-    for s in range(0, len(pairs), chunk_n):
-        chunk = pairs[s:s + chunk_n]
-        n = len(chunk)
-        ids, mask, end = ids_all[s:s + n], mask_all[s:s + n], end_all[s:s + n]
+    chunks = length_chunks(pairs, tokens_per_pass)
+    total, done = len(distinct) * len(chunks), 0
+    for idx in chunks:
+        chunk = [pairs[i] for i in idx]
+        n, width = len(chunk), len(chunk[0].ref_ids)
+        ids = torch.tensor([p.ref_ids for p in chunk])  # [n, width]: equal lengths, no padding
+        end = torch.full((n,), width - 1)
+        per_pass = sets_per_pass or max(1, tokens_per_pass // (n * width))
         for g in range(0, len(distinct), per_pass):
             m = min(per_pass, len(distinct) - g)
             hm = heads_all[g:g + m].repeat_interleave(n, 0)  # [m * n, L, H]: set-major rows
             mm = mlps_all[g:g + m].repeat_interleave(n, 0)
             with knocked_out_rows(backend, hm, mm, means, [p.template for p in chunk] * m, end.tolist() * m):
-                lg = backend.end_logits(ids.repeat(m, 1), mask.repeat(m, 1), end.repeat(m))  # [m * n, vocab]
+                lg = backend.end_logits(ids.repeat(m, 1), None, end.repeat(m))  # [m * n, vocab]
             pred = lg.argmax(-1).cpu().view(m, n)
-            right[g:g + m] += (pred == answers[s:s + n][None, :]).sum(1)
+            right[g:g + m] += (pred == answers[idx][None, :]).sum(1)
             done += m
             if progress is not None:
                 progress(done, total)

@@ -18,11 +18,10 @@ import math
 import pytest
 import torch
 
-from engine.ablation import (Knockout, curve_knockouts, knockout_accuracies, knockout_accuracy, knockout_curve,
-                             mean_activations)
+from engine.ablation import (DEFAULT_TOKENS_PER_PASS, Knockout, curve_knockouts, knockout_accuracies,
+                             knockout_accuracy, knockout_curve, length_chunks, mean_activations)
 from engine.accuracy import keep_correct, score_pairs
 from engine.backend import WorkMeter, open_model
-from engine.patching import _pad_id
 from engine.promptsets import PromptSetSpec, generate
 
 
@@ -38,7 +37,7 @@ def pairs(organism):
 
 
 def _padded(backend, seqs):
-    pad = _pad_id(backend)
+    pad = backend.tokenizer.pad_token_id or backend.tokenizer.eos_token_id or 0
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -82,7 +81,10 @@ def test_knockout_curve_forward_calls_equal_distinct_sets(organism, pairs, k_max
     finally:
         if handle is not None:
             handle.remove()
-    assert organism.meter.forward_calls == math.ceil(distinct / per_pass)
+    chunks = length_chunks(pairs, DEFAULT_TOKENS_PER_PASS)  # prompts of equal length: no padding
+    assert 1 < len(chunks) == len({len(p.ref_ids) for p in pairs})
+    assert organism.meter.forward_calls == len(chunks) * math.ceil(distinct / per_pass)
+    assert organism.meter.body_tokens == sum(len(p.ref_ids) for p in pairs) * distinct
     if handle is not None:
         assert len(embed_calls) == organism.meter.forward_calls
     assert organism.meter.unembed_rows == distinct * len(pairs)  # END rows only
@@ -150,6 +152,8 @@ def test_transfer_knockouts_one_pass_per_set(organism):
     organism.meter = WorkMeter()
     seen = []
     res = transfer(organism, a, b, k=3, progress=lambda d, t: seen.append((d, t)))
-    assert organism.meter.forward_calls == patch_calls + 2  # + one knockout pass per set (3 knockouts)
+    # + one knockout pass per set and prompt length (3 knockouts: none, own, other's)
+    n_chunks = len(length_chunks(a, DEFAULT_TOKENS_PER_PASS)) + len(length_chunks(b, DEFAULT_TOKENS_PER_PASS))
+    assert organism.meter.forward_calls == patch_calls + n_chunks
     assert res.a.accuracy_ko_own <= res.a.accuracy
     assert seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == sorted(d for d, _ in seen)
