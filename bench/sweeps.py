@@ -37,18 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.ablation import (Knockout, curve_knockouts, distinct_knockouts, knockout_accuracies,  # noqa: E402
                              knockout_accuracy, knockout_curve, mean_activations)
 from engine.accuracy import score_pairs  # noqa: E402
-from engine.backend import open_model  # noqa: E402
+from engine.backend import macs_per_position, open_model  # noqa: E402
 from engine.patching import cached_path_patching  # noqa: E402
 from engine.promptsets import PromptSetSpec, generate  # noqa: E402
-
-
-def macs_per_position(facts) -> tuple[float, float, float]:
-    """(blocks, unembedding, one MLP branch) multiply-accumulates per position."""
-    d, hd = facts.d_model, facts.d_head
-    attn = 2 * d * facts.n_heads * hd + 2 * d * facts.n_kv_heads * hd  # q, o + k, v
-    gated = facts.model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma")
-    mlp = (3 if gated else 2) * d * facts.d_mlp
-    return facts.n_layers * (attn + mlp), d * facts.vocab_size, mlp
 
 
 @dataclass

@@ -30,6 +30,7 @@ import torch
 from engine import hooks
 from engine.backend import ModelBackend
 from engine.patching import _pad, _pad_id
+from engine.progress import current_check
 from engine.prompts import PromptPair
 
 ProgressFn = Callable[[int, int], None]
@@ -205,6 +206,12 @@ def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: t
 
     edits = [(hooks.attn_z(layer), z_edit(layer)) for layer in range(L) if bool(head_mask[:, layer].any())]
     edits += [(hooks.mlp_out(layer), mlp_edit(layer)) for layer in range(L) if bool(mlp_mask[:, layer].any())]
+    check = current_check()
+    if check is not None:  # a stop request ends the pass at the next layer, not at its end
+
+        def probe(act: torch.Tensor) -> None:
+            check()
+        edits += [(hooks.resid_pre(layer), probe) for layer in range(L)]
     with backend.hooks(edits):
         yield
 
@@ -399,6 +406,19 @@ def knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_he
     return out
 
 
+def _curve_params(backend: ModelBackend, ranked_heads: Sequence[tuple[int, int]], k_max: int, draws: int,
+                  seed: int) -> dict:
+    return {"ranked": [list(h) for h in ranked_heads[:k_max]], "k_max": k_max, "draws": draws, "seed": seed,
+            "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned"}
+
+
+def _curve_points(rows) -> list[CurvePoint]:
+    by_k: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        by_k[int(r.layer)][r.metric] = float(r.value)
+    return [CurvePoint(k, **v) for k, v in sorted(by_k.items())]
+
+
 def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
                           ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
                           cache=None, progress: ProgressFn | None = None) -> tuple[list[CurvePoint], bool]:
@@ -412,10 +432,29 @@ def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
         return [ResultRow(layer=p.k, head=None, label=None, metric=m, value=getattr(p, m))
                 for p in pts for m in ("top_accuracy", "random_mean", "random_std", "random_min", "random_max")], None
 
-    params = {"ranked": [list(h) for h in ranked_heads[:k_max]], "k_max": k_max, "draws": draws, "seed": seed,
-              "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned"}
+    params = _curve_params(backend, ranked_heads, k_max, draws, seed)
     rows, _, computed = run_cached(backend, pairs, "knockout_curve", params, compute, cache)
-    by_k: dict[int, dict[str, float]] = defaultdict(dict)
-    for r in rows:
-        by_k[int(r.layer)][r.metric] = float(r.value)
-    return [CurvePoint(k, **v) for k, v in sorted(by_k.items())], computed
+    return _curve_points(rows), computed
+
+
+def stored_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
+                          ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
+                          cache=None) -> list[CurvePoint] | None:
+    """The curve of :func:`cached_knockout_curve` if the cache holds it, else None (no forward pass)."""
+    from engine.cached import stored
+    hit = stored(backend, pairs, "knockout_curve", _curve_params(backend, ranked_heads, k_max, draws, seed), cache)
+    return None if hit is None else _curve_points(hit[0])
+
+
+def curve_cost(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]], *,
+               k_max: int, draws: int, seed: int = 0) -> float:
+    """Forward-equivalents the curve costs: distinct knockout sets x one END-only pass of the prompts
+    (the blocks at every real token, the unembedding at END), relative to one padded full-logits pass."""
+    from engine.backend import macs_per_position
+    f = backend.facts
+    plan = curve_knockouts(f.n_layers, f.n_heads, ranked_heads, k_max=k_max, draws=draws, seed=seed)
+    n_sets = len(distinct_knockouts([ko for _, top, rand in plan for ko in [top, *rand]], f.n_layers, f.n_heads))
+    body, unembed, _ = macs_per_position(f)
+    real = sum(len(p.ref_ids) for p in pairs)
+    padded = len(pairs) * max(len(p.ref_ids) for p in pairs)
+    return n_sets * (real * body + len(pairs) * unembed) / (padded * (body + unembed))

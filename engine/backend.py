@@ -60,6 +60,19 @@ class WorkMeter:
         self.unembed_rows += int(logits.shape[:-1].numel())
 
 
+def macs_per_position(facts: ModelFacts) -> tuple[float, float, float]:
+    """Multiply-accumulates per position: (all blocks, the unembedding, one MLP branch).
+
+    Blocks: the q/k/v/o projections (grouped-query k/v counted at their width) and the MLP (three
+    matrices when gated, two otherwise); attention scores are left out.  The unit of the lab's
+    forward-equivalent counts (``bench/sweeps.py``, the Knockout page's cost estimate)."""
+    d = facts.d_model
+    attn = 2 * d * facts.d_head * (facts.n_heads + facts.n_kv_heads)
+    gated = facts.model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma")
+    mlp = (3 if gated else 2) * d * facts.d_mlp
+    return float(facts.n_layers * (attn + mlp)), float(d * facts.vocab_size), float(mlp)
+
+
 class ModelBackend(ABC):
     """A loaded causal LM seen through the lab's narrow interface."""
 

@@ -27,3 +27,14 @@ def run_cached(model, pairs: Sequence[PromptPair], method: str, params: Mapping[
                                          model_fingerprint=f.fingerprint, prompt_set_hash=psh, method=method,
                                          params=params)
     return list(run.rows), dict(run.artifacts or {}), computed
+
+
+def stored(model, pairs: Sequence[PromptPair], method: str, params: Mapping[str, Any], cache
+           ) -> tuple[list[Any], dict[str, Any]] | None:
+    """(rows, artifacts) of ``method`` on ``pairs`` if the cache holds them, else None (computes nothing)."""
+    if cache is None:
+        return None
+    from cache import make_key
+    f = model.facts
+    run = cache.get(make_key(f.fingerprint, prompt_set_hash(pairs), method, params))
+    return None if run is None else (list(run.rows), dict(run.artifacts or {}))

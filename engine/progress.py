@@ -4,6 +4,8 @@ Engine functions call ``progress(done, total)`` after each unit of work (a batch
 pass); a caller that wants to stop a computation raises from the callback (the dashboard does, see
 ``ui/session.py``), and the engine's ``with`` blocks restore the model on the way out.
 
+* :func:`cancel_check` installs a check that techniques call *inside* their forward passes (every
+  layer), so a stop does not wait for the end of a long batched pass;
 * :class:`Stages` turns a computation made of several stages (e.g. path patching of two prompt
   sets, then their knockouts) into one ``(done, total)`` count;
 * :func:`cli_bar` is the command line's bar: ``tqdm`` on stderr with counts and ETA, silent when
@@ -13,9 +15,32 @@ pass); a caller that wants to stop a computation raises from the callback (the d
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 ProgressFn = Callable[[int, int], None]  # (done, total)
+
+
+_LOCAL = threading.local()
+
+
+@contextmanager
+def cancel_check(check: Callable[[], None]) -> Iterator[None]:
+    """Within the block (this thread), techniques that support it call ``check()`` inside their forward
+    passes (every layer); ``check`` raises to stop the computation -- the dashboard's Stop."""
+    stack = _LOCAL.__dict__.setdefault("checks", [])
+    stack.append(check)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def current_check() -> Callable[[], None] | None:
+    """The innermost ``cancel_check`` of this thread, or None."""
+    stack = getattr(_LOCAL, "checks", None)
+    return stack[-1] if stack else None
 
 
 class Stages:
