@@ -18,6 +18,7 @@ sets and scaled to all of them (the table says so); its FE count is exact either
 
     .venv/bin/python bench/sweeps.py                   # all three models
     .venv/bin/python bench/sweeps.py --models organism,smollm2
+    .venv/bin/python bench/sweeps.py --models llama7b --device cuda --dtype bfloat16 --ops add,sub,mul,div --n 16
 """
 
 from __future__ import annotations
@@ -124,9 +125,10 @@ def old_scores(model, pairs) -> None:
         model.logits(ids, mask).float()
 
 
-def bench_model(label: str, spec: str, ops: tuple[str, ...], n: int, before_sample: int) -> list[Row]:
+def bench_model(label: str, spec: str, ops: tuple[str, ...], n: int, before_sample: int, *, device: str = "cpu",
+                dtype: str = "float32") -> list[Row]:
     torch.manual_seed(0)
-    model = open_model(spec, device="cpu")
+    model = open_model(spec, device=device, dtype=dtype)
     f = model.facts
     L, H = f.n_layers, f.n_heads
     pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=ops, n=n, seed=0))
@@ -207,9 +209,29 @@ def qwen_shaped(out: Path) -> Path:
     return build(out, quick=False)
 
 
+def llama7b_shaped(out: Path, device: str) -> Path:
+    """Random-init Llama-2-7B shape (32 layers, 32 heads, d_model 4096, d_mlp 11008, vocab 32000), bf16."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.organism import build_tokenizer
+    tok = build_tokenizer()
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="organism,smollm2,qwen0.5b")
+    ap.add_argument("--models", default="organism,smollm2,qwen0.5b",
+                    help="comma list of organism, smollm2, qwen0.5b, llama7b (the GPU run: use --device cuda)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--ops", default="add")
     ap.add_argument("--n", type=int, default=16, help="prompts per operation")
     ap.add_argument("--before-sample", type=int, default=6,
@@ -229,8 +251,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             path = qwen_shaped(Path(d) / "qwen")
             rows += bench_model("random Qwen2.5-0.5B shape (24L, 14H/2KV, d896, vocab 151936)", str(path), ops,
-                                args.n, args.before_sample)
-    print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} CPU threads, float32, {args.n} prompts per op "
+                                args.n, args.before_sample, device=args.device, dtype=args.dtype)
+    if "llama7b" in wanted:
+        with tempfile.TemporaryDirectory() as d:
+            path = llama7b_shaped(Path(d) / "llama", args.device)
+            rows += bench_model("random Llama-2-7B shape (32L, 32H, d4096, mlp 11008, vocab 32000)", str(path), ops,
+                                args.n, args.before_sample, device=args.device, dtype=args.dtype)
+    print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.device}, {args.dtype}, "
+          f"{args.n} prompts per op "
           f"({args.ops}); FE = forward-equivalents (1 = one padded full-logits pass of the prompts); "
           f"s = wall seconds, cpu = process CPU seconds\n")
     print("| model | technique | before s (cpu) | before FE | after s (cpu) | after FE | floor FE | "
