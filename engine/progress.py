@@ -14,6 +14,7 @@ pass); a caller that wants to stop a computation raises from the callback (the d
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from contextlib import contextmanager
@@ -80,7 +81,13 @@ class CliBar:
             return
         if self._bar is None:
             from tqdm import tqdm
-            self._bar = tqdm(total=total, desc=self.label, file=sys.stderr, leave=False, dynamic_ncols=True)
+            try:
+                cols = os.get_terminal_size(sys.stderr.fileno()).columns
+            except (OSError, ValueError):
+                cols = 0
+            # a terminal that reports no width (0 columns: some ptys) would get an empty bar
+            self._bar = tqdm(total=total, desc=self.label, file=sys.stderr, leave=False,
+                             dynamic_ncols=cols > 0, ncols=None if cols > 0 else 100)
         if self._bar.total != total:
             self._bar.total = total
         self._bar.update(done - self._bar.n)
