@@ -259,7 +259,9 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
     prompts go in chunks of equal length (no padding, see :func:`length_chunks`), and several sets
     share one forward pass (the chunk repeated, each copy with its own head mask): ``sets_per_pass``
     of them, or as many as fit ``tokens_per_pass``.  So the forward passes number, per chunk,
-    ceil(distinct sets / sets per pass).  ``progress(done, total)`` is called after every pass
+    ceil(distinct sets / sets per pass).  Work that fits one pass anyway (every set x every prompt,
+    padded, within ``tokens_per_pass``; ``sets_per_pass`` not given) is one padded pass: on a small
+    model a call costs more than the padding.  ``progress(done, total)`` is called after every pass
     (chunk x knockout-set evaluations so far); an exception raised there stops the computation.
     """
     if not pairs:
@@ -272,20 +274,27 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
     answers = torch.tensor([p.answer_id for p in pairs])
     right = torch.zeros(len(distinct), dtype=torch.long)
     heads_all, mlps_all = head_masks(distinct, L, H)
-    chunks = length_chunks(pairs, tokens_per_pass)
+    width_all = max(len(p.ref_ids) for p in pairs)
+    if sets_per_pass is None and len(distinct) * len(pairs) * width_all <= tokens_per_pass:
+        chunks = [list(range(len(pairs)))]  # small work: one padded pass beats one pass per prompt length
+    else:
+        chunks = length_chunks(pairs, tokens_per_pass)
+    pad = _pad_id(backend)
     total, done = len(distinct) * len(chunks), 0
     for idx in chunks:
         chunk = [pairs[i] for i in idx]
-        n, width = len(chunk), len(chunk[0].ref_ids)
-        ids = torch.tensor([p.ref_ids for p in chunk])  # [n, width]: equal lengths, no padding
-        end = torch.full((n,), width - 1)
+        ids, mask, end = _pad([p.ref_ids for p in chunk], pad)  # [n, width]; no padding within a length chunk
+        n, width = ids.shape
+        if bool(mask.all()):
+            mask = None
         per_pass = sets_per_pass or max(1, tokens_per_pass // (n * width))
         for g in range(0, len(distinct), per_pass):
             m = min(per_pass, len(distinct) - g)
             hm = heads_all[g:g + m].repeat_interleave(n, 0)  # [m * n, L, H]: set-major rows
             mm = mlps_all[g:g + m].repeat_interleave(n, 0)
             with knocked_out_rows(backend, hm, mm, means, [p.template for p in chunk] * m, end.tolist() * m):
-                lg = backend.end_logits(ids.repeat(m, 1), None, end.repeat(m))  # [m * n, vocab]
+                lg = backend.end_logits(ids.repeat(m, 1), None if mask is None else mask.repeat(m, 1),
+                                        end.repeat(m))  # [m * n, vocab]
             pred = lg.argmax(-1).cpu().view(m, n)
             right[g:g + m] += (pred == answers[idx][None, :]).sum(1)
             done += m
