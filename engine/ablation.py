@@ -30,6 +30,7 @@ import torch
 from engine import hooks
 from engine.backend import ModelBackend
 from engine.patching import _pad, _pad_id
+from engine.progress import current_check
 from engine.prompts import PromptPair
 
 ProgressFn = Callable[[int, int], None]
@@ -159,41 +160,159 @@ def _replacement(mean: torch.Tensor, count: torch.Tensor, gidx: torch.Tensor, en
     return mean[gidx[:, None], offs_c], ok
 
 
+def head_masks(kos: Sequence[Knockout], n_layers: int, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which heads / MLPs each knockout ablates: ([n, L, H] bool, [n, L] bool)."""
+    heads = torch.zeros(len(kos), n_layers, n_heads, dtype=torch.bool)
+    mlps = torch.zeros(len(kos), n_layers, dtype=torch.bool)
+    for i, ko in enumerate(kos):
+        for layer, head in ko.heads:
+            heads[i, layer, head] = True
+        for layer in ko.mlps:
+            mlps[i, layer] = True
+    return heads, mlps
+
+
+@contextmanager
+def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: torch.Tensor,
+                     means: MeanActivations, templates: Sequence[str | None], ends: Sequence[int]
+                     ) -> Iterator[None]:
+    """Within the block, forward passes run with a knockout **per row** of the batch.
+
+    head_mask: [batch, L, H] bool (row r ablates head (l, h) where True); mlp_mask: [batch, L];
+    templates / ends: one per row (which means apply, END-aligned).  Rows of one batch may carry
+    different knockouts, so several knockout sets share one forward pass.
+    """
+    gidx = torch.tensor([means.index(t) for t in templates])
+    end_t = torch.tensor(list(ends))
+    L = backend.facts.n_layers
+
+    def z_edit(layer: int):
+        rows_heads = head_mask[:, layer]  # [batch, H]
+
+        def fn(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, H, d_head]
+            repl, ok = _replacement(means.z[:, layer], means.count, gidx, end_t, act.shape[1])
+            where = (ok[:, :, None] & rows_heads[:, None, :]).to(act.device)[..., None]  # [batch, pos, H, 1]
+            return torch.where(where, repl.to(act.device, act.dtype), act)
+        return fn
+
+    def mlp_edit(layer: int):
+        rows_on = mlp_mask[:, layer]  # [batch]
+
+        def fn(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model]
+            repl, ok = _replacement(means.mlp[:, layer], means.count, gidx, end_t, act.shape[1])
+            where = (ok & rows_on[:, None]).to(act.device)[:, :, None]  # [batch, pos, 1]
+            return torch.where(where, repl.to(act.device, act.dtype), act)
+        return fn
+
+    edits = [(hooks.attn_z(layer), z_edit(layer)) for layer in range(L) if bool(head_mask[:, layer].any())]
+    edits += [(hooks.mlp_out(layer), mlp_edit(layer)) for layer in range(L) if bool(mlp_mask[:, layer].any())]
+    check = current_check()
+    if check is not None:  # a stop request ends the pass at the next layer, not at its end
+
+        def probe(act: torch.Tensor) -> None:
+            check()
+        edits += [(hooks.resid_pre(layer), probe) for layer in range(L)]
+    with backend.hooks(edits):
+        yield
+
+
 @contextmanager
 def knocked_out(backend: ModelBackend, ko: Knockout, means: MeanActivations,
                 templates: Sequence[str | None], ends: Sequence[int]) -> Iterator[None]:
     """Within the block, forward passes of a batch (one template / END index per row) run ablated."""
     ko = ko.validate(backend.facts.n_layers, backend.facts.n_heads)
-    by_layer: dict[int, list[int]] = defaultdict(list)
-    for layer, head in ko.heads:
-        by_layer[layer].append(head)
-    gidx = torch.tensor([means.index(t) for t in templates])
-    end_t = torch.tensor(list(ends))
-
-    def z_edit(layer: int, heads: list[int]):
-        def fn(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, H, d_head]
-            repl, ok = _replacement(means.z[:, layer][:, :, heads], means.count, gidx, end_t, act.shape[1])
-            ok = ok.to(act.device)[:, :, None, None]
-            act[:, :, heads] = torch.where(ok, repl.to(act.device, act.dtype), act[:, :, heads])
-            return act
-        return fn
-
-    def mlp_edit(layer: int):
-        def fn(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model]
-            repl, ok = _replacement(means.mlp[:, layer], means.count, gidx, end_t, act.shape[1])
-            return torch.where(ok.to(act.device)[:, :, None], repl.to(act.device, act.dtype), act)
-        return fn
-
-    edits = [(hooks.attn_z(layer), z_edit(layer, hs)) for layer, hs in sorted(by_layer.items())]
-    edits += [(hooks.mlp_out(layer), mlp_edit(layer)) for layer in ko.mlps]
-    with backend.hooks(edits):
+    heads, mlps = head_masks([ko], backend.facts.n_layers, backend.facts.n_heads)
+    n = len(templates)
+    with knocked_out_rows(backend, heads.expand(n, -1, -1), mlps.expand(n, -1), means, templates, ends):
         yield
+
+
+DEFAULT_TOKENS_PER_PASS = 4096  # rows x width of one batched knockout pass (END-only logits)
+
+
+def distinct_knockouts(kos: Sequence[Knockout], n_layers: int, n_heads: int) -> list[Knockout]:
+    """The distinct knockout sets among ``kos`` (validated, so order and repeats do not matter)."""
+    return list(dict.fromkeys(ko.validate(n_layers, n_heads) for ko in kos))
+
+
+def length_chunks(pairs: Sequence[PromptPair], tokens_per_pass: int) -> list[list[int]]:
+    """Indices of ``pairs`` in chunks of equal prompt length (so no padding), each chunk at most
+    ``tokens_per_pass`` tokens (one prompt at least)."""
+    by_len: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(pairs):
+        by_len[len(p.ref_ids)].append(i)
+    out = []
+    for length, idx in sorted(by_len.items()):
+        cap = max(1, tokens_per_pass // max(length, 1))
+        out += [idx[j:j + cap] for j in range(0, len(idx), cap)]
+    return out
+
+
+@torch.no_grad()
+def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequence[Knockout],
+                        means: MeanActivations, *, sets_per_pass: int | None = None,
+                        tokens_per_pass: int = DEFAULT_TOKENS_PER_PASS,
+                        progress: ProgressFn | None = None) -> list[float]:
+    """First-token accuracy of the reference prompts under each knockout of ``kos``.
+
+    Each **distinct** knockout set is evaluated once, reading only the END position's logits.  The
+    prompts go in chunks of equal length (no padding, see :func:`length_chunks`), and several sets
+    share one forward pass (the chunk repeated, each copy with its own head mask): ``sets_per_pass``
+    of them, or as many as fit ``tokens_per_pass``.  So the forward passes number, per chunk,
+    ceil(distinct sets / sets per pass).  Work that fits one pass anyway (every set x every prompt,
+    padded, within ``tokens_per_pass``; ``sets_per_pass`` not given) is one padded pass: on a small
+    model a call costs more than the padding.  ``progress(done, total)`` is called after every pass
+    (chunk x knockout-set evaluations so far); an exception raised there stops the computation.
+    """
+    if not pairs:
+        raise ValueError("no prompt pairs")
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    valid = [ko.validate(L, H) for ko in kos]
+    distinct = distinct_knockouts(valid, L, H)
+    if not distinct:
+        return []
+    answers = torch.tensor([p.answer_id for p in pairs])
+    right = torch.zeros(len(distinct), dtype=torch.long)
+    heads_all, mlps_all = head_masks(distinct, L, H)
+    width_all = max(len(p.ref_ids) for p in pairs)
+    if sets_per_pass is None and len(distinct) * len(pairs) * width_all <= tokens_per_pass:
+        chunks = [list(range(len(pairs)))]  # small work: one padded pass beats one pass per prompt length
+    else:
+        chunks = length_chunks(pairs, tokens_per_pass)
+    pad = _pad_id(backend)
+    total, done = len(distinct) * len(chunks), 0
+    for idx in chunks:
+        chunk = [pairs[i] for i in idx]
+        ids, mask, end = _pad([p.ref_ids for p in chunk], pad)  # [n, width]; no padding within a length chunk
+        n, width = ids.shape
+        if bool(mask.all()):
+            mask = None
+        per_pass = sets_per_pass or max(1, tokens_per_pass // (n * width))
+        for g in range(0, len(distinct), per_pass):
+            m = min(per_pass, len(distinct) - g)
+            hm = heads_all[g:g + m].repeat_interleave(n, 0)  # [m * n, L, H]: set-major rows
+            mm = mlps_all[g:g + m].repeat_interleave(n, 0)
+            with knocked_out_rows(backend, hm, mm, means, [p.template for p in chunk] * m, end.tolist() * m):
+                lg = backend.end_logits(ids.repeat(m, 1), None if mask is None else mask.repeat(m, 1),
+                                        end.repeat(m))  # [m * n, vocab]
+            pred = lg.argmax(-1).cpu().view(m, n)
+            right[g:g + m] += (pred == answers[idx][None, :]).sum(1)
+            done += m
+            if progress is not None:
+                progress(done, total)
+    acc = {ko: float(r) / len(pairs) for ko, r in zip(distinct, right.tolist())}
+    return [acc[ko] for ko in valid]
 
 
 @torch.no_grad()
 def knockout_accuracy(backend: ModelBackend, pairs: Sequence[PromptPair], ko: Knockout,
-                      means: MeanActivations, *, batch_size: int = 128) -> float:
-    """First-token accuracy of the reference prompts with ``ko`` ablated."""
+                      means: MeanActivations, *, end_only: bool = True, batch_size: int = 128) -> float:
+    """First-token accuracy of the reference prompts with ``ko`` ablated.
+
+    ``end_only=False`` is the former path (full ``[batch, pos, vocab]`` logits, then the END row),
+    kept for the exactness test and the before/after benchmark (``bench/sweeps.py``)."""
+    if end_only:
+        return knockout_accuracies(backend, pairs, [ko], means)[0]
     if not pairs:
         raise ValueError("no prompt pairs")
     pad = _pad_id(backend)
@@ -220,14 +339,15 @@ def top_next_tokens(backend: ModelBackend, ids: Sequence[int], *, k: int = 5, ko
                     means: MeanActivations | None = None) -> list[TokenProb]:
     """The k most likely next tokens after ``ids`` (optionally under a knockout)."""
     x = torch.tensor([list(ids)])
+    end = torch.tensor([len(ids) - 1])
     if ko is not None and not ko.empty:
         if means is None:
             raise ValueError("a knockout needs mean activations")
         with knocked_out(backend, ko, means, [None], [len(ids) - 1]):
-            lg = backend.logits(x)
+            lg = backend.end_logits(x, None, end)  # [1, vocab]
     else:
-        lg = backend.logits(x)
-    p = torch.softmax(lg[0, -1].float(), -1)
+        lg = backend.end_logits(x, None, end)
+    p = torch.softmax(lg[0].float(), -1)
     vals, idx = p.topk(min(k, p.shape[0]))
     toks = backend.tokenizer.convert_ids_to_tokens(idx.tolist())
     return [TokenProb(str(t), int(i), float(v)) for t, i, v in zip(toks, idx.tolist(), vals.tolist())]
@@ -243,35 +363,69 @@ class CurvePoint:
     random_max: float
 
 
-def knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]],
-                   means: MeanActivations, *, k_max: int, draws: int = 10, seed: int = 0,
-                   progress: ProgressFn | None = None) -> list[CurvePoint]:
-    """Fig. 3: accuracy after knocking out the top-k heads (effect rank) vs k random heads."""
-    L, H = backend.facts.n_layers, backend.facts.n_heads
+def curve_knockouts(n_layers: int, n_heads: int, ranked_heads: Sequence[tuple[int, int]], *, k_max: int,
+                    draws: int, seed: int = 0) -> list[tuple[int, Knockout, list[Knockout]]]:
+    """The knockout sets of the Fig. 3 curve: for k = 0..k_max, (k, top-k set, ``draws`` random k-sets).
+
+    The random draws are the same for a given seed whatever the evaluation order."""
     if k_max < 0:
         raise ValueError("k_max must be >= 0")
-    if k_max > L * H:
-        raise ValueError(f"k_max={k_max} exceeds the model's {L * H} heads")
+    if k_max > n_layers * n_heads:
+        raise ValueError(f"k_max={k_max} exceeds the model's {n_layers * n_heads} heads")
     if draws < 1:
         raise ValueError("draws must be >= 1")
     rng = random.Random(seed)
-    every = [(layer, h) for layer in range(L) for h in range(H)]
+    every = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    return [(k, Knockout(tuple(ranked_heads[:k])), [Knockout(tuple(rng.sample(every, k))) for _ in range(draws)])
+            for k in range(k_max + 1)]
+
+
+def knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]],
+                   means: MeanActivations, *, k_max: int, draws: int = 10, seed: int = 0,
+                   progress: ProgressFn | None = None, batched: bool = True,
+                   sets_per_pass: int | None = None) -> list[CurvePoint]:
+    """Fig. 3: accuracy after knocking out the top-k heads (effect rank) vs k random heads.
+
+    Every distinct knockout set (k = 0 once, repeated draws once) is evaluated once, END-only, several
+    per forward pass (:func:`knockout_accuracies`).  ``batched=False`` is the former implementation
+    (one full-logits evaluation per (k, draw), duplicates included), kept for ``bench/sweeps.py``'s
+    before/after comparison; both give the same points.
+    """
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    plan = curve_knockouts(L, H, ranked_heads, k_max=k_max, draws=draws, seed=seed)
+    if batched:
+        flat = [ko for _, top, rand in plan for ko in [top, *rand]]
+        accs = dict(zip([ko.validate(L, H) for ko in flat],
+                        knockout_accuracies(backend, pairs, flat, means, sets_per_pass=sets_per_pass,
+                                            progress=progress)))
+    else:
+        accs = {}
+        total, done = len(plan) * (draws + 1), 0
+        for _, top, rand in plan:
+            for ko in [top, *rand]:
+                accs[ko.validate(L, H)] = knockout_accuracy(backend, pairs, ko, means, end_only=False)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
     out = []
-    total = (k_max + 1) * (draws + 1)
-    done = 0
-    for k in range(k_max + 1):
-        top = knockout_accuracy(backend, pairs, Knockout(tuple(ranked_heads[:k])), means)
-        rand = []
-        for _ in range(draws):
-            rand.append(knockout_accuracy(backend, pairs, Knockout(tuple(rng.sample(every, k))), means))
-            done += 1
-        done += 1
-        t = torch.tensor(rand)
-        out.append(CurvePoint(k, top, float(t.mean()), float(t.std(unbiased=False)), float(t.min()),
-                              float(t.max())))
-        if progress is not None:
-            progress(done, total)
+    for k, top, rand in plan:
+        t = torch.tensor([accs[ko.validate(L, H)] for ko in rand])
+        out.append(CurvePoint(k, accs[top.validate(L, H)], float(t.mean()), float(t.std(unbiased=False)),
+                              float(t.min()), float(t.max())))
     return out
+
+
+def _curve_params(backend: ModelBackend, ranked_heads: Sequence[tuple[int, int]], k_max: int, draws: int,
+                  seed: int) -> dict:
+    return {"ranked": [list(h) for h in ranked_heads[:k_max]], "k_max": k_max, "draws": draws, "seed": seed,
+            "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned"}
+
+
+def _curve_points(rows) -> list[CurvePoint]:
+    by_k: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        by_k[int(r.layer)][r.metric] = float(r.value)
+    return [CurvePoint(k, **v) for k, v in sorted(by_k.items())]
 
 
 def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
@@ -287,10 +441,29 @@ def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
         return [ResultRow(layer=p.k, head=None, label=None, metric=m, value=getattr(p, m))
                 for p in pts for m in ("top_accuracy", "random_mean", "random_std", "random_min", "random_max")], None
 
-    params = {"ranked": [list(h) for h in ranked_heads[:k_max]], "k_max": k_max, "draws": draws, "seed": seed,
-              "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned"}
+    params = _curve_params(backend, ranked_heads, k_max, draws, seed)
     rows, _, computed = run_cached(backend, pairs, "knockout_curve", params, compute, cache)
-    by_k: dict[int, dict[str, float]] = defaultdict(dict)
-    for r in rows:
-        by_k[int(r.layer)][r.metric] = float(r.value)
-    return [CurvePoint(k, **v) for k, v in sorted(by_k.items())], computed
+    return _curve_points(rows), computed
+
+
+def stored_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
+                          ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
+                          cache=None) -> list[CurvePoint] | None:
+    """The curve of :func:`cached_knockout_curve` if the cache holds it, else None (no forward pass)."""
+    from engine.cached import stored
+    hit = stored(backend, pairs, "knockout_curve", _curve_params(backend, ranked_heads, k_max, draws, seed), cache)
+    return None if hit is None else _curve_points(hit[0])
+
+
+def curve_cost(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]], *,
+               k_max: int, draws: int, seed: int = 0) -> float:
+    """Forward-equivalents the curve costs: distinct knockout sets x one END-only pass of the prompts
+    (the blocks at every real token, the unembedding at END), relative to one padded full-logits pass."""
+    from engine.backend import macs_per_position
+    f = backend.facts
+    plan = curve_knockouts(f.n_layers, f.n_heads, ranked_heads, k_max=k_max, draws=draws, seed=seed)
+    n_sets = len(distinct_knockouts([ko for _, top, rand in plan for ko in [top, *rand]], f.n_layers, f.n_heads))
+    body, unembed, _ = macs_per_position(f)
+    real = sum(len(p.ref_ids) for p in pairs)
+    padded = len(pairs) * max(len(p.ref_ids) for p in pairs)
+    return n_sets * (real * body + len(pairs) * unembed) / (padded * (body + unembed))

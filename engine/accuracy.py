@@ -8,7 +8,14 @@ measures are reported:
 * **full-answer accuracy** -- greedy decoding reproduces every token of the number and then stops
   the number (the next greedy token holds no digit).  Computed exactly with one teacher-forced
   forward pass over ``ref_ids + answer_ids``: greedy decoding emits the gold tokens if and only if
-  the argmax at each of those positions is the gold token.
+  the argmax at each of those positions is the gold token.  This is cheaper than greedy decoding
+  even with a KV cache (one pass for every answer token at once, no decoding loop), and only the
+  ``len(answer) + 1`` positions from END on go through the final norm and the unembedding
+  (``ModelBackend.logits_at``), never the full ``[batch, pos, vocab]`` tensor.
+
+The scores of a prompt set are memoized per (model fingerprint, prompt-set hash), so the prompt
+filter (:func:`kept_pairs`) and the accuracy table (:func:`accuracy_report`) of the same set share
+one forward pass.
 """
 
 from __future__ import annotations
@@ -34,12 +41,30 @@ def _number_piece_ids(tokenizer, vocab_size: int) -> "set[int]":
     return {i for i, t in enumerate(toks) if t is not None and any(c.isdigit() for c in t)}
 
 
+_SCORES: dict[tuple[str, str, int], list[PairScore]] = {}
+
+
 def score_pairs(model, pairs: Sequence[PromptPair], *, batch_size: int = 64,
                 progress: ProgressFn | None = None) -> list[PairScore]:
     """First-token / full-answer correctness of each pair (see module docstring).
 
-    ``model`` is an :class:`engine.backend.ModelBackend`.
+    ``model`` is an :class:`engine.backend.ModelBackend`.  Memoized per (model fingerprint,
+    prompt-set hash): the filter and the accuracy table of one set run the forward pass once.
     """
+    from engine.prompts import prompt_set_hash
+    if not pairs:
+        return []
+    key = (model.facts.fingerprint, prompt_set_hash(pairs), hash(tuple(tuple(p.answer_ids) for p in pairs)))
+    if key not in _SCORES:
+        scores = _score(model, pairs, batch_size=batch_size, progress=progress)
+        if len(_SCORES) > 32:
+            _SCORES.clear()
+        _SCORES[key] = scores
+    return list(_SCORES[key])
+
+
+def _score(model, pairs: Sequence[PromptPair], *, batch_size: int, progress: ProgressFn | None
+           ) -> list[PairScore]:
     import torch
 
     from engine.patching import _pad_id
@@ -56,14 +81,17 @@ def score_pairs(model, pairs: Sequence[PromptPair], *, batch_size: int = 64,
         for i, s in enumerate(seqs):
             ids[i, :len(s)] = torch.tensor(s)
             mask[i, :len(s)] = 1
+        # positions END .. END + len(answer) of each row (the last one repeated as padding)
+        m = max(len(p.answer_ids) for p in chunk) + 1
+        pos = torch.tensor([[min(len(p.ref_ids) - 1 + j, len(s) - 1) for j in range(m)]
+                            for p, s in zip(chunk, seqs)])  # [batch, m]
         with torch.no_grad():
-            out = model.logits(ids, mask).float()  # [batch, pos, vocab]
+            out = model.logits_at(ids, mask, pos).float()  # [batch, m, vocab]
         for i, p in enumerate(chunk):
-            end = len(p.ref_ids) - 1
-            pred = out[i, end:end + len(p.answer_ids) + 1].argmax(-1).tolist()
+            pred = out[i, :len(p.answer_ids) + 1].argmax(-1).tolist()
             first_ok = pred[0] == p.answer_id
             full_ok = pred[:len(p.answer_ids)] == p.answer_ids and pred[len(p.answer_ids)] not in digit_ids
-            prob = torch.softmax(out[i, end], -1)[p.answer_id].item()
+            prob = torch.softmax(out[i, 0], -1)[p.answer_id].item()
             scores.append(PairScore(first_ok, full_ok, prob))
         if progress is not None:
             progress(min(start + batch_size, len(pairs)), len(pairs))

@@ -34,17 +34,14 @@ def cache_only() -> Iterator[None]:
         _CACHE_ONLY.reset(token)
 
 
-def _refuse() -> tuple[Iterable[Any], Mapping[str, Any] | None]:
-    raise NotCached("not computed yet")
-
-
 def run_cached(model, pairs: Sequence[PromptPair], method: str, params: Mapping[str, Any], compute: Compute,
                cache=None) -> tuple[list[Any], dict[str, Any], bool]:
     """(rows, artifacts, computed) of ``method`` on ``pairs``, from the cache or ``compute()``."""
     if _CACHE_ONLY.get():
-        if cache is None:
-            raise NotCached("no result cache")
-        compute = _refuse
+        hit = stored(model, pairs, method, params, cache)
+        if hit is None:
+            raise NotCached(f"{method} is not in the cache")
+        return hit[0], hit[1], False
     if cache is None:
         rows, artifacts = compute()
         return list(rows), dict(artifacts or {}), True
@@ -55,3 +52,14 @@ def run_cached(model, pairs: Sequence[PromptPair], method: str, params: Mapping[
                                          model_fingerprint=f.fingerprint, prompt_set_hash=psh, method=method,
                                          params=params)
     return list(run.rows), dict(run.artifacts or {}), computed
+
+
+def stored(model, pairs: Sequence[PromptPair], method: str, params: Mapping[str, Any], cache
+           ) -> tuple[list[Any], dict[str, Any]] | None:
+    """(rows, artifacts) of ``method`` on ``pairs`` if the cache holds them, else None (computes nothing)."""
+    if cache is None:
+        return None
+    from cache import make_key
+    f = model.facts
+    run = cache.get(make_key(f.fingerprint, prompt_set_hash(pairs), method, params))
+    return None if run is None else (list(run.rows), dict(run.artifacts or {}))

@@ -65,6 +65,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remote", action="store_true",
                    help="run a hub model on NDIF (needs --backend nnsight and the key in $NDIF_API_KEY)")
     p.add_argument("--no-cache", action="store_true", help="compute without reading/writing the cache")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar on stderr (it is shown only when stderr is a terminal anyway)")
 
 
 def _set_args(p: argparse.ArgumentParser, families_default: str, with_file: bool) -> None:
@@ -264,6 +266,12 @@ def _answer_token_summary(model, pairs) -> dict[str, Any]:
     return answer_token_stats(model.tokenizer, pairs).to_json()
 
 
+def _bar(args, label: str):
+    """A tqdm progress callback on stderr (counts + ETA; silent with --quiet or when not a terminal)."""
+    from engine.progress import cli_bar
+    return cli_bar(label, quiet=getattr(args, "quiet", False))
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -279,7 +287,9 @@ def _pairs(args, model, cache):
             raise PromptError(f"{args.prompts} holds token ids outside this model's vocabulary: "
                               f"it was written for another model")
         return pairs
-    pairs, _ = kept_pairs(model, _spec(args), cache=cache)
+    bar = _bar(args, "checking answers")
+    pairs, _ = kept_pairs(model, _spec(args), cache=cache, progress=bar)
+    bar.close()
     if not pairs:
         raise PromptError("the model answers none of these prompts right: try another op, "
                           "more prompts or another model")
@@ -326,7 +336,9 @@ def cmd_prompts(args) -> int:
     model = _model(args)
     tok = model.tokenizer
     gen = generate_set(tok, spec)
-    scores = score_pairs(model, gen.pairs)
+    bar = _bar(args, "checking answers")
+    scores = score_pairs(model, gen.pairs, progress=bar)
+    bar.close()
     kept = gen.pairs if args.keep_all else [p for p, s in zip(gen.pairs, scores) if s.first_ok]
     dropped: list[dict[str, Any]] = [{"ref_text": prob.ref_text, "reason": why} for prob, why in gen.dropped]
     if not args.keep_all:
@@ -358,7 +370,9 @@ def cmd_accuracy(args) -> int:
     from engine.promptsets import generate
     spec = _spec(args)
     model = _model(args)
-    rows, computed = accuracy_report(model, spec, cache=_cache(args))
+    bar = _bar(args, "accuracy")
+    rows, computed = accuracy_report(model, spec, cache=_cache(args), progress=bar)
+    bar.close()
     pairs, _ = generate(model.tokenizer, spec)
     per_op = {r.op: {"n": r.n, "first_token": r.first_token, "full_answer": r.full_answer}
               for r in rows if r.template == "*"}
@@ -379,8 +393,10 @@ def cmd_patch(args) -> int:
     model = _model(args)
     cache = _cache(args)
     pairs = _pairs(args, model, cache)
+    bar = _bar(args, "path patching")
     table, computed = cached_path_patching(model, pairs, cache=cache, with_prob=args.with_prob,
-                                           batch_size=args.batch_size)
+                                           batch_size=args.batch_size, progress=bar)
+    bar.close()
     metrics = ["effect", "logit_diff"] + (["prob_diff"] if args.with_prob else [])
     counts: dict[str, int] = {"*": len(pairs)}
     for p in pairs:
@@ -408,12 +424,12 @@ def cmd_patch(args) -> int:
     return 0
 
 
-def _knockout_result(model, pairs, ko, text, typed):
-    from engine.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
+def _knockout_result(model, pairs, ko, text, typed, progress=None):
+    from engine.ablation import Knockout, knockout_accuracies, mean_activations, top_next_tokens
     means = mean_activations(model, pairs)
+    before, after = knockout_accuracies(model, pairs, [Knockout(), ko], means, progress=progress)
     res = {"heads": [f"{a}.{b}" for a, b in ko.heads], "mlps": list(ko.mlps), "n_pairs": len(pairs),
-           "accuracy_before": knockout_accuracy(model, pairs, Knockout(), means),
-           "accuracy_after": knockout_accuracy(model, pairs, ko, means)}
+           "accuracy_before": before, "accuracy_after": after}
     if typed is not None:
         ids = typed.ids
         res["text"] = text
@@ -437,8 +453,10 @@ def cmd_knockout(args) -> int:
     params = {"heads": [list(h) for h in ko.heads], "mlps": list(ko.mlps), "text": args.text or "",
               "text_ids": typed.ids if typed is not None else [], "text_rule": TEXT_RULE,
               "dtype": model.facts.dtype}
+    bar = _bar(args, "knockout")
     res, computed = _cached_json(cache, model, pairs, "knockout", params,
-                                 lambda: _knockout_result(model, pairs, ko, args.text, typed))
+                                 lambda: _knockout_result(model, pairs, ko, args.text, typed, bar))
+    bar.close()
     res = {**res, "cached": not computed, "answer_tokens": _answer_token_summary(model, pairs)}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -456,10 +474,14 @@ def cmd_knockout_curve(args) -> int:
         raise CliError(f"--k-max {args.k_max} exceeds the model's {n_heads} heads")
     cache = _cache(args)
     pairs = _pairs(args, model, cache)
-    table, _ = cached_path_patching(model, pairs, cache=cache)
+    bar = _bar(args, "path patching")
+    table, _ = cached_path_patching(model, pairs, cache=cache, progress=bar)
+    bar.close()
     ranked = [(layer, h) for layer, h, _ in table.top_heads(args.k_max)]
+    bar = _bar(args, "knockout sets")
     pts, computed = cached_knockout_curve(model, pairs, ranked, k_max=args.k_max, draws=args.draws,
-                                          seed=args.seed, cache=cache)
+                                          seed=args.seed, cache=cache, progress=bar)
+    bar.close()
     points = [p.__dict__ for p in pts]
     _write_csv(args.out, points)
     _print({"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
@@ -521,7 +543,10 @@ def cmd_transfer(args) -> int:
     else:
         pairs_b, _ = kept_pairs(model, _spec(args, args.b_families), cache=cache)
         name_b = args.b_families
-    res = transfer(model, pairs_a, pairs_b, names=(args.families, name_b), k=args.k, cache=cache).to_json()
+    bar = _bar(args, "transfer")
+    res = transfer(model, pairs_a, pairs_b, names=(args.families, name_b), k=args.k, cache=cache,
+                   progress=bar).to_json()
+    bar.close()
     res["answer_tokens"] = {name: _answer_token_summary(model, ps) for name, ps in
                             ((args.families, pairs_a), (name_b, pairs_b)) if ps}
     if args.out:

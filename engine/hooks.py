@@ -25,6 +25,7 @@ Shapes (``n_kv_heads < n_heads`` for grouped-query attention)::
     mlp_pre(l)              # [batch, pos, d_mlp]        pre-activation (gate projection for SwiGLU)
     mlp_post(l)             # [batch, pos, d_mlp]        post-activation (input of the down projection)
     mlp_out(l)              # [batch, pos, d_model]      MLP output
+    ln_final_in()           # [batch, pos, d_model]      final norm's input (the last residual stream)
     ln_final_out()          # [batch, pos, d_model]      final norm's input normalised, before its weight
     unembed_out()           # [batch, pos, d_vocab]      logits
 
@@ -47,7 +48,7 @@ HookName = NewType("HookName", str)
 
 __all__ = [
     "HookName", "REQUIRES_FLAG", "attn_k", "attn_out", "attn_pattern", "attn_q", "attn_result",
-    "attn_scores", "attn_v", "attn_z", "embed", "k_input", "ln_final_out", "mlp_in", "mlp_out",
+    "attn_scores", "attn_v", "attn_z", "embed", "k_input", "ln_final_in", "ln_final_out", "mlp_in", "mlp_out",
     "mlp_post", "mlp_pre", "q_input", "resid_mid", "resid_post", "resid_pre", "unembed_out",
     "v_input", "validate_layer",
 ]
@@ -172,6 +173,15 @@ def mlp_out(layer: int) -> HookName:
 
 
 # --- output ----------------------------------------------------------------------------------
+
+def ln_final_in() -> HookName:
+    """The final norm's input: the residual stream after the last block.  # [batch, pos, d_model]
+
+    An edit may return fewer positions ([batch, m, d_model]): the final norm and the unembedding
+    then run on those m positions only, and the logits are [batch, m, d_vocab]
+    (:meth:`engine.backend.ModelBackend.logits_at`)."""
+    return HookName("ln_final.hook_in")
+
 
 def ln_final_out() -> HookName:
     """The final norm's input, normalised but not yet scaled by the norm's weight (and bias):

@@ -18,6 +18,7 @@ the bridge's shape -- through a small per-architecture table (:data:`LAYOUTS`)::
     mlp.hook_post           mlp.down_proj.input                  mlp.c_proj.input       mlp.dense_4h_to_h.input
     hook_mlp_out            mlp.output                           mlp.output             mlp.output
     hook_resid_post         layers[L].output                     h[L].output            layers[L].output
+    ln_final.hook_in        model.norm.input                     ln_f.input             final_layer_norm.input
     ln_final.hook_normalized model.norm.input, normalised        ln_f.input, idem       final_layer_norm.input, idem
     hook_unembed            lm_head.output                       lm_head.output         lm_head.output
 
@@ -149,6 +150,7 @@ _LAYER_SITES: dict[str, tuple[int, str, str, Any, str | None]] = {
 }
 _GLOBAL_SITES: dict[str, tuple[int, str, str, Any, str | None]] = {
     "hook_embed": (-1, "embed", "output", None, None),
+    "ln_final.hook_in": (10**6, "final_norm", "input", None, None),
     "ln_final.hook_normalized": (10**6, "final_norm", "input", None, "normalized"),
     "hook_unembed": (10**6 + 1, "lm_head", "output", None, None),
 }
@@ -401,6 +403,7 @@ class NnsightBackend(ModelBackend):
                             envoy.output = raw
                 res["logits"] = model.output.logits
                 nnsight_save(res)
+        self.meter.record(ids, res["logits"])
         return res
 
     # -- ModelBackend ----------------------------------------------------------------------------

@@ -19,15 +19,15 @@ import random
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-from engine.ablation import Knockout, knockout_accuracy, mean_activations
+from engine.ablation import Knockout, knockout_accuracies, mean_activations
 from engine.backend import ModelBackend
 from engine.patching import cached_path_patching
+from engine.progress import ProgressFn, Stages
 from engine.prompts import PromptError, PromptPair, answer_tokens
 from engine.templates import CF_WORDS
 
-ProgressFn = Callable[[int, int], None]
 BENCH_FILES = {"svamp": "svamp/test.normalized.jsonl", "gsm8k": "gsm8k/test.normalized.jsonl",
                "addsub": "addsub/test.normalized.jsonl", "singleeq": "singleeq/test.normalized.jsonl"}
 OPERATION_WORDS = ("more", "less", "fewer", "left", "total", "altogether", "each", "every", "times",
@@ -104,19 +104,23 @@ def transfer(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b: Sequ
     n_heads = backend.facts.n_layers * backend.facts.n_heads
     if not 1 <= k <= n_heads:
         raise ValueError(f"k must lie in 1..{n_heads} (the model's heads), got {k}")
-    tables = [cached_path_patching(backend, p, cache=cache)[0] for p in (pairs_a, pairs_b)]
+    batch = 32  # cached_path_patching's default: its progress counts batches of 32 pairs
+    stages = Stages(progress, [-(-len(pairs_a) // batch), -(-len(pairs_b) // batch), 1, 1])
+    tables = []
+    for i, p in enumerate((pairs_a, pairs_b)):
+        tables.append(cached_path_patching(backend, p, cache=cache, batch_size=batch, progress=stages.stage(i))[0])
+        stages.finish(i)
     tops = [[(layer, head) for layer, head, _ in t.top_heads(k)] for t in tables]
     sets = []
     for i, pairs in enumerate((pairs_a, pairs_b)):
         means = mean_activations(backend, pairs)
         own, other = tops[i], tops[1 - i]
-        sets.append(SetTransfer(
-            names[i], len(pairs), own,
-            knockout_accuracy(backend, pairs, Knockout(), means),
-            knockout_accuracy(backend, pairs, Knockout(tuple(own)), means),
-            knockout_accuracy(backend, pairs, Knockout(tuple(other)), means)))
-        if progress is not None:
-            progress(i + 1, 2)
+        # no knockout, own top-k, other's top-k: one batched END-only pass (identical sets once)
+        base, ko_own, ko_other = knockout_accuracies(
+            backend, pairs, [Knockout(), Knockout(tuple(own)), Knockout(tuple(other))], means,
+            progress=stages.stage(2 + i))
+        sets.append(SetTransfer(names[i], len(pairs), own, base, ko_own, ko_other))
+        stages.finish(2 + i)
     inter = len(set(tops[0]) & set(tops[1]))
     union = len(set(tops[0]) | set(tops[1]))
     return TransferResult(k, sets[0], sets[1], inter, inter / union if union else 0.0)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import time
+
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.ablation import Knockout, cached_knockout_curve, knockout_accuracy, mean_activations
+from engine.ablation import (Knockout, cached_knockout_curve, curve_cost, knockout_accuracies, mean_activations,
+                             stored_knockout_curve)
 from engine.patching import cached_path_patching
 from engine.promptlab import analyse_prompt
 from engine.prompts import PromptError
 from ui.charts import lines_with_band
-from ui.session import analysed_pairs, current_prompt, progress_bar, result_cache, setup_page
+from ui.session import analysed_pairs, cancellable, current_prompt, progress_bar, result_cache, setup_page
 
 model, spec = setup_page(
     "Knockout",
@@ -24,11 +27,14 @@ model, spec = setup_page(
 L, H = model.facts.n_layers, model.facts.n_heads
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
+bar, cb = progress_bar("Path patching (to rank the heads)", key="knockout_patching")
 try:
-    table, _ = cached_path_patching(model, pairs, cache=cache)
+    with cancellable(bar):
+        table, _ = cached_path_patching(model, pairs, cache=cache, progress=cb)
 except (PromptError, CacheError, ValueError) as e:
     st.error(f"Cannot prepare the knockout: {e}")
     st.stop()
+bar.empty()
 
 head_opts = [f"{layer}.{h}" for layer in range(L) for h in range(H)]
 if "knockout_heads" not in st.session_state:
@@ -59,8 +65,9 @@ with left:
         st.error(f"Cannot analyse the typed prompt: {e}")
 with right:
     st.subheader("Prompt set")
-    base = knockout_accuracy(model, pairs, Knockout(), means)
-    acc = knockout_accuracy(model, pairs, ko, means)
+    t0 = time.perf_counter()
+    base, acc = knockout_accuracies(model, pairs, [Knockout(), ko], means)  # one END-only pass for both
+    live_s = time.perf_counter() - t0
     st.metric("Accuracy after knockout", f"{acc:.1%}", f"{(acc - base) * 100:+.1f} points")
     st.caption(f"{len(pairs)} prompts the model answers right without the knockout ({base:.0%}).")
 
@@ -68,14 +75,31 @@ st.subheader("Key heads vs random heads (Fig. 3)")
 c1, c2 = st.columns(2)
 k_max = c1.slider("Up to k heads", 1, min(30, L * H), min(10, L * H))
 draws = c2.slider("Random draws per k", 2, 30, 10)
-bar, cb = progress_bar("Knocking out")
+ranked = [(a, b) for a, b, _ in table.top_heads(k_max)]
 try:
-    pts, _ = cached_knockout_curve(model, pairs, [(a, b) for a, b, _ in table.top_heads(k_max)], k_max=k_max,
-                                   draws=draws, cache=cache, progress=cb)
-except (CacheError, ValueError) as e:
-    st.error(f"Cannot compute the knockout curve: {e}")
-    st.stop()
-bar.empty()
+    pts = stored_knockout_curve(model, pairs, ranked, k_max=k_max, draws=draws, cache=cache)
+except CacheError as e:
+    st.error(f"Cannot read the knockout curve from the cache: {e}")
+    pts = None
+if pts is None:
+    # cost: forward-equivalents (one padded full-logits pass of the prompts = 1), and seconds from the
+    # live pass above (2 knockout sets, END-only) on this machine
+    fe = curve_cost(model, pairs, ranked, k_max=k_max, draws=draws)
+    per_fe = live_s / max(curve_cost(model, pairs, [], k_max=0, draws=1) * (1 if ko.empty else 2), 1e-9)
+    label = f"Compute the curve (≈ {fe:.0f} forward passes, ≈ {fe * per_fe:.0f} s)"
+    if not st.button(label, key="knockout_curve_go", help="Each distinct knockout set is evaluated once, "
+                     "END-only, several per forward pass; the result is cached."):
+        st.info("The curve knocks out the top-k heads and k random heads for every k: press the button to "
+                "compute it (it is read from the cache once computed).")
+        st.stop()
+    bar, cb = progress_bar("Knocking out", key="knockout_curve", on_demand=True)
+    try:
+        with cancellable(bar):
+            pts, _ = cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=draws, cache=cache, progress=cb)
+    except (CacheError, ValueError) as e:
+        st.error(f"Cannot compute the knockout curve: {e}")
+        st.stop()
+    bar.empty()
 cdf = pd.DataFrame([p.__dict__ for p in pts])
 long = pd.concat([
     pd.DataFrame({"k": cdf.k, "series": "top-k by effect", "acc": cdf.top_accuracy, "lo": cdf.top_accuracy,

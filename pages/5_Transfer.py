@@ -12,7 +12,7 @@ from engine.accuracy import keep_correct, kept_pairs
 from engine.prompts import PromptError
 from engine.promptsets import PromptSetSpec
 from engine.transfer import benchmark_pairs, transfer
-from ui.session import progress_bar, result_cache, setup_page
+from ui.session import cancellable, progress_bar, result_cache, setup_page
 
 model, spec = setup_page(
     "Transfer",
@@ -29,25 +29,29 @@ if not st.button("Compare"):
     st.info("Pick the second set and press Compare.")
     st.stop()
 cache = result_cache()
+bar, cb = progress_bar("Comparing (both sets: answers, path patching, knockouts)", key="transfer", on_demand=True)
 try:
-    pairs_a, _ = kept_pairs(model, spec, cache=cache)
-    if second.startswith("word") or second.startswith("paper"):
-        fam = ("time_span", "object_accumulation") if second.startswith("word") else ("equation", "statement", "qa")
-        spec_b = PromptSetSpec(ops=tuple(o for o in spec.ops if o in ("add", "sub")) if second.startswith("word")
-                               else spec.ops, n=spec.n, seed=spec.seed + 1, families=fam)
-        pairs_b, _ = kept_pairs(model, spec_b, cache=cache)
-    else:
-        bench = "svamp" if second.startswith("SVAMP") else "gsm8k"
-        if not Path(data_dir).is_dir():
-            st.error(f"{data_dir} is not a directory: point it at a folder laid out like ../shared/data.")
-            st.stop()
-        pairs_b = keep_correct(model, benchmark_pairs(model.tokenizer, data_dir, bench, spec.n, spec.seed))
-    bar, cb = progress_bar("Comparing")
-    res = transfer(model, pairs_a, pairs_b, names=("A", "B"), k=int(k), cache=cache, progress=cb)
-    bar.empty()
+    with cancellable(bar):
+        pairs_a, _ = kept_pairs(model, spec, cache=cache, progress=cb)
+        if second.startswith("word") or second.startswith("paper"):
+            fam = ("time_span", "object_accumulation") if second.startswith("word") else ("equation", "statement", "qa")
+            spec_b = PromptSetSpec(ops=tuple(o for o in spec.ops if o in ("add", "sub")) if second.startswith("word")
+                                   else spec.ops, n=spec.n, seed=spec.seed + 1, families=fam)
+            pairs_b, _ = kept_pairs(model, spec_b, cache=cache, progress=cb)
+        else:
+            bench = "svamp" if second.startswith("SVAMP") else "gsm8k"
+            if not Path(data_dir).is_dir():
+                bar.empty()
+                st.error(f"{data_dir} is not a directory: point it at a folder laid out like ../shared/data.")
+                st.stop()
+            pairs_b = keep_correct(model, benchmark_pairs(model.tokenizer, data_dir, bench, spec.n, spec.seed),
+                                   progress=cb)
+        res = transfer(model, pairs_a, pairs_b, names=("A", "B"), k=int(k), cache=cache, progress=cb)
 except (PromptError, CacheError, ValueError) as e:
+    bar.empty()
     st.error(f"Cannot compare: {e}")
     st.stop()
+bar.empty()
 
 st.metric("Shared key heads", f"{res.overlap} of {res.k}", help=f"Jaccard index {res.jaccard:.2f}")
 df = pd.DataFrame([{"set": s.name, "pairs": s.n_pairs, "accuracy": s.accuracy,

@@ -18,7 +18,7 @@ from engine.position_patching import cached_layer_position_patching
 from engine.prompts import PromptError
 from ui.charts import HEAD_SELECTION, heatmap, heatmap_frame
 from ui.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
-from ui.session import progress_bar
+from ui.session import cancellable, progress_bar
 
 ERRORS = (PromptError, CacheError, ValueError)
 KIND_NAMES = dict(KINDS)
@@ -31,7 +31,8 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
                            "sender; its AtP estimate one forward + one backward pass.")
     try:
         bar, cb = progress_bar("Exact and attribution patching, step")
-        table, computed = cached_attribution(model, pairs, cache=cache, total=total, progress=cb)
+        with cancellable(bar):
+            table, computed = cached_attribution(model, pairs, cache=cache, total=total, progress=cb)
         bar.empty()
     except ERRORS as e:
         st.error(f"Cannot run attribution patching: {e}")
@@ -112,8 +113,9 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
                          f"of the set)", key=f"h2h_go_{rec}"):
             return
         try:
-            bar, cb = progress_bar(f"Head -> head into {rec}, batch")
-            vals, _ = cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb)
+            bar, cb = progress_bar(f"Head -> head into {rec}, batch", on_demand=True)
+            with cancellable(bar):
+                vals, _ = cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb)
             bar.empty()
         except ERRORS as e:
             st.error(f"Cannot run head -> head path patching: {e}")
@@ -144,9 +146,10 @@ def position_view(model, pairs, cache) -> None:
     tok = model.tokenizer
     try:
         bar, cb = progress_bar("Layer x position patching, batch")
-        cells, computed = cached_layer_position_patching(
-            model, pairs, cache=cache, tokens=lambda ids: [display_token(t) for t in tok.convert_ids_to_tokens(list(ids))],
-            progress=cb)
+        with cancellable(bar):
+            cells, computed = cached_layer_position_patching(
+                model, pairs, cache=cache,
+                tokens=lambda ids: [display_token(t) for t in tok.convert_ids_to_tokens(list(ids))], progress=cb)
         bar.empty()
     except ERRORS as e:
         st.error(f"Cannot run layer x position patching: {e}")
@@ -171,7 +174,8 @@ def logit_lens_view(model, pairs, cache) -> None:
     """The answer's probability and rank at END after each layer."""
     try:
         bar, cb = progress_bar("Logit lens, batch")
-        rows, computed = cached_logit_lens(model, pairs, cache=cache, progress=cb)
+        with cancellable(bar):
+            rows, computed = cached_logit_lens(model, pairs, cache=cache, progress=cb)
         bar.empty()
     except ERRORS as e:
         st.error(f"Cannot run the logit lens: {e}")
@@ -236,8 +240,9 @@ def report_section(model, spec, cache) -> None:
                       "knockout curve, with the model fingerprint, the prompt-set definition and the versions, "
                       f"as one HTML file that opens offline ({len(STEPS)} steps; cached results are reused)."):
         try:
-            bar, cb = progress_bar("Building the report, step")
-            st.session_state[key] = render_html(build_report(model, spec, cache, progress=cb))
+            bar, cb = progress_bar("Building the report, step", on_demand=True)
+            with cancellable(bar):
+                st.session_state[key] = render_html(build_report(model, spec, cache, progress=cb))
             bar.empty()
         except ERRORS as e:
             st.error(f"Cannot build the report: {e}")

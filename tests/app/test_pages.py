@@ -74,7 +74,15 @@ def test_knockout_page_changes_prediction():
     after = at.table[0].value
     assert list(after["before"]) == list(before["before"])
     assert list(after["after knockout"]) != list(before["after knockout"])
+    # the Fig. 3 curve only when asked, its cost on the button; then read from the cache
+    assert _charts(at) == 0
+    go = next(b for b in at.button if b.key == "knockout_curve_go")
+    assert "forward passes" in go.label and " s)" in go.label
+    go.click().run()
+    _ok(at)
     assert _charts(at) >= 1
+    at.run()
+    assert _charts(at) >= 1 and not [b for b in at.button if b.key == "knockout_curve_go"]
 
 
 def test_transfer_page():

@@ -140,3 +140,42 @@ def test_patch_guards_the_relative_effect_on_a_random_init_model(cache_file, tmp
     assert guard["excluded_pairs"] > 5 and guard["ranked_by"] == "logit_diff"  # measured: all 10 below 1
     assert f"{guard['excluded_pairs']} of 10 prompt pairs" in guard["note"] and "logit_diff" in guard["note"]
     assert all("logit_diff" in h and "effect" not in h for h in s["top_heads"])
+
+def test_sweeps_are_silent_on_a_pipe_and_take_quiet(tmp_path):
+    """Progress bars go to a terminal only (tests/unit/test_progress.py): piped stderr stays empty."""
+    args = ["knockout-curve", "--model", "organism", "--op", "add", "--n", "12", "--k-max", "3", "--draws", "3",
+            "--no-cache", "--out", str(tmp_path / "c.csv")]
+    for extra in ([], ["--quiet"]):
+        piped = run_cli(*args, *extra, cache=tmp_path / "c.duckdb")
+        assert piped.returncode == 0 and piped.stderr.strip() == "", piped.stderr
+
+
+def test_sweeps_show_a_progress_bar_on_a_terminal(tmp_path):
+    """On a terminal (a pty of 100 x 24), the knockout curve draws tqdm bars with counts on stderr."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    env = dict(os.environ, ARITHLAB_CACHE=str(tmp_path / "t.duckdb"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "knockout-curve", "--model", "organism", "--op", "add",
+                             "--n", "12", "--k-max", "3", "--draws", "3", "--no-cache", "--out", str(tmp_path / "c.csv")],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    shown = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 5.0)
+        if not ready and proc.poll() is not None:
+            break
+        try:
+            data = os.read(master, 65536) if ready else b""
+        except OSError:  # the child closed the terminal
+            break
+        shown += data
+    os.close(master)
+    assert proc.wait(300) == 0
+    text = shown.decode(errors="replace")
+    assert "checking answers" in text and "path patching" in text and "knockout sets" in text, text[-2000:]
+    assert "it/s]" in text or "s/it]" in text, text[-2000:]

@@ -151,3 +151,39 @@ def test_first_token_role_on_smollm2_without_bos(smol, pairs):
     ra = role_attention(smol, worded)
     # measured: up to 0.86 of a head's END-row mass sits on position 0 (formerly counted as "other")
     assert max(v.value for v in ra if v.role == FIRST_TOKEN) > 0.5
+
+
+def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
+    """Issue 15 on the real model: the batched END-only knockout curve equals the former full-logits
+    path, with one forward call per distinct knockout set, and the END..-only accuracy scores equal
+    full logits -- on prompts whose END is the token right before the answer's first digit."""
+    import torch
+
+    from engine.ablation import DEFAULT_TOKENS_PER_PASS, curve_knockouts, knockout_curve, length_chunks
+    from engine.accuracy import score_pairs
+    from engine.backend import WorkMeter
+    ps, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add", "mul"), n=4, seed=1))
+    for p in ps:  # the digit position: END is the last prompt token, the answer starts with a digit token
+        answer = smol.tokenizer.decode(p.answer_ids).strip()
+        assert answer == str(p.answer) and smol.tokenizer.decode([p.answer_id]).strip()[:1].isdigit()
+        assert not smol.tokenizer.decode([p.ref_ids[-1]]).strip()[-1:].isdigit()
+    scores = score_pairs(smol, ps)
+    width = max(len(p.ref_ids) + len(p.answer_ids) for p in ps)
+    for p, s in zip(ps, scores):
+        seq = torch.tensor([p.ref_ids + p.answer_ids])
+        full = smol.logits(seq)[0].float()  # [pos, vocab], unpadded
+        end = len(p.ref_ids) - 1
+        assert s.first_ok == (int(full[end].argmax()) == p.answer_id)
+        assert abs(s.p_answer - torch.softmax(full[end], -1)[p.answer_id].item()) < 1e-4
+    assert width > 0
+    right = [p for p, s in zip(ps, scores) if s.first_ok]
+    assert right, "SmolLM2 answers none of these prompts"
+    means = mean_activations(smol, right)
+    L, H = smol.facts.n_layers, smol.facts.n_heads
+    ranked = [(L // 2, 0), (L // 2 + 1, 1), (3, 2)]
+    sets = [ko for _, t, r in curve_knockouts(L, H, ranked, k_max=3, draws=2) for ko in [t, *r]]
+    smol.meter = WorkMeter()
+    new = knockout_curve(smol, right, ranked, means, k_max=3, draws=2, sets_per_pass=1)
+    n_chunks = len(length_chunks(right, DEFAULT_TOKENS_PER_PASS))
+    assert smol.meter.forward_calls == n_chunks * len({frozenset(ko.heads) for ko in sets}) == n_chunks * (3 * 3 + 1)
+    assert new == knockout_curve(smol, right, ranked, means, k_max=3, draws=2, batched=False)

@@ -36,3 +36,11 @@ def test_summary_reads_only_the_cache_and_quotes_its_numbers(tmp_path):
     assert found["MLPs"].computed and found["MLPs"].page == "Patching_heatmap"
     last = [r for r in lens if r.group == "*"][-1]
     assert found["logit lens"].computed and f"P = {last.mean_prob:.2f} after the last layer" in found["logit lens"].text
+    assert not found["knockout"].computed
+    from engine.ablation import cached_knockout_curve
+    from engine.summary import KNOCKOUT_DRAWS, KNOCKOUT_K
+    ranked = [(layer, h) for layer, h, _ in table.top_heads(KNOCKOUT_K)]
+    pts, _ = cached_knockout_curve(model, pairs, ranked, k_max=KNOCKOUT_K, draws=KNOCKOUT_DRAWS, cache=cache)
+    ko = {f.step: f for f in circuit_summary(model, pairs, cache)}["knockout"]
+    gap = 100 * (pts[3].random_mean - pts[3].top_accuracy)
+    assert ko.computed and f"top 3 heads leaves {pts[3].top_accuracy:.0%}" in ko.text and f"gap of {gap:.0f} points" in ko.text

@@ -1,0 +1,274 @@
+"""Benchmark: every sweep's cost in forward-equivalents and seconds, before/after issue 15.
+
+For the bundled model, SmolLM2-135M and a random-init Qwen2.5-0.5B-shaped model (full 151,936-token
+vocabulary), on ``--n`` prompts per operation (default 16, ``--ops add``), prints per technique:
+seconds (wall and process CPU), **forward-equivalents** (FE) and the floor they are measured
+against, for the former implementation ("before": full ``[batch, pos, vocab]`` logits, one pass
+per knockout set, duplicates included, the filter and the accuracy each running the forward pass)
+and the current one ("after").
+
+Forward-equivalent: one batched forward pass of the prompt set (right-padded, full logits) = 1.
+The work of every forward call is *counted* (positions through the blocks, positions through the
+final norm + unembedding, MLP-branch rows of path patching's END chains) by wrapping the backend's
+methods, and weighted by multiply-accumulates per position from the model's shape (attention
+projections + MLP per block, d_model x vocab for the unembedding); attention scores are left out.
+
+A "before" run that would take minutes on the 0.5B shape is timed on ``--before-sample`` knockout
+sets and scaled to all of them (the table says so); its FE count is exact either way.
+
+    .venv/bin/python bench/sweeps.py                   # all three models
+    .venv/bin/python bench/sweeps.py --models organism,smollm2
+    .venv/bin/python bench/sweeps.py --models llama7b --device cuda --dtype bfloat16 --ops add,sub,mul,div --n 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.ablation import (Knockout, curve_knockouts, distinct_knockouts, knockout_accuracies,  # noqa: E402
+                             knockout_accuracy, knockout_curve, mean_activations)
+from engine.accuracy import score_pairs  # noqa: E402
+from engine.backend import macs_per_position, open_model  # noqa: E402
+from engine.patching import cached_path_patching  # noqa: E402
+from engine.promptsets import PromptSetSpec, generate  # noqa: E402
+
+
+@dataclass
+class Counter:
+    """Counts the work of every forward call and END chain of one backend (wrapping its methods)."""
+
+    body: int = 0
+    unembed: int = 0
+    mlp_rows: int = 0
+    calls: int = 0
+    log: list = field(default_factory=list)
+
+    def attach(self, backend) -> None:
+        logits, rwc, mlp = backend.logits, backend.run_with_cache, backend.mlp_branch
+
+        def count(ids, out):
+            self.calls += 1
+            self.body += int(ids.numel())
+            self.unembed += int(out.shape[:-1].numel())
+
+        def logits_w(ids, mask=None):
+            out = logits(ids, mask)
+            count(ids, out)
+            return out
+
+        def rwc_w(ids, mask, names):
+            out = rwc(ids, mask, names)
+            count(ids, out[0])
+            return out
+
+        def mlp_w(layer, x):
+            self.mlp_rows += int(x.shape[0])
+            return mlp(layer, x)
+        backend.logits, backend.run_with_cache, backend.mlp_branch = logits_w, rwc_w, mlp_w
+
+    def snapshot(self) -> tuple[int, int, int, int]:
+        return self.body, self.unembed, self.mlp_rows, self.calls
+
+
+def fe(facts, unit_tokens: int, body: float, unembed: float, mlp_rows: float = 0) -> float:
+    """Forward-equivalents of counted work; ``unit_tokens`` = positions of one padded pass of the set."""
+    c_body, c_unembed, c_mlp = macs_per_position(facts)
+    return (body * c_body + unembed * c_unembed + mlp_rows * c_mlp) / (unit_tokens * (c_body + c_unembed))
+
+
+@dataclass
+class Row:
+    model: str
+    technique: str
+    before_s: float
+    before_cpu: float
+    before_fe: float
+    after_s: float
+    after_cpu: float
+    after_fe: float
+    floor_fe: float
+    floor: str
+    note: str = ""
+
+
+def measure(counter: Counter, fn: Callable[[], object]) -> tuple[float, float, tuple[int, int, int, int]]:
+    b0 = counter.snapshot()
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    t, c = time.perf_counter() - t0, time.process_time() - c0
+    b1 = counter.snapshot()
+    return t, c, tuple(x - y for x, y in zip(b1, b0))
+
+
+def old_scores(model, pairs) -> None:
+    """The former accuracy pass: full logits over prompt + answer (run once by the filter, once by
+    the accuracy table)."""
+    pad = model.tokenizer.pad_token_id or model.tokenizer.eos_token_id or 0
+    seqs = [p.ref_ids + p.answer_ids for p in pairs]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    with torch.no_grad():
+        model.logits(ids, mask).float()
+
+
+def bench_model(label: str, spec: str, ops: tuple[str, ...], n: int, before_sample: int, *, device: str = "cpu",
+                dtype: str = "float32") -> list[Row]:
+    torch.manual_seed(0)
+    model = open_model(spec, device=device, dtype=dtype)
+    f = model.facts
+    L, H = f.n_layers, f.n_heads
+    pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=ops, n=n, seed=0))
+    pairs = pairs[:n * len(ops)]
+    unit = len(pairs) * max(len(p.ref_ids) for p in pairs)
+    c = Counter()
+    c.attach(model)
+    rows: list[Row] = []
+
+    def row(name, before, after, floor_fe, floor, note=""):
+        (bt, bc, bw), (at, ac, aw) = before, after
+        rows.append(Row(label, name, bt, bc, fe(f, unit, bw[0], bw[1], bw[2]), at, ac,
+                        fe(f, unit, aw[0], aw[1], aw[2]), floor_fe, floor, note))
+
+    # -- accuracy: the prompt filter + the accuracy table -----------------------------------------
+    def before_acc():
+        old_scores(model, pairs)
+        old_scores(model, pairs)
+    before = measure(c, before_acc)
+    after = measure(c, lambda: (score_pairs(model, pairs), score_pairs(model, pairs)))
+    ans_tokens = sum(len(p.ref_ids) + len(p.answer_ids) for p in pairs)
+    floor = fe(f, unit, ans_tokens, sum(len(p.answer_ids) + 1 for p in pairs))
+    row("filter + accuracy", before, after, floor, "1 pass over prompt+answer, unembedding at END..")
+
+    # -- mean activations (once per prompt set and model, memoized) --------------------------------
+    t = measure(c, lambda: mean_activations(model, pairs))
+    means = mean_activations(model, pairs)
+    row("mean activations (X_c)", t, t, fe(f, unit, unit, unit), "1 forward over X_c", "unchanged")
+
+    # -- path patching (already at its floor: unchanged) ------------------------------------------
+    tables = []
+    t = measure(c, lambda: tables.append(cached_path_patching(model, pairs)[0]))
+    ranked_all = [(layer, h) for layer, h, _ in tables[0].top_heads(20)]
+    row("path patching (all heads + MLPs)", t, t, fe(f, unit, 2 * unit, 2 * unit), "2 forwards (+ END MLP chains)",
+        "unchanged")
+
+    # -- live knockout: accuracy before + after (3 heads) -------------------------------------------
+    ko = Knockout(tuple(ranked_all[:3]))
+    before = measure(c, lambda: (knockout_accuracy(model, pairs, Knockout(), means, end_only=False),
+                                 knockout_accuracy(model, pairs, ko, means, end_only=False)))
+    after = measure(c, lambda: knockout_accuracies(model, pairs, [Knockout(), ko], means))
+    real = sum(len(p.ref_ids) for p in pairs)
+    row("knockout (before + after, 3 heads)", before, after, fe(f, unit, 2 * real, 2 * len(pairs)),
+        "2 END-only evaluations")
+
+    # -- knockout curve, k_max 10, 5 draws -----------------------------------------------------------
+    k_max, draws = 10, 5
+    ranked = ranked_all[:k_max]
+    plan = curve_knockouts(L, H, ranked, k_max=k_max, draws=draws)
+    n_sets = sum(1 + len(r) for _, _, r in plan)
+    n_distinct = len(distinct_knockouts([k for _, t_, r in plan for k in [t_, *r]], L, H))
+    if before_sample and before_sample < n_sets:
+        sample = [k for _, t_, r in plan for k in [t_, *r]][-before_sample:]  # the largest k: the costliest
+        bt, bc, bw = measure(c, lambda: [knockout_accuracy(model, pairs, k, means, end_only=False) for k in sample])
+        s = n_sets / len(sample)
+        before = (bt * s, bc * s, tuple(int(x * s) for x in bw))
+        note = f"before: {len(sample)} of {n_sets} sets timed, scaled"
+    else:
+        before = measure(c, lambda: knockout_curve(model, pairs, ranked, means, k_max=k_max, draws=draws,
+                                                   batched=False))
+        note = ""
+    after = measure(c, lambda: knockout_curve(model, pairs, ranked, means, k_max=k_max, draws=draws))
+    row(f"knockout curve (k<={k_max}, {draws} draws)", before, after, fe(f, unit, n_distinct * real,
+        n_distinct * len(pairs)), f"{n_distinct} distinct sets x 1 END-only evaluation", note)
+
+    # -- transfer: the knockouts of one set (patching as above) -----------------------------------------
+    own, other = Knockout(tuple(ranked_all[:10])), Knockout(tuple(ranked_all[10:20]))
+    before = measure(c, lambda: [knockout_accuracy(model, pairs, k, means, end_only=False)
+                                 for k in (Knockout(), own, other)])
+    after = measure(c, lambda: knockout_accuracies(model, pairs, [Knockout(), own, other], means))
+    row("transfer knockouts (per set: none, own, other)", before, after, fe(f, unit, 3 * real, 3 * len(pairs)),
+        "3 END-only evaluations (+ path patching, as above)")
+    return rows
+
+
+def qwen_shaped(out: Path) -> Path:
+    from path_patching import qwen_shaped as build
+    return build(out, quick=False)
+
+
+def llama7b_shaped(out: Path, device: str) -> Path:
+    """Random-init Llama-2-7B shape (32 layers, 32 heads, d_model 4096, d_mlp 11008, vocab 32000), bf16."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.organism import build_tokenizer
+    tok = build_tokenizer()
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="organism,smollm2,qwen0.5b",
+                    help="comma list of organism, smollm2, qwen0.5b, llama7b (the GPU run: use --device cuda)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--ops", default="add")
+    ap.add_argument("--n", type=int, default=16, help="prompts per operation")
+    ap.add_argument("--before-sample", type=int, default=6,
+                    help="on the 0.5B shape, time the former curve on this many sets and scale (0: all)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    ops = tuple(o.strip() for o in args.ops.split(","))
+    rows: list[Row] = []
+    wanted = args.models.split(",")
+    if "organism" in wanted:
+        rows += bench_model("organism (6L, 8H/2KV, d128, vocab 191)", "organism", ops, args.n, 0)
+    if "smollm2" in wanted:
+        from engine.models import smollm2_gguf_path
+        rows += bench_model("SmolLM2-135M (30L, 9H/3KV, d576, vocab 49152)", str(smollm2_gguf_path()), ops,
+                            args.n, 0)
+    if "qwen0.5b" in wanted:
+        with tempfile.TemporaryDirectory() as d:
+            path = qwen_shaped(Path(d) / "qwen")
+            rows += bench_model("random Qwen2.5-0.5B shape (24L, 14H/2KV, d896, vocab 151936)", str(path), ops,
+                                args.n, args.before_sample, device=args.device, dtype=args.dtype)
+    if "llama7b" in wanted:
+        with tempfile.TemporaryDirectory() as d:
+            path = llama7b_shaped(Path(d) / "llama", args.device)
+            rows += bench_model("random Llama-2-7B shape (32L, 32H, d4096, mlp 11008, vocab 32000)", str(path), ops,
+                                args.n, args.before_sample, device=args.device, dtype=args.dtype)
+    print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.device}, {args.dtype}, "
+          f"{args.n} prompts per op "
+          f"({args.ops}); FE = forward-equivalents (1 = one padded full-logits pass of the prompts); "
+          f"s = wall seconds, cpu = process CPU seconds\n")
+    print("| model | technique | before s (cpu) | before FE | after s (cpu) | after FE | floor FE | "
+          "speed-up | floor | note |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    for r in rows:
+        print(f"| {r.model} | {r.technique} | {r.before_s:.2f} ({r.before_cpu:.2f}) | {r.before_fe:.1f} | "
+              f"{r.after_s:.2f} ({r.after_cpu:.2f}) | {r.after_fe:.1f} | {r.floor_fe:.1f} | "
+              f"{r.before_cpu / max(r.after_cpu, 1e-9):.1f}x | {r.floor} | {r.note} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Sweeps at their floor in forward passes (issue 15), on both backends and the real SmolLM2.
+
+* END-only logits (``logits_at`` / ``end_logits``) equal the full logits at those positions;
+* ``knockout_curve`` makes exactly one END-only evaluation per **distinct** knockout set (k = 0 of
+  every draw and repeated draws once): as many forward calls as distinct sets with one set per
+  pass, ceil(distinct / s) with s sets batched per pass -- counted by the backend's meter and,
+  independently, by a forward hook on the Hugging Face embedding;
+* the batched END-only path gives the same accuracies and curve as the former full-logits path,
+  and rows of one pass carrying different knockouts give what each knockout gives alone;
+* the accuracy scores (teacher-forced, END.. positions only) equal a full-logits computation;
+* transfer evaluates its three knockouts per set in one pass (small work: one padded pass).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.ablation import (DEFAULT_TOKENS_PER_PASS, Knockout, curve_knockouts, knockout_accuracies,
+                             knockout_accuracy, knockout_curve, length_chunks, mean_activations)
+from engine.accuracy import keep_correct, score_pairs
+from engine.backend import WorkMeter, open_model
+from engine.promptsets import PromptSetSpec, generate
+
+
+@pytest.fixture(scope="module", params=["bridge", "nnsight"])
+def organism(request):
+    return open_model("organism", device="cpu", backend=request.param)
+
+
+@pytest.fixture(scope="module")
+def pairs(organism):
+    ps, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=6, seed=3))
+    return keep_correct(organism, ps)
+
+
+def _padded(backend, seqs):
+    pad = backend.tokenizer.pad_token_id or backend.tokenizer.eos_token_id or 0
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    return ids, mask
+
+
+def _distinct(sets) -> int:
+    return len({frozenset(ko.heads) for ko in sets})
+
+
+def test_end_logits_equal_full_logits(organism, pairs):
+    ids, mask = _padded(organism, [p.ref_ids for p in pairs[:5]])
+    end = torch.tensor([len(p.ref_ids) - 1 for p in pairs[:5]])
+    full = organism.logits(ids, mask)  # [batch, pos, vocab]
+    organism.meter = WorkMeter()
+    got = organism.end_logits(ids, mask, end)  # [batch, vocab]
+    assert got.shape == (5, full.shape[-1])
+    assert torch.allclose(got, full[torch.arange(5), end], atol=1e-4)
+    assert organism.meter.unembed_rows == 5  # only the END rows went through the unembedding
+    pos = torch.stack([end, (end - 1).clamp_min(0)], 1)
+    assert torch.allclose(organism.logits_at(ids, mask, pos), full[torch.arange(5)[:, None], pos], atol=1e-4)
+
+
+@pytest.mark.parametrize("k_max,draws,per_pass", [(4, 3, 1), (4, 3, 5), (1, 40, 1), (0, 6, 1)])
+def test_knockout_curve_forward_calls_equal_distinct_sets(organism, pairs, k_max, draws, per_pass):
+    L, H = organism.facts.n_layers, organism.facts.n_heads
+    ranked = [(L - 1 - i % L, i % H) for i in range(k_max)]
+    sets = [ko for _, top, rand in curve_knockouts(L, H, ranked, k_max=k_max, draws=draws) for ko in [top, *rand]]
+    distinct = _distinct(sets)
+    assert distinct < len(sets)  # k = 0 of every draw is one set (and 40 one-head draws of 48 repeat)
+    means = mean_activations(organism, pairs)
+    embed_calls = []
+    embed = organism.hf_model.get_submodule("model.embed_tokens") if organism.name == "nnsight" else None
+    handle = embed.register_forward_hook(lambda *a: embed_calls.append(1)) if embed is not None else None
+    organism.meter = WorkMeter()
+    try:
+        knockout_curve(organism, pairs, ranked, means, k_max=k_max, draws=draws, sets_per_pass=per_pass)
+    finally:
+        if handle is not None:
+            handle.remove()
+    chunks = length_chunks(pairs, DEFAULT_TOKENS_PER_PASS)  # prompts of equal length: no padding
+    assert 1 < len(chunks) == len({len(p.ref_ids) for p in pairs})
+    assert organism.meter.forward_calls == len(chunks) * math.ceil(distinct / per_pass)
+    assert organism.meter.body_tokens == sum(len(p.ref_ids) for p in pairs) * distinct
+    if handle is not None:
+        assert len(embed_calls) == organism.meter.forward_calls
+    assert organism.meter.unembed_rows == distinct * len(pairs)  # END rows only
+
+
+def test_batched_curve_equals_former_full_logits_path(organism, pairs):
+    L, H = organism.facts.n_layers, organism.facts.n_heads
+    means = mean_activations(organism, pairs)
+    ranked = [(layer, h) for layer in range(L) for h in range(H)][::5][:6]
+    new = knockout_curve(organism, pairs, ranked, means, k_max=6, draws=4, seed=1)
+    old = knockout_curve(organism, pairs, ranked, means, k_max=6, draws=4, seed=1, batched=False)
+    assert new == old
+    assert any(p.top_accuracy < 1.0 or p.random_mean < 1.0 for p in new)  # the knockouts do bite
+
+
+def test_rows_with_different_knockouts_equal_each_alone(organism, pairs):
+    means = mean_activations(organism, pairs)
+    kos = [Knockout(), Knockout(((0, 1), (2, 3))), Knockout(mlps=(1,)), Knockout(((5, 0),), (0, 4)),
+           Knockout(((2, 3), (0, 1)))]  # the last repeats the second (other order)
+    together = knockout_accuracies(organism, pairs, kos, means, sets_per_pass=4)
+    alone = [knockout_accuracy(organism, pairs, ko, means, end_only=False) for ko in kos]
+    assert together == alone
+    assert together[1] == together[4]
+    assert len(set(together)) > 1
+
+
+def test_accuracy_scores_equal_full_logits(organism):
+    ps, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul", "pow"), n=8, seed=11))
+    scores = score_pairs(organism, ps)
+    ids, mask = _padded(organism, [p.ref_ids + p.answer_ids for p in ps])
+    with torch.no_grad():
+        full = organism.logits(ids, mask).float()
+    for p, s, lg in zip(ps, scores, full):
+        end = len(p.ref_ids) - 1
+        pred = lg[end:end + len(p.answer_ids) + 1].argmax(-1).tolist()
+        assert s.first_ok == (pred[0] == p.answer_id)
+        assert s.full_ok == (pred[:len(p.answer_ids)] == p.answer_ids and
+                             not any(c.isdigit() for c in organism.tokenizer.convert_ids_to_tokens(pred[-1])))
+        assert abs(s.p_answer - torch.softmax(lg[end], -1)[p.answer_id].item()) < 1e-5
+    assert any(not s.first_ok for s in scores) and any(s.first_ok for s in scores)
+
+
+def test_filter_and_accuracy_share_one_forward_pass(organism):
+    from engine.accuracy import accuracy_report, kept_pairs
+    spec = PromptSetSpec(ops=("sub",), n=5, seed=99 + len(organism.name))  # the backends share memo entries
+    organism.meter = WorkMeter()
+    kept_pairs(organism, spec)
+    calls = organism.meter.forward_calls
+    assert calls >= 1
+    accuracy_report(organism, spec)
+    assert organism.meter.forward_calls == calls
+
+
+def test_transfer_knockouts_one_pass_per_set(organism):
+    from engine.patching import path_patching
+    from engine.transfer import transfer
+    a, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add",), n=6, seed=21))
+    b, _ = generate(organism.tokenizer, PromptSetSpec(ops=("mul",), n=6, seed=22))
+    a, b = keep_correct(organism, a), keep_correct(organism, b)
+    mean_activations(organism, a), mean_activations(organism, b)  # memoized: shared by every technique
+    organism.meter = WorkMeter()
+    path_patching(organism, a)
+    path_patching(organism, b)
+    patch_calls = organism.meter.forward_calls
+    organism.meter = WorkMeter()
+    seen = []
+    res = transfer(organism, a, b, k=3, progress=lambda d, t: seen.append((d, t)))
+    # + one (padded) knockout pass per set for its 3 knockouts: none, own top-k, other's top-k
+    assert organism.meter.forward_calls == patch_calls + 2
+    assert res.a.accuracy_ko_own <= res.a.accuracy
+    assert seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == sorted(d for d, _ in seen)
