@@ -475,7 +475,7 @@ def template_sft_examples(ops: Iterable[str] = ("add", "sub", "mul", "div"), n: 
                           families: Sequence[str] | None = None) -> list[dict[str, str]]:
     """``[{"prompt", "answer"}]`` from the paper's arithmetic templates (:mod:`engine.templates`):
     ``{"prompt": "3 + 5 =", "answer": " 8"}``; ``n`` per operation, seeded; ``families`` None =
-    the 36 paper templates."""
+    the paper's Figure 8 templates."""
     from engine.prompts import sample_problems
     from engine.templates import PAPER_FAMILIES
     problems = sample_problems(tuple(ops), n, seed, families=PAPER_FAMILIES if families is None else families)
