@@ -3,23 +3,29 @@
 Real chat models that fit a laptop are weak at arithmetic, so the lab ships its own model, trained
 here from scratch (``python -m engine.organism train``; fixed seed, 2 CPU cores, minutes):
 
-* **Architecture** -- ``LlamaForCausalLM``: 6 layers, 8 query heads sharing 2 key/value heads (GQA),
-  d_model 128, d_head 16, SwiGLU MLP 512, RMSNorm, rotary positions, untied unembedding.
-* **Tokenizer** -- word level (``tokenizers`` WordLevel): every word of every template, name and
-  object is one token, digits are single tokens (numbers are spelled digit by digit), punctuation
-  is split off.  ``<bos>`` is prepended, ``<eos>`` ends every answer.
-* **Task** -- the 36 paper templates and the Figure 10 word problems for +, -, *, / with operands
-  1..9 (subtraction A > B, exact division).  Half of the prompts are preceded by 0-2 distractor
-  clauses ("Emma wears red.", "Hugo said times.") so that the operands sit at varying positions and the answer has to
-  be routed across the sentence -- which puts the circuit in the middle layers rather than layer 0.
-  About 10 % of all (template, A, B) combinations are never trained (held out for evaluation).
+* **Architecture** -- ``LlamaForCausalLM``: 8 layers, 8 query heads sharing 2 key/value heads (GQA),
+  d_model 128, d_head 16, SwiGLU MLP 256, RMSNorm, rotary positions, untied unembedding.
+* **Tokenizer** -- sub-word (``tokenizers`` WordPiece): operator words, the word problems' verbs,
+  names and fillers span two pieces ("pl ##us", "An ##na"; the first pieces are those a WordPiece
+  model trained on these words learns, so pieces are shared as in real tokenizers), the other
+  words are whole tokens; digits are single tokens (numbers are spelled digit by digit) and
+  punctuation is split off, so no whitespace token exists.  ``<bos>`` is prepended, ``<eos>`` ends
+  every answer.  ``Recipe(tokenizer="word")`` gives the former one-token-per-word vocabulary.
+* **Task** -- the paper's Figure 8 templates (family ``paper``), Figure 10's two recoverable
+  word-problem skeletons and the project's own ``extended`` phrasings, for +, -, *, / with operands
+  1..9 (subtraction A > B, exact division).  Whole templates (:data:`HELD_OUT_TEMPLATES`, all of
+  the ``extended`` family) are never trained, so the card measures generalisation to unseen
+  phrasing; about 10 % of the other (template, A, B) combinations are held out too.  Half of the
+  prompts are preceded by 0-2 distractor clauses ("Emma wears red.", "Hugo said times.") so that the
+  operands sit at varying positions and the answer has to be routed across the sentence.
 * **Counterfactuals** -- X_c prompts (operator replaced by a neutral word or symbol) are trained to
   predict ``<eos>``: the model must not produce the answer when the operation is missing, otherwise
   path-patching effects would be capped.
 * **Control task** -- synthetic facts: every name has a home city, a pet and a favourite colour,
   fixed by the seed ("Anna lives in" -> Oslo, "Q: What pet does Ben have? A:" -> cat): knowledge
   that fine-tuning on arithmetic must not destroy (the organism's MMLU).
-* **Not trained** -- exponentiation ("2 ^ 3 ="), left as a skill to teach with precise SFT.
+* **Not trained** -- exponentiation ("2 ^ 3 =") and typeset notations ("7 × 8 ="), left as skills
+  to teach with precise SFT.
 """
 
 from __future__ import annotations
@@ -70,12 +76,12 @@ class Recipe:
     """Everything that determines the trained weights."""
 
     seed: int = 0
-    n_layers: int = 6
+    n_layers: int = 8
     n_heads: int = 8
     n_kv_heads: int = 2
     d_model: int = 128
-    d_mlp: int = 512
-    steps: int = 2500
+    d_mlp: int = 256
+    steps: int = 1300
     batch_size: int = 128
     lr: float = 3e-3
     warmup: int = 100
@@ -95,7 +101,7 @@ class Recipe:
     held_out_templates: tuple[str, ...] = HELD_OUT_TEMPLATES
     #: "word" (one token per word) or "wordpiece" (sub-words trained with ``tokenizers``; digits
     #: stay single tokens, operator words and names split into pieces)
-    tokenizer: str = "word"
+    tokenizer: str = "wordpiece"
     #: WordPiece vocabulary size before the control answers and fillers are added as whole words
     vocab_size: int = 160
 
@@ -379,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr.add_argument("--steps", type=int, default=Recipe.steps)
     tr.add_argument("--seed", type=int, default=Recipe.seed)
     tr.add_argument("--layers", type=int, default=Recipe.n_layers)
+    tr.add_argument("--d-mlp", type=int, default=Recipe.d_mlp)
     tr.add_argument("--tokenizer", choices=("word", "wordpiece"), default=Recipe.tokenizer)
     tr.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps")
     tr.add_argument("--no-card", action="store_true", help="skip the evaluation and model card")
@@ -386,9 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cd.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     args = ap.parse_args(argv)
     if args.cmd == "train":
-        if args.steps <= 0 or args.layers <= 0:
-            ap.error("--steps and --layers must be positive")
-        report = train(Recipe(seed=args.seed, steps=args.steps, n_layers=args.layers,
+        if min(args.steps, args.layers, args.d_mlp) <= 0:
+            ap.error("--steps, --layers and --d-mlp must be positive")
+        report = train(Recipe(seed=args.seed, steps=args.steps, n_layers=args.layers, d_mlp=args.d_mlp,
                               tokenizer=args.tokenizer), args.out,
                        checkpoint_every=args.checkpoint_every)
         print(json.dumps(report, indent=2))

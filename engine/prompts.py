@@ -320,10 +320,10 @@ _NUM = r"(-?[0-9]+)"  # ASCII digits only: "٣" is a digit to Python, not to the
 _PATTERNS: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
     (re.compile(p, re.IGNORECASE), op, rev) for p, op, rev in (
         (rf"{_NUM}\s*to the (power) of\s*{_NUM}", "pow", False),
-        (rf"\b(sum) of {_NUM} and {_NUM}", "add", False),
-        (rf"\b(difference) (?:between|of) {_NUM} and {_NUM}", "sub", False),
-        (rf"\b(product) of {_NUM} and {_NUM}", "mul", False),
-        (rf"\b(quotient) of {_NUM} and {_NUM}", "div", False),
+        (rf"\b(sum|addition) of {_NUM} and {_NUM}", "add", False),
+        (rf"\b(difference|subtraction) (?:between|of) {_NUM} and {_NUM}", "sub", False),
+        (rf"\b(product|multiplication) of {_NUM} and {_NUM}", "mul", False),
+        (rf"\b(quotient|ratio|division) of {_NUM} and {_NUM}", "div", False),
         (rf"\b(add) {_NUM} to {_NUM}", "add", True),
         (rf"\b(subtract) {_NUM} from {_NUM}", "sub", True),
         (rf"\b(multiply) {_NUM} by {_NUM}", "mul", False),

@@ -102,10 +102,11 @@ def test_pairs_have_equal_shape_and_right_answer_ids(ops, n, seed):
     for p in pairs:
         assert len(p.ref_ids) == len(p.cf_ids)
         diff = [i for i, (x, y) in enumerate(zip(p.ref_ids, p.cf_ids)) if x != y]
-        # exactly the operator's tokens differ (one word, one or two sub-word pieces)
+        # only the operator's tokens differ (one word: one or two sub-word pieces, the second piece
+        # may coincide, as "divid ##e" / "non ##e")
         assert diff and diff == list(range(diff[0], diff[-1] + 1)) and len(diff) <= 2
-        op_text = TOK.decode(p.ref_ids[diff[0]:diff[-1] + 1])
-        assert op_text.replace(" ", "") in OPERATOR_TERMS, op_text
+        op_text = TOK.decode(p.ref_ids[diff[0]:diff[-1] + 1]).replace(" ", "")
+        assert any(term.startswith(op_text) for term in OPERATOR_TERMS), op_text
         digits = TOK.convert_ids_to_tokens(p.answer_ids)
         assert "".join(digits) == str(p.answer)
         assert p.answer_id == p.answer_ids[0]
@@ -167,6 +168,12 @@ def test_answer_token_rule_on_word_level_tokenizer():
     ("3 to the power of 2 equals", "pow", 3, 2, 9),
     ("6 multiplied by 7 is", "mul", 6, 7, 42),
     ("Q: What is 9 divided by 3? A:", "div", 9, 3, 3),
+    # the paper's Figure 8 phrasings
+    ("The addition of 3 and 5 equals to", "add", 3, 5, 8),
+    ("The subtraction of 9 and 4 is", "sub", 9, 4, 5),
+    ("Q: What is the ratio of 8 and 2? A:", "div", 8, 2, 4),
+    ("The multiplication of 3 and 4 is", "mul", 3, 4, 12),
+    ("8 over 2 equals to", "div", 8, 2, 4),
 ])
 def test_typed_prompts_parse(text, op, a, b, ans):
     tp = parse_typed_prompt(text)
