@@ -144,7 +144,8 @@ def build_vocab() -> list[str]:
 def split_words() -> tuple[str, ...]:
     """Words the sub-word tokenizer splits into two pieces: every operator word (incl. the word
     problems' verbs), the names and all counterfactual fillers but ``void`` (kept whole, so that a
-    one-piece operator such as ``x`` still finds an equal-length filler)."""
+    one-piece operator such as ``x`` still finds an equal-length filler).  A word that is itself
+    another one's first piece stays whole (``add`` of ``add ##ition``, ``get`` of ``get ##s``)."""
     ops = {w for t in TEMPLATES for w in t.operator_words() if w.isalpha() and len(w) > 1}
     return tuple(sorted(ops | set(NAMES) | {w for w in CF_WORDS if w != "void"}))
 
