@@ -355,8 +355,7 @@ def option_labels(tokenizer, n_choices: int = 5) -> OptionLabels:
     digits after a space, digits without.  A variant is taken when, for every label L of the first
     ``n_choices``, tokenizing ``"Answer:" + variant(L)`` gives the tokens of ``"Answer:"`` plus
     exactly one more token, and these tokens are distinct and not the unknown token.  (SmolLM2,
-    GPT-2, Llama: `` A``; the bundled model's word-level tokenizer knows only the letter ``A``, so it
-    gets digits.)
+    GPT-2, Llama: `` A``; the bundled model's tokenizer knows no ``C``, so it gets digits.)
     """
     if not 2 <= n_choices <= len(DIGITS):
         raise BenchmarkError(f"n_choices must lie in 2..{len(DIGITS)}, got {n_choices}")
@@ -475,7 +474,7 @@ def template_sft_examples(ops: Iterable[str] = ("add", "sub", "mul", "div"), n: 
                           families: Sequence[str] | None = None) -> list[dict[str, str]]:
     """``[{"prompt", "answer"}]`` from the paper's arithmetic templates (:mod:`engine.templates`):
     ``{"prompt": "3 + 5 =", "answer": " 8"}``; ``n`` per operation, seeded; ``families`` None =
-    the 36 paper templates."""
+    the paper's Figure 8 templates."""
     from engine.prompts import sample_problems
     from engine.templates import PAPER_FAMILIES
     problems = sample_problems(tuple(ops), n, seed, families=PAPER_FAMILIES if families is None else families)

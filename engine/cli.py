@@ -76,7 +76,7 @@ def _set_args(p: argparse.ArgumentParser, families_default: str, with_file: bool
     p.add_argument("--n", type=_positive_int, default=100, help="prompts per operation (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--families", default=families_default,
-                   help="paper (the 36 templates) | word (Figure 10) | all | comma list of families")
+                   help="paper (Figure 8, 32 templates) | word (Figure 10) | extended (the project's own) | all | comma list of families")
     p.add_argument("--operands", default="1-9", help="operand range LO-HI (default 1-9)")
     p.add_argument("--allow-negative", action="store_true", help="subtraction may go below zero")
     p.add_argument("--no-balance", action="store_true",

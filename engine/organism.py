@@ -3,23 +3,29 @@
 Real chat models that fit a laptop are weak at arithmetic, so the lab ships its own model, trained
 here from scratch (``python -m engine.organism train``; fixed seed, 2 CPU cores, minutes):
 
-* **Architecture** -- ``LlamaForCausalLM``: 6 layers, 8 query heads sharing 2 key/value heads (GQA),
-  d_model 128, d_head 16, SwiGLU MLP 512, RMSNorm, rotary positions, untied unembedding.
-* **Tokenizer** -- word level (``tokenizers`` WordLevel): every word of every template, name and
-  object is one token, digits are single tokens (numbers are spelled digit by digit), punctuation
-  is split off.  ``<bos>`` is prepended, ``<eos>`` ends every answer.
-* **Task** -- the 36 paper templates and the Figure 10 word problems for +, -, *, / with operands
-  1..9 (subtraction A > B, exact division).  Half of the prompts are preceded by 0-2 distractor
-  clauses ("Emma wears red.", "Hugo said times.") so that the operands sit at varying positions and the answer has to
-  be routed across the sentence -- which puts the circuit in the middle layers rather than layer 0.
-  About 10 % of all (template, A, B) combinations are never trained (held out for evaluation).
+* **Architecture** -- ``LlamaForCausalLM``: 8 layers, 8 query heads sharing 2 key/value heads (GQA),
+  d_model 128, d_head 16, SwiGLU MLP 256, RMSNorm, rotary positions, untied unembedding.
+* **Tokenizer** -- sub-word (``tokenizers`` WordPiece): operator words, the word problems' verbs,
+  names and fillers span two pieces ("pl ##us", "An ##na"; the first pieces are those a WordPiece
+  model trained on these words learns, so pieces are shared as in real tokenizers), the other
+  words are whole tokens; digits are single tokens (numbers are spelled digit by digit) and
+  punctuation is split off, so no whitespace token exists.  ``<bos>`` is prepended, ``<eos>`` ends
+  every answer.  ``Recipe(tokenizer="word")`` gives the former one-token-per-word vocabulary.
+* **Task** -- the paper's Figure 8 templates (family ``paper``), Figure 10's two recoverable
+  word-problem skeletons and the project's own ``extended`` phrasings, for +, -, *, / with operands
+  1..9 (subtraction A > B, exact division).  Whole templates (:data:`HELD_OUT_TEMPLATES`, all of
+  the ``extended`` family) are never trained, so the card measures generalisation to unseen
+  phrasing; about 10 % of the other (template, A, B) combinations are held out too.  Half of the
+  prompts are preceded by 0-2 distractor clauses ("Emma wears red.", "Hugo said times.") so that the
+  operands sit at varying positions and the answer has to be routed across the sentence.
 * **Counterfactuals** -- X_c prompts (operator replaced by a neutral word or symbol) are trained to
   predict ``<eos>``: the model must not produce the answer when the operation is missing, otherwise
   path-patching effects would be capped.
 * **Control task** -- synthetic facts: every name has a home city, a pet and a favourite colour,
   fixed by the seed ("Anna lives in" -> Oslo, "Q: What pet does Ben have? A:" -> cat): knowledge
   that fine-tuning on arithmetic must not destroy (the organism's MMLU).
-* **Not trained** -- exponentiation ("2 ^ 3 ="), left as a skill to teach with precise SFT.
+* **Not trained** -- exponentiation ("2 ^ 3 =") and typeset notations ("7 × 8 ="), left as skills
+  to teach with precise SFT.
 """
 
 from __future__ import annotations
@@ -34,13 +40,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from engine.templates import (CF_SYMBOLS, CF_WORDS, NAMES, OBJECTS, PAPER_OPS, SKILL_FAMILIES, TEMPLATES,
+from engine.templates import (CF_SYMBOLS, CF_WORDS, NAMES, PAPER_OPS, SKILL_FAMILIES, SLOT_POOLS, TEMPLATES,
                               Template)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO_ROOT / "models" / "organism"
-#: The skill families (notation, exponentiation) are never trained: fine-tuning teaches them.
-TRAINED_TEMPLATES: tuple[Template, ...] = tuple(t for t in TEMPLATES if t.family not in SKILL_FAMILIES)
+#: Whole templates never trained (project's ``extended`` family only, so every paper template is
+#: trained): the card measures generalisation to unseen phrasing on them.  Each has siblings of
+#: the same shape for another operation, so its words and its END token are known.
+HELD_OUT_TEMPLATES: tuple[str, ...] = ("add.extended.5", "sub.extended.6", "mul.extended.4",
+                                       "div.extended.2", "add.extended.10")
 
 COLORS: tuple[str, ...] = ("red", "blue", "green", "yellow", "black", "white", "pink", "brown", "gray",
                            "orange")
@@ -67,12 +76,12 @@ class Recipe:
     """Everything that determines the trained weights."""
 
     seed: int = 0
-    n_layers: int = 6
+    n_layers: int = 8
     n_heads: int = 8
     n_kv_heads: int = 2
     d_model: int = 128
-    d_mlp: int = 512
-    steps: int = 2500
+    d_mlp: int = 256
+    steps: int = 1300
     batch_size: int = 128
     lr: float = 3e-3
     warmup: int = 100
@@ -80,12 +89,26 @@ class Recipe:
     p_counterfactual: float = 0.2
     p_control: float = 0.15
     p_distractor: float = 0.5
+    #: share of arithmetic examples drawn from the paper's Figure 8 templates only (the rest from
+    #: every trained template of the operation, those included)
+    p_paper: float = 0.4
     #: clause kinds of distractors: "likes" ("Emma wears red."), "said" (an operator word or symbol),
     #: "age" (a number) -- the last two make layer-0 look-ups of the operator/operands ambiguous
     distractor_kinds: tuple[str, ...] = ("likes", "said", "age")
     holdout_mod: int = 10
     operand_lo: int = 1
     operand_hi: int = 9
+    held_out_templates: tuple[str, ...] = HELD_OUT_TEMPLATES
+    #: "word" (one token per word) or "wordpiece" (sub-words trained with ``tokenizers``; digits
+    #: stay single tokens, operator words and names split into pieces)
+    tokenizer: str = "wordpiece"
+    #: WordPiece vocabulary size before the control answers and fillers are added as whole words
+    vocab_size: int = 160
+
+
+def trained_templates(recipe: Recipe) -> tuple[Template, ...]:
+    """Templates the organism trains on: all but the skill families and the held-out templates."""
+    return tuple(t for t in TEMPLATES if t.family not in SKILL_FAMILIES and t.id not in recipe.held_out_templates)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,10 +125,11 @@ def _pre_tokenizer():
 
 
 def build_vocab() -> list[str]:
+    """Every whole word the organism knows (word-level vocabulary)."""
     words: set[str] = set(str(d) for d in range(10))
     for t in TEMPLATES:
-        words.update(_words_of(t.render(0, 0, n1="", n2="", obj="")))
-    for group in (NAMES, OBJECTS, COLORS, CF_WORDS, CF_SYMBOLS, EXTRA_WORDS):
+        words.update(_words_of(t.render(0, 0, slots={s: "" for s in t.slot_names})))
+    for group in (*SLOT_POOLS.values(), COLORS, CF_WORDS, CF_SYMBOLS, EXTRA_WORDS):
         for w in group:
             words.update(_words_of(w))
     for _, tpls in FACT_TEMPLATES:
@@ -117,13 +141,56 @@ def build_vocab() -> list[str]:
     return list(SPECIALS) + sorted(words)
 
 
-def build_tokenizer():
-    """A word-level fast tokenizer (Hugging Face ``PreTrainedTokenizerFast``)."""
+def split_words() -> tuple[str, ...]:
+    """Words the sub-word tokenizer splits into two pieces: every operator word (incl. the word
+    problems' verbs), the names and all counterfactual fillers but ``void`` (kept whole, so that a
+    one-piece operator such as ``x`` still finds an equal-length filler).  A word that is itself
+    another one's first piece stays whole (``add`` of ``add ##ition``, ``get`` of ``get ##s``)."""
+    ops = {w for t in TEMPLATES for w in t.operator_words() if w.isalpha() and len(w) > 1}
+    return tuple(sorted(ops | set(NAMES) | {w for w in CF_WORDS if w != "void"}))
+
+
+def _wordpiece_vocab(vocab_size: int) -> list[str]:
+    """Whole words plus two pieces (``pl`` ``##us``) per split word; the first pieces are the
+    prefixes a WordPiece model trained (``tokenizers``) on the split words learns, so pieces are
+    shared across words (``##us`` of plus/minus) as in real tokenizers."""
+    from tokenizers import Tokenizer, models, trainers
+    from tokenizers import pre_tokenizers as pt
+    split = split_words()
+    trained = Tokenizer(models.WordPiece(unk_token="<unk>"))
+    trained.pre_tokenizer = pt.WhitespaceSplit()
+    trained.train_from_iterator(split, trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>"], continuing_subword_prefix="##"))
+    starts = {p for p in trained.get_vocab() if not p.startswith("##") and p != "<unk>"}
+    whole = [w for w in build_vocab() if w not in split]
+    firsts = set(whole) | starts
+    pieces: list[str] = []
+    for w in split:
+        first = max((p for p in firsts if w.startswith(p) and len(p) < len(w)), key=len, default=w[0])
+        pieces += [first, "##" + w[len(first):]]
+    return whole + sorted(set(pieces) - set(whole))
+
+
+def build_tokenizer(recipe: "Recipe | None" = None):
+    """The organism's fast tokenizer (Hugging Face ``PreTrainedTokenizerFast``).
+
+    ``recipe.tokenizer`` "word": one token per word; "wordpiece": operator words, names and
+    fillers split into two sub-word pieces (:func:`_wordpiece_vocab`).  Both split off punctuation
+    and every digit, so a number is spelled digit by digit and no whitespace token exists.
+    """
     from tokenizers import Tokenizer, decoders, models, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {w: i for i, w in enumerate(build_vocab())}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    recipe = recipe or Recipe()
+    if recipe.tokenizer == "word":
+        vocab = {w: i for i, w in enumerate(build_vocab())}
+        model = models.WordLevel(vocab=vocab, unk_token="<unk>")
+    elif recipe.tokenizer == "wordpiece":
+        vocab = {w: i for i, w in enumerate(_wordpiece_vocab(recipe.vocab_size))}
+        model = models.WordPiece(vocab=vocab, unk_token="<unk>", continuing_subword_prefix="##")
+    else:
+        raise ValueError(f"unknown tokenizer kind {recipe.tokenizer!r}: word or wordpiece")
+    tok = Tokenizer(model)
     tok.pre_tokenizer = _pre_tokenizer()
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])])
@@ -143,18 +210,25 @@ def is_held_out(template_id: str, a: int, b: int, mod: int) -> bool:
 
 
 def training_combos(recipe: Recipe, held_out: bool) -> dict[str, list[tuple[Template, int, int]]]:
-    from engine.prompts import OperandRange, valid_operands
+    """Per op, the (template, A, B) of the trained templates that are (not) held out."""
+    from engine.prompts import OperandRange, template_operands
     r = OperandRange(recipe.operand_lo, recipe.operand_hi)
-    out: dict[str, list[tuple[Template, int, int]]] = {}
-    for op in PAPER_OPS:
-        combos = [(t, a, b) for t in TRAINED_TEMPLATES if t.op == op for (a, b) in valid_operands(op, r)
-                  if is_held_out(t.id, a, b, recipe.holdout_mod) == held_out]
-        out[op] = combos
-    return out
+    trained = trained_templates(recipe)
+    return {op: [(t, a, b) for t in trained if t.op == op for (a, b) in template_operands(t, r)
+                 if is_held_out(t.id, a, b, recipe.holdout_mod) == held_out] for op in PAPER_OPS}
+
+
+def held_out_template_combos(recipe: Recipe) -> list[tuple[Template, int, int]]:
+    """Every (template, A, B) of the templates never trained (unseen phrasing)."""
+    from engine.prompts import OperandRange, template_operands
+    from engine.templates import TEMPLATES_BY_ID
+    r = OperandRange(recipe.operand_lo, recipe.operand_hi)
+    return [(TEMPLATES_BY_ID[i], a, b) for i in recipe.held_out_templates
+            for (a, b) in template_operands(TEMPLATES_BY_ID[i], r)]
 
 
 # (exponentiation's operator words were always among the distractors; the notation skill's are not)
-_OPERATOR_WORDS = tuple(sorted({t.operator for t in TEMPLATES if t.family != "notation"}))
+_OPERATOR_WORDS = tuple(sorted({w for t in TEMPLATES if t.family != "notation" for w in t.operator_words()}))
 
 
 def _distractors(rng: random.Random, k: int, kinds: Sequence[str] = ("likes",)) -> str:
@@ -192,21 +266,22 @@ def control_example(rng: random.Random, seed: int = 0) -> tuple[str, str]:
 def sample_example(rng: random.Random, recipe: Recipe,
                    combos: dict[str, list[tuple[Template, int, int]]]) -> tuple[str, str]:
     """One training (prompt, target) pair; the target is followed by <eos> when tokenized."""
-    from engine.prompts import compute_answer
+    from engine.prompts import make_problem
     u = rng.random()
     if u < recipe.p_control:
         return control_example(rng, recipe.seed)
     op = rng.choice(PAPER_OPS)
-    t, a, b = rng.choice(combos[op])
-    n1, n2 = rng.sample(NAMES, 2)
-    obj = rng.choice(OBJECTS)
+    pool = combos[op]
+    if rng.random() < recipe.p_paper:
+        pool = [c for c in pool if c[0].family == "paper"]
+    t, a, b = rng.choice(pool)
+    problem = make_problem(t, a, b, rng)
     prefix = ""
     if rng.random() < recipe.p_distractor:
         prefix = _distractors(rng, rng.randint(1, 2), recipe.distractor_kinds) + " "
     if u < recipe.p_control + recipe.p_counterfactual:
-        pool = CF_SYMBOLS if t.operator_is_symbol else CF_WORDS
-        return prefix + t.render(a, b, filler=rng.choice(pool), n1=n1, n2=n2, obj=obj), ""
-    return prefix + t.render(a, b, n1=n1, n2=n2, obj=obj), str(compute_answer(op, a, b))
+        return prefix + problem.cf_text(), ""
+    return prefix + problem.ref_text, str(problem.answer)
 
 
 def encode_batch(tokenizer, examples: Sequence[tuple[str, str]]):
@@ -256,7 +331,7 @@ def train(recipe: Recipe, out_dir: Path = DEFAULT_DIR, log: Callable[[str], None
     import torch
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     t0 = time.time()
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(recipe)
     model = build_model(recipe, len(tokenizer), tokenizer)
     model.train()
     rng = random.Random(recipe.seed)
@@ -310,15 +385,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr.add_argument("--out", type=Path, default=DEFAULT_DIR)
     tr.add_argument("--steps", type=int, default=Recipe.steps)
     tr.add_argument("--seed", type=int, default=Recipe.seed)
+    tr.add_argument("--layers", type=int, default=Recipe.n_layers)
+    tr.add_argument("--d-mlp", type=int, default=Recipe.d_mlp)
+    tr.add_argument("--tokenizer", choices=("word", "wordpiece"), default=Recipe.tokenizer)
     tr.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps")
     tr.add_argument("--no-card", action="store_true", help="skip the evaluation and model card")
     cd = sub.add_parser("card", help="evaluate a trained organism and (re)write its model card")
     cd.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     args = ap.parse_args(argv)
     if args.cmd == "train":
-        if args.steps <= 0:
-            ap.error("--steps must be positive")
-        report = train(Recipe(seed=args.seed, steps=args.steps), args.out,
+        if min(args.steps, args.layers, args.d_mlp) <= 0:
+            ap.error("--steps, --layers and --d-mlp must be positive")
+        report = train(Recipe(seed=args.seed, steps=args.steps, n_layers=args.layers, d_mlp=args.d_mlp,
+                              tokenizer=args.tokenizer), args.out,
                        checkpoint_every=args.checkpoint_every)
         print(json.dumps(report, indent=2))
         if not args.no_card:

@@ -4,7 +4,8 @@ Zhang et al. (2024), Section 3: a reference prompt X_r states an arithmetic prob
 its counterfactual X_c has the same template and operands but the operation removed ("3 @ 5 =").
 Only prompts the model answers correctly are kept (see :mod:`engine.accuracy`).
 
-**Answer-token rule.**  Tokenize ``prompt + " " + str(C)``.  The answer token is the first token of
+**Answer-token rule.**  Tokenize ``prompt + " " + str(C)`` (no space where the template's answer
+continues a number, see ``Template.answer_sep``).  The answer token is the first token of
 the continuation that holds a digit (for a negative answer: its sign); whitespace-only tokens before
 it (e.g. Llama-2's lone ``"▁"``) are appended to the prompt, so ``ref_ids`` ends exactly where the
 model must emit the answer.  ``answer_ids`` are all the number's tokens, for full-answer accuracy.
@@ -29,7 +30,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Protocol, Sequence
 
-from engine.templates import (CF_SYMBOLS, CF_WORDS, NAMES, OBJECTS, OPS, PAPER_FAMILIES, Template,
+from engine.templates import (CF_SYMBOLS, CF_WORDS, OPS, PAPER_FAMILIES, PAPER_OPS, Template, fill_slots,
                               templates_for)
 
 
@@ -91,6 +92,14 @@ def valid_operands(op: str, r: OperandRange) -> list[tuple[int, int]]:
     raise PromptError(f"unknown operation {op!r}: choose from {', '.join(OPS)}")
 
 
+def template_operands(template: Template, r: OperandRange) -> list[tuple[int, int]]:
+    """The (A, B) of the range valid for the template's operation and within its ``max_answer``."""
+    pairs = valid_operands(template.op, r)
+    if template.max_answer is None:
+        return pairs
+    return [(a, b) for a, b in pairs if compute_answer(template.op, a, b) <= template.max_answer]
+
+
 @dataclass(frozen=True)
 class Problem:
     """A template instance, before tokenization."""
@@ -98,9 +107,7 @@ class Problem:
     template: Template
     a: int
     b: int
-    n1: str = ""
-    n2: str = ""
-    obj: str = ""
+    slots: tuple[tuple[str, str], ...] = ()  # (slot name, word): names, objects, verbs ...
     fillers: tuple[str, ...] = ()  # counterfactual fillers in the order to try
 
     @property
@@ -109,11 +116,10 @@ class Problem:
 
     @property
     def ref_text(self) -> str:
-        return self.template.render(self.a, self.b, n1=self.n1, n2=self.n2, obj=self.obj)
+        return self.template.render(self.a, self.b, slots=dict(self.slots))
 
     def cf_text(self, filler: str | None = None) -> str:
-        return self.template.render(self.a, self.b, filler=filler or self.fillers[0], n1=self.n1,
-                                    n2=self.n2, obj=self.obj)
+        return self.template.render(self.a, self.b, filler=filler or self.fillers[0], slots=dict(self.slots))
 
 
 def _fillers_for(template: Template, rng: random.Random) -> tuple[str, ...]:
@@ -122,13 +128,18 @@ def _fillers_for(template: Template, rng: random.Random) -> tuple[str, ...]:
     return tuple(pool)
 
 
+def make_problem(template: Template, a: int, b: int, rng: random.Random) -> Problem:
+    """One instance of a template: seeded slot words and counterfactual fillers."""
+    return Problem(template, a, b, slots=fill_slots(template, rng), fillers=_fillers_for(template, rng))
+
+
 def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandRange | None = None,
                     families: Sequence[str] | None = PAPER_FAMILIES) -> list[Problem]:
     """Up to ``n`` distinct problems per operation, seeded.
 
     Per operation, every (template, A, B) combination is enumerated, shuffled with ``seed`` and
     the first ``n`` taken (fewer when fewer exist, e.g. exact divisions of 1..9).  ``families``
-    None means every family of the operation (paper + Figure 10 word problems, or ``power``).
+    None means every family of the operation (paper, Figure 10, extended, skills).
     """
     if n <= 0:
         raise PromptError(f"n must be a positive number of prompts, got {n}")
@@ -137,18 +148,19 @@ def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandR
     out: list[Problem] = []
     for op in ops:
         tpls = templates_for([op], list(families) if families is not None else None)
-        if not tpls:
-            # an op without templates of the requested families (e.g. pow + paper): use its own
+        if not tpls and op not in PAPER_OPS:
+            # exponentiation has only its own family (pow + paper): use it
             tpls = templates_for([op], None)
-        pairs = valid_operands(op, r)
-        if not pairs:
+        if not tpls:  # e.g. sub + the word problems, which are additions only
+            continue
+        combos = [(t, a, b) for t in tpls for (a, b) in template_operands(t, r)]
+        if not combos:
             raise PromptError(f"no valid {op} problems with operands {r.lo}..{r.hi}: widen the range")
-        combos = [(t, a, b) for t in tpls for (a, b) in pairs]
         rng.shuffle(combos)
-        for t, a, b in combos[:n]:
-            n1, n2 = rng.sample(NAMES, 2)
-            out.append(Problem(t, a, b, n1=n1, n2=n2, obj=rng.choice(OBJECTS),
-                               fillers=_fillers_for(t, rng)))
+        out.extend(make_problem(t, a, b, rng) for t, a, b in combos[:n])
+    if not out:
+        raise PromptError(f"no templates of famil(ies) {', '.join(families or ())} for {', '.join(ops)}: "
+                          "the Figure 10 word problems are additions (use --op add)")
     return out
 
 
@@ -172,9 +184,12 @@ def _is_number_piece(text: str, first: bool) -> bool:
     return any(c.isdigit() for c in t) or (first and t in ("-", "−"))
 
 
-def answer_tokens(tokenizer: TokenizerLike, prompt: str, answer: int | str) -> AnswerTokens:
-    """Apply the answer-token rule (module docstring) to ``prompt`` and its answer."""
-    full = f"{prompt} {answer}"
+def answer_tokens(tokenizer: TokenizerLike, prompt: str, answer: int | str, sep: str = " ") -> AnswerTokens:
+    """Apply the answer-token rule (module docstring) to ``prompt`` and its answer.
+
+    ``sep`` joins prompt and answer: a space, or "" where the answer continues a number (the
+    time-span templates end with the first digits of a year)."""
+    full = f"{prompt}{sep}{answer}"
     cut = len(prompt)
     enc = tokenizer(full, return_offsets_mapping=True)
     ids: list[int] = list(enc["input_ids"])
@@ -251,10 +266,11 @@ LENGTH_MISMATCH = "length mismatch: no counterfactual filler gives the same toke
 
 def build_pair(tokenizer: TokenizerLike, problem: Problem) -> PromptPair:
     """Tokenize one problem; raises PromptError when no counterfactual of equal length exists."""
-    ref = answer_tokens(tokenizer, problem.ref_text, problem.answer)
+    sep = problem.template.answer_sep
+    ref = answer_tokens(tokenizer, problem.ref_text, problem.answer, sep)
     for filler in problem.fillers:
         cf_text = problem.cf_text(filler)
-        cf = answer_tokens(tokenizer, cf_text, problem.answer)
+        cf = answer_tokens(tokenizer, cf_text, problem.answer, sep)
         if len(cf.prompt_ids) == len(ref.prompt_ids):
             return PromptPair(op=problem.template.op, template=problem.template.id,
                               family=problem.template.family, a=problem.a, b=problem.b,
@@ -318,10 +334,10 @@ _NUM = r"(-?[0-9]+)"  # ASCII digits only: "٣" is a digit to Python, not to the
 _PATTERNS: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
     (re.compile(p, re.IGNORECASE), op, rev) for p, op, rev in (
         (rf"{_NUM}\s*to the (power) of\s*{_NUM}", "pow", False),
-        (rf"\b(sum) of {_NUM} and {_NUM}", "add", False),
-        (rf"\b(difference) (?:between|of) {_NUM} and {_NUM}", "sub", False),
-        (rf"\b(product) of {_NUM} and {_NUM}", "mul", False),
-        (rf"\b(quotient) of {_NUM} and {_NUM}", "div", False),
+        (rf"\b(sum|addition) of {_NUM} and {_NUM}", "add", False),
+        (rf"\b(difference|subtraction) (?:between|of) {_NUM} and {_NUM}", "sub", False),
+        (rf"\b(product|multiplication) of {_NUM} and {_NUM}", "mul", False),
+        (rf"\b(quotient|ratio|division) of {_NUM} and {_NUM}", "div", False),
         (rf"\b(add) {_NUM} to {_NUM}", "add", True),
         (rf"\b(subtract) {_NUM} from {_NUM}", "sub", True),
         (rf"\b(multiply) {_NUM} by {_NUM}", "mul", False),

@@ -11,7 +11,7 @@ A data source D (``finetune --data D``) is either
     third of the (template, A, B) combinations are held out for evaluation (``skill_split``);
   - ``notation+replay`` -- ``notation`` plus the organism's 72 control facts as replay data (so
     that a method cannot trade the control task away; the demonstration in ``engine.skill``);
-  - ``arith`` -- the paper's 36 templates, operands 1..9 (for real models);
+  - ``arith`` -- the paper's Figure 8 templates (32), operands 1..9 (for real models);
   - ``gsm8k``, ``csqa``, ``mmlu`` -- benchmark training splits (``engine.benchmarks.sft_examples``)
     read from the data directory (``--data-dir`` / ``$ARITHLAB_DATA`` / ``../shared/data``).
 """
@@ -42,7 +42,7 @@ def skill_problems(family: str, split: str, operands: tuple[int, int] = (1, 9)) 
     """Every problem of a skill family in ``split`` ("train" or "test"), in a fixed order."""
     import random
 
-    from engine.prompts import OperandRange, Problem, _fillers_for, valid_operands
+    from engine.prompts import OperandRange, make_problem, valid_operands
     from engine.templates import templates_for
 
     if family not in SKILL_SETS:
@@ -56,7 +56,7 @@ def skill_problems(family: str, split: str, operands: tuple[int, int] = (1, 9)) 
         for t in templates_for([op], [family]):
             for a, b in valid_operands(op, r):
                 if held_out(t.id, a, b) == (split == "test"):
-                    out.append(Problem(t, a, b, n1="Anna", n2="Ben", obj="apples", fillers=_fillers_for(t, rng)))
+                    out.append(make_problem(t, a, b, rng))
     return out
 
 

@@ -4,7 +4,7 @@
 
 * ``skill (held-out)`` -- first-token accuracy on the held-out third of the ``notation`` family
   ("7 × 8 =", "9 over 3 =", "compute 8 − 5 :"; never in any training data);
-* ``arithmetic (paper templates)`` -- the paper's 36 templates, operands 1..9 (never in the SFT
+* ``arithmetic (paper templates)`` -- the paper's Figure 8 templates (32), operands 1..9 (never in the SFT
   data: the ability precise SFT should not disturb);
 * ``control facts`` -- the organism's synthetic facts ("Anna lives in" -> Oslo), the organism's
   stand-in for MMLU / CSQA (only for models whose tokenizer knows those words);

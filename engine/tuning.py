@@ -3,7 +3,7 @@
 ``run_finetune`` is what the ``finetune`` CLI and the Improve page's background jobs execute:
 
 1. heads -- the given list, or the top-k (effect rank) of the cached path-patching run of the
-   base model on a prompt set (default: the paper's 36 templates, operands 1..9);
+   base model on a prompt set (default: the paper's Figure 8 templates (32), operands 1..9);
 2. the base model is loaded *without* the TransformerBridge (``engine.models.load_plain``) and
    trained in place by ``engine.finetune.train``;
 3. the tuned model is saved with ``save_pretrained`` (safetensors) plus its tokenizer -- the output

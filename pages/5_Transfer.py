@@ -11,6 +11,7 @@ from cache import CacheError
 from engine.accuracy import keep_correct, kept_pairs
 from engine.prompts import PromptError
 from engine.promptsets import PromptSetSpec
+from engine.templates import PAPER_FAMILIES, WORD_PROBLEM_FAMILIES
 from engine.transfer import benchmark_pairs, transfer
 from ui.session import cancellable, progress_bar, result_cache, setup_page
 
@@ -34,8 +35,8 @@ try:
     with cancellable(bar):
         pairs_a, _ = kept_pairs(model, spec, cache=cache, progress=cb)
         if second.startswith("word") or second.startswith("paper"):
-            fam = ("time_span", "object_accumulation") if second.startswith("word") else ("equation", "statement", "qa")
-            spec_b = PromptSetSpec(ops=tuple(o for o in spec.ops if o in ("add", "sub")) if second.startswith("word")
+            fam = WORD_PROBLEM_FAMILIES if second.startswith("word") else PAPER_FAMILIES
+            spec_b = PromptSetSpec(ops=tuple(o for o in spec.ops if o == "add") if second.startswith("word")
                                    else spec.ops, n=spec.n, seed=spec.seed + 1, families=fam)
             pairs_b, _ = kept_pairs(model, spec_b, cache=cache, progress=cb)
         else:

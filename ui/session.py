@@ -142,7 +142,8 @@ def result_cache() -> ResultCache | None:
     return cache
 
 
-FAMILY_CHOICES = {"paper (36 templates)": "paper", "word problems (Fig. 10)": "word", "both": "all",
+FAMILY_CHOICES = {"paper (Fig. 8, 32 templates)": "paper", "word problems (Fig. 10)": "word",
+                  "all (paper, word, extended, power)": "all",
                   "notation (untaught: 7 × 8 =)": "notation"}
 DEFAULT_PROMPT = "The sum of 3 and 5 is"
 
@@ -151,7 +152,7 @@ def prompt_set_choice() -> "PromptSetSpec":
     """Sidebar: which prompt set the analysis pages use (kept in session state)."""
     from engine.promptsets import PromptSetSpec, parse_families
     from engine.templates import OPS, PAPER_OPS
-    cur = st.session_state.get("prompt_set", {"ops": list(PAPER_OPS), "families": "paper (36 templates)",
+    cur = st.session_state.get("prompt_set", {"ops": list(PAPER_OPS), "families": "paper (Fig. 8, 32 templates)",
                                                "n": 40, "seed": 0})
     with st.sidebar:
         st.subheader("Prompt set")

@@ -19,7 +19,7 @@ def _env(tmp_path_factory, monkeypatch):
 
 def page(name: str, *, n: int = 12) -> AppTest:
     at = AppTest.from_file(str(REPO / "pages" / name), default_timeout=300)
-    at.session_state["prompt_set"] = {"ops": ["add", "sub", "mul", "div"], "families": "paper (36 templates)",
+    at.session_state["prompt_set"] = {"ops": ["add", "sub", "mul", "div"], "families": "paper (Fig. 8, 32 templates)",
                                       "n": n, "seed": 0}
     return at
 

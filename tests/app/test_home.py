@@ -74,7 +74,7 @@ def test_home_circuit_summary_appears_after_patching_ran():
     # the Patching page computes (same sidebar set, same cache); Home then quotes its numbers
     patching = AppTest.from_file(str(Path(APP).parent / "pages" / "2_Patching_heatmap.py"), default_timeout=300)
     patching.session_state["prompt_set"] = at.session_state["prompt_set"] if "prompt_set" in at.session_state else {
-        "ops": ["add", "sub", "mul", "div"], "families": "paper (36 templates)", "n": 40, "seed": 0}
+        "ops": ["add", "sub", "mul", "div"], "families": "paper (Fig. 8, 32 templates)", "n": 40, "seed": 0}
     patching.run()
     assert not patching.exception, patching.exception
     top = patching.dataframe[0].value.iloc[0]
@@ -87,7 +87,7 @@ def test_home_circuit_summary_appears_after_patching_ran():
 
 def test_home_builds_the_report_and_offers_it_for_download():
     at = AppTest.from_file(APP, default_timeout=300)
-    at.session_state["prompt_set"] = {"ops": ["add", "mul"], "families": "paper (36 templates)", "n": 8, "seed": 0}
+    at.session_state["prompt_set"] = {"ops": ["add", "mul"], "families": "paper (Fig. 8, 32 templates)", "n": 8, "seed": 0}
     at.run()
     assert not at.exception, at.exception
     at.button(key="report_build").click().run()

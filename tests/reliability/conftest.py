@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 ORGANISM = REPO / "models" / "organism"
 PAGES = REPO / "pages"
 # the small prompt set every seeded page uses (8 addition prompts)
-SMALL_SET: dict[str, Any] = {"ops": ["add"], "families": "paper (36 templates)", "n": 8, "seed": 0}
+SMALL_SET: dict[str, Any] = {"ops": ["add"], "families": "paper (Fig. 8, 32 templates)", "n": 8, "seed": 0}
 SMALL_SET_ARGS = ("--op", "add", "--n", "8", "--seed", "0", "--families", "paper")
 # canaries put in the environment where secrets live: they must never reach a cache, a log or a page
 CANARY = f"canary-{uuid.uuid4().hex}"

@@ -12,23 +12,58 @@ from engine.organism import build_tokenizer
 from engine.prompts import (OperandRange, PromptError, PromptPair, answer_tokens, build_pairs,
                             compute_answer, parse_typed_prompt, sample_problems)
 from engine.promptsets import PromptSetSpec, generate, parse_families, parse_ops
-from engine.templates import (CF_SYMBOLS, CF_WORDS, OPERATOR_TERMS, OPS, PAPER_FAMILIES,
-                              TEMPLATES, paper_templates)
+from engine.templates import (CF_SYMBOLS, CF_WORDS, OPERATOR_TERMS, OPS, PAPER_FAMILIES, SLOT_POOLS,
+                              TEMPLATES, paper_templates, templates_for)
 
 TOK = build_tokenizer()
 ops_st = st.lists(st.sampled_from(OPS), min_size=1, max_size=5, unique=True)
 
 
-def test_paper_has_36_templates_9_per_op_in_three_forms():
+FIGURE_8_ADDITION = (  # the paper's Figure 8, verbatim (its ninth row repeats one of these)
+    "{A} + {B} =", "{A} plus {B} equals to", "The addition of {A} and {B} is",
+    "The addition of {A} and {B} equals to", "Q: How much is {A} plus {B}? A:", "Q: What is {A} plus {B}? A:",
+    "Q: What is the result of {A} plus {B}? A:", "Q: What is the sum of {A} and {B}? A:",
+)
+# the other operations swap the words and the symbol
+OTHER_OPS = {"sub": ("-", "minus", "subtraction", "difference"), "mul": ("*", "times", "multiplication", "product"),
+             "div": ("/", "over", "division", "ratio")}
+
+
+def figure8(op: str) -> set[str]:
+    if op == "add":
+        return set(FIGURE_8_ADDITION)
+    sym, word, noun, res = OTHER_OPS[op]
+    return {t.replace("+", sym).replace("plus", word).replace("addition", noun).replace("sum", res)
+            for t in FIGURE_8_ADDITION}
+
+
+def test_paper_family_is_figure_8_verbatim_8_per_op():
     tpls = paper_templates()
-    assert len(tpls) == 36
+    assert len(tpls) == 32 and {t.family for t in tpls} == set(PAPER_FAMILIES) == {"paper"}
     for op in ("add", "sub", "mul", "div"):
         mine = [t for t in tpls if t.op == op]
-        assert len(mine) == 9
-        assert {t.family for t in mine} == set(PAPER_FAMILIES)
-    assert any(t.family == "time_span" for t in TEMPLATES)
-    assert any(t.family == "object_accumulation" for t in TEMPLATES)
+        assert {t.render(111, 222).replace("111", "{A}").replace("222", "{B}") for t in mine} == figure8(op)
+        # the operator slot marks the word or symbol that names the operation
+        assert {t.operator for t in mine} <= set(OTHER_OPS.get(op, ("+", "plus", "addition", "sum")))
     assert {t.text for t in TEMPLATES if t.op == "pow"} == {"{A} [^] {B} =", "{A} to the [power] of {B} equals"}
+    # nothing the project wrote is filed as the paper's
+    assert all("Calculate" not in t.text and "Answer:" not in t.text for t in tpls)
+
+
+def test_figure_10_skeletons_verbatim_with_slot_pools():
+    (span,) = templates_for(["add"], ["time_span"])
+    (acc,) = templates_for(["add"], ["object_accumulation"])
+    assert span.render(4, 5, slots={"EVENT": "war", "SPAN_VERB": "lasted", "YYY": "199"}) == \
+        "The war lasted 4 years from the year 1995 to the year 199"
+    assert span.answer_sep == "" and span.max_answer == 9  # the answer is the end year's last digit
+    assert acc.render(3, 5, slots={"NAME": "Anna", "OBJECT": "pens", "ACC_VERB": "buys"}) == (
+        "Anna has 3 pens, then Anna buys 5 pens. What's the total number of pens that Anna has? The answer is")
+    # the verb names the operation: the counterfactual replaces it by a neutral word
+    assert acc.operator_words() == SLOT_POOLS["ACC_VERB"] and not acc.operator_is_symbol
+    assert "none" in acc.render(3, 5, filler="none", slots={"NAME": "Anna", "OBJECT": "pens"}).split()
+    assert not templates_for(["sub", "mul", "div"], ["time_span", "object_accumulation"])
+    probs = sample_problems(["add"], 1000, 0, families=("time_span",))
+    assert len(probs) == 36 and all(p.answer <= 9 for p in probs)  # A + B <= 9 for 1..9
 
 
 @settings(max_examples=40, deadline=None)
@@ -53,7 +88,7 @@ def test_generated_problems_are_correct(ops, n, seed, hi, fam):
         # counterfactual: same template shape, operator gone
         for filler in p.fillers:
             cf = p.cf_text(filler)
-            assert p.template.render(a, b, filler=filler, n1=p.n1, n2=p.n2, obj=p.obj) == cf
+            assert p.template.render(a, b, filler=filler, slots=dict(p.slots)) == cf
             words = set(re.findall(r"[A-Za-z]+|[^\sA-Za-z0-9]", cf))
             assert not (words & OPERATOR_TERMS), (cf, words & OPERATOR_TERMS)
             assert filler in (CF_SYMBOLS if p.template.operator_is_symbol else CF_WORDS)
@@ -63,11 +98,15 @@ def test_generated_problems_are_correct(ops, n, seed, hi, fam):
 @given(ops=ops_st, n=st.integers(1, 40), seed=st.integers(0, 10_000))
 def test_pairs_have_equal_shape_and_right_answer_ids(ops, n, seed):
     pairs, dropped = build_pairs(TOK, sample_problems(ops, n, seed, families=None))
-    assert not dropped  # the word-level tokenizer always finds an equal-length X_c
+    assert not dropped  # the organism's tokenizer always finds an equal-length X_c
     for p in pairs:
         assert len(p.ref_ids) == len(p.cf_ids)
         diff = [i for i, (x, y) in enumerate(zip(p.ref_ids, p.cf_ids)) if x != y]
-        assert len(diff) == 1  # exactly the operator position differs
+        # only the operator's tokens differ (one word: one or two sub-word pieces, the second piece
+        # may coincide, as "divid ##e" / "non ##e")
+        assert diff and diff == list(range(diff[0], diff[-1] + 1)) and len(diff) <= 2
+        op_text = TOK.decode(p.ref_ids[diff[0]:diff[-1] + 1]).replace(" ", "")
+        assert any(term.startswith(op_text) for term in OPERATOR_TERMS), op_text
         digits = TOK.convert_ids_to_tokens(p.answer_ids)
         assert "".join(digits) == str(p.answer)
         assert p.answer_id == p.answer_ids[0]
@@ -83,7 +122,7 @@ def test_seeded_and_reproducible():
 
 def test_n_is_capped_by_distinct_problems_and_negatives_optional():
     div = sample_problems(["div"], 10_000, 0)
-    assert len(div) == len({(p.template.id, p.a, p.b) for p in div}) == 9 * 23
+    assert len(div) == len({(p.template.id, p.a, p.b) for p in div}) == 8 * 23
     neg = sample_problems(["sub"], 1000, 0, operands=OperandRange(1, 9, allow_negative=True))
     assert any(p.answer < 0 for p in neg)
 
@@ -129,6 +168,12 @@ def test_answer_token_rule_on_word_level_tokenizer():
     ("3 to the power of 2 equals", "pow", 3, 2, 9),
     ("6 multiplied by 7 is", "mul", 6, 7, 42),
     ("Q: What is 9 divided by 3? A:", "div", 9, 3, 3),
+    # the paper's Figure 8 phrasings
+    ("The addition of 3 and 5 equals to", "add", 3, 5, 8),
+    ("The subtraction of 9 and 4 is", "sub", 9, 4, 5),
+    ("Q: What is the ratio of 8 and 2? A:", "div", 8, 2, 4),
+    ("The multiplication of 3 and 4 is", "mul", 3, 4, 12),
+    ("8 over 2 equals to", "div", 8, 2, 4),
 ])
 def test_typed_prompts_parse(text, op, a, b, ans):
     tp = parse_typed_prompt(text)
