@@ -120,7 +120,8 @@ def test_balanced_sets_spread_the_first_answer_token(family):
     for op in spec.ops:
         got = Counter(p.answer_id for p in balanced if p.op == op)
         have = Counter(p.answer_id for p in pool if p.op == op)
-        assert sum(got.values()) == 60 and set(got) == set(have)  # every first token is represented
+        # n, or every candidate when fewer exist (a tokenizer may give some templates no equal-length X_c)
+        assert sum(got.values()) == min(60, sum(have.values())) and set(got) == set(have)  # every token represented
         # round-robin: a token has fewer than the most frequent one minus 1 only when it ran out
         for t, c in got.items():
             assert c >= max(got.values()) - 1 or c == have[t], (op, t, got, have)
