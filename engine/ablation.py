@@ -228,6 +228,21 @@ def knocked_out(backend: ModelBackend, ko: Knockout, means: MeanActivations,
 
 
 DEFAULT_TOKENS_PER_PASS = 4096  # rows x width of one batched knockout pass (END-only logits)
+CALL_MACS_PER_LAYER = 15e6  # a forward call's fixed cost (hook dispatch, per layer), in multiply-accumulates
+
+
+def _padding_pays(backend: ModelBackend, pairs: Sequence[PromptPair], n_sets: int, n_chunks: int,
+                  tokens_per_pass: int) -> bool:
+    """True when one padded pass of every set costs less than one pass per prompt length: the work
+    fits one pass and the padding's multiply-accumulates are fewer than the calls it saves (a small
+    model, where a call's fixed cost dominates)."""
+    from engine.backend import macs_per_position
+    width = max(len(p.ref_ids) for p in pairs)
+    if n_chunks <= 1 or n_sets * len(pairs) * width > tokens_per_pass:
+        return False
+    body, _, _ = macs_per_position(backend.facts)
+    waste = n_sets * (len(pairs) * width - sum(len(p.ref_ids) for p in pairs)) * body
+    return waste < (n_chunks - 1) * backend.facts.n_layers * CALL_MACS_PER_LAYER
 
 
 def distinct_knockouts(kos: Sequence[Knockout], n_layers: int, n_heads: int) -> list[Knockout]:
@@ -260,8 +275,8 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
     share one forward pass (the chunk repeated, each copy with its own head mask): ``sets_per_pass``
     of them, or as many as fit ``tokens_per_pass``.  So the forward passes number, per chunk,
     ceil(distinct sets / sets per pass).  Work that fits one pass anyway (every set x every prompt,
-    padded, within ``tokens_per_pass``; ``sets_per_pass`` not given) is one padded pass: on a small
-    model a call costs more than the padding.  ``progress(done, total)`` is called after every pass
+    padded, within ``tokens_per_pass``; ``sets_per_pass`` not given) is one padded pass when the
+    padding costs less than the calls it saves (:func:`_padding_pays`: a small model).  ``progress(done, total)`` is called after every pass
     (chunk x knockout-set evaluations so far); an exception raised there stops the computation.
     """
     if not pairs:
@@ -274,11 +289,9 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
     answers = torch.tensor([p.answer_id for p in pairs])
     right = torch.zeros(len(distinct), dtype=torch.long)
     heads_all, mlps_all = head_masks(distinct, L, H)
-    width_all = max(len(p.ref_ids) for p in pairs)
-    if sets_per_pass is None and len(distinct) * len(pairs) * width_all <= tokens_per_pass:
-        chunks = [list(range(len(pairs)))]  # small work: one padded pass beats one pass per prompt length
-    else:
-        chunks = length_chunks(pairs, tokens_per_pass)
+    chunks = length_chunks(pairs, tokens_per_pass)
+    if sets_per_pass is None and _padding_pays(backend, pairs, len(distinct), len(chunks), tokens_per_pass):
+        chunks = [list(range(len(pairs)))]  # small work on a small model: one padded pass
     pad = _pad_id(backend)
     total, done = len(distinct) * len(chunks), 0
     for idx in chunks:

@@ -152,7 +152,7 @@ def test_transfer_knockouts_one_pass_per_set(organism):
     organism.meter = WorkMeter()
     seen = []
     res = transfer(organism, a, b, k=3, progress=lambda d, t: seen.append((d, t)))
-    # + one (padded) knockout pass per set for its 3 knockouts: none, own top-k, other's top-k
+    # + one (padded: the bundled model is small) knockout pass per set for its 3 knockouts
     assert organism.meter.forward_calls == patch_calls + 2
     assert res.a.accuracy_ko_own <= res.a.accuracy
     assert seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == sorted(d for d, _ in seen)
