@@ -313,7 +313,7 @@ def test_remote_request_and_results(fake_hub, organism, organism_pairs, monkeypa
     caplog.set_level(logging.DEBUG)
     remote = open_model(HUB_ID, backend="nnsight", remote=True)
     assert len(server.sent) == 1  # one small request: which dtype does the server hold the weights in?
-    assert remote.facts.dtype == "float32" and remote.facts.device == "remote" and remote.facts.n_layers == 6
+    assert remote.facts.dtype == "float32" and remote.facts.device == "remote" and remote.facts.n_layers == 8
     assert all(p.device.type == "meta" for p in remote.hf_model.parameters())  # no weights here
 
     ids = torch.tensor([organism_pairs[0].ref_ids])
@@ -454,13 +454,13 @@ def test_cli_pipeline_with_nnsight_on_organism(tmp_path, monkeypatch, capsys, or
     acc = _cli(capsys, "accuracy", *common)
     assert acc["cached"] is False and set(acc["per_op"]) == {"add", "mul"}
     patch = _cli(capsys, "patch", *common, "--out", str(tmp_path / "nnsight.csv"))
-    assert patch["cached"] is False and patch["senders"] == 6 * 9
+    assert patch["cached"] is False and patch["senders"] == 8 * 9
     ko = _cli(capsys, "knockout", *common, "--heads", "3.1,5.0", "--mlps", "4", "--text", "3 + 5 =")
     assert ko["top5_before"][0]["token"] == "8"
     curve = _cli(capsys, "knockout-curve", *common, "--k-max", "2", "--draws", "2", "--out", str(tmp_path / "k.csv"))
     assert [p["k"] for p in curve["points"]] == [0, 1, 2]
     att = _cli(capsys, "attention", *common, "--out", str(tmp_path / "att.csv"))
-    assert att["rows"] == 6 * 8 * 5
+    assert att["rows"] == 8 * 8 * 5
     one = _cli(capsys, "attention", *common, "--text", "3 + 5 =", "--layer", "3", "--head", "1",
                "--out", str(tmp_path / "one.csv"))
     assert abs(sum(t["weight"] for t in one["tokens"]) - 1) < 1e-4
