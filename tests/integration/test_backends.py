@@ -237,15 +237,15 @@ def test_device_map_with_disk_offload_every_technique(organism, organism_pairs, 
     """accelerate places the last two layers on disk: weights are meta tensors until a layer runs.
     Both backends still give the single-device numbers, and the fingerprint is unchanged."""
     device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu",
-                  **{f"model.layers.{i}": ("cpu" if i < 4 else "disk") for i in range(6)}}
+                  **{f"model.layers.{i}": ("cpu" if i < 6 else "disk") for i in range(8)}}
     ref = organism[1]
     pairs = organism_pairs[:8]
     expected = path_patching(ref, pairs)
     for backend in ("nnsight", "bridge"):
         m = open_model("organism", backend=backend, device_map=device_map, offload_folder=str(tmp_path / backend))
         model = m.hf_model if backend == "nnsight" else m.loaded.hf_model
-        assert model.hf_device_map["model.layers.5"] == "disk"
-        assert model.model.layers[5].mlp.down_proj.weight.device.type == "meta"
+        assert model.hf_device_map["model.layers.7"] == "disk"
+        assert model.model.layers[7].mlp.down_proj.weight.device.type == "meta"
         assert m.facts.fingerprint == ref.facts.fingerprint == weights_fingerprint(model)
         got = path_patching(m, pairs)
         assert close(got.head_logit, expected.head_logit) and close(got.mlp_logit, expected.mlp_logit)
@@ -465,7 +465,7 @@ def test_cli_pipeline_with_nnsight_on_organism(tmp_path, monkeypatch, capsys, or
                "--out", str(tmp_path / "one.csv"))
     assert abs(sum(t["weight"] for t in one["tokens"]) - 1) < 1e-4
     proj = _cli(capsys, "mlp-projection", *common, "--text", "3 + 5 =", "--out", str(tmp_path / "proj.csv"))
-    assert len(proj["per_layer"]) == 4 * 6 and proj["top_number_tokens"]
+    assert len(proj["per_layer"]) == 4 * 8 and proj["top_number_tokens"]
     tr = _cli(capsys, "transfer", *common, "--k", "3")
     assert 0 <= tr["overlap"] <= 3
     # the bridge reads the nnsight results from the cache: same fingerprint, same entries, same CSV
