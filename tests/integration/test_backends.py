@@ -484,7 +484,7 @@ def test_cli_backend_flag_from_the_shell(tmp_path):
                         "--out", str(tmp_path / "e.csv")], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["cached"] is False and (tmp_path / "e.csv").read_text().count("\n") == 55
+    assert json.loads(r.stdout)["cached"] is False and (tmp_path / "e.csv").read_text().count("\n") == 73
     r = subprocess.run([sys.executable, "-m", "engine", "info", "--remote"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 2 and "needs the nnsight backend" in r.stderr and len(r.stderr.strip().splitlines()) == 1
