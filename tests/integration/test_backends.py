@@ -239,15 +239,15 @@ def test_device_map_with_disk_offload_every_technique(organism, organism_pairs, 
     """accelerate places the last two layers on disk: weights are meta tensors until a layer runs.
     Both backends still give the single-device numbers, and the fingerprint is unchanged."""
     device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu",
-                  **{f"model.layers.{i}": ("cpu" if i < 4 else "disk") for i in range(6)}}
+                  **{f"model.layers.{i}": ("cpu" if i < 6 else "disk") for i in range(8)}}
     ref = organism[1]
     pairs = organism_pairs[:8]
     expected = path_patching(ref, pairs)
     for backend in ("nnsight", "bridge"):
         m = open_model("organism", backend=backend, device_map=device_map, offload_folder=str(tmp_path / backend))
         model = m.hf_model if backend == "nnsight" else m.loaded.hf_model
-        assert model.hf_device_map["model.layers.5"] == "disk"
-        assert model.model.layers[5].mlp.down_proj.weight.device.type == "meta"
+        assert model.hf_device_map["model.layers.7"] == "disk"
+        assert model.model.layers[7].mlp.down_proj.weight.device.type == "meta"
         assert m.facts.fingerprint == ref.facts.fingerprint == weights_fingerprint(model)
         got = path_patching(m, pairs)
         assert close(got.head_logit, expected.head_logit) and close(got.mlp_logit, expected.mlp_logit)
@@ -315,7 +315,7 @@ def test_remote_request_and_results(fake_hub, organism, organism_pairs, monkeypa
     caplog.set_level(logging.DEBUG)
     remote = open_model(HUB_ID, backend="nnsight", remote=True)
     assert len(server.sent) == 1  # one small request: which dtype does the server hold the weights in?
-    assert remote.facts.dtype == "float32" and remote.facts.device == "remote" and remote.facts.n_layers == 6
+    assert remote.facts.dtype == "float32" and remote.facts.device == "remote" and remote.facts.n_layers == 8
     assert all(p.device.type == "meta" for p in remote.hf_model.parameters())  # no weights here
 
     ids = torch.tensor([organism_pairs[0].ref_ids])
@@ -456,18 +456,18 @@ def test_cli_pipeline_with_nnsight_on_organism(tmp_path, monkeypatch, capsys, or
     acc = _cli(capsys, "accuracy", *common)
     assert acc["cached"] is False and set(acc["per_op"]) == {"add", "mul"}
     patch = _cli(capsys, "patch", *common, "--out", str(tmp_path / "nnsight.csv"))
-    assert patch["cached"] is False and patch["senders"] == 6 * 9
+    assert patch["cached"] is False and patch["senders"] == 8 * 9
     ko = _cli(capsys, "knockout", *common, "--heads", "3.1,5.0", "--mlps", "4", "--text", "3 + 5 =")
     assert ko["top5_before"][0]["token"] == "8"
     curve = _cli(capsys, "knockout-curve", *common, "--k-max", "2", "--draws", "2", "--out", str(tmp_path / "k.csv"))
     assert [p["k"] for p in curve["points"]] == [0, 1, 2]
     att = _cli(capsys, "attention", *common, "--out", str(tmp_path / "att.csv"))
-    assert att["rows"] == 6 * 8 * 5
+    assert att["rows"] == 8 * 8 * 5
     one = _cli(capsys, "attention", *common, "--text", "3 + 5 =", "--layer", "3", "--head", "1",
                "--out", str(tmp_path / "one.csv"))
     assert abs(sum(t["weight"] for t in one["tokens"]) - 1) < 1e-4
     proj = _cli(capsys, "mlp-projection", *common, "--text", "3 + 5 =", "--out", str(tmp_path / "proj.csv"))
-    assert len(proj["per_layer"]) == 4 * 6 and proj["top_number_tokens"]
+    assert len(proj["per_layer"]) == 4 * 8 and proj["top_number_tokens"]
     tr = _cli(capsys, "transfer", *common, "--k", "3")
     assert 0 <= tr["overlap"] <= 3
     # the bridge reads the nnsight results from the cache: same fingerprint, same entries, same CSV
@@ -486,7 +486,7 @@ def test_cli_backend_flag_from_the_shell(tmp_path):
                         "--out", str(tmp_path / "e.csv")], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["cached"] is False and (tmp_path / "e.csv").read_text().count("\n") == 55
+    assert json.loads(r.stdout)["cached"] is False and (tmp_path / "e.csv").read_text().count("\n") == 73
     r = subprocess.run([sys.executable, "-m", "engine", "info", "--remote"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 2 and "needs the nnsight backend" in r.stderr and len(r.stderr.strip().splitlines()) == 1

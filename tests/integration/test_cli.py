@@ -93,7 +93,7 @@ def test_patch_csv_and_second_call_cached(cache_file, tmp_path):
     assert first.returncode == 0, first.stderr
     rows = list(csv.DictReader(out.open()))
     assert set(rows[0]) == {"component", "layer", "head", "effect", "logit_diff", "n"}
-    assert sum(r["component"] == "mlp" for r in rows) == 6 and sum(r["component"] == "head" for r in rows) == 48
+    assert sum(r["component"] == "mlp" for r in rows) == 8 and sum(r["component"] == "head" for r in rows) == 64
     assert all(r["head"] == "-1" for r in rows if r["component"] == "mlp")
     assert json.loads(first.stdout)["cached"] is False
     second = run_cli(*args, cache=cache_file)

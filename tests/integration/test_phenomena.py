@@ -27,7 +27,7 @@ def test_top3_heads_carry_most_of_the_negative_effect(setup):
     negative = sorted((v for row in heads for v in row if v < 0))
     top3 = sum(negative[:3])
     assert top3 / sum(negative) > 0.5, (top3, sum(negative))
-    # few heads matter (the paper: < 5 % of a 7B model's heads; this model has only 48): < 15 % beyond -0.05
+    # few heads matter (the paper: < 5 % of a 7B model's heads; this model has only 64): < 15 % beyond -0.05
     strong = sum(1 for row in heads for v in row if v < -0.05)
     assert strong <= 0.15 * model.facts.n_layers * model.facts.n_heads
 

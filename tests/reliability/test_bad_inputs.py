@@ -92,8 +92,8 @@ def test_typed_prompt_in_cli(case, seeded_cache, cli, tmp_path):
 # numbers and names: k, n, op, operands
 # ---------------------------------------------------------------------------------------------
 ARGS = {
-    "k_max_above_heads": (("knockout-curve", "--k-max", "49", "--out", "{tmp}/c.csv"), "exceeds the model's 48 heads"),
-    "transfer_k_above_heads": (("transfer", "--k", "49"), "1..48"),
+    "k_max_above_heads": (("knockout-curve", "--k-max", "65", "--out", "{tmp}/c.csv"), "exceeds the model's 64 heads"),
+    "transfer_k_above_heads": (("transfer", "--k", "65"), "1..64"),
     "head_above_heads": (("knockout", "--heads", "0.8"), "does not exist"),
     "attention_head_above_heads": (("attention", "--text", "3 + 5 =", "--layer", "0", "--head", "8",
                                     "--out", "{tmp}/a.csv"), "does not exist"),
@@ -128,11 +128,11 @@ def test_k_n_and_op_widgets_refuse_bad_values(seeded_cache):
     """Pages take k, n and operations from bounded widgets: out-of-range values never reach the engine."""
     at = run_page("2_Patching_heatmap.py")
     k = next(w for w in at.number_input if w.label == "Top k")
-    assert k.max == 48  # the model's heads
+    assert k.max == 64  # the model's heads
     k.set_value(49).run()
     assert not at.exception and not at.error
-    assert next(w for w in at.number_input if w.label == "Top k").value <= 48
-    assert len(at.dataframe[0].value) <= 48
+    assert next(w for w in at.number_input if w.label == "Top k").value <= 64
+    assert len(at.dataframe[0].value) <= 64
     for bad_n in (0, -5):
         at.sidebar.number_input(key="ps_n").set_value(bad_n)
         next(b for b in at.sidebar.button if b.label == "Use this set").click().run()
