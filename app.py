@@ -62,8 +62,8 @@ st.caption(
 with st.form("accuracy_form"):
     c1, c2, c3, c4 = st.columns([3, 2, 1, 1])
     ops = c1.multiselect("Operations", OPS, default=list(PAPER_OPS))
-    fam = c2.selectbox("Templates", ("all", "paper", "word"),
-                       help="paper: Figure 8 (32 templates); word: Figure 10 word problems (addition); "
+    fam = c2.selectbox("Templates", ("paper", "all", "word"),
+                       help="paper (default, as in every CLI subcommand): Figure 8 (32 templates); word: Figure 10 word problems (addition); "
                             "all: those plus the project's own (extended) and exponentiation")
     n = c3.number_input("Prompts per op", min_value=1, max_value=2000, value=100, step=50)
     seed = c4.number_input("Seed", min_value=0, max_value=10**9, value=0)

@@ -85,7 +85,9 @@ def bench(name: str, spec: str, per_op: int, with_total: bool, with_h2h: bool) -
         ag2 = agreement(sender_rows(raw), "exact_total", "atp_total")
         note += (f"; AtP vs exact activation patching: Spearman {ag2.spearman:.3f}, "
                  f"top-10 overlap {ag2.overlap[10]}/10")
-    head = f"{name}: {P} prompts, one batched forward {fwd:.3f} s"
+    f = model.facts
+    head = (f"{name} ({f.n_layers}L, {f.n_heads}H/{f.n_kv_heads}KV): {P} prompts, "
+            f"one batched forward {fwd:.3f} s")
     return head, [(label, s, s / fwd) for label, s in rows], note
 
 
@@ -98,12 +100,12 @@ def main() -> None:
     tables = []
     with tempfile.TemporaryDirectory() as d:
         if "organism" in wanted:
-            tables.append(bench("bundled model (6L, 8H/2KV)", "organism", args.per_op, True, True))
+            tables.append(bench("bundled model", "organism", args.per_op, True, True))
         if "smollm2" in wanted:
-            tables.append(bench("SmolLM2-135M (30L, 9H/3KV)", str(smollm2_gguf_path()), args.per_op, True, True))
+            tables.append(bench("SmolLM2-135M", str(smollm2_gguf_path()), args.per_op, True, True))
         if "qwen" in wanted:
             path = qwen_shaped(Path(d) / "qwen", quick=False)
-            tables.append(bench("random Qwen2.5-0.5B shape (24L, 14H/2KV, vocab 151,936)", str(path), args.per_op,
+            tables.append(bench("random Qwen2.5-0.5B shape (vocab 151,936)", str(path), args.per_op,
                                 False, False))
     print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} CPU threads, float32")
     for head, rows, note in tables:

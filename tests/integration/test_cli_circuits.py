@@ -15,6 +15,14 @@ def cache_file(tmp_path_factory):
     return tmp_path_factory.mktemp("cli_circuits") / "results.duckdb"
 
 
+def _shape():
+    """(layers, heads) of the bundled model, from its config (the tests follow a retrained organism)."""
+    import json as _json
+    from engine.organism import DEFAULT_DIR
+    cfg = _json.loads((DEFAULT_DIR / "config.json").read_text())
+    return cfg["num_hidden_layers"], cfg["num_attention_heads"]
+
+
 def _csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -28,7 +36,8 @@ def test_attribution_csv_columns_agreement_and_cache(cache_file, tmp_path):
     res = json.loads(r.stdout)
     rows = _csv(out)
     assert list(rows[0]) == ["component", "layer", "head", "exact", "atp", "abs_error", "exact_total", "atp_total"]
-    assert len(rows) == res["senders"] == 6 * 8 + 6
+    L, H = _shape()
+    assert len(rows) == res["senders"] == L * H + L
     for row in rows:
         assert float(row["abs_error"]) == pytest.approx(abs(float(row["exact"]) - float(row["atp"])))
     ag = res["agreement (heads)"]["atp vs exact"]
@@ -51,7 +60,7 @@ def test_position_patch_and_logit_lens(cache_file, tmp_path):
     r = run_cli("logit-lens", "--model", "organism", "--op", "sub", "--n", "8", "--out", str(lens), cache=cache_file)
     assert r.returncode == 0, r.stderr
     overall = [row for row in _csv(lens) if row["group"] == "*"]
-    assert [int(row["layer"]) for row in overall] == list(range(-1, 6))
+    assert [int(row["layer"]) for row in overall] == list(range(-1, _shape()[0]))
     assert float(overall[-1]["top1"]) == 1.0  # kept prompts: the model's own output is right
 
 
@@ -74,7 +83,7 @@ def test_patch_receiver_writes_one_row_per_earlier_sender(cache_file, tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     rows = _csv(out)
-    assert res["receiver"] == "2.3:k" and len(rows) == res["senders"] == 2 * (8 + 1)
+    assert res["receiver"] == "2.3:k" and len(rows) == res["senders"] == 2 * (_shape()[1] + 1)
     assert {int(row["layer"]) for row in rows} == {0, 1}
     bad = run_cli("patch", "--model", "organism", "--op", "add", "--n", "6", "--receiver", "2.3:x", "--out",
                   str(out), cache=cache_file)
