@@ -50,8 +50,8 @@ import torch
 
 from engine import hooks
 from engine.backend import ModelBackend
-from engine.batching import batches, check_pairs, pad, pad_id
-from engine.patching import PatchingRaw, path_patching
+from engine.batching import batches, check_pairs, pad, pad_id, pair_batches
+from engine.patching import PatchingRaw, end_chain_hooks, path_patching
 from engine.prompts import PromptPair
 
 ProgressFn = Callable[[int, int], None]
@@ -91,29 +91,17 @@ def path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: 
     """AtP estimate of path patching for every head and MLP (patched logit = logit_o + grad . delta)."""
     f = backend.facts
     L, H = f.n_layers, f.n_heads
-    check_pairs(pairs, f.vocab_size)
-    pid = pad_id(backend)
     W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
     parallel = backend.parallel_attn_mlp
-    ref_names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.attn_out(layer),
-                                                   hooks.resid_pre(layer), hooks.mlp_out(layer))]
-    cf_names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    ref_names, cf_names = end_chain_hooks(L)
     logit_o, head_logit, mlp_logit = [], [], []
-    chunks = batches(len(pairs), batch_size)
-    for ci, idx in enumerate(chunks):
-        chunk = [pairs[i] for i in idx]
-        P = len(chunk)
-        ref, mask, end = pad([p.ref_ids for p in chunk], pid)
-        cf, _, _ = pad([p.cf_ids for p in chunk], pid)
-        answer = torch.tensor([p.answer_id for p in chunk], device=backend.device)
-        rows = torch.arange(P)
+    chunks = pair_batches(backend, pairs, batch_size)
+    for ci, b in enumerate(chunks):
+        P, at_end = len(b.pairs), b.at_end
+        answer = b.answer.to(backend.device)
         with torch.no_grad():
-            lg_r, c_r = backend.run_with_cache(ref, mask, ref_names)
-            _, c_c = backend.run_with_cache(cf, mask, cf_names)
-
-        def at_end(t: torch.Tensor) -> torch.Tensor:  # [P, pos, ...] -> [P, ...]
-            return t[rows.to(t.device), end.to(t.device)]
-
+            _, c_r = backend.run_with_cache(b.ref, b.mask, ref_names)
+            _, c_c = backend.run_with_cache(b.cf, b.mask, cf_names)
         g_head, g_mlp, lo = _end_chain_gradients(backend, c_r, at_end, answer, L, parallel)
         logit_o.append(lo.cpu())
         hl = torch.empty(P, L, H)
@@ -171,21 +159,15 @@ def total_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size:
     """AtP estimate of activation patching each head's / MLP's END output (one forward + backward per batch)."""
     f = backend.facts
     L, H = f.n_layers, f.n_heads
-    check_pairs(pairs, f.vocab_size)
-    pid = pad_id(backend)
-    cf_names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    _, cf_names = end_chain_hooks(L)
     logit_o, head_logit, mlp_logit = [], [], []
-    chunks = batches(len(pairs), batch_size)
-    for ci, idx in enumerate(chunks):
-        chunk = [pairs[i] for i in idx]
-        P = len(chunk)
-        ref, mask, end = pad([p.ref_ids for p in chunk], pid)
-        cf, _, _ = pad([p.cf_ids for p in chunk], pid)
-        rows = torch.arange(P)
-        answer = torch.tensor([p.answer_id for p in chunk])
+    chunks = pair_batches(backend, pairs, batch_size)
+    for ci, b in enumerate(chunks):
+        P, rows, end, answer = len(b.pairs), b.rows, b.end, b.answer
+        ref, mask = b.ref, b.mask
         with torch.no_grad():
             _, c_r = backend.run_with_cache(ref, mask, cf_names)
-            _, c_c = backend.run_with_cache(cf, mask, cf_names)
+            _, c_c = backend.run_with_cache(b.cf, mask, cf_names)
         # zero probes added at END: their gradients are d logit / d activation at END
         z_probe = [torch.zeros(P, H, f.d_head, requires_grad=True) for _ in range(L)]
         m_probe = [torch.zeros(P, f.d_model, requires_grad=True) for _ in range(L)]

@@ -6,6 +6,7 @@ model must emit the answer) through the returned END index.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -47,3 +48,36 @@ def check_pairs(pairs: Sequence[PromptPair], vocab: int) -> None:
 def batches(n: int, size: int) -> list[range]:
     """Index ranges of consecutive batches of at most ``size``."""
     return [range(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+@dataclass(frozen=True)
+class PairBatch:
+    """One batch of prompt pairs, right-padded; X_r and X_c share the mask and END index (same lengths)."""
+
+    pairs: list[PromptPair]
+    ref: torch.Tensor     # [P, pos]  X_r ids
+    cf: torch.Tensor      # [P, pos]  X_c ids
+    mask: torch.Tensor    # [P, pos]
+    end: torch.Tensor     # [P]       index of the last real token
+    answer: torch.Tensor  # [P]       answer token ids (CPU)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return torch.arange(len(self.pairs))
+
+    def at_end(self, t: torch.Tensor) -> torch.Tensor:
+        """The END position of every row.  # [P, pos, ...] -> [P, ...]"""
+        return t[self.rows.to(t.device), self.end.to(t.device)]
+
+
+def pair_batches(backend, pairs: Sequence[PromptPair], batch_size: int) -> list[PairBatch]:
+    """``pairs`` checked (see :func:`check_pairs`) and cut into padded batches of at most ``batch_size``."""
+    check_pairs(pairs, backend.facts.vocab_size)
+    pid = pad_id(backend)
+    out = []
+    for idx in batches(len(pairs), batch_size):
+        chunk = [pairs[i] for i in idx]
+        ref, mask, end = pad([p.ref_ids for p in chunk], pid)
+        cf, _, _ = pad([p.cf_ids for p in chunk], pid)
+        out.append(PairBatch(chunk, ref, cf, mask, end, torch.tensor([p.answer_id for p in chunk])))
+    return out

@@ -52,9 +52,11 @@ from typing import Callable, Sequence
 import torch
 
 from engine import hooks
+from engine.hooks import HookName
 from engine.backend import ModelBackend
 from engine.batching import batches as _batches
 from engine.batching import check_pairs as _check_pairs
+from engine.batching import pair_batches
 from engine.batching import pad as _pad
 from engine.batching import pad_id as _pad_id
 from engine.prompts import PromptPair
@@ -148,34 +150,32 @@ def summarize(raw: PatchingRaw) -> list[SenderValue]:
 # fast exact path patching
 # ---------------------------------------------------------------------------------------------
 
+def end_chain_hooks(n_layers: int) -> tuple[list[HookName], list[HookName]]:
+    """(X_r, X_c) activations the END chains read: per layer z, attention out, resid_pre and MLP out of
+    X_r; z and MLP out of X_c."""
+    ref = [n for layer in range(n_layers) for n in (hooks.attn_z(layer), hooks.attn_out(layer),
+                                                    hooks.resid_pre(layer), hooks.mlp_out(layer))]
+    cf = [n for layer in range(n_layers) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    return ref, cf
+
+
 @torch.no_grad()
 def path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
                   with_prob: bool = False, progress: ProgressFn | None = None) -> PatchingRaw:
     """Every head and MLP as sender, answer logit as receiver -- exact, END-position chains."""
     f = backend.facts
     L, H = f.n_layers, f.n_heads
-    _check_pairs(pairs, f.vocab_size)
-    pad = _pad_id(backend)
     W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
     parallel = backend.parallel_attn_mlp
-    ref_names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.attn_out(layer),
-                                                   hooks.resid_pre(layer), hooks.mlp_out(layer))]
-    cf_names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    ref_names, cf_names = end_chain_hooks(L)
     logit_o, head_logit, mlp_logit = [], [], []
     prob_o, head_prob, mlp_prob = [], [], []
-    chunks = _batches(len(pairs), batch_size)
-    for ci, idx in enumerate(chunks):
-        chunk = [pairs[i] for i in idx]
-        P = len(chunk)
-        ref, mask, end = _pad([p.ref_ids for p in chunk], pad)
-        cf, _, _ = _pad([p.cf_ids for p in chunk], pad)
-        answer = torch.tensor([p.answer_id for p in chunk], device=backend.device)
-        rows = torch.arange(P)
-        lg_r, c_r = backend.run_with_cache(ref, mask, ref_names)
-        _, c_c = backend.run_with_cache(cf, mask, cf_names)
-
-        def at_end(t: torch.Tensor) -> torch.Tensor:  # [P, pos, ...] -> [P, ...]
-            return t[rows.to(t.device), end.to(t.device)]
+    chunks = pair_batches(backend, pairs, batch_size)
+    for ci, b in enumerate(chunks):
+        P, rows, end, at_end = len(b.pairs), b.rows, b.end, b.at_end
+        answer = b.answer.to(backend.device)
+        lg_r, c_r = backend.run_with_cache(b.ref, b.mask, ref_names)
+        _, c_c = backend.run_with_cache(b.cf, b.mask, cf_names)
 
         lo = lg_r[rows, end.to(lg_r.device)].float()  # [P, vocab]
         logit_o.append(lo[torch.arange(P), answer].cpu())
