@@ -39,6 +39,7 @@ from engine.ablation import (Knockout, curve_knockouts, distinct_knockouts, knoc
                              knockout_accuracy, knockout_curve, mean_activations)
 from engine.accuracy import score_pairs  # noqa: E402
 from engine.backend import macs_per_position, open_model  # noqa: E402
+from engine.batching import pad, pad_id  # noqa: E402
 from engine.patching import cached_path_patching  # noqa: E402
 from engine.promptsets import PromptSetSpec, generate  # noqa: E402
 
@@ -113,14 +114,7 @@ def measure(counter: Counter, fn: Callable[[], object]) -> tuple[float, float, t
 def old_scores(model, pairs) -> None:
     """The former accuracy pass: full logits over prompt + answer (run once by the filter, once by
     the accuracy table)."""
-    pad = model.tokenizer.pad_token_id or model.tokenizer.eos_token_id or 0
-    seqs = [p.ref_ids + p.answer_ids for p in pairs]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
+    ids, mask, _ = pad([p.ref_ids + p.answer_ids for p in pairs], pad_id(model))
     with torch.no_grad():
         model.logits(ids, mask).float()
 

@@ -67,20 +67,16 @@ def _score(model, pairs: Sequence[PromptPair], *, batch_size: int, progress: Pro
            ) -> list[PairScore]:
     import torch
 
-    from engine.patching import _pad_id
+    from engine.batching import pad as pad_batch
+    from engine.batching import pad_id
 
     digit_ids = _number_piece_ids(model.tokenizer, model.facts.vocab_size)
-    pad = _pad_id(model)
+    pad = pad_id(model)
     scores: list[PairScore] = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start:start + batch_size]
         seqs = [p.ref_ids + p.answer_ids for p in chunk]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, :len(s)] = torch.tensor(s)
-            mask[i, :len(s)] = 1
+        ids, mask, _ = pad_batch(seqs, pad)
         # positions END .. END + len(answer) of each row (the last one repeated as padding)
         m = max(len(p.answer_ids) for p in chunk) + 1
         pos = torch.tensor([[min(len(p.ref_ids) - 1 + j, len(s) - 1) for j in range(m)]

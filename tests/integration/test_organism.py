@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.accuracy import score_pairs
 from engine.backend import open_model
 from engine.organism import DEFAULT_DIR, Recipe, split_words, train
 from engine.organism_eval import template_accuracy
 from engine.prompts import answer_tokens
 from engine.promptsets import PromptSetSpec, generate
-from engine.templates import NAMES, PAPER_OPS, TEMPLATES_BY_ID, paper_templates, templates_for
+from engine.templates import NAMES, TEMPLATES_BY_ID, paper_templates, templates_for
 from tests.integration.test_cli import run_cli
 
 

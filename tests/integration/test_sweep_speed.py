@@ -22,6 +22,7 @@ from engine.ablation import (DEFAULT_TOKENS_PER_PASS, Knockout, curve_knockouts,
                              knockout_accuracy, knockout_curve, length_chunks, mean_activations)
 from engine.accuracy import keep_correct, score_pairs
 from engine.backend import WorkMeter, open_model
+from engine.batching import pad, pad_id
 from engine.promptsets import PromptSetSpec, generate
 
 
@@ -37,13 +38,7 @@ def pairs(organism):
 
 
 def _padded(backend, seqs):
-    pad = backend.tokenizer.pad_token_id or backend.tokenizer.eos_token_id or 0
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
+    ids, mask, _ = pad(seqs, pad_id(backend))
     return ids, mask
 
 

@@ -18,7 +18,6 @@ def _pair(op: str, i: int) -> PromptPair:
 def _raw(logit_o: list[float], ops: list[str]) -> PatchingRaw:
     """Two layers, two heads; head (1, 0) lowers every answer logit by 2, MLP 0 by 1."""
     lo = torch.tensor(logit_o)
-    P = len(logit_o)
     heads = lo[:, None, None].repeat(1, 2, 2).clone()
     heads[:, 1, 0] -= 2.0
     mlps = lo[:, None].repeat(1, 2).clone()
