@@ -29,13 +29,26 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
     total = st.toggle("Also activation patching (nothing frozen; one forward pass per sender)", value=True,
                       help="Exact activation patching of each head's END output costs one forward pass per "
                            "sender; its AtP estimate one forward + one backward pass.")
+    from engine.cached import NotCached, cache_only
     try:
-        bar, cb = progress_bar("Exact and attribution patching, step")
-        with cancellable(bar):
-            table, computed = cached_attribution(model, pairs, cache=cache, total=total, progress=cb)
-        bar.empty()
+        with cache_only():
+            table, computed = cached_attribution(model, pairs, cache=cache, total=total)
+    except NotCached:
+        n_senders = model.facts.n_layers * (model.facts.n_heads + 1)
+        cost = ("about 4 forward passes of the set" if not total else
+                f"about {n_senders + 4} forward passes of the set: exact activation patching runs one per sender")
+        if not st.button(f"Compute exact vs attribution ({cost})", key=f"atp_go_{total}"):
+            return None
+        try:
+            bar, cb = progress_bar("Exact and attribution patching, step", on_demand=True)
+            with cancellable(bar):
+                table, computed = cached_attribution(model, pairs, cache=cache, total=total, progress=cb)
+            bar.empty()
+        except ERRORS as e:
+            st.error(f"Cannot run attribution patching: {e}")
+            return None
     except ERRORS as e:
-        st.error(f"Cannot run attribution patching: {e}")
+        st.error(f"Cannot read attribution patching: {e}")
         return None
     rows = table.rows[metric]
     pairs_of_kinds = [("exact", "atp")] + ([("exact_total", "atp_total")] if total else [])

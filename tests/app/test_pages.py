@@ -113,6 +113,11 @@ def test_patching_exact_vs_attribution_tab_and_head_to_head_on_demand():
     at = page("2_Patching_heatmap.py").run()
     _ok(at)
     assert [t.label for t in at.tabs] == ["Heatmap", "Exact vs attribution"]
+    assert not any("Spearman" in c.value for c in at.caption)  # on demand: nothing computed on the first visit
+    go = [b for b in at.button if b.key == "atp_go_True"]
+    assert go and "one per sender" in go[0].label
+    go[0].click().run()
+    _ok(at)
     assert any("Spearman" in c.value for c in at.caption)
     assert any("missed by AtP" in str(list(d.value.columns)) for d in at.dataframe)
     at.session_state["selected_head"] = (3, 5)

@@ -22,6 +22,7 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
     _idle(page)
     page.get_by_role("tab", name="Exact vs attribution").click()
+    page.get_by_role("button", name=re.compile(r"^Compute exact vs attribution")).click()
     page.get_by_text("Spearman").first.wait_for(timeout=WAIT)
     _idle(page)
     # the first chart of the active tab
