@@ -36,11 +36,11 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
     tip = page.locator("#vg-tooltip-element")
     want = None
     for point in scatter.locator("g.mark-symbol path").all():
-        point.hover()
+        point.hover(force=True)
         found = re.search(r"L(\d+)H(\d+)", tip.inner_text()) if tip.count() and tip.is_visible() else None
         if found and f"Head {found.group(1)}.{found.group(2)}" != before:
             want = f"Head {found.group(1)}.{found.group(2)}"
-            point.click()
+            point.click(force=True)
             break
     assert want is not None, "no head point found in the scatter"
     page.get_by_role("tab", name="Heatmap").click()
