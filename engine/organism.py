@@ -150,20 +150,25 @@ def split_words() -> tuple[str, ...]:
     return tuple(sorted(ops | set(NAMES) | {w for w in CF_WORDS if w != "void"}))
 
 
+#: The first pieces a ``tokenizers`` WordPiece trainer chose for :func:`split_words` (the recipe's vocab_size 160)
+#: when the bundled model was trained.  The trainer breaks ties between equally frequent merges in a
+#: per-process random order (Rust hash maps), so running it again can give other pieces and another
+#: vocabulary; they are pinned here so that ``train`` reproduces the shipped tokenizer exactly.
+WORDPIECE_FIRST_PIECES: tuple[str, ...] = (
+    "An", "B", "Car", "Dan", "Em", "Fr", "Gin", "Hu", "Ir", "Jac", "Ka", "Le", "ad", "add", "ar", "bl", "bu",
+    "co", "con", "di", "divi", "divid", "en", "fin", "g", "la", "le", "min", "multipl", "no", "non", "nul",
+    "ov", "pl", "po", "pr", "pu", "qu", "ra", "re", "st", "su", "subtrac", "ta", "ti", "w", "win",
+)
+
+
 def _wordpiece_vocab(vocab_size: int) -> list[str]:
     """Whole words plus two pieces (``pl`` ``##us``) per split word; the first pieces are the
-    prefixes a WordPiece model trained (``tokenizers``) on the split words learns, so pieces are
-    shared across words (``##us`` of plus/minus) as in real tokenizers."""
-    from tokenizers import Tokenizer, models, trainers
-    from tokenizers import pre_tokenizers as pt
+    prefixes a WordPiece model trained (``tokenizers``) on the split words learned
+    (:data:`WORDPIECE_FIRST_PIECES`), so pieces are shared across words (``##us`` of plus/minus) as in
+    real tokenizers.  ``vocab_size`` is the trainer's setting those pieces came from."""
     split = split_words()
-    trained = Tokenizer(models.WordPiece(unk_token="<unk>"))
-    trained.pre_tokenizer = pt.WhitespaceSplit()
-    trained.train_from_iterator(split, trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=["<unk>"], continuing_subword_prefix="##"))
-    starts = {p for p in trained.get_vocab() if not p.startswith("##") and p != "<unk>"}
     whole = [w for w in build_vocab() if w not in split]
-    firsts = set(whole) | starts
+    firsts = set(whole) | set(WORDPIECE_FIRST_PIECES)
     pieces: list[str] = []
     for w in split:
         first = max((p for p in firsts if w.startswith(p) and len(p) < len(w)), key=len, default=w[0])
