@@ -7,7 +7,7 @@ import streamlit as st
 
 from engine.promptlab import analyse_prompt
 from engine.prompts import PromptError
-from ui.charts import token_bars
+from ui.charts import display_token, fmt_prob, ranked_bars
 from ui.session import prompt_input, setup_page
 
 model, _ = setup_page(
@@ -30,14 +30,16 @@ st.subheader("Tokens")
 st.caption("What the model reads (after the answer-token rule: whitespace-only tokens before the answer "
            "belong to the prompt). The last token is END, where the answer is produced.")
 # all text: the transposed frame mixes tokens and ids in each column, which Arrow cannot serialise
-st.dataframe(pd.DataFrame({"position": range(len(rep.tokens)), "token": rep.tokens, "id": rep.ids}).set_index(
+st.dataframe(pd.DataFrame({"position": range(len(rep.tokens)), "token": [display_token(t) for t in rep.tokens],
+                           "raw": rep.tokens, "id": rep.ids}).set_index(
     "position").T.astype(str), width="stretch")
 
 c1, c2 = st.columns(2)
 with c1:
     st.subheader("Next token")
     top = pd.DataFrame([t.__dict__ for t in rep.top5])
-    st.altair_chart(token_bars(top, "token", "prob", "probability"), width="stretch")
+    st.caption("Most likely first; ␣ = a leading space, ⏎ = a newline (hover a bar for the raw token and its id).")
+    st.altair_chart(ranked_bars(top), width="stretch")
     st.download_button("Top-5 (CSV)", top.to_csv(index=False).encode(), "top5.csv", "text/csv")
 with c2:
     st.subheader("Operation")
@@ -47,9 +49,9 @@ with c2:
         p = rep.parsed
         st.markdown(f"**{p.a} {'+-*/^'['add sub mul div pow'.split().index(p.op)]} {p.b} = {p.answer}** "
                     f"(operator `{p.operator}`)")
-        st.metric("P(answer token)", f"{rep.p_answer:.3f}", help=f"answer token `{rep.answer_token}`")
+        st.metric("P(answer token)", fmt_prob(rep.p_answer), help=f"answer token `{rep.answer_token}`")
         st.markdown(f"Rank of the answer token: **{rep.answer_rank}**" + (" — the model gets it right"
                     if rep.answer_rank == 1 else " — the model gets it wrong"))
         st.markdown(f"Counterfactual: `{p.cf_text}`")
         if rep.p_answer_cf is not None:
-            st.metric("P(answer) on the counterfactual", f"{rep.p_answer_cf:.3f}")
+            st.metric("P(answer) on the counterfactual", fmt_prob(rep.p_answer_cf))

@@ -11,9 +11,10 @@ from engine.patching import cached_path_patching
 from engine.promptlab import analyse_prompt
 from engine.prompts import PromptError
 from engine.promptsets import DOMINANT_SHARE, answer_token_stats
-from ui.charts import heatmap, heatmap_frame, token_bars
-from ui.circuit_views import attribution_view, clicked_head, head_to_head_section, select_head
-from ui.session import analysed_pairs, current_prompt, progress_bar, result_cache, setup_page
+from ui import state
+from ui.charts import display_token, heatmap, heatmap_frame, token_bars
+from ui.circuit_views import attribution_view, clicked_cell, head_to_head_section, mlp_layer_view, select_head
+from ui.session import analysed_pairs, current_prompt, progress_bar, prompt_caption, result_cache, setup_page
 
 model, spec = setup_page(
     "Path patching",
@@ -21,7 +22,8 @@ model, spec = setup_page(
     "answer token's logit when only that component's output at the last position comes from the "
     "counterfactual prompt (operator removed) and every other head is frozen: red = the answer logit "
     "drops, i.e. the head carries the operation (the colour range follows the heads; MLP cells saturate). Only prompts the model answers right are used. "
-    "Click a cell to see that head's attention from the last token.")
+    "Click a cell to see that head's attention from the last token (an MLP cell: that layer's MLP view).")
+prompt_caption()
 
 c1, c2, c3 = st.columns([2, 2, 1])
 metric = c1.selectbox("Metric", ("effect", "logit_diff"),
@@ -74,24 +76,35 @@ with tab_atp:
 with tab_map:
     left, right = st.columns([3, 2])
     with left:
-        event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun", key="heatmap")
+        # keyed by the view: a new metric or operation starts with no cell outlined
+        event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun", key=f"heatmap_{metric}_{group}")
         st.download_button("Heatmap data (CSV)", df.to_csv(index=False).encode(), "patching.csv", "text/csv")
         top = pd.DataFrame(table.top_heads(int(k), metric, group), columns=["layer", "head", metric])
         st.markdown("**Key heads** (most negative first)")
         st.dataframe(top, hide_index=True, width="stretch")
-    clicked = clicked_head(event)
-    if select_head("heatmap_click", clicked):
-        ko = set(st.session_state.get("knockout_heads", []))
-        ko.add(f"{clicked[0]}.{clicked[1]}")
-        st.session_state["knockout_heads"] = sorted(ko)
-    sel = st.session_state.get("selected_head") or (int(top.iloc[0]["layer"]), int(top.iloc[0]["head"]))
+    select_head("heatmap_click", clicked_cell(event))  # a click selects; the knockout set is not touched
+    sel = state.selected()
+    if sel is None or sel[0] >= table.n_layers or sel[1] >= table.n_heads:
+        sel = (int(top.iloc[0]["layer"]), int(top.iloc[0]["head"]))
     layer, head = sel
+    if head == state.MLP:
+        with right:
+            st.subheader(f"MLP {layer}")
+            mlp_layer_view(model, pairs, cache, layer, current_prompt())
+        st.stop()
     with right:
         st.subheader(f"Head {layer}.{head}")
+        name = f"{layer}.{head}"
+        if name in state.ko_heads():
+            st.caption(f"Head {name} is in the knockout set ({', '.join(state.ko_heads())}).")
+        else:
+            st.button(f"Add head {name} to the knockout set", key="add_to_knockout",
+                      on_click=state.add_knockout_head, args=(layer, head),
+                      help="The Knockout page mean-ablates the heads of the knockout set.")
         try:
             rep = analyse_prompt(model, current_prompt())
             row = pd.DataFrame([t.__dict__ for t in prompt_attention(model, rep.ids, layer, head)])
-            row["label"] = [f"{i}:{t}" for i, t in zip(row.position, row.token)]
+            row["label"] = [f"{i}:{display_token(t)}" for i, t in zip(row.position, row.token)]
             st.caption(f"Attention of the last token of `{current_prompt()}` (change it in the Prompt lab)")
             st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
         except PromptError as e:

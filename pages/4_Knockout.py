@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -14,8 +13,11 @@ from engine.ablation import (Knockout, cached_knockout_curve, curve_cost, knocko
 from engine.patching import cached_path_patching
 from engine.promptlab import analyse_prompt
 from engine.prompts import PromptError
-from ui.charts import lines_with_band
-from ui.session import analysed_pairs, cancellable, current_prompt, progress_bar, result_cache, setup_page
+from ui import state
+from ui.charts import display_token, fmt_prob
+from ui.circuit_charts import knockout_curve_chart
+from ui.session import (analysed_pairs, cancellable, current_prompt, progress_bar, prompt_caption, result_cache,
+                        setup_page)
 
 model, spec = setup_page(
     "Knockout",
@@ -24,6 +26,7 @@ model, spec = setup_page(
     "If the key heads found by path patching matter, knocking them out breaks the arithmetic while "
     "knocking out as many random heads does not.")
 
+prompt_caption()
 L, H = model.facts.n_layers, model.facts.n_heads
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
@@ -37,14 +40,16 @@ except (PromptError, CacheError, ValueError) as e:
 bar.empty()
 
 head_opts = [f"{layer}.{h}" for layer in range(L) for h in range(H)]
-if "knockout_heads" not in st.session_state:
-    st.session_state["knockout_heads"] = []
+# the knockout set is the app's (ui.state), kept across pages; the widgets are bound to it
+state.put(state.KO_HEADS, [h for h in state.ko_heads() if h in head_opts])
+state.put(state.KO_MLPS, [m for m in state.ko_mlps() if m < L])
 c1, c2, c3 = st.columns([3, 2, 1])
-heads = c1.multiselect("Heads to knock out (layer.head)", head_opts, key="knockout_heads",
-                       help="Cells clicked on the Path patching page are added here.")
-mlps = c2.multiselect("MLPs to knock out (layer)", list(range(L)), key="knockout_mlps")
+heads = c1.multiselect("Heads to knock out (layer.head)", head_opts, **state.bind("knockout_heads", state.KO_HEADS, []),
+                       help="The knockout set: kept across pages; the Path patching page adds its selected head "
+                            "with 'Add head to the knockout set'.")
+mlps = c2.multiselect("MLPs to knock out (layer)", list(range(L)), **state.bind("knockout_mlps", state.KO_MLPS, []))
 c3.button("Top-3 heads", help="knock out the three heads with the most negative patching effect",
-          on_click=lambda: st.session_state.update(knockout_heads=[f"{a}.{b}" for a, b, _ in table.top_heads(3)]))
+          on_click=lambda: state.set_knockout(heads=[f"{a}.{b}" for a, b, _ in table.top_heads(3)]))
 ko = Knockout(tuple(tuple(int(x) for x in h.split(".")) for h in heads), tuple(mlps))
 means = mean_activations(model, pairs)
 
@@ -54,13 +59,13 @@ with left:
     try:
         before = analyse_prompt(model, current_prompt())
         after = analyse_prompt(model, current_prompt(), ko=ko, means=means)
-        tbl = pd.DataFrame({"before": [f"{t.token}  {t.prob:.3f}" for t in before.top5],
-                            "after knockout": [f"{t.token}  {t.prob:.3f}" for t in after.top5]},
+        tbl = pd.DataFrame({"before": [f"{display_token(t.token)}  {fmt_prob(t.prob)}" for t in before.top5],
+                            "after knockout": [f"{display_token(t.token)}  {fmt_prob(t.prob)}" for t in after.top5]},
                            index=range(1, len(before.top5) + 1))
         st.caption(f"`{current_prompt()}` — top-5 next tokens")
         st.table(tbl)
         if before.p_answer is not None:
-            st.metric("P(answer)", f"{after.p_answer:.3f}", f"{after.p_answer - before.p_answer:+.3f}")
+            st.metric("P(answer)", fmt_prob(after.p_answer), f"{after.p_answer - before.p_answer:+.3f}")
     except PromptError as e:
         st.error(f"Cannot analyse the typed prompt: {e}")
 with right:
@@ -101,12 +106,5 @@ if pts is None:
         st.stop()
     bar.empty()
 cdf = pd.DataFrame([p.__dict__ for p in pts])
-long = pd.concat([
-    pd.DataFrame({"k": cdf.k, "series": "top-k by effect", "acc": cdf.top_accuracy, "lo": cdf.top_accuracy,
-                  "hi": cdf.top_accuracy}),
-    pd.DataFrame({"k": cdf.k, "series": "k random heads (mean ± sd)", "acc": cdf.random_mean,
-                  "lo": cdf.random_mean - cdf.random_std, "hi": cdf.random_mean + cdf.random_std}),
-])
-st.altair_chart(lines_with_band(long, "k", "acc", "lo", "hi", "series", "accuracy")
-                .encode(y=alt.Y("acc:Q", scale=alt.Scale(domain=[0, 1]))), width="stretch")
+st.altair_chart(knockout_curve_chart(cdf), width="stretch")
 st.download_button("Curve data (CSV)", cdf.to_csv(index=False).encode(), "knockout_curve.csv", "text/csv")

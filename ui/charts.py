@@ -6,6 +6,23 @@ import altair as alt
 import pandas as pd
 
 HEAD_SELECTION = "cell"
+#: Okabe-Ito, colour-blind safe; the first colour (vermillion) is the strongest and marks the main result
+PALETTE = ("#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+LEGEND = alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title=None)
+
+
+def display_token(token: str) -> str:
+    """A tokenizer piece as a reader sees it: leading-space markers as ␣, newlines as ⏎."""
+    return token.replace("Ġ", "␣").replace("▁", "␣").replace("Ċ", "⏎").replace("\n", "⏎")
+
+
+def fmt_prob(p: float) -> str:
+    """A probability as text: three decimals, or scientific notation when that would read 0.000."""
+    return f"{p:.3f}" if p >= 0.0005 or p == 0 else f"{p:.1e}"
+
+
+def percent(x: float) -> str:
+    return f"{100 * x:.1f} %"
 
 
 def heatmap_frame(heads: list[list[float]], mlps: list[float]) -> pd.DataFrame:
@@ -15,23 +32,32 @@ def heatmap_frame(heads: list[list[float]], mlps: list[float]) -> pd.DataFrame:
                         + [{"layer": layer, "head": -1, "column": "MLP", "value": v} for layer, v in enumerate(mlps)])
 
 
-def heatmap(df: pd.DataFrame, metric: str) -> alt.Chart:
-    """Layer x head heatmap with an MLP column; diverging colours centred at 0; click selects a cell.
+def heatmap_limit(df: pd.DataFrame) -> float:
+    """Half the colour range of ``heatmap``: the heads' largest |value| (MLP cells, often larger, saturate)."""
+    heads = df.loc[df["column"] != "MLP", "value"].abs()
+    return float(heads.max() if len(heads) and heads.max() > 0 else df["value"].abs().max() or 1.0)
 
-    The colour range is set by the heads (MLP cells, often larger, saturate at the ends).
+
+def heatmap(df: pd.DataFrame, metric: str, lim: float | None = None) -> alt.Chart:
+    """Layer x head heatmap with an MLP column; diverging colours centred at 0; click selects a cell
+    (outlined in black; the other cells keep their colour).
+
+    The colour range is symmetric, ``[-lim, lim]`` (default :func:`heatmap_limit`): give two heatmaps the
+    same ``lim`` to compare them on one scale.
 
     ``df`` columns: layer, column (head number as text, or "MLP"), head (-1 for MLPs), value.
     """
-    heads = df.loc[df["column"] != "MLP", "value"].abs()
-    lim = float(heads.max() if len(heads) and heads.max() > 0 else df["value"].abs().max() or 1.0)
-    sel = alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick")
+    lim = heatmap_limit(df) if lim is None else float(lim)
+    sel = alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick",
+                              empty=False)
     cols = [c for c in df["column"].unique() if c != "MLP"] + ["MLP"]
     return alt.Chart(df).mark_rect(stroke="white", strokeWidth=0.5).encode(
         x=alt.X("column:N", sort=cols, title="head (and the layer's MLP)"),
         y=alt.Y("layer:O", sort="descending", title="layer"),
         color=alt.Color("value:Q", title=metric,
                         scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0, clamp=True)),
-        opacity=alt.condition(sel, alt.value(1.0), alt.value(0.35)),
+        stroke=alt.condition(sel, alt.value("black"), alt.value("white")),
+        strokeWidth=alt.condition(sel, alt.value(3), alt.value(0.5)),
         tooltip=["layer", "column", alt.Tooltip("value:Q", format=".4f")],
     ).add_params(sel).properties(height=max(220, 26 * df["layer"].nunique()))
 
@@ -45,6 +71,34 @@ def token_bars(df: pd.DataFrame, x: str, y: str, title: str, fmt: str = ".3f") -
     ).properties(height=220)
 
 
+def ranked_bars(df: pd.DataFrame, title: str = "probability") -> alt.Chart:
+    """Next-token bars, most likely first, each with its probability printed; tokens readable (␣ ⏎), the raw
+    piece and its id on hover.  ``df`` columns: token, token_id, prob."""
+    df = df.assign(shown=[display_token(t) for t in df["token"]], label=[fmt_prob(p) for p in df["prob"]])
+    df = df.sort_values("prob", ascending=False, kind="stable")
+    df["shown"] = [f"{t}" if (df["shown"] == t).sum() == 1 else f"{t} #{i}" for t, i in zip(df["shown"], df["token_id"])]
+    x = alt.X("shown:N", sort=list(df["shown"]), title=None, axis=alt.Axis(labelAngle=0, labelLimit=0))
+    base = alt.Chart(df).encode(x=x, tooltip=[alt.Tooltip("token:N", title="raw token"),
+                                               alt.Tooltip("token_id:Q", title="id"),
+                                               alt.Tooltip("prob:Q", format=".3g")])
+    bars = base.mark_bar(color=PALETTE[1]).encode(y=alt.Y("prob:Q", title=title, scale=alt.Scale(domain=[0, 1])))
+    text = base.mark_text(dy=-7, fontSize=13).encode(y="prob:Q", text="label:N")
+    return (bars + text).properties(height=240)
+
+
+def template_bars(df: pd.DataFrame) -> alt.Chart:
+    """First-token accuracy per template, every template name shown in full (one row each, no label
+    dropped or cut).  ``df`` columns: op, template, n, first_token, full_answer."""
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("first_token:Q", title="first-token accuracy", scale=alt.Scale(domain=[0, 1]),
+                axis=alt.Axis(format="%")),
+        y=alt.Y("template:N", sort=None, title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
+        color=alt.Color("op:N", title="operation", scale=alt.Scale(range=list(PALETTE)), legend=LEGEND),
+        tooltip=["op", "template", "n", alt.Tooltip("first_token:Q", format=".1%"),
+                 alt.Tooltip("full_answer:Q", format=".1%")],
+    ).properties(height=22 * len(df) + 20)
+
+
 def grouped_bars(df: pd.DataFrame, x: str, y: str, color: str, title: str) -> alt.Chart:
     return alt.Chart(df).mark_bar().encode(
         x=alt.X(f"{x}:N", sort=None, title=None, axis=alt.Axis(labelAngle=0)),
@@ -55,11 +109,21 @@ def grouped_bars(df: pd.DataFrame, x: str, y: str, color: str, title: str) -> al
     ).properties(height=240)
 
 
-def lines_with_band(df: pd.DataFrame, x: str, y: str, lo: str, hi: str, color: str, ytitle: str) -> alt.Chart:
-    base = alt.Chart(df).encode(x=alt.X(f"{x}:O", title=x), color=alt.Color(f"{color}:N", title=None))
-    band = base.mark_area(opacity=0.18).encode(y=alt.Y(f"{lo}:Q", title=ytitle), y2=f"{hi}:Q")
-    line = base.mark_line(point=True).encode(y=f"{y}:Q", tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=".3f")])
-    return (band + line).properties(height=300)
+def lines_with_band(df: pd.DataFrame, x: str, y: str, lo: str, hi: str, color: str, ytitle: str,
+                    main: str | None = None, yfmt: str = ".3f") -> alt.Chart:
+    """Lines with a shaded band, colour-blind-safe colours; ``main`` (the main result's series) gets the
+    strongest colour and a thicker line.  The legend sits below the chart, its labels never cut."""
+    series = list(dict.fromkeys(df[color]))
+    if main in series:
+        series = [main] + [s_ for s_ in series if s_ != main]
+    palette = list(PALETTE) if main in series else list(PALETTE[1:]) + [PALETTE[0]]
+    scale = alt.Scale(domain=series, range=palette[:len(series)])
+    base = alt.Chart(df).encode(x=alt.X(f"{x}:O", title=x), color=alt.Color(f"{color}:N", scale=scale, legend=LEGEND))
+    band = base.mark_area(opacity=0.15).encode(y=alt.Y(f"{lo}:Q", title=ytitle), y2=f"{hi}:Q")
+    width = alt.condition(alt.datum[color] == main, alt.value(4), alt.value(2)) if main else alt.value(2)
+    line = base.mark_line(point=True).encode(y=f"{y}:Q", strokeWidth=width,
+                                             tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=yfmt)])
+    return (band + line).properties(height=320)
 
 
 def loss_curve(df: pd.DataFrame) -> alt.Chart:

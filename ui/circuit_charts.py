@@ -63,3 +63,20 @@ def lens_lines(df: pd.DataFrame) -> alt.Chart:
         y=alt.Y("median_rank:Q", title="median rank of the answer (dashed, log)", scale=alt.Scale(type="log"),
                 axis=alt.Axis(titleColor="#0072B2")))
     return alt.layer(prob, rank).resolve_scale(y="independent").properties(height=280)
+
+
+TOP_K_SERIES, RANDOM_SERIES = "top-k key heads (by effect)", "k random heads (mean ± sd)"
+
+
+def knockout_curve_chart(cdf: pd.DataFrame) -> alt.Chart:
+    """Fig. 3: accuracy after knocking out the top-k heads (the main result, strongest colour) vs k random
+    heads (mean, ± sd shaded); accuracy in percent.  ``cdf`` columns: k, top_accuracy, random_mean, random_std."""
+    from ui.charts import lines_with_band
+    long = pd.concat([
+        pd.DataFrame({"k": cdf.k, "series": TOP_K_SERIES, "acc": cdf.top_accuracy, "lo": cdf.top_accuracy,
+                      "hi": cdf.top_accuracy}),
+        pd.DataFrame({"k": cdf.k, "series": RANDOM_SERIES, "acc": cdf.random_mean,
+                      "lo": cdf.random_mean - cdf.random_std, "hi": cdf.random_mean + cdf.random_std}),
+    ])
+    return lines_with_band(long, "k", "acc", "lo", "hi", "series", "first-token accuracy", main=TOP_K_SERIES,
+                           yfmt=".1%").encode(y=alt.Y("acc:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%")))

@@ -16,9 +16,10 @@ from engine.head_patching import Receiver, cached_head_path_patching
 from engine.logit_lens import cached_logit_lens
 from engine.position_patching import cached_layer_position_patching
 from engine.prompts import PromptError
-from ui.charts import HEAD_SELECTION, heatmap, heatmap_frame
+from ui.charts import HEAD_SELECTION, display_token, heatmap, heatmap_frame
 from ui.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
-from ui.session import cancellable, progress_bar
+from ui.nav import PAGES, page_def
+from ui.session import cancellable, page_link, progress_bar
 
 ERRORS = (PromptError, CacheError, ValueError)
 KIND_NAMES = dict(KINDS)
@@ -83,8 +84,14 @@ def _pad(a: list[str], b: list[str]) -> list[str]:
 
 def clicked_head(event) -> tuple[int, int] | None:
     """The (layer, head) a chart click selected, or None (MLP points / nothing clicked)."""
+    cell = clicked_cell(event)
+    return cell if cell is not None and cell[1] >= 0 else None
+
+
+def clicked_cell(event) -> tuple[int, int] | None:
+    """The (layer, head) of a clicked heatmap cell -- ``head == -1`` for the layer's MLP -- or None."""
     picked = (event.selection.get(HEAD_SELECTION) or []) if event else []
-    picked = [p for p in picked if int(p.get("head", -1)) >= 0]
+    picked = [p for p in picked if "layer" in p and "head" in p]
     return (int(picked[0]["layer"]), int(picked[0]["head"])) if picked else None
 
 
@@ -205,20 +212,12 @@ def logit_lens_view(model, pairs, cache) -> None:
     st.download_button("Logit lens (CSV)", df.to_csv(index=False).encode(), "logit_lens.csv", "text/csv")
 
 
-def display_token(token: str) -> str:
-    """A tokenizer piece as a reader sees it: leading-space markers as ␣, newlines as ⏎."""
-    return token.replace("Ġ", "␣").replace("▁", "␣").replace("Ċ", "⏎").replace("\n", "⏎")
-
-
 def circuit_summary_view(model, spec, cache) -> None:
     """Home: the circuit summary of the sidebar's prompt set, from cached results only, with page links."""
-    from pathlib import Path
-
     from engine.accuracy import kept_pairs
     from engine.cached import NotCached, cache_only
     from engine.summary import circuit_summary
-    pages = {p.stem.split("_", 1)[1]: f"pages/{p.name}"
-             for p in (Path(__file__).resolve().parents[1] / "pages").glob("*.py")}
+    pages = {p.url_path: p.script for p in PAGES}
     try:
         with cache_only():
             pairs, _ = kept_pairs(model, spec, cache=cache)
@@ -231,7 +230,7 @@ def circuit_summary_view(model, spec, cache) -> None:
     if not findings or not findings[0].computed:
         st.info("No path-patching result for this model and prompt set yet: open **Path patching** to compute it; "
                 "the summary then appears here.")
-        st.page_link(pages["Patching_heatmap"], label="Path patching", icon="🔥")
+        page_link(pages["Patching_heatmap"], page_def("Patching_heatmap").title, "🔥")
         return
     for f in findings:
         c1, c2 = st.columns([5, 1])
@@ -240,7 +239,7 @@ def circuit_summary_view(model, spec, cache) -> None:
             c1.markdown(f"**{step}.** {f.text}")
         else:
             c1.markdown(f"**{step}.** _not computed yet for this set: open the page to compute it._")
-        c2.page_link(pages[f.page], label=f.page.replace("_", " "))
+        page_link(pages[f.page], page_def(f.page).title, where=c2)
 
 
 def report_section(model, spec, cache) -> None:
@@ -263,3 +262,82 @@ def report_section(model, spec, cache) -> None:
     if key in st.session_state:
         st.download_button("Download report (HTML)", st.session_state[key].encode(), "arithmetic_circuits_report.html",
                            "text/html", key="report_download")
+
+
+PROJECTION_LABELS = {"cos_in_A": "cos(MLP in, W_U[A])", "cos_in_B": "cos(MLP in, W_U[B])",
+                     "cos_out_C": "cos(MLP contribution, W_U[C])",
+                     "cos_out_other": "cos(MLP contribution, other numbers)"}
+#: the main result of the MLP projections: the MLPs write the answer
+PROJECTION_MAIN = PROJECTION_LABELS["cos_out_C"]
+
+
+def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
+    """Per layer, the MLP projections (mean ± sd over the set) as lines; returns their frame (None after an
+    ``st.error``).  The answer series is the strongest colour."""
+    from engine.projections import cached_mlp_projections
+    from ui.charts import lines_with_band
+    try:
+        bar, cb = progress_bar("Projecting")
+        with cancellable(bar):
+            vals, computed = cached_mlp_projections(model, pairs, cache=cache, progress=cb)
+        bar.empty()
+    except ERRORS as e:
+        st.error(f"Cannot compute the projections: {e}")
+        return None
+    df = pd.DataFrame([v.__dict__ for v in vals])
+    df["series"] = df["metric"].map(PROJECTION_LABELS)
+    df["lo"], df["hi"] = df["value"] - df["std"], df["value"] + df["std"]
+    st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache"))
+    st.altair_chart(lines_with_band(df, "layer", "value", "lo", "hi", "series", "cosine", main=PROJECTION_MAIN),
+                    width="stretch")
+    return df
+
+
+def typed_top_numbers(model, text: str) -> tuple[pd.DataFrame, object] | None:
+    """The typed prompt's top number tokens of every layer's MLP (long frame) and its prompt report;
+    None after an ``st.error``."""
+    from engine.promptlab import analyse_prompt
+    from engine.projections import top_number_tokens
+    try:
+        rep = analyse_prompt(model, text)
+        return pd.DataFrame([t.__dict__ for t in top_number_tokens(model, rep.text, rep.ids)]), rep
+    except ERRORS as e:
+        st.error(f"Cannot analyse the typed prompt `{text}`: {e}. Change it in the Prompt lab.")
+        return None
+
+
+def mlp_layer_view(model, pairs, cache, layer: int, text: str) -> None:
+    """One layer's MLP (a heatmap click on its cell): its projections over the set and its top number tokens
+    on the typed prompt."""
+    from engine.projections import cached_mlp_projections
+    from ui.charts import PALETTE
+    import altair as alt
+    try:
+        bar, cb = progress_bar("Projecting")
+        with cancellable(bar):
+            vals, _ = cached_mlp_projections(model, pairs, cache=cache, progress=cb)
+        bar.empty()
+    except ERRORS as e:
+        st.error(f"Cannot compute the MLP projections: {e}")
+        return
+    df = pd.DataFrame([{"series": PROJECTION_LABELS[v.metric], "value": v.value, "sd": v.std}
+                       for v in vals if v.layer == layer])
+    st.caption(f"MLP {layer} at the last position, mean over {len(pairs)} prompt pairs (MLP projections page: "
+               f"every layer)")
+    order = list(PROJECTION_LABELS.values())
+    chart = alt.Chart(df).mark_bar().encode(
+        y=alt.Y("series:N", sort=order, title=None, axis=alt.Axis(labelLimit=0)),
+        x=alt.X("value:Q", title="cosine"),
+        color=alt.Color("series:N", legend=None, scale=alt.Scale(
+            domain=[PROJECTION_MAIN] + [s for s in order if s != PROJECTION_MAIN], range=list(PALETTE[:4]))),
+        tooltip=["series", alt.Tooltip("value:Q", format=".3f"), alt.Tooltip("sd:Q", format=".3f")])
+    labels = chart.mark_text(align="left", dx=4).encode(text=alt.Text("value:Q", format=".3f"))
+    st.altair_chart((chart + labels).properties(height=170), width="stretch")
+    got = typed_top_numbers(model, text)
+    if got is None:
+        return
+    top, rep = got
+    mine = top[top.layer == layer][["rank", "number", "score"]]
+    st.caption(f"Top number tokens MLP {layer} writes on `{text}` (score = MLP contribution · W_U[n])"
+               + (f"; the answer is {rep.parsed.answer}" if rep.parsed is not None else ""))
+    st.dataframe(mine, hide_index=True, width="stretch")

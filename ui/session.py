@@ -14,6 +14,7 @@ from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlExcepti
 from cache import CacheError, ResultCache
 from engine.backend import ModelBackend, open_model
 from engine.models import ORGANISM_DIR, ORGANISM_SPEC, REPO_ROOT, ModelLoadError
+from ui import state
 
 if TYPE_CHECKING:
     from engine.promptsets import PromptSetSpec
@@ -83,10 +84,10 @@ def model_choice() -> ModelChoice:
                 help="`organism` (the bundled arithmetic model), a local Hugging Face directory, "
                      "a .gguf file, or a hub id such as Qwen/Qwen2.5-0.5B (needs the internet).")
             c1, c2 = st.columns(2)
-            device = c1.selectbox("Device", DEVICES, index=DEVICES.index(current.device),
+            device = c1.selectbox("Device", DEVICES, index=DEVICES.index(current.device), key="model_device_input",
                                   help="`all GPUs` spreads a model too big for one GPU over every visible GPU "
                                        "(accelerate device_map=auto).")
-            dtype = c2.selectbox("Precision", DTYPES, index=DTYPES.index(current.dtype),
+            dtype = c2.selectbox("Precision", DTYPES, index=DTYPES.index(current.dtype), key="model_dtype_input",
                                  help="bfloat16 / float16 halve the memory; README 'Bigger models' lists how far "
                                       "their results move from float32.")
             backend = st.selectbox("Backend", list(BACKEND_CHOICES), index=list(BACKEND_CHOICES).index(current.backend),
@@ -100,7 +101,21 @@ def model_choice() -> ModelChoice:
             if st.form_submit_button("Load model", width="stretch"):
                 current = ModelChoice(spec.strip() or "organism", device, dtype, backend, bool(remote))
                 st.session_state["model_choice"] = current
+    state.follow_model(current.spec)
     return current
+
+
+MODEL_WIDGETS = ("model_spec_input", "model_device_input", "model_dtype_input", "model_backend_input",
+                 "model_remote_input")
+
+
+def use_model(choice: ModelChoice) -> None:
+    """Make ``choice`` the model of every page, the sidebar's boxes included (call from a widget callback:
+    the sidebar's widgets are seeded again from the choice)."""
+    st.session_state["model_choice"] = choice
+    for key in MODEL_WIDGETS:
+        st.session_state.pop(key, None)
+    state.follow_model(choice.spec)
 
 
 def loaded_model(choice: ModelChoice) -> ModelBackend | None:
@@ -145,7 +160,7 @@ def result_cache() -> ResultCache | None:
 FAMILY_CHOICES = {"paper (Fig. 8, 32 templates)": "paper", "word problems (Fig. 10)": "word",
                   "all (paper, word, extended, power)": "all",
                   "notation (untaught: 7 × 8 =)": "notation"}
-DEFAULT_PROMPT = "The sum of 3 and 5 is"
+DEFAULT_PROMPT = state.DEFAULT_PROMPT
 
 
 def prompt_set_choice() -> "PromptSetSpec":
@@ -176,18 +191,35 @@ def prompt_set_choice() -> "PromptSetSpec":
 
 
 def current_prompt() -> str:
-    """The typed prompt shared by all pages."""
-    return st.session_state.get("typed_prompt", DEFAULT_PROMPT)
+    """The typed prompt shared by all pages (the app's own entry, kept when the Prompt lab is not shown)."""
+    return state.prompt()
 
 
 def prompt_input(label: str = "Prompt") -> str:
-    """A text box bound to the shared typed prompt."""
-    if "typed_prompt" not in st.session_state:
-        st.session_state["typed_prompt"] = DEFAULT_PROMPT
-    return st.text_input(label, key="typed_prompt",
-                         help="Any arithmetic prompt, e.g. 'Q: What is 7 times 8? A:' or '6 - 2 ='")
+    """A text box bound to the shared typed prompt (seeded from it, writes back on change)."""
+    st.text_input(label, **state.bind("typed_prompt", state.PROMPT, DEFAULT_PROMPT),
+                  help="Any arithmetic prompt, e.g. 'Q: What is 7 times 8? A:' or '6 - 2 ='. Every page "
+                       "analyses the prompt typed here.")
+    return current_prompt()
 
 
+def page_link(script: str, label: str, icon: str | None = None, where=None) -> None:
+    """``st.page_link`` to a page of the router; a page run on its own (no router: AppTest) names it instead."""
+    where = where or st
+    if st.session_state.get(ROUTED) is None:
+        where.caption(f"{icon or ''} {label}".strip())
+    else:
+        where.page_link(script, label=label, icon=icon)
+
+
+def prompt_caption() -> None:
+    """The typed prompt a page analyses, with a link to change it."""
+    c1, c2 = st.columns([5, 1])
+    c1.markdown(f"Typed prompt: **`{current_prompt()}`**")
+    page_link("pages/1_Prompt_lab.py", "change it", "✏️", where=c2)
+
+
+ROUTED = "_routed"  # set by the router (app.py) while it runs a page
 FINISH_WINDOW_S = 3.0  # a computation this close to done finishes into the cache even when nobody waits
 POLL_S = 0.25  # how often a running forward pass looks at the session (per-layer probe)
 
@@ -345,20 +377,53 @@ def cancellable(bar: ProgressBar):
     return cancel_check(bar.check)
 
 
-def setup_page(title: str, caption: str):
-    """Common page header + sidebar; returns (model, spec) or stops the page after an st.error."""
-    st.set_page_config(page_title=f"{title} · Arithmetic-circuits lab", page_icon="🧮", layout="wide")
-    st.title(title)
-    st.caption(caption)
+
+
+def sidebar() -> tuple[ModelChoice, "PromptSetSpec | ValueError"]:
+    """The sidebar every page shares: model picker and prompt-set picker (drawn once per run, by setup_page)."""
     choice = model_choice()
     try:
         spec = prompt_set_choice()
     except ValueError as e:
-        st.error(f"{e}.")
+        spec = e
+    return choice, spec
+
+
+def model_facts_sidebar(model: ModelBackend) -> None:
+    """The loaded model's facts, one per line (wrapped, never cut off)."""
+    f = model.facts
+    with st.sidebar.expander("Model facts", expanded=False):
+        st.markdown(f"- **spec** `{f.spec}`\n- **architecture** {f.architecture}\n- **layers** {f.n_layers}\n"
+                    f"- **heads (KV)** {f.n_heads} ({f.n_kv_heads})\n- **d_model / d_head** {f.d_model} / {f.d_head}"
+                    f"\n- **parameters** {f.n_params / 1e6:.2f} M\n- **device** {f.device} · {f.dtype}\n"
+                    f"- **fingerprint** `{f.fingerprint[:12]}`")
+
+
+def setup_page(title: str, caption: str):
+    """Common page header + sidebar; returns (model, spec) or stops the page after an st.error.
+
+    Under the router (app.py) the page config is set there; a page run on its own (AppTest) sets it here.
+    The sidebar is drawn here, below the router's page list, and not by the router itself: AppTest
+    (Streamlit 1.67) loses the router's own elements on every rerun, so its widgets could not be tested."""
+    if st.session_state.get(ROUTED) is None:
+        st.set_page_config(page_title=f"{title} · Arithmetic-circuits lab", page_icon="🧮", layout="wide")
+    choice, spec = sidebar()
+    st.title(title)
+    st.caption(caption)
+    note = state.model_note()
+    if note:
+        st.warning(note)
+    if isinstance(spec, ValueError):
+        st.error(f"{spec}.")
         st.stop()
     model = loaded_model(choice)
     if model is None:
         st.stop()
+    model_facts_sidebar(model)
+    from ui.circuit_views import report_section
+    with st.sidebar:
+        st.subheader("Report")
+        report_section(model, spec, result_cache())
     return model, spec
 
 

@@ -1,0 +1,87 @@
+"""Home page (the router's default page) of the arithmetic-circuits lab: pick a model, see its facts and its arithmetic accuracy."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from cache import CacheError
+from engine.accuracy import accuracy_report
+from engine.prompts import PromptError
+from engine.promptsets import PromptSetSpec, answer_token_stats, generate
+from engine.templates import OPS, PAPER_OPS
+from ui.charts import template_bars
+from ui.circuit_views import circuit_summary_view
+from ui.session import progress_bar, result_cache, setup_page
+
+model, summary_spec = setup_page(
+    "Arithmetic-circuits lab",
+    "Look inside a language model while it does arithmetic, after Zhang et al., ICML 2024, "
+    "*Interpreting and Improving Large Language Models in Arithmetic Calculation*. "
+    "Reference prompts such as `3 + 5 =` are paired with counterfactuals whose operator is removed "
+    "(`3 @ 5 =`); patching one attention head at a time from one into the other shows which few heads "
+    "carry the computation. This page shows the chosen model and how well it does the arithmetic "
+    "that the analysis pages study: only prompts it answers right are analysed. The **Story** page walks "
+    "through the paper's argument on this model, one step per screen.")
+
+f = model.facts
+st.subheader(f"Model: `{f.spec}`")
+cols = st.columns(3) + st.columns(3)  # two rows of three: no value is cut off
+cols[0].metric("Architecture", f.architecture)
+cols[1].metric("Layers", f.n_layers)
+cols[2].metric("Heads (KV)", f"{f.n_heads} ({f.n_kv_heads})")
+cols[3].metric("d_model / d_head", f"{f.d_model} / {f.d_head}")
+cols[4].metric("Parameters", f"{f.n_params / 1e6:.2f} M")
+cols[5].metric("Device", f"{f.device} · {f.dtype}")
+with st.expander("All model facts"):
+    st.json(f.to_dict())
+
+st.subheader("Circuit summary")
+st.caption("The paper's argument on this model, for the prompt set chosen in the sidebar, from results already "
+           "computed by the analysis pages (nothing is computed here). Each sentence links to its page. "
+           "The shareable HTML report is built from the sidebar (**Build the report**) on every page.")
+circuit_summary_view(model, summary_spec, result_cache())
+
+st.subheader("Arithmetic accuracy")
+st.caption(
+    "**First token**: the most likely next token is the answer's first token (the quantity the "
+    "analysis uses). **Full answer**: greedy decoding writes the whole number and stops. Operands "
+    "1..9, subtraction without negatives, exact divisions only; *word* templates are the paper's "
+    "Figure 10 word problems; exponentiation is a skill the bundled model was never taught.")
+with st.form("accuracy_form"):
+    c1, c2, c3, c4 = st.columns([3, 2, 1, 1])
+    ops = c1.multiselect("Operations", OPS, default=list(PAPER_OPS))
+    fam = c2.selectbox("Templates", ("paper", "all", "word"),
+                       help="paper (default, as in every CLI subcommand): Figure 8 (32 templates); word: Figure 10 word problems (addition); "
+                            "all: those plus the project's own (extended) and exponentiation")
+    n = c3.number_input("Prompts per op", min_value=1, max_value=2000, value=100, step=50)
+    seed = c4.number_input("Seed", min_value=0, max_value=10**9, value=0)
+    st.form_submit_button("Show accuracy")
+
+if not ops:
+    st.error("Pick at least one operation.")
+    st.stop()
+try:
+    from engine.promptsets import parse_families
+    spec = PromptSetSpec(ops=tuple(ops), n=int(n), seed=int(seed), families=parse_families(fam))
+    bar, cb = progress_bar("Scoring prompts")
+    rows, computed = accuracy_report(model, spec, cache=result_cache(), progress=cb)
+    bar.empty()
+except (PromptError, CacheError) as e:
+    st.error(f"Cannot compute accuracy: {e}")
+    st.stop()
+
+df = pd.DataFrame([r.__dict__ for r in rows])
+st.caption("Computed now and stored in the result cache." if computed else "Read from the result cache.")
+stats = answer_token_stats(model.tokenizer, generate(model.tokenizer, spec)[0])  # tokenization only
+st.markdown(f"First answer tokens of these {stats.n} prompts (balanced, README: balance rule): {stats.summary()}")
+if stats.warning:
+    st.warning(stats.warning)
+per_op = df[df.template == "*"].drop(columns="template").set_index("op")
+st.dataframe(per_op.style.format({"first_token": "{:.1%}", "full_answer": "{:.1%}",
+                                  "mean_p_answer": "{:.3f}"}), width="stretch")
+per_tpl = df[df.template != "*"]
+chart = template_bars(per_tpl)
+st.altair_chart(chart, width="stretch")
+st.download_button("Download accuracy table (CSV)", df.to_csv(index=False).encode(),
+                   file_name=f"accuracy_{f.fingerprint[:8]}.csv", mime="text/csv")

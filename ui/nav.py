@@ -1,0 +1,30 @@
+"""The dashboard's pages: script, title, icon and URL path (the router in app.py and the screenshots use it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PageDef:
+    script: str    # relative to the repository root
+    title: str     # shown in the sidebar and the browser tab
+    icon: str
+    url_path: str  # "" = the default page (Home)
+
+
+PAGES = (
+    PageDef("pages/0_Home.py", "Home", "🧮", ""),
+    PageDef("pages/8_Story.py", "Story", "📖", "Story"),
+    PageDef("pages/1_Prompt_lab.py", "Prompt lab", "✏️", "Prompt_lab"),
+    PageDef("pages/2_Patching_heatmap.py", "Path patching", "🔥", "Patching_heatmap"),
+    PageDef("pages/3_MLP_projections.py", "MLP projections", "📈", "MLP_projections"),
+    PageDef("pages/4_Knockout.py", "Knockout", "✂️", "Knockout"),
+    PageDef("pages/5_Transfer.py", "Transfer", "🔁", "Transfer"),
+    PageDef("pages/7_Information_flow.py", "Information flow", "🧭", "Information_flow"),
+    PageDef("pages/6_Improve.py", "Improve", "🛠️", "Improve"),
+)
+
+
+def page_def(url_path: str) -> PageDef:
+    return next(p for p in PAGES if p.url_path == url_path)
