@@ -153,6 +153,28 @@ ProgressFn = Callable[[TrainProgress], None]
 StopFn = Callable[[], bool]
 
 
+#: learning-rate anchors (parameters, lr): the bundled model's demonstration schedule
+#: (``engine.skill.DEMO_SCHEDULE``, 1.18 M parameters) and the paper's setting for 7B models
+LR_ANCHORS = ((1.18e6, 3e-3), (7e9, 2e-5))
+
+
+def default_learning_rate(n_params: int) -> tuple[float, str]:
+    """A learning rate for a model of ``n_params`` parameters and the reason, as one sentence.
+
+    Log-log interpolation between :data:`LR_ANCHORS` (bigger models take smaller steps), clamped to
+    the anchors outside them, rounded to two significant digits."""
+    import math
+    (n0, lr0), (n1, lr1) = LR_ANCHORS
+    if n_params <= 0:
+        raise FinetuneError(f"the number of parameters must be positive, got {n_params}")
+    t = min(1.0, max(0.0, (math.log(n_params) - math.log(n0)) / (math.log(n1) - math.log(n0))))
+    lr = float(f"{math.exp(math.log(lr0) + t * (math.log(lr1) - math.log(lr0))):.2g}")
+    where = ("at or below the bundled model's size" if t == 0 else "at or above the paper's 7B models" if t == 1
+             else "between them on a log-log line")
+    return lr, (f"{lr:.1e} for {n_params / 1e6:.3g} M parameters: the bundled model ({n0 / 1e6:.3g} M) trains with "
+                f"{lr0:.0e}, the paper's 7B models with {lr1:.0e}; {where}")
+
+
 def encode_examples(tokenizer, examples: Sequence[SFTExample]) -> list[tuple[list[int], int]]:
     """Token ids of prompt + " " + answer (+ EOS) and the index where the answer starts.
 

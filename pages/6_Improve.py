@@ -8,15 +8,15 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.finetune import FinetuneError, parse_heads
+from engine.finetune import FinetuneError, default_learning_rate, parse_heads
 from engine.jobs import job_dir, jobs_root, list_jobs, log_tail, losses, read_job, start_job, stop_job
 from engine.patching import cached_path_patching
 from engine.prompts import PromptError
 from engine.sft_data import BUILTIN_SETS
-from engine.skill import compare
 from engine.tuning import heads_text, read_record
-from ui.charts import heatmap, heatmap_frame, loss_curve
-from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page
+from ui.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve
+from ui.improve_views import comparison_chart, comparison_rows, comparison_table
+from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page, use_model
 
 model, spec = setup_page(
     "Improve",
@@ -38,6 +38,8 @@ except (PromptError, CacheError, ValueError) as e:
     st.stop()
 n_heads = table.n_layers * table.n_heads
 st.subheader("1 · Train")
+default_lr, lr_reason = default_learning_rate(model.facts.n_params)
+st.caption(f"Learning rate {lr_reason}.")
 with st.form("finetune_form"):
     c1, c2, c3 = st.columns([1, 1, 2])
     method = c1.radio("Method", ("precise", "full", "lora"), horizontal=False, key="ft_method",
@@ -52,7 +54,8 @@ with st.form("finetune_form"):
     data = c4.selectbox("Data", list(BUILTIN_SETS) + ["JSONL file ..."], index=list(BUILTIN_SETS).index(default_set), key="ft_data",
                         help="built-in sets (see README) or a JSONL file of {prompt, answer} lines")
     data_path = c4.text_input("JSONL path", "", key="ft_data_path", label_visibility="collapsed", placeholder="path/to/data.jsonl")
-    lr = c5.number_input("Learning rate", 1e-7, 1.0, 3e-3, format="%.1e", key="ft_lr")
+    lr = c5.number_input("Learning rate", 1e-7, 1.0, default_lr, format="%.1e", key=f"ft_lr_{model.facts.fingerprint[:12]}",
+                         help=f"Default for this model: {lr_reason}.")
     epochs = c6.number_input("Epochs", 0.1, 1000.0, 30.0, key="ft_epochs")
     batch = c7.number_input("Batch size", 1, 4096, 32, key="ft_batch")
     c8, c9, c10 = st.columns(3)
@@ -106,7 +109,7 @@ st.query_params["job"] = job_id
 jdir = job_dir(job_id)
 
 
-@st.fragment(run_every=1.0)
+@st.fragment(run_every=None if read_job(jdir).done else 1.0)  # polls only while the job runs
 def job_panel() -> None:
     status = read_job(jdir)
     st.subheader("2 · Progress")
@@ -152,25 +155,28 @@ if record["base_fingerprint"] != model.facts.fingerprint:
     st.warning(f"This job tuned `{record['base_spec']}`, not the model loaded in the sidebar: load "
                f"`{record['base_spec']}` to compare against its base.")
     st.stop()
-tuned = loaded_model(ModelChoice(status.out_dir, choice.device, choice.dtype, choice.backend, False))
+tuned_choice = ModelChoice(status.out_dir, choice.device, choice.dtype, choice.backend, False)
+# before the comparison (which takes a while): the button is there, and works, from the first moment
+st.button("Use the tuned model in every page", key="use_tuned", on_click=use_model, args=(tuned_choice,),
+          help="Loads it in the sidebar; the knockout set and the selection, made on the base model, are cleared.")
+tuned = loaded_model(tuned_choice)
 if tuned is None:
     st.stop()
+rows = comparison_rows(model, tuned, cache)
+if rows is None:
+    st.stop()
 try:
-    rows = compare(model, tuned, cache=cache)
     t_table, _ = cached_path_patching(tuned, pairs, cache=cache)
 except (PromptError, CacheError, ValueError) as e:
-    st.error(f"Cannot compare the models: {e}")
+    st.error(f"Cannot run path patching on the tuned model: {e}")
     st.stop()
-st.table(pd.DataFrame([{"task": x.task, "n": x.n, "base %": f"{100 * x.base:.1f}",
-                        "tuned %": f"{100 * x.tuned:.1f}", "Δ (points)": f"{x.delta:+.1f}"} for x in rows])
-         .set_index("task"))
+comparison_table(rows)
+st.altair_chart(comparison_chart(rows), width="stretch")
+frames = {title: heatmap_frame(*tab.heatmap("effect", "*")) for title, tab in (("base", table), ("tuned", t_table))}
+lim = max(heatmap_limit(df) for df in frames.values())  # one symmetric scale for both
+st.caption(f"Both heatmaps on one colour scale, ±{lim:.3f} (relative effect; MLP cells beyond it saturate).")
 left, right = st.columns(2)
-for col, (title, tab) in zip((left, right), (("base", table), ("tuned", t_table))):
-    hm, mlps = tab.heatmap("effect", "*")
-    df = heatmap_frame(hm, mlps)
+for col, (title, df) in zip((left, right), frames.items()):
     col.markdown(f"**Path patching · {title}**")
-    col.altair_chart(heatmap(df, "effect"), width="stretch", key=f"cmp_{title}")
-if st.button("Use the tuned model in every page"):
-    st.session_state["model_choice"] = ModelChoice(status.out_dir, choice.device, choice.dtype, choice.backend, False)
-    st.rerun()
+    col.altair_chart(heatmap(df, "effect", lim=lim), width="stretch", key=f"cmp_{title}")
 st.caption(f"Jobs live in `{jobs_root()}`.")

@@ -48,6 +48,22 @@ def test_precise_job_runs_and_compares():
     # base heatmap + tuned heatmap + loss curve
     assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) >= 3
     assert read_job(job_dir(job.job_id)).out_dir.endswith("demo-precise")
+    # one click loads the tuned model everywhere, the sidebar's box included
+    at.button(key="use_tuned").click().run()
+    assert not at.exception, at.exception
+    out_dir = read_job(job_dir(job.job_id)).out_dir
+    assert at.session_state["model_choice"].spec == out_dir
+    assert at.sidebar.text_input(key="model_spec_input").value == out_dir
+
+
+def test_learning_rate_default_follows_the_model_size():
+    at = page("6_Improve.py").run()
+    assert not at.exception, at.exception
+    from engine.finetune import default_learning_rate
+    lr_box = next(n for n in at.number_input if n.label == "Learning rate")
+    caption = next(c.value for c in at.caption if c.value.startswith("Learning rate"))
+    assert "bundled model" in caption and "M parameters" in caption
+    assert lr_box.value == default_learning_rate(1_182_592)[0] == 3e-3  # the bundled model's size
 
 
 def test_bad_inputs_show_errors():
