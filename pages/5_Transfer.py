@@ -15,6 +15,17 @@ from engine.templates import PAPER_FAMILIES, WORD_PROBLEM_FAMILIES
 from engine.transfer import benchmark_pairs, transfer
 from ui.session import cancellable, progress_bar, result_cache, setup_page
 
+
+def show_transfer(res) -> None:
+    st.metric("Shared key heads", f"{res.overlap} of {res.k}", help=f"Jaccard index {res.jaccard:.2f}")
+    df = pd.DataFrame([{"set": s.name, "pairs": s.n_pairs, "accuracy": s.accuracy,
+                        "knock out own top-k": s.accuracy_ko_own, "knock out other's top-k": s.accuracy_ko_other,
+                        "top heads": ", ".join(f"{a}.{b}" for a, b in s.top_heads)} for s in (res.a, res.b)])
+    acc = ["accuracy", "knock out own top-k", "knock out other's top-k"]
+    st.dataframe(df.style.format({c: "{:.1%}" for c in acc}), hide_index=True, width="stretch")
+    st.caption("First-token accuracy on each set's prompts the model answers right without a knockout.")
+    st.download_button("Transfer table (CSV)", df.to_csv(index=False).encode(), "transfer.csv", "text/csv")
+
 model, spec = setup_page(
     "Transfer",
     "Path patching on the sidebar's prompt set (A) and on a second set (B): how many of their top-k key "
@@ -26,8 +37,17 @@ second = c1.selectbox("Second set (B)", ("word problems (Fig. 10)", "paper templ
                                          "GSM8K questions"))
 k = c2.number_input("Top k", 1, model.facts.n_layers * model.facts.n_heads, 10)
 data_dir = c3.text_input("Data directory (benchmarks)", "../shared/data")
+inputs = {"second": second, "k": int(k), "data_dir": data_dir, "model": model.facts.fingerprint,
+          "set": spec.to_params()}
+kept = st.session_state.get("transfer_result")  # the last comparison is kept (app state) until the next one
 if not st.button("Compare"):
-    st.info("Pick the second set and press Compare.")
+    if kept is None or kept["inputs"]["model"] != inputs["model"]:
+        st.info("Pick the second set and press Compare.")
+        st.stop()
+    if kept["inputs"] != inputs:
+        st.info(f"Showing the last comparison (second set: {kept['inputs']['second']}, top {kept['inputs']['k']}): "
+                f"press Compare for the inputs above.")
+    show_transfer(kept["result"])
     st.stop()
 cache = result_cache()
 bar, cb = progress_bar("Comparing (both sets: answers, path patching, knockouts)", key="transfer", on_demand=True)
@@ -53,10 +73,5 @@ except (PromptError, CacheError, ValueError) as e:
     st.error(f"Cannot compare: {e}")
     st.stop()
 bar.empty()
-
-st.metric("Shared key heads", f"{res.overlap} of {res.k}", help=f"Jaccard index {res.jaccard:.2f}")
-df = pd.DataFrame([{"set": s.name, "pairs": s.n_pairs, "accuracy": s.accuracy,
-                    "knock out own top-k": s.accuracy_ko_own, "knock out other's top-k": s.accuracy_ko_other,
-                    "top heads": ", ".join(f"{a}.{b}" for a, b in s.top_heads)} for s in (res.a, res.b)])
-st.dataframe(df, hide_index=True, width="stretch")
-st.download_button("Transfer table (CSV)", df.to_csv(index=False).encode(), "transfer.csv", "text/csv")
+st.session_state["transfer_result"] = {"inputs": inputs, "result": res}
+show_transfer(res)

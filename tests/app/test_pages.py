@@ -91,6 +91,10 @@ def test_transfer_page():
     next(b for b in at.button if b.label == "Compare").click().run()
     _ok(at)
     assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 2
+    # an input changes: the last comparison stays, with a note saying which inputs it is for
+    next(n for n in at.number_input if n.label == "Top k").set_value(3).run()
+    _ok(at)
+    assert len(at.dataframe) == 1 and any("Showing the last comparison" in i.value for i in at.info)
 
 
 def test_patching_page_shows_answer_tokens_and_role_definitions():
