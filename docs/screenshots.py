@@ -27,8 +27,9 @@ IDLE = ("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
 
 
 def page_paths() -> list[str]:
-    """URL paths of the pages: "" (Home) and each pages/N_Name.py as Name."""
-    return [""] + [p.stem.split("_", 1)[1] for p in sorted((REPO / "pages").glob("*.py"))]
+    """URL paths of every page of the router (ui.nav.PAGES): "" is Home."""
+    from ui.nav import PAGES
+    return [p.url_path for p in PAGES]
 
 
 def main() -> int:

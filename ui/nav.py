@@ -14,15 +14,15 @@ class PageDef:
 
 
 PAGES = (
-    PageDef("pages/0_Home.py", "Home", "🧮", ""),
-    PageDef("pages/8_Story.py", "Story", "📖", "Story"),
-    PageDef("pages/1_Prompt_lab.py", "Prompt lab", "✏️", "Prompt_lab"),
-    PageDef("pages/2_Patching_heatmap.py", "Path patching", "🔥", "Patching_heatmap"),
-    PageDef("pages/3_MLP_projections.py", "MLP projections", "📈", "MLP_projections"),
-    PageDef("pages/4_Knockout.py", "Knockout", "✂️", "Knockout"),
-    PageDef("pages/5_Transfer.py", "Transfer", "🔁", "Transfer"),
-    PageDef("pages/7_Information_flow.py", "Information flow", "🧭", "Information_flow"),
-    PageDef("pages/6_Improve.py", "Improve", "🛠️", "Improve"),
+    PageDef("app_pages/0_Home.py", "Home", "🧮", ""),
+    PageDef("app_pages/8_Story.py", "Story", "📖", "Story"),
+    PageDef("app_pages/1_Prompt_lab.py", "Prompt lab", "✏️", "Prompt_lab"),
+    PageDef("app_pages/2_Patching_heatmap.py", "Path patching", "🔥", "Patching_heatmap"),
+    PageDef("app_pages/3_MLP_projections.py", "MLP projections", "📈", "MLP_projections"),
+    PageDef("app_pages/4_Knockout.py", "Knockout", "✂️", "Knockout"),
+    PageDef("app_pages/5_Transfer.py", "Transfer", "🔁", "Transfer"),
+    PageDef("app_pages/7_Information_flow.py", "Information flow", "🧭", "Information_flow"),
+    PageDef("app_pages/6_Improve.py", "Improve", "🛠️", "Improve"),
 )
 
 

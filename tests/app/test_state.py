@@ -19,7 +19,7 @@ def _app() -> AppTest:
 
 
 def _go(at: AppTest, script: str) -> AppTest:
-    at.switch_page(f"pages/{script}").run()
+    at.switch_page(f"app_pages/{script}").run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)
     return at
@@ -36,6 +36,9 @@ def test_router_titles_and_home_first():
     from ui.nav import PAGES
     assert [p.title for p in PAGES][:1] == ["Home"] and "Path patching" in [p.title for p in PAGES]
     assert all((REPO / p.script).is_file() for p in PAGES)
+    assert sorted(p.script for p in PAGES) == sorted(f"app_pages/{f.name}" for f in (REPO / "app_pages").glob("*.py"))
+    # a folder named pages/ beside app.py makes Streamlit ignore the router (legacy multipage mode)
+    assert not (REPO / "pages").exists()
 
 
 def test_typed_prompt_follows_every_page_and_stays_in_the_box():

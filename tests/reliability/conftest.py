@@ -33,7 +33,7 @@ from tests.e2e.conftest import _free_port, streamlit_server
 
 REPO = Path(__file__).resolve().parents[2]
 ORGANISM = REPO / "models" / "organism"
-PAGES = REPO / "pages"
+PAGES = REPO / "app_pages"
 # the small prompt set every seeded page uses (8 addition prompts)
 SMALL_SET: dict[str, Any] = {"ops": ["add"], "families": "paper (Fig. 8, 32 templates)", "n": 8, "seed": 0}
 SMALL_SET_ARGS = ("--op", "add", "--n", "8", "--seed", "0", "--families", "paper")
@@ -77,7 +77,7 @@ def orphan_rows(db: Path) -> int:
 
 def run_page(name: str, *, prompt_set: dict[str, Any] | None = None, model: str | None = None,
              prompt: str | None = None, timeout: float = 300):
-    """Run one page (``app.py`` or ``pages/<name>``) once with AppTest and return it."""
+    """Run one page (``app.py`` or ``app_pages/<name>``) once with AppTest and return it."""
     from streamlit.testing.v1 import AppTest
     path = REPO / name if name == "app.py" else PAGES / name
     at = AppTest.from_file(str(path), default_timeout=timeout)

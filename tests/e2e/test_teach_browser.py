@@ -1,0 +1,110 @@
+"""Issue 12's acceptance test in real Chromium: one app state across pages, readable top-5 bars, an MLP
+click, a model change that clears the picks with a note, and the Story page walked on the bundled model.
+
+Pages are opened through the sidebar's navigation (one browser session: a full page load would start a
+new Streamlit session with a fresh state)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.e2e.conftest import shot
+from tests.e2e.test_pages_browser import WAIT, _goto, _idle
+
+pytestmark = pytest.mark.e2e
+PROMPT = "What is 7 times 8?"
+
+
+def _nav(page, title: str) -> None:
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name=title, exact=True).click()
+    page.wait_for_timeout(500)  # let the run start
+    _idle(page)
+    assert page.locator("[data-testid='stException']").count() == 0, title
+
+
+def _bar_values(page, chart) -> list[tuple[float, str]]:
+    """(x, text) of the printed values of a bar chart (Vega's SVG text marks), left to right."""
+    return page.evaluate(
+        "(el) => [...el.querySelectorAll('g.mark-text.role-mark text')].map(t => "
+        "[t.getBoundingClientRect().x, t.textContent]).sort((a, b) => a[0] - b[0])", chart.element_handle())
+
+
+def _chips(page, label: str) -> list[str]:
+    box = page.locator("[data-testid='stMultiSelect']", has_text=label).first
+    return sorted(t.inner_text().strip() for t in box.locator("[data-baseweb='tag']").all())
+
+
+def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
+    _goto(page, server, "Prompt_lab")
+    page.get_by_text("Next token").first.wait_for(timeout=WAIT)
+    _idle(page)
+    box = page.get_by_label("Prompt", exact=True)
+    box.fill(PROMPT)
+    box.press("Enter")
+    page.get_by_text("7 * 8 = 56").first.wait_for(timeout=WAIT)
+    _idle(page)
+    # top-5 bars: most likely first, each value printed on its bar
+    chart = page.locator("[data-testid='stVegaLiteChart']").first
+    chart.locator("g.mark-text.role-mark text").first.wait_for(timeout=60_000)
+    shown = _bar_values(page, chart)
+    values = [float(v) for _, v in shown]
+    assert len(values) == 5 and values == sorted(values, reverse=True), shown
+    shot(page, "teach_prompt_lab")
+
+    # every analysis page analyses the typed prompt
+    for title in ("Path patching", "MLP projections", "Knockout", "Story"):
+        _nav(page, title)
+        page.get_by_text(f"Typed prompt: {PROMPT}").first.wait_for(timeout=WAIT)
+    _nav(page, "Prompt lab")
+    assert page.get_by_label("Prompt", exact=True).input_value() == PROMPT
+
+    # knockout picks survive leaving the page
+    _nav(page, "Knockout")
+    page.get_by_role("button", name="Top-3 heads").click()
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stMultiSelect\"] "
+                           "[data-baseweb=\"tag\"]').length >= 3", timeout=WAIT)
+    _idle(page)
+    picks = _chips(page, "Heads to knock out")
+    assert len(picks) == 3, picks
+    _nav(page, "Path patching")
+    # a click on an MLP cell shows that layer's MLP view
+    page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
+    cell = page.locator("[data-testid='stVegaLiteChart'] path[aria-label*='column: MLP']").first
+    cell.wait_for(timeout=WAIT)
+    layer = re.search(r"layer: (\d+)", cell.get_attribute("aria-label")).group(1)
+    b = cell.bounding_box()
+    page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
+    page.locator("h3", has_text=f"MLP {layer}").first.wait_for(timeout=WAIT)
+    page.get_by_text(f"Top number tokens MLP {layer} writes on").first.wait_for(timeout=WAIT)
+    _idle(page)
+    shot(page, "teach_mlp_click")
+    _nav(page, "Knockout")
+    page.get_by_text("Key heads vs random heads").first.wait_for(timeout=WAIT)
+    assert _chips(page, "Heads to knock out") == picks
+
+    # another model: the picks are cleared, with a note
+    from engine.models import ORGANISM_DIR
+    page.get_by_label("Model", exact=True).fill(str(ORGANISM_DIR))
+    page.get_by_role("button", name="Load model").click()
+    page.get_by_text("The model changed from").first.wait_for(timeout=WAIT)
+    _idle(page)
+    assert _chips(page, "Heads to knock out") == []
+    shot(page, "teach_model_changed")
+
+
+def test_story_walks_every_step(server, page):
+    _goto(page, server, "Story")
+    for i in range(1, 7):
+        page.locator("h2", has_text=re.compile(rf"^{i} · ")).first.wait_for(timeout=WAIT)
+        _idle(page)
+        assert page.locator("[data-testid='stException']").count() == 0, i
+        assert page.locator("[data-testid='stAlertContentError']").count() == 0, i
+        assert page.locator(".story-sentence").count() + page.locator("[data-testid='stAlertContentInfo']").count()
+        if i < 6:
+            assert page.locator("[data-testid='stVegaLiteChart']").count() >= 1, i
+            page.get_by_role("button", name="next →").click()
+    page.get_by_role("checkbox", name="Large fonts (presenting)").check(force=True)
+    _idle(page)
+    shot(page, "teach_story_last")
