@@ -230,7 +230,7 @@ def circuit_summary_view(model, spec, cache) -> None:
     if not findings or not findings[0].computed:
         st.info("No path-patching result for this model and prompt set yet: open **Path patching** to compute it; "
                 "the summary then appears here.")
-        page_link(pages["Patching_heatmap"], page_def("Patching_heatmap").title, "🔥")
+        page_link(pages["Patching_heatmap"], page_def("Patching_heatmap").title, page_def("Patching_heatmap").icon)
         return
     for f in findings:
         c1, c2 = st.columns([5, 1])

@@ -9,20 +9,20 @@ from dataclasses import dataclass
 class PageDef:
     script: str    # relative to the repository root
     title: str     # shown in the sidebar and the browser tab
-    icon: str
+    icon: str      # Material icon (drawn with Streamlit's own font: no emoji font needed)
     url_path: str  # "" = the default page (Home)
 
 
 PAGES = (
-    PageDef("app_pages/0_Home.py", "Home", "🧮", ""),
-    PageDef("app_pages/8_Story.py", "Story", "📖", "Story"),
-    PageDef("app_pages/1_Prompt_lab.py", "Prompt lab", "✏️", "Prompt_lab"),
-    PageDef("app_pages/2_Patching_heatmap.py", "Path patching", "🔥", "Patching_heatmap"),
-    PageDef("app_pages/3_MLP_projections.py", "MLP projections", "📈", "MLP_projections"),
-    PageDef("app_pages/4_Knockout.py", "Knockout", "✂️", "Knockout"),
-    PageDef("app_pages/5_Transfer.py", "Transfer", "🔁", "Transfer"),
-    PageDef("app_pages/7_Information_flow.py", "Information flow", "🧭", "Information_flow"),
-    PageDef("app_pages/6_Improve.py", "Improve", "🛠️", "Improve"),
+    PageDef("app_pages/0_Home.py", "Home", ":material/home:", ""),
+    PageDef("app_pages/8_Story.py", "Story", ":material/auto_stories:", "Story"),
+    PageDef("app_pages/1_Prompt_lab.py", "Prompt lab", ":material/edit:", "Prompt_lab"),
+    PageDef("app_pages/2_Patching_heatmap.py", "Path patching", ":material/grid_on:", "Patching_heatmap"),
+    PageDef("app_pages/3_MLP_projections.py", "MLP projections", ":material/show_chart:", "MLP_projections"),
+    PageDef("app_pages/4_Knockout.py", "Knockout", ":material/content_cut:", "Knockout"),
+    PageDef("app_pages/5_Transfer.py", "Transfer", ":material/compare_arrows:", "Transfer"),
+    PageDef("app_pages/7_Information_flow.py", "Information flow", ":material/account_tree:", "Information_flow"),
+    PageDef("app_pages/6_Improve.py", "Improve", ":material/tune:", "Improve"),
 )
 
 

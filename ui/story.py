@@ -13,6 +13,7 @@ import streamlit as st
 from cache import CacheError
 from engine.prompts import PromptError
 from ui.charts import display_token, heatmap, heatmap_frame, ranked_bars, token_bars
+from ui.nav import page_def
 from ui.session import analysed_pairs, cancellable, current_prompt, page_link, progress_bar
 
 ERRORS = (PromptError, CacheError, ValueError)
@@ -147,13 +148,14 @@ def step_knockout(model, spec, cache) -> None:
 
 def step_improve(model, spec, cache) -> None:
     from ui.improve_views import comparison_chart, comparison_rows, finished_jobs_of
-    from ui.session import ModelChoice, loaded_model
+    from ui.nav import page_def
+from ui.session import ModelChoice, loaded_model
     jobs = finished_jobs_of(model)
     if not jobs:
         st.info("No fine-tuning job has finished on this model yet. On the **Improve** page, start precise SFT of "
                 "the heatmap's top-k heads (a background job with a live loss curve); its base vs tuned comparison "
                 "then appears here.")
-        page_link("app_pages/6_Improve.py", "Improve", "🛠️")
+        page_link("app_pages/6_Improve.py", "Improve", page_def("Improve").icon)
         return
     job, record = jobs[0]
     choice = st.session_state.get("model_choice", ModelChoice())

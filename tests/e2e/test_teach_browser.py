@@ -33,7 +33,7 @@ def _bar_values(page, chart) -> list[tuple[float, str]]:
 
 def _chips(page, label: str) -> list[str]:
     box = page.locator("[data-testid='stMultiSelect']", has_text=label).first
-    return sorted(t.inner_text().strip() for t in box.locator("[data-baseweb='tag']").all())
+    return sorted(t.get_attribute("aria-label") for t in box.locator("[data-tag]").all())
 
 
 def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
@@ -63,8 +63,8 @@ def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
     # knockout picks survive leaving the page
     _nav(page, "Knockout")
     page.get_by_role("button", name="Top-3 heads").click()
-    page.wait_for_function("() => document.querySelectorAll('[data-testid=\"stMultiSelect\"] "
-                           "[data-baseweb=\"tag\"]').length >= 3", timeout=WAIT)
+    page.locator("[data-testid='stMultiSelect']", has_text="Heads to knock out").locator(
+        "[data-tag]").nth(2).wait_for(timeout=WAIT)
     _idle(page)
     picks = _chips(page, "Heads to knock out")
     assert len(picks) == 3, picks
