@@ -119,7 +119,8 @@ def lines_with_band(df: pd.DataFrame, x: str, y: str, lo: str, hi: str, color: s
     palette = list(PALETTE) if main in series else list(PALETTE[1:]) + [PALETTE[0]]
     scale = alt.Scale(domain=series, range=palette[:len(series)])
     base = alt.Chart(df).encode(x=alt.X(f"{x}:O", title=x), color=alt.Color(f"{color}:N", scale=scale, legend=LEGEND))
-    band = base.mark_area(opacity=0.15).encode(y=alt.Y(f"{lo}:Q", title=ytitle), y2=f"{hi}:Q")
+    band = base.mark_area(opacity=0.15).encode(y=alt.Y(f"{lo}:Q", title=ytitle), y2=f"{hi}:Q",
+                                               color=alt.Color(f"{color}:N", scale=scale, legend=None))
     width = alt.condition(alt.datum[color] == main, alt.value(4), alt.value(2)) if main else alt.value(2)
     line = base.mark_line(point=True).encode(y=f"{y}:Q", strokeWidth=width,
                                              tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=yfmt)])

@@ -21,8 +21,12 @@ STEPS = ("The model answers", "A few key heads", "What the top head reads", "The
          "Knock out the key heads", "Improve with precise SFT")
 
 
-def sentence(text: str) -> None:
-    st.markdown(f"<p class='story-sentence'>{text}</p>", unsafe_allow_html=True)
+def sentence(text: str, where=None) -> None:
+    """The step's one sentence (inline `code` kept), large; ``where``: a placeholder above the chart."""
+    import html
+    import re
+    body = re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(text, quote=False))
+    (where or st).markdown(f"<p class='story-sentence'>{body}</p>", unsafe_allow_html=True)
 
 
 def finding(model, pairs, cache, step: str) -> str | None:
@@ -113,6 +117,7 @@ def step_mlps(model, spec, cache) -> None:
     from ui.circuit_views import logit_lens_view, mlp_projections_view
     pairs, _ = analysed_pairs(model, spec, cache)
     path_patching(model, pairs, cache)
+    slot = st.empty()
     left, right = st.columns(2)
     with left:
         st.caption("MLP projections per layer (the answer's series in the strongest colour)")
@@ -121,7 +126,7 @@ def step_mlps(model, spec, cache) -> None:
         st.caption("Logit lens of the answer")
         logit_lens_view(model, pairs, cache)
     sentence(" ".join(t for t in (finding(model, pairs, cache, "MLPs"), finding(model, pairs, cache, "logit lens"))
-                      if t))
+                      if t), slot)
 
 
 def step_knockout(model, spec, cache) -> None:
@@ -148,8 +153,7 @@ def step_knockout(model, spec, cache) -> None:
 
 def step_improve(model, spec, cache) -> None:
     from ui.improve_views import comparison_chart, comparison_rows, finished_jobs_of
-    from ui.nav import page_def
-from ui.session import ModelChoice, loaded_model
+    from ui.session import ModelChoice, loaded_model
     jobs = finished_jobs_of(model)
     if not jobs:
         st.info("No fine-tuning job has finished on this model yet. On the **Improve** page, start precise SFT of "
