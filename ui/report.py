@@ -43,7 +43,8 @@ def charts(rep: Report) -> dict[str, tuple[str, alt.TopLevelMixin]]:
         df["lo"], df["hi"] = df["value"] - df["std"], df["value"] + df["std"]
         out["projections"] = ("MLP projections (Fig. 6): cosine of each layer's MLP input with W_U of the operands, "
                               "and of its contribution with W_U of the answer and of other numbers (± sd).",
-                              lines_with_band(df, "layer", "value", "lo", "hi", "metric", "cosine").properties(width=560))
+                              lines_with_band(df, "layer", "value", "lo", "hi", "metric", "cosine", main="cos_out_C")
+                              .properties(width=560))
     if rep.lens:
         out["lens"] = ("Logit lens: the answer's probability and median rank at the last token after each layer.",
                        lens_lines(pd.DataFrame(rep.lens)).properties(width=560))
@@ -55,8 +56,8 @@ def charts(rep: Report) -> dict[str, tuple[str, alt.TopLevelMixin]]:
             pd.DataFrame({"k": df["k"], "accuracy": df["random_mean"], "lo": df["random_min"], "hi": df["random_max"],
                           "knocked out": "k random heads (mean, min-max)"})])
         out["knockout"] = ("Knockout (Fig. 3): accuracy after mean-ablating the top-k heads vs k random heads.",
-                           lines_with_band(long, "k", "accuracy", "lo", "hi", "knocked out", "accuracy")
-                           .properties(width=560))
+                           lines_with_band(long, "k", "accuracy", "lo", "hi", "knocked out", "accuracy",
+                                           main="top-k heads (by effect)").properties(width=560))
     return out
 
 
