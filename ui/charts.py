@@ -9,6 +9,9 @@ HEAD_SELECTION = "cell"
 #: Okabe-Ito, colour-blind safe; the first colour (vermillion) is the strongest and marks the main result
 PALETTE = ("#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
 LEGEND = alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title=None)
+#: lines over shaded bands: the legend shows each line's colour at full strength (not the pale band)
+LINE_LEGEND = alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title=None, symbolType="stroke",
+                         symbolStrokeWidth=3, symbolOpacity=1)
 
 
 def display_token(token: str) -> str:
@@ -118,9 +121,9 @@ def lines_with_band(df: pd.DataFrame, x: str, y: str, lo: str, hi: str, color: s
         series = [main] + [s_ for s_ in series if s_ != main]
     palette = list(PALETTE) if main in series else list(PALETTE[1:]) + [PALETTE[0]]
     scale = alt.Scale(domain=series, range=palette[:len(series)])
-    base = alt.Chart(df).encode(x=alt.X(f"{x}:O", title=x), color=alt.Color(f"{color}:N", scale=scale, legend=LEGEND))
-    band = base.mark_area(opacity=0.15).encode(y=alt.Y(f"{lo}:Q", title=ytitle), y2=f"{hi}:Q",
-                                               color=alt.Color(f"{color}:N", scale=scale, legend=None))
+    base = alt.Chart(df).encode(x=alt.X(f"{x}:O", title=x),
+                                color=alt.Color(f"{color}:N", scale=scale, legend=LINE_LEGEND))
+    band = base.mark_area(opacity=0.15).encode(y=alt.Y(f"{lo}:Q", title=ytitle), y2=f"{hi}:Q")
     width = alt.condition(alt.datum[color] == main, alt.value(4), alt.value(2)) if main else alt.value(2)
     line = base.mark_line(point=True).encode(y=f"{y}:Q", strokeWidth=width,
                                              tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=yfmt)])
