@@ -197,10 +197,11 @@ def current_prompt() -> str:
 
 def prompt_input(label: str = "Prompt") -> str:
     """A text box bound to the shared typed prompt (seeded from it, writes back on change)."""
-    st.text_input(label, **state.bind("typed_prompt", state.PROMPT, DEFAULT_PROMPT),
-                  help="Any arithmetic prompt, e.g. 'Q: What is 7 times 8? A:' or '6 - 2 ='. Every page "
-                       "analyses the prompt typed here.")
-    return current_prompt()
+    text = st.text_input(label, **state.bind("typed_prompt", state.PROMPT, DEFAULT_PROMPT),
+                         help="Any arithmetic prompt, e.g. 'Q: What is 7 times 8? A:' or '6 - 2 ='. Every page "
+                              "analyses the prompt typed here.")
+    state.put(state.PROMPT, text)  # the box and the app state agree, however the box got its value
+    return text
 
 
 def page_link(script: str, label: str, icon: str | None = None, where=None) -> None:

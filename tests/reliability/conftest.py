@@ -85,8 +85,8 @@ def run_page(name: str, *, prompt_set: dict[str, Any] | None = None, model: str 
     if model is not None:
         from ui.session import ModelChoice
         at.session_state["model_choice"] = ModelChoice(spec=model)
-    if prompt is not None:
-        at.session_state["typed_prompt"] = prompt
+    if prompt is not None:  # the app's typed prompt (ui.state), which every page analyses
+        at.session_state["prompt"] = prompt
     return at.run()
 
 
