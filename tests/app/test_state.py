@@ -111,3 +111,25 @@ def test_story_walks_every_step(steps):
     assert at.button(key="story_next").disabled
     at.button(key="story_back").click().run()
     assert at.header[0].value.startswith(f"{steps - 1} · ")
+
+
+def test_smollm2_tokens_are_readable_and_bundled_heads_are_not_carried_over():
+    """On the real SmolLM2 (byte-level tokens with Ġ): the Prompt lab shows ␣ with the raw piece beside it;
+    a knockout set picked on the bundled model is cleared when SmolLM2 is loaded."""
+    from engine.models import smollm2_gguf_path
+    at = _go(_app(), "4_Knockout.py")
+    next(b for b in at.button if b.label == "Top-3 heads").click().run()
+    assert len(at.session_state["ko_heads"]) == 3
+    at.sidebar.text_input(key="model_spec_input").set_value(str(smollm2_gguf_path()))
+    next(b for b in at.button if b.label == "Load model").click().run()
+    assert not at.exception, at.exception
+    assert any("The model changed" in w.value for w in at.warning)
+    _go(at, "1_Prompt_lab.py")
+    at.text_input(key="typed_prompt").set_value("3 + 5 =").run()
+    assert not at.exception, at.exception
+    tokens = at.dataframe[0].value
+    shown, raw = list(tokens.loc["token"]), list(tokens.loc["raw"])
+    assert any(t.startswith("Ġ") for t in raw) and not any("Ġ" in t for t in shown)
+    assert any(t.startswith("␣") for t in shown)
+    _go(at, "4_Knockout.py")
+    assert list(at.multiselect(key="knockout_heads").value) == []

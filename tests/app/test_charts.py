@@ -1,0 +1,59 @@
+"""The chart rules of issue 12, on the chart specs themselves (no browser): sorted bars with printed values,
+readable tokens, the main result in the strongest colour, legends and labels never cut, one shared scale."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ui.charts import (PALETTE, display_token, fmt_prob, heatmap, heatmap_frame, lines_with_band, ranked_bars,
+                       template_bars)
+
+
+def _data(chart) -> list[dict]:
+    spec = chart.to_dict()
+    return next(iter(spec["datasets"].values()))
+
+
+def test_ranked_bars_most_likely_first_with_values_and_readable_tokens():
+    df = pd.DataFrame({"token": ["Ġis", "8", "Ċ", "Ġ8"], "token_id": [318, 23, 198, 807],
+                       "prob": [0.2, 0.7, 3e-5, 0.1]})
+    chart = ranked_bars(df)
+    rows = _data(chart)
+    assert [r["prob"] for r in rows] == [0.7, 0.2, 0.1, 3e-5]
+    assert [r["shown"] for r in rows] == ["8", "␣is", "␣8", "⏎"]
+    assert [r["label"] for r in rows] == ["0.700", "0.200", "0.100", "3.0e-05"]
+    spec = chart.to_dict()
+    assert spec["layer"][0]["encoding"]["x"]["sort"] == ["8", "␣is", "␣8", "⏎"]
+    assert spec["layer"][1]["mark"]["type"] == "text" and spec["layer"][1]["encoding"]["text"]["field"] == "label"
+    tips = {t["field"] for t in spec["layer"][0]["encoding"]["tooltip"]}
+    assert {"token", "token_id"} <= tips  # the raw piece and its id on hover
+
+
+def test_tokens_and_probabilities_as_text():
+    assert display_token("Ġis") == "␣is" and display_token("▁7") == "␣7" and display_token("Ċ") == "⏎"
+    assert fmt_prob(0.5) == "0.500" and fmt_prob(0.00004) == "4.0e-05" and fmt_prob(0.0) == "0.000"
+
+
+def test_main_series_gets_the_strongest_colour_and_the_legend_is_never_cut():
+    df = pd.DataFrame({"k": [1, 2, 1, 2], "acc": [.9, .8, .5, .2], "lo": [.9, .8, .5, .2], "hi": [.9, .8, .5, .2],
+                       "series": ["random", "random", "top-k", "top-k"]})
+    spec = lines_with_band(df, "k", "acc", "lo", "hi", "series", "accuracy", main="top-k").to_dict()
+    color = spec["layer"][1]["encoding"]["color"]
+    assert color["scale"]["domain"][0] == "top-k" and color["scale"]["range"][0] == PALETTE[0]
+    assert color["legend"]["labelLimit"] == 0 and color["legend"]["orient"] == "bottom"
+
+
+def test_every_template_name_is_shown():
+    df = pd.DataFrame({"op": ["add"] * 40, "template": [f"add.paper.{i}" for i in range(40)], "n": 10,
+                       "first_token": 1.0, "full_answer": 1.0})
+    spec = template_bars(df).to_dict()
+    axis = spec["encoding"]["y"]["axis"]
+    assert axis["labelLimit"] == 0 and axis["labelOverlap"] is False
+    assert spec["height"] >= 20 * 40  # a row per template: no label is dropped for lack of room
+
+
+def test_two_heatmaps_on_one_symmetric_scale():
+    a = heatmap_frame([[0.1, -0.2]], [0.0])
+    b = heatmap_frame([[0.5, -0.05]], [0.0])
+    doms = [heatmap(df, "effect", lim=0.5).to_dict()["encoding"]["color"]["scale"]["domain"] for df in (a, b)]
+    assert doms == [[-0.5, 0.5], [-0.5, 0.5]]
