@@ -76,25 +76,27 @@ def files_stamp(spec: str) -> str:
 def model_choice() -> ModelChoice:
     """The sidebar's model picker; the choice persists across pages in session state."""
     current: ModelChoice = st.session_state.get("model_choice", ModelChoice())
+    for key, value in _model_widget_values(current).items():  # seeded from the choice (no value= below)
+        st.session_state.setdefault(key, value)
     with st.sidebar:
         st.subheader("Model")
         with st.form("model_form", border=False):
             spec = st.text_input(
-                "Model", value=current.spec, key="model_spec_input",
+                "Model", key="model_spec_input",
                 help="`organism` (the bundled arithmetic model), a local Hugging Face directory, "
                      "a .gguf file, or a hub id such as Qwen/Qwen2.5-0.5B (needs the internet).")
             c1, c2 = st.columns(2)
-            device = c1.selectbox("Device", DEVICES, index=DEVICES.index(current.device), key="model_device_input",
+            device = c1.selectbox("Device", DEVICES, key="model_device_input",
                                   help="`all GPUs` spreads a model too big for one GPU over every visible GPU "
                                        "(accelerate device_map=auto).")
-            dtype = c2.selectbox("Precision", DTYPES, index=DTYPES.index(current.dtype), key="model_dtype_input",
+            dtype = c2.selectbox("Precision", DTYPES, key="model_dtype_input",
                                  help="bfloat16 / float16 halve the memory; README 'Bigger models' lists how far "
                                       "their results move from float32.")
-            backend = st.selectbox("Backend", list(BACKEND_CHOICES), index=list(BACKEND_CHOICES).index(current.backend),
+            backend = st.selectbox("Backend", list(BACKEND_CHOICES),
                                    format_func=BACKEND_CHOICES.get, key="model_backend_input",
                                    help="Both give the same numbers and share cached results; nnsight can also "
                                         "run hub models remotely on NDIF.")
-            remote = st.checkbox("Run remotely on NDIF", value=current.remote, key="model_remote_input",
+            remote = st.checkbox("Run remotely on NDIF", key="model_remote_input",
                                  help="nnsight backend and a hub id NDIF hosts (e.g. meta-llama/Llama-3.1-8B); "
                                       "the API key comes from the NDIF_API_KEY environment variable of the "
                                       "server process.")
@@ -105,16 +107,16 @@ def model_choice() -> ModelChoice:
     return current
 
 
-MODEL_WIDGETS = ("model_spec_input", "model_device_input", "model_dtype_input", "model_backend_input",
-                 "model_remote_input")
+def _model_widget_values(choice: ModelChoice) -> dict:
+    return {"model_spec_input": choice.spec, "model_device_input": choice.device, "model_dtype_input": choice.dtype,
+            "model_backend_input": choice.backend, "model_remote_input": choice.remote}
 
 
 def use_model(choice: ModelChoice) -> None:
     """Make ``choice`` the model of every page, the sidebar's boxes included (call from a widget callback:
-    the sidebar's widgets are seeded again from the choice)."""
+    values set through the session state are sent to the browser, which shows them)."""
     st.session_state["model_choice"] = choice
-    for key in MODEL_WIDGETS:
-        st.session_state.pop(key, None)
+    st.session_state.update(_model_widget_values(choice))
     state.follow_model(choice.spec)
 
 

@@ -43,3 +43,24 @@ def test_job_survives_reload_and_ends_in_the_comparison(server, page):
     print(line)
     TIMINGS.append(line)
     shot(page, "improve_compare")
+    # the Story's last step shows this job's comparison
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name="Story", exact=True).click()
+    page.wait_for_timeout(500)
+    _idle(page)
+    for _ in range(5):
+        page.get_by_role("button", name="next →").click()
+        page.wait_for_timeout(500)
+        _idle(page)
+    page.get_by_text("6 · Improve with precise SFT").first.wait_for(timeout=WAIT)
+    page.locator(".story-sentence", has_text="skill (held-out)").first.wait_for(timeout=WAIT)
+    assert page.locator("[data-testid='stException']").count() == 0
+    shot(page, "story_improve")
+    # one click loads the tuned model on every page, the sidebar's box included
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name="Improve", exact=True).click()
+    page.get_by_text("3 · Base vs tuned").first.wait_for(timeout=WAIT)
+    page.get_by_role("button", name="Use the tuned model in every page").click()
+    page.wait_for_function("() => { const i = [...document.querySelectorAll('section[data-testid=\"stSidebar\"] input')]"
+                           ".find(e => e.getAttribute('aria-label') === 'Model'); "
+                           "return i && i.value.endsWith('e2e-precise'); }", timeout=WAIT)
+    _idle(page)
+    assert page.locator("[data-testid='stException']").count() == 0
