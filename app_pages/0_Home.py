@@ -6,13 +6,14 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.accuracy import accuracy_report
-from engine.prompts import PromptError
-from engine.promptsets import PromptSetSpec, answer_token_stats, generate
-from engine.templates import OPS, PAPER_OPS
+from engine.techniques.accuracy import accuracy_report
+from engine.prompts.pairs import PromptError
+from engine.prompts.promptsets import PromptSetSpec, answer_token_stats, generate
+from engine.prompts.templates import OPS, PAPER_OPS
 from ui.charts import template_bars
 from ui.circuit_views import circuit_summary_view
-from ui.session import progress_bar, result_cache, setup_page
+from ui.progress import progress_bar
+from ui.session import result_cache, setup_page
 
 model, summary_spec = setup_page(
     "Arithmetic-circuits lab",
@@ -62,7 +63,7 @@ if not ops:
     st.error("Pick at least one operation.")
     st.stop()
 try:
-    from engine.promptsets import parse_families
+    from engine.prompts.promptsets import parse_families
     spec = PromptSetSpec(ops=tuple(ops), n=int(n), seed=int(seed), families=parse_families(fam))
     bar, cb = progress_bar("Scoring prompts")
     rows, computed = accuracy_report(model, spec, cache=result_cache(), progress=cb)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.promptlab import analyse_prompt
-from engine.prompts import PromptError
+from engine.techniques.promptlab import analyse_prompt
+from engine.prompts.pairs import PromptError
 from ui.charts import display_token, fmt_prob, ranked_bars
 from ui.session import prompt_input, setup_page
 

@@ -6,15 +6,16 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention, prompt_attention
-from engine.patching import cached_path_patching
-from engine.promptlab import analyse_prompt
-from engine.prompts import PromptError
-from engine.promptsets import DOMINANT_SHARE, answer_token_stats
+from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention, prompt_attention
+from engine.techniques.patching import cached_path_patching
+from engine.techniques.promptlab import analyse_prompt
+from engine.prompts.pairs import PromptError
+from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from ui import state
 from ui.charts import display_token, heatmap, heatmap_frame, token_bars
 from ui.circuit_views import attribution_view, clicked_cell, head_to_head_section, mlp_layer_view, select_head
-from ui.session import analysed_pairs, current_prompt, progress_bar, prompt_caption, result_cache, setup_page
+from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
+from ui.progress import progress_bar
 
 model, spec = setup_page(
     "Path patching",

@@ -8,11 +8,11 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.ablation import (Knockout, cached_knockout_curve, curve_cost, knockout_accuracies, mean_activations,
+from engine.techniques.ablation import (Knockout, cached_knockout_curve, curve_cost, knockout_accuracies, mean_activations,
                              stored_knockout_curve)
-from engine.patching import cached_path_patching
-from engine.promptlab import analyse_prompt
-from engine.prompts import PromptError
+from engine.techniques.patching import cached_path_patching
+from engine.techniques.promptlab import analyse_prompt
+from engine.prompts.pairs import PromptError
 from ui import state
 from ui.charts import display_token, fmt_prob
 from ui.circuit_charts import knockout_curve_chart

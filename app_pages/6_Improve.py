@@ -8,12 +8,12 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.finetune import FinetuneError, default_learning_rate, parse_heads
-from engine.jobs import job_dir, jobs_root, list_jobs, log_tail, losses, read_job, start_job, stop_job
-from engine.patching import cached_path_patching
-from engine.prompts import PromptError
-from engine.sft_data import BUILTIN_SETS
-from engine.tuning import heads_text, read_record
+from engine.finetune.train import FinetuneError, default_learning_rate, parse_heads
+from engine.finetune.jobs import job_dir, jobs_root, list_jobs, log_tail, losses, read_job, start_job, stop_job
+from engine.techniques.patching import cached_path_patching
+from engine.prompts.pairs import PromptError
+from engine.finetune.data import BUILTIN_SETS
+from engine.finetune.run import heads_text, read_record
 from ui.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve
 from ui.improve_views import comparison_chart, comparison_rows, comparison_table
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page, use_model

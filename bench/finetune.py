@@ -1,4 +1,4 @@
-"""Benchmark: precise SFT of key heads vs full SFT vs LoRA (engine.finetune.train), per model.
+"""Benchmark: precise SFT of key heads vs full SFT vs LoRA (engine.finetune.train.train), per model.
 
 For each model and method: training throughput (samples/s of the fastest timed step, and the
 median step time -- on a shared machine the fastest step is the least disturbed one; the first step
@@ -6,7 +6,7 @@ median step time -- on a shared machine the fastest step is the least disturbed 
 loaded model* while training, trainable parameters and optimizer-state elements.
 
 * models: (a) the bundled organism, precise SFT on its top-k heads of a path-patching run
-  (``engine.patching.cached_path_patching`` on the default prompt set, filtered to correct
+  (``engine.techniques.patching.cached_path_patching`` on the default prompt set, filtered to correct
   answers, through the result cache unless ``--no-cache``); (b) a random-init Qwen2 shaped like
   Qwen2.5-0.5B (24 layers, 14 heads / 2 KV heads, d 896, MLP 4864, tied embeddings, vocab
   ``--vocab``), precise SFT on its first k heads in (layer, head) order -- with no circuit to find,
@@ -48,14 +48,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.finetune import (
+from engine.finetune.train import (
     SFTExample,
     TrainConfig,
     TrainProgress,
     encode_examples,
     train,
 )
-from engine.models import load_plain
+from engine.models.load import load_plain
 
 METHODS = ("precise", "full", "lora")
 MiB = 1024 * 1024
@@ -69,7 +69,7 @@ def qwen_shaped(out: Path, vocab: int, layers: int = 24) -> Path:
     """Random-init Qwen2 with Qwen2.5-0.5B's shape, the organism's tokenizer (ids < its 191 words)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from engine.organism import build_tokenizer
+    from engine.organism.recipe import build_tokenizer
     tok = build_tokenizer()
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=512,
@@ -83,10 +83,10 @@ def qwen_shaped(out: Path, vocab: int, layers: int = 24) -> Path:
 
 def organism_top_heads(k: int, device: str, use_cache: bool) -> list[tuple[int, int]]:
     """The organism's top-k heads of path patching on the default prompt set (correct answers)."""
-    from engine.accuracy import kept_pairs
-    from engine.backend import open_model
-    from engine.patching import cached_path_patching
-    from engine.promptsets import PromptSetSpec
+    from engine.techniques.accuracy import kept_pairs
+    from engine.backends import open_model
+    from engine.techniques.patching import cached_path_patching
+    from engine.prompts.promptsets import PromptSetSpec
 
     cache = None
     if use_cache:
@@ -104,7 +104,7 @@ def first_heads(n_layers: int, n_heads: int, k: int) -> list[tuple[int, int]]:
 
 def make_examples(tokenizer, n: int, seq: int, seed: int = 0) -> list[SFTExample]:
     """n few-shot examples of the 'notation' set, each trimmed (from the front) to ``seq`` tokens."""
-    from engine.sft_data import load_sft_data
+    from engine.finetune.data import load_sft_data
 
     pool = load_sft_data("notation")
     rng = random.Random(seed)

@@ -22,10 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.backend import open_model  # noqa: E402
-from engine.organism import build_tokenizer  # noqa: E402
-from engine.patching import Sender, all_senders, path_patching, path_patching_reference  # noqa: E402
-from engine.promptsets import PromptSetSpec, generate  # noqa: E402
+from engine.backends import open_model  # noqa: E402
+from engine.organism.recipe import build_tokenizer  # noqa: E402
+from engine.techniques.patching import Sender, all_senders, path_patching, path_patching_reference  # noqa: E402
+from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
 
 
 def qwen_shaped(out: Path, quick: bool) -> Path:

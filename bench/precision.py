@@ -31,10 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.accuracy import keep_correct  # noqa: E402
-from engine.backend import open_model  # noqa: E402
-from engine.patching import _pad, _pad_id, path_patching  # noqa: E402
-from engine.promptsets import PromptSetSpec, generate  # noqa: E402
+from engine.techniques.accuracy import keep_correct  # noqa: E402
+from engine.backends import open_model  # noqa: E402
+from engine.techniques.patching import _pad, _pad_id, path_patching  # noqa: E402
+from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -99,7 +99,7 @@ def main() -> None:
     args = ap.parse_args()
     spec = args.model
     if args.smollm2:
-        from engine.models import smollm2_gguf_path
+        from engine.models.load import smollm2_gguf_path
         spec = str(smollm2_gguf_path())
     rows = run(spec, args.device, [d for d in args.dtypes.split(",") if d], args.n, args.backend, args.batch_size)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -35,13 +35,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.ablation import (Knockout, curve_knockouts, distinct_knockouts, knockout_accuracies,  # noqa: E402
+from engine.techniques.ablation import (Knockout, curve_knockouts, distinct_knockouts, knockout_accuracies,  # noqa: E402
                              knockout_accuracy, knockout_curve, mean_activations)
-from engine.accuracy import score_pairs  # noqa: E402
-from engine.backend import macs_per_position, open_model  # noqa: E402
-from engine.batching import pad, pad_id  # noqa: E402
-from engine.patching import cached_path_patching  # noqa: E402
-from engine.promptsets import PromptSetSpec, generate  # noqa: E402
+from engine.techniques.accuracy import score_pairs  # noqa: E402
+from engine.backends.base import macs_per_position  # noqa: E402
+from engine.backends import open_model  # noqa: E402
+from engine.techniques.batching import pad, pad_id  # noqa: E402
+from engine.techniques.patching import cached_path_patching  # noqa: E402
+from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
 
 
 @dataclass
@@ -207,7 +208,7 @@ def llama7b_shaped(out: Path, device: str) -> Path:
     """Random-init Llama-2-7B shape (32 layers, 32 heads, d_model 4096, d_mlp 11008, vocab 32000), bf16."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.organism import build_tokenizer
+    from engine.organism.recipe import build_tokenizer
     tok = build_tokenizer()
     cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=512,
@@ -238,7 +239,7 @@ def main() -> None:
     if "organism" in wanted:
         rows += bench_model("organism (6L, 8H/2KV, d128, vocab 191)", "organism", ops, args.n, 0)
     if "smollm2" in wanted:
-        from engine.models import smollm2_gguf_path
+        from engine.models.load import smollm2_gguf_path
         rows += bench_model("SmolLM2-135M (30L, 9H/3KV, d576, vocab 49152)", str(smollm2_gguf_path()), ops,
                             args.n, 0)
     if "qwen0.5b" in wanted:

@@ -1,5 +1,5 @@
-"""``python -m engine`` -- see :mod:`engine.cli`."""
+"""``python -m engine`` -- see :mod:`engine.cli.main`."""
 
-from engine.cli import main
+from engine.cli.main import main
 
 raise SystemExit(main())

@@ -14,10 +14,10 @@ import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
-from pathlib import Path
 from typing import Any, Callable
 
-from engine.prompts import prompt_set_hash
+from engine.paths import REPO_ROOT
+from engine.prompts.pairs import prompt_set_hash
 
 ProgressFn = Callable[[int, int], None]
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
@@ -50,7 +50,7 @@ def versions() -> dict[str, str]:
             out[name] = "not installed"
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parents[1], check=False).stdout.strip()
+                             cwd=REPO_ROOT, check=False).stdout.strip()
     except OSError:
         rev = ""
     out["arithmetic-circuits lab"] = rev or "unknown"
@@ -60,12 +60,12 @@ def versions() -> dict[str, str]:
 def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: int = 3,
                  progress: ProgressFn | None = None) -> Report:
     """Every number of the report for ``model`` on the prompt set ``spec`` (cached where possible)."""
-    from engine.ablation import cached_knockout_curve
-    from engine.accuracy import kept_pairs
-    from engine.attention import cached_role_attention
-    from engine.logit_lens import cached_logit_lens
-    from engine.patching import cached_path_patching
-    from engine.projections import cached_mlp_projections
+    from engine.techniques.ablation import cached_knockout_curve
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.attention import cached_role_attention
+    from engine.techniques.logit_lens import cached_logit_lens
+    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.projections import cached_mlp_projections
 
     def step(i: int) -> None:
         if progress is not None:

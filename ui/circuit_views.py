@@ -11,15 +11,16 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.attribution import KINDS, agreement, cached_attribution
-from engine.head_patching import Receiver, cached_head_path_patching
-from engine.logit_lens import cached_logit_lens
-from engine.position_patching import cached_layer_position_patching
-from engine.prompts import PromptError
+from engine.techniques.attribution import KINDS, agreement, cached_attribution
+from engine.techniques.head_patching import Receiver, cached_head_path_patching
+from engine.techniques.logit_lens import cached_logit_lens
+from engine.techniques.position_patching import cached_layer_position_patching
+from engine.prompts.pairs import PromptError
 from ui.charts import HEAD_SELECTION, display_token, heatmap, heatmap_frame
 from ui.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
 from ui.nav import PAGES, page_def
-from ui.session import cancellable, page_link, progress_bar
+from ui.progress import cancellable, progress_bar
+from ui.nav import page_link
 
 ERRORS = (PromptError, CacheError, ValueError)
 KIND_NAMES = dict(KINDS)
@@ -30,7 +31,7 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
     total = st.toggle("Also activation patching (nothing frozen; one forward pass per sender)", value=True,
                       help="Exact activation patching of each head's END output costs one forward pass per "
                            "sender; its AtP estimate one forward + one backward pass.")
-    from engine.cached import NotCached, cache_only
+    from engine.results import NotCached, cache_only
     try:
         with cache_only():
             table, computed = cached_attribution(model, pairs, cache=cache, total=total)
@@ -115,7 +116,7 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
     """Which earlier heads feed head (layer, head) through its query (or key / value) at END.
 
     Read from the cache when computed before; otherwise a button starts it, with its cost."""
-    from engine.cached import NotCached, cache_only
+    from engine.results import NotCached, cache_only
     if layer == 0:
         st.info(f"Head {layer}.{head} is in layer 0: no earlier head can feed it. Click a head in a later layer.")
         return
@@ -214,9 +215,9 @@ def logit_lens_view(model, pairs, cache) -> None:
 
 def circuit_summary_view(model, spec, cache) -> None:
     """Home: the circuit summary of the sidebar's prompt set, from cached results only, with page links."""
-    from engine.accuracy import kept_pairs
-    from engine.cached import NotCached, cache_only
-    from engine.summary import circuit_summary
+    from engine.techniques.accuracy import kept_pairs
+    from engine.results import NotCached, cache_only
+    from engine.techniques.summary import circuit_summary
     pages = {p.url_path: p.script for p in PAGES}
     try:
         with cache_only():
@@ -274,7 +275,7 @@ PROJECTION_MAIN = PROJECTION_LABELS["cos_out_C"]
 def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
     """Per layer, the MLP projections (mean ± sd over the set) as lines; returns their frame (None after an
     ``st.error``).  The answer series is the strongest colour."""
-    from engine.projections import cached_mlp_projections
+    from engine.techniques.projections import cached_mlp_projections
     from ui.charts import lines_with_band
     try:
         bar, cb = progress_bar("Projecting")
@@ -296,8 +297,8 @@ def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
 def typed_top_numbers(model, text: str) -> tuple[pd.DataFrame, object] | None:
     """The typed prompt's top number tokens of every layer's MLP (long frame) and its prompt report;
     None after an ``st.error``."""
-    from engine.promptlab import analyse_prompt
-    from engine.projections import top_number_tokens
+    from engine.techniques.promptlab import analyse_prompt
+    from engine.techniques.projections import top_number_tokens
     try:
         rep = analyse_prompt(model, text)
         return pd.DataFrame([t.__dict__ for t in top_number_tokens(model, rep.text, rep.ids)]), rep
@@ -309,7 +310,7 @@ def typed_top_numbers(model, text: str) -> tuple[pd.DataFrame, object] | None:
 def mlp_layer_view(model, pairs, cache, layer: int, text: str) -> None:
     """One layer's MLP (a heatmap click on its cell): its projections over the set and its top number tokens
     on the typed prompt."""
-    from engine.projections import cached_mlp_projections
+    from engine.techniques.projections import cached_mlp_projections
     from ui.charts import PALETTE
     import altair as alt
     try:

@@ -7,16 +7,16 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.finetune import FinetuneError
-from engine.prompts import PromptError
+from engine.finetune.train import FinetuneError
+from engine.prompts.pairs import PromptError
 
 ERRORS = (PromptError, CacheError, ValueError, FinetuneError)
 
 
 def finished_jobs_of(model) -> list[tuple[object, dict]]:
     """(job status, fine-tuning record) of every finished (or stopped) job that tuned ``model``, newest first."""
-    from engine.jobs import list_jobs
-    from engine.tuning import read_record
+    from engine.finetune.jobs import list_jobs
+    from engine.finetune.run import read_record
     out = []
     for job in list_jobs():
         if job.state not in ("finished", "stopped") or not job.out_dir:
@@ -31,8 +31,8 @@ def finished_jobs_of(model) -> list[tuple[object, dict]]:
 
 
 def comparison_rows(model, tuned, cache):
-    """Base vs tuned accuracy per task (``engine.skill.compare``), or None after an ``st.error``."""
-    from engine.skill import compare
+    """Base vs tuned accuracy per task (``engine.organism.skill_demo.compare``), or None after an ``st.error``."""
+    from engine.organism.skill_demo import compare
     try:
         return compare(model, tuned, cache=cache)
     except ERRORS as e:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import streamlit as st
+
 
 @dataclass(frozen=True)
 class PageDef:
@@ -28,3 +30,15 @@ PAGES = (
 
 def page_def(url_path: str) -> PageDef:
     return next(p for p in PAGES if p.url_path == url_path)
+
+
+ROUTED = "_routed"  # set by the router (app.py) while it runs a page
+
+
+def page_link(script: str, label: str, icon: str | None = None, where=None) -> None:
+    """``st.page_link`` to a page of the router; a page run on its own (no router: AppTest) names it instead."""
+    where = where or st
+    if st.session_state.get(ROUTED) is None:
+        where.caption(f"{icon or ''} {label}".strip())
+    else:
+        where.page_link(script, label=label, icon=icon)

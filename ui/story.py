@@ -1,7 +1,7 @@
 """The Story page's steps: the paper's argument on the current model, one screen each.
 
 Each step renders one chart (built by the shared ui chart functions) and one sentence whose number is
-measured on this model: the circuit summary's sentence (``engine.summary.circuit_summary``) once the
+measured on this model: the circuit summary's sentence (``engine.techniques.summary.circuit_summary``) once the
 step's result is in the cache.  A missing result is computed here with the usual progress bar.
 """
 
@@ -11,10 +11,12 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.prompts import PromptError
+from engine.prompts.pairs import PromptError
 from ui.charts import display_token, heatmap, heatmap_frame, ranked_bars, token_bars
 from ui.nav import page_def
-from ui.session import analysed_pairs, cancellable, current_prompt, page_link, progress_bar
+from ui.session import analysed_pairs, current_prompt
+from ui.progress import cancellable, progress_bar
+from ui.nav import page_link
 
 ERRORS = (PromptError, CacheError, ValueError)
 STEPS = ("The model answers", "A few key heads", "What the top head reads", "The MLPs write the answer",
@@ -31,7 +33,7 @@ def sentence(text: str, where=None) -> None:
 
 def finding(model, pairs, cache, step: str) -> str | None:
     """The circuit summary's sentence for ``step`` (cached results only), or None."""
-    from engine.summary import circuit_summary
+    from engine.techniques.summary import circuit_summary
     try:
         found = {f.step: f for f in circuit_summary(model, pairs, cache)}
     except ERRORS as e:
@@ -42,7 +44,7 @@ def finding(model, pairs, cache, step: str) -> str | None:
 
 
 def path_patching(model, pairs, cache):
-    from engine.patching import cached_path_patching
+    from engine.techniques.patching import cached_path_patching
     try:
         bar, cb = progress_bar("Path patching, batch")
         with cancellable(bar):
@@ -55,7 +57,7 @@ def path_patching(model, pairs, cache):
 
 
 def step_answers(model, spec, cache) -> None:
-    from engine.promptlab import analyse_prompt
+    from engine.techniques.promptlab import analyse_prompt
     text = current_prompt()
     try:
         rep = analyse_prompt(model, text)
@@ -92,8 +94,8 @@ def step_heads(model, spec, cache) -> None:
 
 
 def step_attention(model, spec, cache) -> None:
-    from engine.attention import cached_role_attention, prompt_attention
-    from engine.promptlab import analyse_prompt
+    from engine.techniques.attention import cached_role_attention, prompt_attention
+    from engine.techniques.promptlab import analyse_prompt
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)
     layer, head, _ = table.top_heads(1)[0]
@@ -130,8 +132,8 @@ def step_mlps(model, spec, cache) -> None:
 
 
 def step_knockout(model, spec, cache) -> None:
-    from engine.ablation import cached_knockout_curve
-    from engine.summary import KNOCKOUT_DRAWS, KNOCKOUT_K
+    from engine.techniques.ablation import cached_knockout_curve
+    from engine.techniques.summary import KNOCKOUT_DRAWS, KNOCKOUT_K
     from ui.circuit_charts import knockout_curve_chart
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)

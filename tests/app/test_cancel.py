@@ -1,6 +1,6 @@
 """A page computation nobody waits for is cancelled: no partial cache rows, the model lock free within a second.
 
-The dashboard's :class:`ui.session.ProgressBar` looks at the Streamlit session's pending request (a
+The dashboard's :class:`ui.progress.ProgressBar` looks at the Streamlit session's pending request (a
 rerun to another page, a stop, the Stop button) and at whether the browser session is still
 connected, from its progress callback and from inside every forward pass (``cancellable``).  Here the
 session is simulated: the same objects Streamlit gives the script thread, with a request arriving
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.ablation import cached_knockout_curve
-from engine.backend import open_model
-from engine.promptsets import PromptSetSpec, generate
+from engine.techniques.ablation import cached_knockout_curve
+from engine.backends import open_model
+from engine.prompts.promptsets import PromptSetSpec, generate
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def model():
 @pytest.mark.parametrize("request_kind", ["other_page", "session_stopped"])
 def test_cancelled_computation_leaves_no_rows_and_frees_the_lock(model, tmp_path, monkeypatch, request_kind):
     from cache import ResultCache
-    from ui.session import Cancelled, ProgressBar, cancellable
+    from ui.progress import Cancelled, ProgressBar, cancellable
     monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "c.duckdb"))
     cache = ResultCache()
     pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=40, seed=4))
@@ -95,7 +95,7 @@ def test_cancelled_computation_leaves_no_rows_and_frees_the_lock(model, tmp_path
 def test_computation_a_few_seconds_from_done_finishes(model, tmp_path, monkeypatch):
     """A request that arrives when the computation is about to end lets it finish into the cache."""
     from cache import ResultCache
-    from ui.session import FINISH_WINDOW_S, ProgressBar, cancellable
+    from ui.progress import FINISH_WINDOW_S, ProgressBar, cancellable
     monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "c.duckdb"))
     cache = ResultCache()
     pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=("add",), n=10, seed=4))

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from engine.jobs import job_dir, list_jobs, log_tail, read_job
+from engine.finetune.jobs import job_dir, list_jobs, log_tail, read_job
 from tests.app.conftest import errors, page
 
 
@@ -59,7 +59,7 @@ def test_precise_job_runs_and_compares():
 def test_learning_rate_default_follows_the_model_size():
     at = page("6_Improve.py").run()
     assert not at.exception, at.exception
-    from engine.finetune import default_learning_rate
+    from engine.finetune.train import default_learning_rate
     lr_box = next(n for n in at.number_input if n.label == "Learning rate")
     caption = next(c.value for c in at.caption if c.value.startswith("Learning rate"))
     assert "bundled model" in caption and "M parameters" in caption
@@ -86,7 +86,7 @@ def test_a_job_whose_worker_died_is_shown_failed(tmp_path):
     import subprocess
     import sys
 
-    from engine.jobs import jobs_root
+    from engine.finetune.jobs import jobs_root
     # a worker that exits without ever finishing its job: status still says "running"
     d = jobs_root() / "20260101-000000-dead00"
     d.mkdir(parents=True)

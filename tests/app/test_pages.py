@@ -98,7 +98,7 @@ def test_transfer_page():
 
 
 def test_patching_page_shows_answer_tokens_and_role_definitions():
-    from engine.attention import ROLE_DEFINITIONS
+    from engine.techniques.attention import ROLE_DEFINITIONS
     at = page("2_Patching_heatmap.py").run()
     _ok(at)
     md = " ".join(m.value for m in at.markdown)

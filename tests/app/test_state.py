@@ -86,7 +86,7 @@ def test_model_change_clears_the_picks_with_a_note(tmp_path):
     next(b for b in at.button if b.label == "Top-3 heads").click().run()
     assert at.session_state["ko_heads"]
     # another model (the same weights under another spec, so this test needs no second model)
-    from engine.models import ORGANISM_DIR
+    from engine.models.load import ORGANISM_DIR
     at.sidebar.text_input(key="model_spec_input").set_value(str(ORGANISM_DIR))
     next(b for b in at.button if b.label == "Load model").click().run()
     assert not at.exception, at.exception
@@ -116,7 +116,7 @@ def test_story_walks_every_step(steps):
 def test_smollm2_tokens_are_readable_and_bundled_heads_are_not_carried_over():
     """On the real SmolLM2 (byte-level tokens with Ġ): the Prompt lab shows ␣ with the raw piece beside it;
     a knockout set picked on the bundled model is cleared when SmolLM2 is loaded."""
-    from engine.models import smollm2_gguf_path
+    from engine.models.load import smollm2_gguf_path
     at = _go(_app(), "4_Knockout.py")
     next(b for b in at.button if b.label == "Top-3 heads").click().run()
     assert len(at.session_state["ko_heads"]) == 3

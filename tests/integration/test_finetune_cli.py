@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.jobs import list_jobs, losses, read_job, start_job
+from engine.finetune.jobs import list_jobs, losses, read_job, start_job
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -36,8 +36,8 @@ def tuned(tmp_path_factory):
 
 
 def test_precise_run_saves_a_loadable_model_and_the_slices(tuned):
-    from engine.models import load_model, load_plain
-    from engine.tuning import apply_slices
+    from engine.models.load import load_model, load_plain
+    from engine.finetune.run import apply_slices
 
     out, rec = tuned
     assert rec["result"]["steps"] == 3 and rec["config"]["heads"] == [[0, 1], [3, 7]]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import hooks
-from engine.backend import open_model
-from engine.head_patching import (Receiver, cached_head_path_patching, head_path_patching, parse_receiver,
+from engine.backends import hooks
+from engine.backends import open_model
+from engine.techniques.head_patching import (Receiver, cached_head_path_patching, head_path_patching, parse_receiver,
                                   senders_before)
-from engine.models import smollm2_gguf_path
-from engine.promptsets import PromptSetSpec, generate
+from engine.models.load import smollm2_gguf_path
+from engine.prompts.promptsets import PromptSetSpec, generate
 from tests.integration.tiny_models import build_tiny_model
 
 

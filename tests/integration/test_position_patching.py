@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import hooks
-from engine.backend import open_model
-from engine.batching import pad, pad_id
-from engine.logit_lens import cached_logit_lens, logit_lens
-from engine.models import smollm2_gguf_path
-from engine.position_patching import cached_layer_position_patching, layer_position_patching, summarize
-from engine.promptsets import PromptSetSpec, generate
+from engine.backends import hooks
+from engine.backends import open_model
+from engine.techniques.batching import pad, pad_id
+from engine.techniques.logit_lens import cached_logit_lens, logit_lens
+from engine.models.load import smollm2_gguf_path
+from engine.techniques.position_patching import cached_layer_position_patching, layer_position_patching, summarize
+from engine.prompts.promptsets import PromptSetSpec, generate
 from tests.integration.tiny_models import build_tiny_model
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from cache import ResultCache
-from engine.backend import open_model
-from engine.cached import NotCached, cache_only
-from engine.logit_lens import cached_logit_lens
-from engine.patching import cached_path_patching
-from engine.promptsets import PromptSetSpec, generate
-from engine.summary import circuit_summary
+from engine.backends import open_model
+from engine.results import NotCached, cache_only
+from engine.techniques.logit_lens import cached_logit_lens
+from engine.techniques.patching import cached_path_patching
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.summary import circuit_summary
 from tests.integration.test_patching import CountingBackend
 
 
@@ -37,8 +37,8 @@ def test_summary_reads_only_the_cache_and_quotes_its_numbers(tmp_path):
     last = [r for r in lens if r.group == "*"][-1]
     assert found["logit lens"].computed and f"P = {last.mean_prob:.2f} after the last layer" in found["logit lens"].text
     assert not found["knockout"].computed
-    from engine.ablation import cached_knockout_curve
-    from engine.summary import KNOCKOUT_DRAWS, KNOCKOUT_K
+    from engine.techniques.ablation import cached_knockout_curve
+    from engine.techniques.summary import KNOCKOUT_DRAWS, KNOCKOUT_K
     ranked = [(layer, h) for layer, h, _ in table.top_heads(KNOCKOUT_K)]
     pts, _ = cached_knockout_curve(model, pairs, ranked, k_max=KNOCKOUT_K, draws=KNOCKOUT_DRAWS, cache=cache)
     ko = {f.step: f for f in circuit_summary(model, pairs, cache)}["knockout"]

@@ -18,12 +18,13 @@ import math
 import pytest
 import torch
 
-from engine.ablation import (DEFAULT_TOKENS_PER_PASS, Knockout, curve_knockouts, knockout_accuracies,
+from engine.techniques.ablation import (DEFAULT_TOKENS_PER_PASS, Knockout, curve_knockouts, knockout_accuracies,
                              knockout_accuracy, knockout_curve, length_chunks, mean_activations)
-from engine.accuracy import keep_correct, score_pairs
-from engine.backend import WorkMeter, open_model
-from engine.batching import pad, pad_id
-from engine.promptsets import PromptSetSpec, generate
+from engine.techniques.accuracy import keep_correct, score_pairs
+from engine.backends.base import WorkMeter
+from engine.backends import open_model
+from engine.techniques.batching import pad, pad_id
+from engine.prompts.promptsets import PromptSetSpec, generate
 
 
 @pytest.fixture(scope="module", params=["bridge", "nnsight"])
@@ -123,7 +124,7 @@ def test_accuracy_scores_equal_full_logits(organism):
 
 
 def test_filter_and_accuracy_share_one_forward_pass(organism):
-    from engine.accuracy import accuracy_report, kept_pairs
+    from engine.techniques.accuracy import accuracy_report, kept_pairs
     spec = PromptSetSpec(ops=("sub",), n=5, seed=99 + len(organism.name))  # the backends share memo entries
     organism.meter = WorkMeter()
     kept_pairs(organism, spec)
@@ -134,8 +135,8 @@ def test_filter_and_accuracy_share_one_forward_pass(organism):
 
 
 def test_transfer_knockouts_one_pass_per_set(organism):
-    from engine.patching import path_patching
-    from engine.transfer import transfer
+    from engine.techniques.patching import path_patching
+    from engine.techniques.transfer import transfer
     a, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add",), n=6, seed=21))
     b, _ = generate(organism.tokenizer, PromptSetSpec(ops=("mul",), n=6, seed=22))
     a, b = keep_correct(organism, a), keep_correct(organism, b)

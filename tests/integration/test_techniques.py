@@ -6,13 +6,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.ablation import (Knockout, knockout_accuracy, knockout_curve, mean_activations, parse_heads,
+from engine.techniques.ablation import (Knockout, knockout_accuracy, knockout_curve, mean_activations, parse_heads,
                              top_next_tokens)
-from engine.attention import FIRST_TOKEN, ROLES, prompt_attention, role_attention, token_roles
-from engine.backend import open_model
-from engine.models import resolve_spec
-from engine.projections import METRICS, mlp_projections, number_token, top_number_tokens
-from engine.promptsets import PromptSetSpec, generate
+from engine.techniques.attention import FIRST_TOKEN, ROLES, prompt_attention, role_attention, token_roles
+from engine.backends import open_model
+from engine.models.load import resolve_spec
+from engine.techniques.projections import METRICS, mlp_projections, number_token, top_number_tokens
+from engine.prompts.promptsets import PromptSetSpec, generate
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def plain():
 
 @pytest.fixture(scope="module")
 def pairs(model):
-    from engine.accuracy import keep_correct
+    from engine.techniques.accuracy import keep_correct
     ps, _ = generate(model.tokenizer, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=12, seed=5))
     return keep_correct(model, ps)
 
@@ -42,7 +42,7 @@ def test_mean_ablation_equals_plain_o_proj_hook(model, plain, pairs):
     p = pairs[0]
     ids = torch.tensor([p.ref_ids])
     with torch.no_grad():
-        from engine.ablation import knocked_out
+        from engine.techniques.ablation import knocked_out
         with knocked_out(model, Knockout(((layer, head),)), means, [p.template], [len(p.ref_ids) - 1]):
             ours = model.logits(ids)[0, -1]
         mean_z = means.z[means.index(p.template), layer, :, head]  # [T, d_head], offset 0 = END

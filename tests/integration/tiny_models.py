@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from engine.organism import build_tokenizer
+from engine.organism.recipe import build_tokenizer
 
 
 def _config(arch: str, vocab: int, tok):

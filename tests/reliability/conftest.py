@@ -3,7 +3,7 @@
 * ``seeded_cache``: a copy of a result cache filled by the real pages (bundled model, a small prompt
   set), with a snapshot taken straight from the DuckDB file, so every case can check that nothing
   cached before it was lost;
-* ``cli``: ``python -m engine`` run in-process (``engine.cli.main``) with the file descriptors
+* ``cli``: ``python -m engine`` run in-process (``engine.cli.main.main``) with the file descriptors
   captured; ``run_cli`` runs it as a real process; ``unprivileged`` makes file permissions apply
   even when the tests run as root (``setpriv`` drops CAP_DAC_OVERRIDE);
 * ``bad_model``: broken copies of the bundled model (missing, unreadable, not a model, unsupported
@@ -169,7 +169,7 @@ class CliResult:
 def cli(capfd):
     """Run ``python -m engine ARGS`` in this process; fd-level capture sees whatever a real process
     would print (logging, warnings, C libraries included)."""
-    from engine.cli import main
+    from engine.cli.main import main
 
     def run(*argv: str) -> CliResult:
         capfd.readouterr()

@@ -159,7 +159,7 @@ def test_pickle_weights_are_never_unpickled(tmp_path, cli, monkeypatch):
     assert r.rc == 0, r.err
     organism = json.loads(cli("info").out)
     assert json.loads(r.out)["fingerprint"] == organism["fingerprint"]  # the safetensors weights
-    from engine.models import load_plain
+    from engine.models.load import load_plain
     load_plain(str(model), device="cpu")
     assert not marker.exists()
     only_pickle, marker2 = make_bad_model("pickle_only", tmp_path / "p")
@@ -176,7 +176,7 @@ def test_remote_code_is_never_run(where, tmp_path, cli, monkeypatch):
     assert "remote code" in cli("info", "--model", str(model)).error_line()
     at = run_page("app.py", model=str(model))
     assert not at.exception and any("remote code" in e for e in texts(at, "error"))
-    from engine.models import ModelLoadError, load_plain
+    from engine.models.load import ModelLoadError, load_plain
     with pytest.raises(ModelLoadError, match="remote code"):
         load_plain(str(model), device="cpu")
     assert not marker.exists()

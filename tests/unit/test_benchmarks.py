@@ -1,4 +1,4 @@
-"""Benchmark data and scoring (engine.benchmarks, the pure parts of engine.evaluate).
+"""Benchmark data and scoring (engine.evaluation.benchmarks, the pure parts of engine.evaluation.evaluate).
 
 Every normalized file in ../shared/data is loaded in full; the scorer must give 100 % to the gold
 answers (as a model's text for math sets, as logits favouring the gold letter for multiple choice)
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.benchmarks import (
+from engine.evaluation.benchmarks import (
     BENCHMARKS,
     CHOICE_BENCHMARKS,
     DIGITS,
@@ -32,7 +32,7 @@ from engine.benchmarks import (
     sft_examples,
     template_sft_examples,
 )
-from engine.evaluate import (
+from engine.evaluation.evaluate import (
     ItemResult,
     _item_set_hash,
     build_prompts,

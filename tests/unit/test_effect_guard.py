@@ -1,4 +1,4 @@
-"""The relative effect's guard, on constructed patched logits (engine/patching.py, module docstring)."""
+"""The relative effect's guard, on constructed patched logits (engine/techniques/patching.py, module docstring)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from engine.patching import EFFECT_MIN_LOGIT, PatchingRaw, PatchingTable, summarize
-from engine.prompts import PromptPair
+from engine.techniques.patching import EFFECT_MIN_LOGIT, PatchingRaw, PatchingTable, summarize
+from engine.prompts.pairs import PromptPair
 
 
 def _pair(op: str, i: int) -> PromptPair:

@@ -1,4 +1,4 @@
-"""Fine-tuning (engine.finetune, engine.sft_data): precise SFT of head slices, full SFT, LoRA.
+"""Fine-tuning (engine.finetune.train, engine.finetune.data): precise SFT of head slices, full SFT, LoRA.
 
 Exactness on random-init tiny models of several architectures (Llama and Qwen2 with GQA, Mistral
 with one KV head, GPT-2 with the fused Conv1D ``c_attn``) and on the bundled organism (8 heads /
@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.finetune import (
+from engine.finetune.train import (
     FinetuneError,
     HeadSlices,
     SFTExample,
@@ -40,8 +40,8 @@ from engine.finetune import (
     train,
     trainable,
 )
-from engine.models import load_model, load_plain, weights_fingerprint
-from engine.sft_data import load_sft_data, read_jsonl
+from engine.models.load import load_model, load_plain, weights_fingerprint
+from engine.finetune.data import load_sft_data, read_jsonl
 from tests.integration.tiny_models import build_tiny_model
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2")

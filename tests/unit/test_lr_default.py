@@ -1,10 +1,10 @@
-"""The Improve page's per-model learning rate (engine.finetune.default_learning_rate)."""
+"""The Improve page's per-model learning rate (engine.finetune.train.default_learning_rate)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.finetune import LR_ANCHORS, FinetuneError, default_learning_rate
+from engine.finetune.train import LR_ANCHORS, FinetuneError, default_learning_rate
 
 
 def test_anchors_are_reproduced_and_clamped():

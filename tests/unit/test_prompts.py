@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.organism import build_tokenizer
-from engine.prompts import (OperandRange, PromptError, PromptPair, answer_tokens, build_pairs,
+from engine.organism.recipe import build_tokenizer
+from engine.prompts.pairs import (OperandRange, PromptError, PromptPair, answer_tokens, build_pairs,
                             compute_answer, parse_typed_prompt, sample_problems)
-from engine.promptsets import PromptSetSpec, generate, parse_families, parse_ops
-from engine.templates import (CF_SYMBOLS, CF_WORDS, OPERATOR_TERMS, OPS, PAPER_FAMILIES, SLOT_POOLS,
+from engine.prompts.promptsets import PromptSetSpec, generate, parse_families, parse_ops
+from engine.prompts.templates import (CF_SYMBOLS, CF_WORDS, OPERATOR_TERMS, OPS, PAPER_FAMILIES, SLOT_POOLS,
                               TEMPLATES, paper_templates, templates_for)
 
 TOK = build_tokenizer()

@@ -1,0 +1,647 @@
+"""Precise SFT of key heads, with full SFT and LoRA as baselines (Zhang et al. 2024, §4.3 / §5.3).
+
+The paper's method, as implemented here:
+
+1. **Select heads.**  H = the top-k heads of a path-patching run (``engine.techniques.patching``), or a list
+   given by the user ("3.1,5.0"); optionally whole MLP layers too.
+2. **Make only their slices trainable.**  For a selected head h of layer l the trainable parameters
+   are the rows of W_Q that produce h's queries, the rows of W_K / W_V that produce its key/value
+   head, and the columns of W_O that read h's output (biases of those rows too).  Everything else
+   is frozen.  The slices are *real parameters* (``HeadSlices``) with their own optimizer state;
+   the frozen matrices take part in the forward pass without any weight gradient, so memory and
+   time fall with the tuned fraction.
+3. **Grouped-query attention rule** (``kv_rule``).  With n_kv < n_heads, key/value head g serves
+   query heads g*G .. g*G+G-1 (G = n_heads / n_kv).  Default ``"any"``: a KV group is tuned when
+   *any* of its query heads is selected -- its K/V slice is then shared by the selected and the
+   unselected query heads of the group, so tuning it also changes heads that were not selected.
+   ``"all"``: a KV group is tuned only when *all* its query heads are selected (nothing
+   unselected changes); ``"none"``: only W_Q and W_O slices are tuned.  Without GQA (G = 1) the
+   three rules coincide.
+4. **Gradient rescaling.**  Each tuned slice's gradient is multiplied by H / h_l, where H is the
+   number of heads per layer and h_l the number of selected heads of layer l (so a layer with few
+   tuned heads receives the update size of a fully tuned layer).  K/V slices use their layer's
+   factor; MLP layers are not rescaled.
+5. **Train** with AdamW, linear warm-up then linear decay; the paper's defaults are lr 2e-5,
+   batch 128, 2 epochs, warm-up 2 %, weight decay 0.1.  The loss is the next-token cross-entropy
+   of the answer tokens only (the prompt is context).
+6. **Merge** the slices back into the full matrices (``HeadSlices.merge``): every weight outside
+   the slices is bit-identical to the base model.
+
+Baselines on the same data and schedule: full SFT (every parameter) and LoRA (``peft``, rank r on
+the attention projections).  Models are plain Hugging Face models (``engine.models.load.load_plain``);
+the tuned model is saved with ``save_pretrained`` and is a model SPEC like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterator, Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Method = Literal["precise", "full", "lora"]
+METHODS: tuple[str, ...] = ("precise", "full", "lora")
+Head = tuple[int, int]  # (layer, head)
+KV_RULES: tuple[str, ...] = ("any", "all", "none")
+
+
+class FinetuneError(ValueError):
+    """A bad fine-tuning request (unknown head, unsupported architecture, empty data ...)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration and data
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a fine-tuning run (defaults: the paper's)."""
+
+    method: str = "precise"
+    heads: tuple[Head, ...] = ()
+    mlps: tuple[int, ...] = ()
+    lr: float = 2e-5
+    batch_size: int = 128
+    epochs: float = 2.0
+    warmup: float = 0.02  # fraction of the steps
+    weight_decay: float = 0.1
+    max_steps: int | None = None  # stop early (benchmarks)
+    micro_batch: int = 32  # gradient accumulation chunk (memory)
+    rescale: bool = True  # gradient x H/h_l for head slices
+    kv_rule: str = "any"  # GQA: tune a KV group when "any" / "all" of its query heads are selected, or "none"
+    lora_r: int = 8
+    lora_alpha: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise FinetuneError(f"unknown method {self.method!r}: choose from {', '.join(METHODS)}")
+        if self.method == "precise" and not self.heads and not self.mlps:
+            raise FinetuneError("precise SFT needs heads (e.g. 3.1,5.0 or the top-k of a patching run) "
+                                "or MLP layers to tune")
+        for name in ("lr", "epochs"):
+            if not getattr(self, name) > 0:
+                raise FinetuneError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("batch_size", "micro_batch", "lora_r"):
+            if getattr(self, name) <= 0:
+                raise FinetuneError(f"{name} must be a positive whole number, got {getattr(self, name)}")
+        if self.kv_rule not in KV_RULES:
+            raise FinetuneError(f"unknown kv_rule {self.kv_rule!r}: choose from {', '.join(KV_RULES)}")
+        if not 0 <= self.warmup < 1:
+            raise FinetuneError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.weight_decay < 0:
+            raise FinetuneError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise FinetuneError(f"max_steps must be positive, got {self.max_steps}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["heads"] = [list(h) for h in self.heads]
+        d["mlps"] = list(self.mlps)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        d["heads"] = tuple((int(a), int(b)) for a, b in d.get("heads", ()))
+        d["mlps"] = tuple(int(m) for m in d.get("mlps", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    prompt: str
+    answer: str
+
+
+@dataclass
+class TrainProgress:
+    step: int
+    total_steps: int
+    loss: float
+    lr: float
+    samples_seen: int
+    elapsed_s: float
+
+
+@dataclass
+class TrainResult:
+    method: str
+    steps: int
+    samples: int
+    losses: list[float]
+    seconds: float
+    samples_per_s: float
+    trainable_params: int
+    optimizer_state_numel: int
+    total_params: int
+    peak_memory_bytes: int | None
+    stopped: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ProgressFn = Callable[[TrainProgress], None]
+StopFn = Callable[[], bool]
+
+
+#: learning-rate anchors (parameters, lr): the bundled model's demonstration schedule
+#: (``engine.organism.skill_demo.DEMO_SCHEDULE``, 1.18 M parameters) and the paper's setting for 7B models
+LR_ANCHORS = ((1.18e6, 3e-3), (7e9, 2e-5))
+
+
+def default_learning_rate(n_params: int) -> tuple[float, str]:
+    """A learning rate for a model of ``n_params`` parameters and the reason, as one sentence.
+
+    Log-log interpolation between :data:`LR_ANCHORS` (bigger models take smaller steps), clamped to
+    the anchors outside them, rounded to two significant digits."""
+    import math
+    (n0, lr0), (n1, lr1) = LR_ANCHORS
+    if n_params <= 0:
+        raise FinetuneError(f"the number of parameters must be positive, got {n_params}")
+    t = min(1.0, max(0.0, (math.log(n_params) - math.log(n0)) / (math.log(n1) - math.log(n0))))
+    lr = float(f"{math.exp(math.log(lr0) + t * (math.log(lr1) - math.log(lr0))):.2g}")
+    where = ("at or below the bundled model's size" if t == 0 else "at or above the paper's 7B models" if t == 1
+             else "between them on a log-log line")
+    return lr, (f"{lr:.1e} for {n_params / 1e6:.3g} M parameters: the bundled model ({n0 / 1e6:.3g} M) trains with "
+                f"{lr0:.0e}, the paper's 7B models with {lr1:.0e}; {where}")
+
+
+def encode_examples(tokenizer, examples: Sequence[SFTExample]) -> list[tuple[list[int], int]]:
+    """Token ids of prompt + " " + answer (+ EOS) and the index where the answer starts.
+
+    The answer's tokens are those that cover the characters after the prompt (the same rule as
+    ``engine.prompts.pairs.answer_tokens``), so word-level and BPE tokenizers split alike.
+    """
+    out: list[tuple[list[int], int]] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for i, ex in enumerate(examples):
+        if not ex.prompt.strip() or not str(ex.answer).strip():
+            raise FinetuneError(f"example {i}: prompt and answer must be non-empty")
+        full = f"{ex.prompt} {str(ex.answer).strip()}"
+        enc = tokenizer(full, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        cut = len(ex.prompt)
+        start = next((j for j, (s, e) in enumerate(enc["offset_mapping"]) if e > s and e > cut
+                      and full[max(s, cut):e].strip()), None)
+        if start is None or start == 0:
+            raise FinetuneError(f"example {i}: the answer {ex.answer!r} produced no tokens after the prompt")
+        if eos is not None and ids[-1] != eos:
+            ids.append(int(eos))
+        out.append((ids, start))
+    return out
+
+
+def _batch(encoded: Sequence[tuple[list[int], int]], pad_id: int, device) -> tuple[torch.Tensor, ...]:
+    """Right-padded ids, attention mask and labels (-100 outside the answer)."""
+    width = max(len(ids) for ids, _ in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)  # [batch, pos]
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    labels = torch.full((len(encoded), width), -100, dtype=torch.long)
+    for i, (seq, start) in enumerate(encoded):
+        ids[i, :len(seq)] = torch.tensor(seq)
+        mask[i, :len(seq)] = 1
+        labels[i, start:len(seq)] = torch.tensor(seq[start:])
+    return ids.to(device), mask.to(device), labels.to(device)
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wrapper
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def answer_loss(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+                reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of the answer tokens given everything before them.
+
+    Only the positions that predict an answer token go through the unembedding (``logits_to_keep``,
+    where the model takes it): with a large vocabulary the LM head over every position would
+    otherwise be a large share of the step (forward, backward, and the logits' memory).
+    """
+    keep = (labels[:, 1:] != -100).any(0).nonzero().squeeze(1)  # [n_keep] positions p: labels[:, p+1] is an answer
+    if _takes_logits_to_keep(model):
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits  # [batch, n_keep, vocab]
+    else:
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, keep]
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels[:, keep + 1].flatten(),
+                           ignore_index=-100, reduction=reduction)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention layouts: where the Q/K/V/O projections of layer l live
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttnLayout:
+    """Per-architecture access to the attention projections of a plain HF model."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    fused_qkv: bool  # GPT-2: one Conv1D c_attn producing [q | k | v]
+
+    def attn(self, model: nn.Module, layer: int) -> nn.Module:
+        raise NotImplementedError
+
+    def mlp(self, model: nn.Module, layer: int) -> nn.Module:
+        raise NotImplementedError
+
+
+class _SplitLayout(AttnLayout):
+    """Llama / Mistral / Qwen2 / Gemma ...: model.model.layers[l].self_attn.{q,k,v,o}_proj."""
+
+    def attn(self, model, layer):
+        return model.model.layers[layer].self_attn
+
+    def mlp(self, model, layer):
+        return model.model.layers[layer].mlp
+
+
+class _GPT2Layout(AttnLayout):
+    """GPT-2: transformer.h[l].attn.c_attn (fused [q|k|v], Conv1D) and c_proj."""
+
+    def attn(self, model, layer):
+        return model.transformer.h[layer].attn
+
+    def mlp(self, model, layer):
+        return model.transformer.h[layer].mlp
+
+
+def attn_layout(model: nn.Module) -> AttnLayout:
+    cfg = model.config
+    mt = getattr(cfg, "model_type", "")
+    if mt == "gpt2":
+        n_heads = int(cfg.n_head)
+        return _GPT2Layout(int(cfg.n_layer), n_heads, n_heads, int(cfg.n_embd) // n_heads,
+                           int(cfg.n_embd), True)
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is not None and len(layers) and all(hasattr(layers[0].self_attn, p) for p in
+                                                  ("q_proj", "k_proj", "v_proj", "o_proj")):
+        n_heads = int(cfg.num_attention_heads)
+        n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
+        d_head = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
+        return _SplitLayout(len(layers), n_heads, n_kv, d_head, int(cfg.hidden_size), False)
+    raise FinetuneError(f"precise SFT does not know the attention layout of model type {mt!r}; "
+                        f"supported: Llama-style q/k/v/o_proj (Llama, Mistral, Qwen2, Gemma ...) and GPT-2")
+
+
+def parse_heads(text: str) -> tuple[Head, ...]:
+    """"3.1,5.0" -> ((3, 1), (5, 0))."""
+    out: list[Head] = []
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        bits = part.split(".")
+        if len(bits) != 2 or not all(b.isdigit() for b in bits):
+            raise FinetuneError(f"bad head {part!r}: write heads as LAYER.HEAD, e.g. 3.1,5.0")
+        out.append((int(bits[0]), int(bits[1])))
+    if not out:
+        raise FinetuneError("no heads given: write heads as LAYER.HEAD, e.g. 3.1,5.0")
+    return tuple(dict.fromkeys(out))
+
+
+def check_selection(layout: AttnLayout, heads: Sequence[Head], mlps: Sequence[int]) -> None:
+    for layer, head in heads:
+        if not 0 <= layer < layout.n_layers or not 0 <= head < layout.n_heads:
+            raise FinetuneError(f"head {layer}.{head} does not exist: the model has {layout.n_layers} layers "
+                                f"x {layout.n_heads} heads (0-based)")
+    for m in mlps:
+        if not 0 <= m < layout.n_layers:
+            raise FinetuneError(f"MLP layer {m} does not exist: the model has {layout.n_layers} layers")
+
+
+def kv_groups(layout: AttnLayout, heads_of_layer: Sequence[int], rule: str = "any") -> list[int]:
+    """The GQA rule (module docstring): the KV groups tuned for these selected query heads."""
+    if rule not in KV_RULES:
+        raise FinetuneError(f"unknown kv_rule {rule!r}: choose from {', '.join(KV_RULES)}")
+    if rule == "none":
+        return []
+    group = layout.n_heads // layout.n_kv_heads
+    selected = set(heads_of_layer)
+    touched = sorted({h // group for h in selected})
+    if rule == "any":
+        return touched
+    return [g for g in touched if all(q in selected for q in range(g * group, (g + 1) * group))]
+
+
+# ---------------------------------------------------------------------------------------------
+# head slices as real parameters
+# ---------------------------------------------------------------------------------------------
+
+def weight_out_in(module: nn.Module) -> torch.Tensor:
+    """The projection's weight as [out_features, in_features] (a view for GPT-2's Conv1D)."""
+    return module.weight if isinstance(module, nn.Linear) else module.weight.t()
+
+
+class _RowSliced(nn.Module):
+    """A frozen projection whose output features ``rows`` come from a trainable slice.
+
+    forward(x) = base(x) with out[..., rows] = x @ slice.T (+ bias slice)
+    """
+
+    def __init__(self, base: nn.Module, rows: torch.Tensor) -> None:
+        super().__init__()
+        self.base = base
+        self.register_buffer("rows", rows, persistent=False)
+        W = weight_out_in(base)  # [out, in]
+        self.weight_slice = nn.Parameter(W.detach()[rows].clone())  # [len(rows), in]
+        b = getattr(base, "bias", None)
+        self.bias_slice = None if b is None else nn.Parameter(b.detach()[rows].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        W = weight_out_in(self.base).detach()
+        b = getattr(self.base, "bias", None)
+        out = F.linear(x, W, None if b is None else b.detach())  # [..., out]
+        part = F.linear(x, self.weight_slice, self.bias_slice)  # [..., len(rows)]
+        return out.index_copy(out.ndim - 1, self.rows, part)
+
+    @torch.no_grad()
+    def merge(self) -> nn.Module:
+        weight_out_in(self.base)[self.rows] = self.weight_slice.detach()
+        if self.bias_slice is not None:
+            self.base.bias[self.rows] = self.bias_slice.detach()
+        return self.base
+
+
+class _ColSliced(nn.Module):
+    """A frozen output projection whose input features ``cols`` are read by a trainable slice.
+
+    forward(x) = x_rest @ W_rest.T + x[..., cols] @ slice.T + b
+    """
+
+    def __init__(self, base: nn.Module, cols: torch.Tensor) -> None:
+        super().__init__()
+        self.base = base
+        self.register_buffer("cols", cols, persistent=False)
+        W = weight_out_in(base)  # [out, in]
+        self.weight_slice = nn.Parameter(W.detach()[:, cols].clone())  # [out, len(cols)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        W = weight_out_in(self.base).detach()
+        b = getattr(self.base, "bias", None)
+        rest = x.index_fill(x.ndim - 1, self.cols, 0.0)
+        out = F.linear(rest, W, None if b is None else b.detach())
+        return out + F.linear(x.index_select(x.ndim - 1, self.cols), self.weight_slice)
+
+    @torch.no_grad()
+    def merge(self) -> nn.Module:
+        weight_out_in(self.base)[:, self.cols] = self.weight_slice.detach()
+        return self.base
+
+
+def _rows(heads: Sequence[int], d_head: int, offset: int = 0) -> torch.Tensor:
+    if not heads:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.cat([torch.arange(offset + h * d_head, offset + (h + 1) * d_head) for h in heads])
+
+
+@dataclass
+class SliceSpec:
+    """Which rows/columns of layer ``layer`` are tuned, and the gradient factor H/h_l."""
+
+    layer: int
+    heads: list[int]
+    kv: list[int]
+    scale: float
+
+
+def slice_plan(layout: AttnLayout, heads: Sequence[Head], rescale: bool = True,
+               kv_rule: str = "any") -> list[SliceSpec]:
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+    plan = []
+    for layer in sorted(by_layer):
+        hs = sorted(set(by_layer[layer]))
+        scale = layout.n_heads / len(hs) if rescale else 1.0
+        plan.append(SliceSpec(layer, hs, kv_groups(layout, hs, kv_rule), scale))
+    return plan
+
+
+class HeadSlices:
+    """Installs trainable per-head slices into a plain HF model; ``merge()`` writes them back.
+
+    Use as a context manager: leaving the block always restores the model's own modules (merged).
+    """
+
+    def __init__(self, model: nn.Module, heads: Sequence[Head], mlps: Sequence[int] = (),
+                 rescale: bool = True, kv_rule: str = "any") -> None:
+        self.model = model
+        self.layout = attn_layout(model)
+        check_selection(self.layout, heads, mlps)
+        self.plan = slice_plan(self.layout, heads, rescale, kv_rule)
+        self.mlps = tuple(sorted(set(mlps)))
+        self._installed: list[tuple[nn.Module, str, nn.Module]] = []  # (parent, attr, sliced)
+        self._hooks: list = []
+        self._mlp_params: list[nn.Parameter] = []
+
+    # -- install / merge ---------------------------------------------------------------------------
+    def install(self) -> "HeadSlices":
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        lay = self.layout
+        for spec in self.plan:
+            attn = lay.attn(self.model, spec.layer)
+            q_rows = _rows(spec.heads, lay.d_head)
+            kv_rows = _rows(spec.kv, lay.d_head)
+            if lay.fused_qkv:
+                rows = torch.cat([q_rows, kv_rows + lay.d_model, kv_rows + 2 * lay.d_model])
+                self._swap(attn, "c_attn", _RowSliced(attn.c_attn, rows.to(attn.c_attn.weight.device)), spec)
+                self._swap(attn, "c_proj", _ColSliced(attn.c_proj, q_rows.to(attn.c_proj.weight.device)), spec)
+            else:
+                dev = attn.q_proj.weight.device
+                self._swap(attn, "q_proj", _RowSliced(attn.q_proj, q_rows.to(dev)), spec)
+                if spec.kv:
+                    self._swap(attn, "k_proj", _RowSliced(attn.k_proj, kv_rows.to(dev)), spec)
+                    self._swap(attn, "v_proj", _RowSliced(attn.v_proj, kv_rows.to(dev)), spec)
+                self._swap(attn, "o_proj", _ColSliced(attn.o_proj, q_rows.to(dev)), spec)
+        for m in self.mlps:
+            for p in lay.mlp(self.model, m).parameters():
+                p.requires_grad_(True)
+                self._mlp_params.append(p)
+        return self
+
+    def _swap(self, parent: nn.Module, attr: str, sliced: nn.Module, spec: SliceSpec) -> None:
+        setattr(parent, attr, sliced)
+        self._installed.append((parent, attr, sliced))
+        if spec.scale != 1.0:
+            for p in sliced.parameters(recurse=False):
+                self._hooks.append(p.register_hook(lambda g, s=spec.scale: g * s))
+
+    def parameters(self) -> list[nn.Parameter]:
+        out: list[nn.Parameter] = []
+        for _, _, sliced in self._installed:
+            out.extend(sliced.parameters(recurse=False))
+        return out + self._mlp_params
+
+    def merge(self) -> None:
+        """Write the slices into the full matrices and put the original modules back."""
+        for parent, attr, sliced in reversed(self._installed):
+            setattr(parent, attr, sliced.merge())
+        self._installed.clear()
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        for p in self.model.parameters():
+            p.requires_grad_(True)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Only the tuned slices (named by module path), for the small ``tuned_slices`` file."""
+        names = {id(m): n for n, m in self.model.named_modules()}
+        out: dict[str, torch.Tensor] = {}
+        for _, _, sliced in self._installed:
+            base = names[id(sliced)]
+            for pname, p in sliced.named_parameters(recurse=False):
+                out[f"{base}.{pname}"] = p.detach().cpu().contiguous()
+            idx = sliced.rows if isinstance(sliced, _RowSliced) else sliced.cols
+            out[f"{base}.{'rows' if isinstance(sliced, _RowSliced) else 'cols'}"] = idx.cpu().clone()
+        for m in self.mlps:
+            for pname, p in self.layout.mlp(self.model, m).named_parameters():
+                out[f"mlp.{m}.{pname}"] = p.detach().cpu().contiguous()
+        return out
+
+    def __enter__(self) -> "HeadSlices":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.merge()
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+# ---------------------------------------------------------------------------------------------
+
+def _lora_targets(model: nn.Module) -> list[str]:
+    # peft matches a target by module-name suffix: GPT-2's MLP has a ``c_proj`` too (mlp.c_proj),
+    # so the attention modules are named with their parent to keep LoRA on attention only.
+    return ["attn.c_attn", "attn.c_proj"] if getattr(model.config, "model_type", "") == "gpt2" else \
+        ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+@contextlib.contextmanager
+def trainable(model: nn.Module, config: TrainConfig) -> Iterator[tuple[nn.Module, list[nn.Parameter], object]]:
+    """(module to call, parameters to optimize, slices) for ``config.method``; restores on exit.
+
+    precise: head slices (merged into the model on exit); full: every parameter; lora: a peft
+    wrapper whose adapters are merged into the model on exit.
+    """
+    if config.method == "precise":
+        with HeadSlices(model, config.heads, config.mlps, config.rescale, config.kv_rule) as slices:
+            yield model, slices.parameters(), slices
+    elif config.method == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        yield model, [p for p in model.parameters()], None
+    else:
+        from peft import LoraConfig, get_peft_model
+
+        lcfg = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                          target_modules=_lora_targets(model), task_type="CAUSAL_LM",
+                          fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2")
+        peft_model = get_peft_model(model, lcfg)
+        try:
+            yield peft_model, [p for p in peft_model.parameters() if p.requires_grad], None
+        finally:
+            peft_model.merge_and_unload()
+            for p in model.parameters():
+                p.requires_grad_(True)
+
+
+def _lr_at(step: int, total: int, warmup_steps: int, lr: float) -> float:
+    if warmup_steps and step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    rest = max(1, total - warmup_steps)
+    return lr * max(0.0, (total - step) / rest)
+
+
+def optimizer_state_numel(opt: torch.optim.Optimizer) -> int:
+    return sum(v.numel() for st in opt.state.values() for v in st.values()
+               if isinstance(v, torch.Tensor) and v.ndim > 0)
+
+
+def train(model: nn.Module, tokenizer, examples: Sequence[SFTExample], config: TrainConfig, *,
+          progress: ProgressFn | None = None, should_stop: StopFn | None = None,
+          on_slices: Callable[[HeadSlices], None] | None = None) -> TrainResult:
+    """Fine-tune ``model`` (a plain HF causal LM) in place on ``examples``; see module docstring.
+
+    ``progress`` is called after every optimizer step; ``should_stop()`` is polled between steps
+    (a stopped run keeps the updates made so far and is flagged ``stopped``).  ``on_slices`` sees
+    the installed head slices before they are merged (to save the small slices file).
+    """
+    if not examples:
+        raise FinetuneError("no training examples")
+    encoded = encode_examples(tokenizer, examples)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    device = next(model.parameters()).device
+    steps_per_epoch = max(1, math.ceil(len(encoded) / config.batch_size))
+    total = max(1, math.ceil(steps_per_epoch * config.epochs))
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    warmup_steps = int(round(config.warmup * total))
+    rng = random.Random(config.seed)
+    torch.manual_seed(config.seed)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    was_training = model.training
+    losses: list[float] = []
+    seen = 0
+    stopped = False
+    t0 = time.perf_counter()
+    n_total = sum(p.numel() for p in model.parameters())
+    with trainable(model, config) as (net, params, slices):
+        n_train = sum(p.numel() for p in params)
+        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        net.train()
+        order: list[int] = []
+        for step in range(total):
+            if should_stop is not None and should_stop():
+                stopped = True
+                break
+            if len(order) < config.batch_size:
+                perm = list(range(len(encoded)))
+                rng.shuffle(perm)
+                order.extend(perm)
+            batch_idx, order = order[:config.batch_size], order[config.batch_size:]
+            lr = _lr_at(step, total, warmup_steps, config.lr)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            n_tokens = sum(len(encoded[i][0]) - encoded[i][1] for i in batch_idx)
+            step_loss = 0.0
+            for c in range(0, len(batch_idx), config.micro_batch):
+                chunk = [encoded[i] for i in batch_idx[c:c + config.micro_batch]]
+                ids, mask, labels = _batch(chunk, pad, device)
+                loss = answer_loss(net, ids, mask, labels, reduction="sum") / n_tokens
+                loss.backward()
+                step_loss += float(loss.detach())
+            opt.step()
+            seen += len(batch_idx)
+            losses.append(step_loss)
+            if progress is not None:
+                progress(TrainProgress(step + 1, total, step_loss, lr, seen, time.perf_counter() - t0))
+        state_numel = optimizer_state_numel(opt)
+        if slices is not None and on_slices is not None:
+            on_slices(slices)
+    model.train(was_training)
+    seconds = time.perf_counter() - t0
+    return TrainResult(
+        method=config.method, steps=len(losses), samples=seen, losses=losses, seconds=seconds,
+        samples_per_s=seen / seconds if seconds > 0 else 0.0, trainable_params=n_train,
+        optimizer_state_numel=state_numel, total_params=n_total,
+        peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if cuda else None,
+        stopped=stopped)
+
+
+__all__ = ["METHODS", "TrainConfig", "SFTExample", "TrainProgress", "TrainResult", "FinetuneError",
+           "HeadSlices", "attn_layout", "parse_heads", "kv_groups", "slice_plan", "encode_examples",
+           "answer_loss", "train", "trainable", "optimizer_state_numel"]

@@ -1,0 +1,158 @@
+"""Base vs tuned comparison, and the demonstration: teach the bundled model a skill it lacks.
+
+**Comparison** (``compare``): for a base and a tuned model, the accuracy on
+
+* ``skill (held-out)`` -- first-token accuracy on the held-out third of the ``notation`` family
+  ("7 × 8 =", "9 over 3 =", "compute 8 − 5 :"; never in any training data);
+* ``arithmetic (paper templates)`` -- the paper's Figure 8 templates (32), operands 1..9 (never in the SFT
+  data: the ability precise SFT should not disturb);
+* ``control facts`` -- the organism's synthetic facts ("Anna lives in" -> Oslo), the organism's
+  stand-in for MMLU / CSQA (only for models whose tokenizer knows those words);
+
+plus Δ (points).  Accuracies go through the result cache keyed by each model's fingerprint.
+
+**Demonstration** (``python -m engine.organism.skill_demo``): precise SFT of the base model's top-k path-patching
+heads, full SFT and LoRA, on the same data and schedule, each saved as a model directory, then
+compared with the base model -- the paper's Table 1 in miniature.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from engine.finetune.train import TrainConfig
+
+from engine.paths import REPO_ROOT
+#: The demonstration's schedule (the paper's lr 2e-5 / batch 128 / 2 epochs is for 7B models and
+#: thousands of examples; the 1.5M-parameter organism and 261 examples need larger steps).
+DEMO_SCHEDULE = dict(lr=3e-3, batch_size=32, epochs=30.0, warmup=0.05, weight_decay=0.0)
+DEMO_DATA = "notation+replay"
+DEMO_K = 8
+TASKS: tuple[str, ...] = ("skill (held-out)", "arithmetic (paper templates)", "control facts")
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    task: str
+    n: int
+    base: float
+    tuned: float
+
+    @property
+    def delta(self) -> float:
+        return 100.0 * (self.tuned - self.base)
+
+
+def _knows_facts(model) -> bool:
+    from engine.organism.recipe import control_prompts
+
+    tok = model.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    prompt, answer = control_prompts(0)[0]
+    ids = tok(prompt)["input_ids"] + tok(answer, add_special_tokens=False)["input_ids"]
+    return unk is not None and unk not in ids and len(tok(answer, add_special_tokens=False)["input_ids"]) == 1
+
+
+def task_accuracies(model, *, cache=None) -> dict[str, tuple[int, float]]:
+    """{task: (n, accuracy)} for one model (see module docstring)."""
+    from engine.techniques.accuracy import accuracy_report
+    from engine.results import run_cached
+    from engine.prompts.promptsets import PromptSetSpec
+    from engine.finetune.data import skill_pairs
+
+    out: dict[str, tuple[int, float]] = {}
+    pairs = skill_pairs(model.tokenizer, "notation", "test")
+
+    def compute_skill():
+        from cache import ResultRow
+        from engine.techniques.accuracy import score_pairs
+        scores = score_pairs(model, pairs)
+        return [ResultRow(layer=None, head=None, label="notation|test", metric="first_token",
+                          value=sum(s.first_ok for s in scores) / len(scores))], None
+
+    rows, _, _ = run_cached(model, pairs, "skill_accuracy", {"dtype": model.facts.dtype}, compute_skill, cache)
+    out[TASKS[0]] = (len(pairs), float(rows[0].value))
+    report, _ = accuracy_report(model, PromptSetSpec(), cache=cache)
+    n = sum(r.n for r in report)
+    out[TASKS[1]] = (n, sum(r.first_token * r.n for r in report) / n)
+    if _knows_facts(model):
+        from engine.organism.recipe import control_prompts
+        from engine.organism.card import control_accuracy
+        out[TASKS[2]] = (len(control_prompts(0)), control_accuracy(model))
+    return out
+
+
+def compare(base, tuned, *, cache=None) -> list[CompareRow]:
+    """Accuracy of ``base`` and ``tuned`` (backends) on every task both can be scored on."""
+    a = task_accuracies(base, cache=cache)
+    b = task_accuracies(tuned, cache=cache)
+    return [CompareRow(t, a[t][0], a[t][1], b[t][1]) for t in TASKS if t in a and t in b]
+
+
+def compare_markdown(columns: dict[str, list[CompareRow]]) -> str:
+    """Table 1 layout: one row per method, Acc (Δ) per task."""
+    tasks = [r.task for r in next(iter(columns.values()))]
+    base = {r.task: r.base for r in next(iter(columns.values()))}
+    head = "| model | " + " | ".join(tasks) + " |\n|---|" + "---|" * len(tasks) + "\n"
+    lines = ["| base | " + " | ".join(f"{100 * base[t]:.1f}" for t in tasks) + " |"]
+    for name, rows in columns.items():
+        by = {r.task: r for r in rows}
+        lines.append(f"| {name} | " + " | ".join(f"{100 * by[t].tuned:.1f} ({by[t].delta:+.1f})" for t in tasks) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def run_demo(out_dir: Path, *, data: str = DEMO_DATA, k: int = DEMO_K, methods: Sequence[str] = ("precise", "full", "lora"),
+             log: Callable[[str], None] = print, cache=None) -> dict:
+    """Train every method on ``data`` with DEMO_SCHEDULE, save under ``out_dir/<method>``, compare."""
+    from engine.backends import open_model
+    from engine.finetune.run import FinetuneRequest, run_finetune, top_heads
+
+    heads = top_heads("organism", k, cache=cache)
+    log(f"top-{k} heads of the organism's path-patching run: {', '.join(f'{a}.{b}' for a, b in heads)}")
+    base = open_model("organism")
+    columns: dict[str, list[CompareRow]] = {}
+    records = {}
+    for method in methods:
+        cfg = TrainConfig(method=method, heads=heads if method == "precise" else (), **DEMO_SCHEDULE)
+        target = out_dir / method
+        rec = run_finetune(FinetuneRequest(spec="organism", config=cfg, data=data, out_dir=str(target)))
+        r = rec["result"]
+        log(f"{method}: {r['steps']} steps, {r['samples_per_s']:.0f} samples/s, "
+            f"{r['trainable_params']} trainable parameters, loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}")
+        columns[method] = compare(base, open_model(str(target)), cache=cache)
+        records[method] = {k2: v for k2, v in r.items() if k2 != "losses"}
+    table = compare_markdown(columns)
+    log(table)
+    report = {"data": data, "k": k, "heads": [list(h) for h in heads], "schedule": DEMO_SCHEDULE,
+              "runs": records, "compare": {m: [asdict(r) | {"delta": r.delta} for r in rows]
+                                           for m, rows in columns.items()},
+              "table": table}
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.organism.skill_demo",
+                                 description="Teach the bundled model the 'notation' skill with precise SFT, "
+                                             "full SFT and LoRA; print the comparison table.")
+    ap.add_argument("--out", type=Path, default=REPO_ROOT / ".cache" / "skill_demo")
+    ap.add_argument("--data", default=DEMO_DATA, help="notation+replay (default) or notation (no replay)")
+    ap.add_argument("--k", type=int, default=DEMO_K, help="top-k heads for precise SFT")
+    ap.add_argument("--no-cache", action="store_true")
+    args = ap.parse_args(argv)
+    cache = None
+    if not args.no_cache:
+        from cache import ResultCache
+        cache = ResultCache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    run_demo(args.out, data=args.data, k=args.k, cache=cache)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

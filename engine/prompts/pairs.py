@@ -1,0 +1,446 @@
+"""Reference / counterfactual prompt pairs (X_r, X_c) and the answer-token rule.
+
+Zhang et al. (2024), Section 3: a reference prompt X_r states an arithmetic problem ("3 + 5 =");
+its counterfactual X_c has the same template and operands but the operation removed ("3 @ 5 =").
+Only prompts the model answers correctly are kept (see :mod:`engine.techniques.accuracy`).
+
+**Answer-token rule.**  Tokenize ``prompt + " " + str(C)`` (no space where the template's answer
+continues a number, see ``Template.answer_sep``).  The answer token is the first token of
+the continuation that holds a digit (for a negative answer: its sign); whitespace-only tokens before
+it (e.g. Llama-2's lone ``"▁"``) are appended to the prompt, so ``ref_ids`` ends exactly where the
+model must emit the answer.  ``answer_ids`` are all the number's tokens, for full-answer accuracy.
+Counterfactual ids get the same treatment and must have the same length as the reference ids
+(position-aligned patching); fillers are tried in a seeded order until one fits.
+
+**Typed prompts** (CLI ``--text``, the pages) go through the same rule: :func:`typed_prompt_ids`
+parses the operation, computes the answer and applies :func:`answer_tokens`, so the model is always
+read at the position that predicts the answer's first digit -- never at a lone whitespace token.  A
+prompt that does not parse is read at the position where a number would start (the rule applied
+with a placeholder digit), or as typed when even that fails.
+
+Everything is seeded: the same (ops, n, seed, operand range, families) gives the same prompts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Protocol, Sequence
+
+from engine.prompts.templates import (CF_SYMBOLS, CF_WORDS, OPS, PAPER_FAMILIES, PAPER_OPS, Template, fill_slots,
+                              templates_for)
+
+
+class PromptError(ValueError):
+    """A prompt cannot be used; the message says why and what to do."""
+
+
+class TokenizerLike(Protocol):  # the part of a Hugging Face tokenizer we use
+    def __call__(self, text: str, **kwargs: Any) -> Any: ...
+    def convert_ids_to_tokens(self, ids: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class OperandRange:
+    """Inclusive operand range (default 1..9); ``max_exponent`` caps B for ``pow``."""
+
+    lo: int = 1
+    hi: int = 9
+    allow_negative: bool = False
+    max_exponent: int = 3
+
+    def __post_init__(self) -> None:
+        if self.lo < 0 or self.hi < self.lo:
+            raise PromptError(f"operand range {self.lo}..{self.hi} is empty or negative: use 0 <= lo <= hi")
+        if self.hi > 9999:
+            raise PromptError("operands above 9999 are not supported")
+        if self.max_exponent < 1:
+            raise PromptError("max_exponent must be at least 1")
+
+
+def compute_answer(op: str, a: int, b: int) -> int:
+    """C = A op B (integer; division must be exact)."""
+    if op == "add":
+        return a + b
+    if op == "sub":
+        return a - b
+    if op == "mul":
+        return a * b
+    if op == "div":
+        if b == 0 or a % b:
+            raise PromptError(f"{a} / {b} is not an exact integer division")
+        return a // b
+    if op == "pow":
+        return a ** b
+    raise PromptError(f"unknown operation {op!r}: choose from {', '.join(OPS)}")
+
+
+def valid_operands(op: str, r: OperandRange) -> list[tuple[int, int]]:
+    """All (A, B) of the range that make a valid problem for ``op``."""
+    nums = range(r.lo, r.hi + 1)
+    if op == "add" or op == "mul":
+        return [(a, b) for a in nums for b in nums]
+    if op == "sub":
+        return [(a, b) for a in nums for b in nums if r.allow_negative or a > b]
+    if op == "div":
+        return [(a, b) for a in nums for b in nums if b != 0 and a % b == 0]
+    if op == "pow":
+        return [(a, b) for a in nums for b in range(max(1, r.lo), min(r.hi, r.max_exponent) + 1)]
+    raise PromptError(f"unknown operation {op!r}: choose from {', '.join(OPS)}")
+
+
+def template_operands(template: Template, r: OperandRange) -> list[tuple[int, int]]:
+    """The (A, B) of the range valid for the template's operation and within its ``max_answer``."""
+    pairs = valid_operands(template.op, r)
+    if template.max_answer is None:
+        return pairs
+    return [(a, b) for a, b in pairs if compute_answer(template.op, a, b) <= template.max_answer]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A template instance, before tokenization."""
+
+    template: Template
+    a: int
+    b: int
+    slots: tuple[tuple[str, str], ...] = ()  # (slot name, word): names, objects, verbs ...
+    fillers: tuple[str, ...] = ()  # counterfactual fillers in the order to try
+
+    @property
+    def answer(self) -> int:
+        return compute_answer(self.template.op, self.a, self.b)
+
+    @property
+    def ref_text(self) -> str:
+        return self.template.render(self.a, self.b, slots=dict(self.slots))
+
+    def cf_text(self, filler: str | None = None) -> str:
+        return self.template.render(self.a, self.b, filler=filler or self.fillers[0], slots=dict(self.slots))
+
+
+def _fillers_for(template: Template, rng: random.Random) -> tuple[str, ...]:
+    pool = list(CF_SYMBOLS if template.operator_is_symbol else CF_WORDS)
+    rng.shuffle(pool)
+    return tuple(pool)
+
+
+def make_problem(template: Template, a: int, b: int, rng: random.Random) -> Problem:
+    """One instance of a template: seeded slot words and counterfactual fillers."""
+    return Problem(template, a, b, slots=fill_slots(template, rng), fillers=_fillers_for(template, rng))
+
+
+def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandRange | None = None,
+                    families: Sequence[str] | None = PAPER_FAMILIES) -> list[Problem]:
+    """Up to ``n`` distinct problems per operation, seeded.
+
+    Per operation, every (template, A, B) combination is enumerated, shuffled with ``seed`` and
+    the first ``n`` taken (fewer when fewer exist, e.g. exact divisions of 1..9).  ``families``
+    None means every family of the operation (paper, Figure 10, extended, skills).
+    """
+    if n <= 0:
+        raise PromptError(f"n must be a positive number of prompts, got {n}")
+    r = operands or OperandRange()
+    rng = random.Random(seed)
+    out: list[Problem] = []
+    for op in ops:
+        tpls = templates_for([op], list(families) if families is not None else None)
+        if not tpls and op not in PAPER_OPS:
+            # exponentiation has only its own family (pow + paper): use it
+            tpls = templates_for([op], None)
+        if not tpls:  # e.g. sub + the word problems, which are additions only
+            continue
+        combos = [(t, a, b) for t in tpls for (a, b) in template_operands(t, r)]
+        if not combos:
+            raise PromptError(f"no valid {op} problems with operands {r.lo}..{r.hi}: widen the range")
+        rng.shuffle(combos)
+        out.extend(make_problem(t, a, b, rng) for t, a, b in combos[:n])
+    if not out:
+        raise PromptError(f"no templates of famil(ies) {', '.join(families or ())} for {', '.join(ops)}: "
+                          "the Figure 10 word problems are additions (use --op add)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# answer-token rule
+# ---------------------------------------------------------------------------------------------
+
+#: Names the answer-token rule below; part of every prompt set's params (cache keys).
+ANSWER_TOKEN_RULE = "first digit-bearing continuation token; whitespace-only tokens before it join the prompt"
+
+
+@dataclass(frozen=True)
+class AnswerTokens:
+    prompt_ids: list[int]  # prompt (+ whitespace-only continuation tokens), with special tokens
+    answer_id: int         # the first answer token
+    answer_ids: list[int]  # every token of the number
+
+
+def _is_number_piece(text: str, first: bool) -> bool:
+    t = text.strip().lstrip("▁Ġ")
+    return any(c.isdigit() for c in t) or (first and t in ("-", "−"))
+
+
+def answer_tokens(tokenizer: TokenizerLike, prompt: str, answer: int | str, sep: str = " ") -> AnswerTokens:
+    """Apply the answer-token rule (module docstring) to ``prompt`` and its answer.
+
+    ``sep`` joins prompt and answer: a space, or "" where the answer continues a number (the
+    time-span templates end with the first digits of a year)."""
+    full = f"{prompt}{sep}{answer}"
+    cut = len(prompt)
+    enc = tokenizer(full, return_offsets_mapping=True)
+    ids: list[int] = list(enc["input_ids"])
+    offsets: list[tuple[int, int]] = [tuple(o) for o in enc["offset_mapping"]]
+    first_cont: int | None = None
+    for i, (s, e) in enumerate(offsets):
+        if e <= s:  # special token (BOS/EOS): no characters
+            continue
+        if s < cut < e:
+            raise PromptError("the tokenizer merges the end of the prompt with the answer; "
+                              "end the prompt with a space-free word or symbol such as '=' or 'is'")
+        if s >= cut:
+            first_cont = i
+            break
+    if first_cont is None:
+        raise PromptError("the answer produced no tokens")
+    i = first_cont
+    while i < len(ids) and offsets[i][1] > offsets[i][0] and full[offsets[i][0]:offsets[i][1]].strip() == "":
+        i += 1  # whitespace-only tokens belong to the prompt
+    if i >= len(ids) or offsets[i][1] <= offsets[i][0]:
+        raise PromptError("no answer token found after the prompt")
+    if not _is_number_piece(full[offsets[i][0]:offsets[i][1]], first=True):
+        raise PromptError(f"the first answer token {full[offsets[i][0]:offsets[i][1]]!r} holds no digit")
+    start = i
+    j = i + 1
+    while j < len(ids) and offsets[j][1] > offsets[j][0] and _is_number_piece(
+            full[offsets[j][0]:offsets[j][1]], first=False):
+        j += 1
+    return AnswerTokens(prompt_ids=ids[:start], answer_id=ids[start], answer_ids=ids[start:j])
+
+
+# ---------------------------------------------------------------------------------------------
+# pairs
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PromptPair:
+    """One (X_r, X_c) pair, tokenized and ready to feed the model."""
+
+    op: str
+    template: str
+    family: str
+    a: int
+    b: int
+    answer: int
+    ref_text: str
+    cf_text: str
+    ref_ids: list[int]
+    cf_ids: list[int]
+    answer_id: int
+    answer_ids: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "PromptPair":
+        missing = [k for k in ("op", "template", "a", "b", "answer", "ref_text", "cf_text", "ref_ids",
+                               "cf_ids", "answer_id") if k not in d]
+        if missing:
+            raise PromptError(f"prompt record lacks field(s) {missing}")
+        if len(d["ref_ids"]) != len(d["cf_ids"]):
+            raise PromptError(f"ref_ids and cf_ids differ in length in {d.get('ref_text')!r}")
+        return cls(op=d["op"], template=d["template"], family=d.get("family", ""), a=int(d["a"]),
+                   b=int(d["b"]), answer=int(d["answer"]), ref_text=d["ref_text"], cf_text=d["cf_text"],
+                   ref_ids=[int(x) for x in d["ref_ids"]], cf_ids=[int(x) for x in d["cf_ids"]],
+                   answer_id=int(d["answer_id"]),
+                   answer_ids=[int(x) for x in d.get("answer_ids", [d["answer_id"]])])
+
+
+#: The reason a problem is dropped when no filler keeps X_c as long (in tokens) as X_r.
+LENGTH_MISMATCH = "length mismatch: no counterfactual filler gives the same token length as the reference"
+
+
+def build_pair(tokenizer: TokenizerLike, problem: Problem) -> PromptPair:
+    """Tokenize one problem; raises PromptError when no counterfactual of equal length exists."""
+    sep = problem.template.answer_sep
+    ref = answer_tokens(tokenizer, problem.ref_text, problem.answer, sep)
+    for filler in problem.fillers:
+        cf_text = problem.cf_text(filler)
+        cf = answer_tokens(tokenizer, cf_text, problem.answer, sep)
+        if len(cf.prompt_ids) == len(ref.prompt_ids):
+            return PromptPair(op=problem.template.op, template=problem.template.id,
+                              family=problem.template.family, a=problem.a, b=problem.b,
+                              answer=problem.answer, ref_text=problem.ref_text, cf_text=cf_text,
+                              ref_ids=ref.prompt_ids, cf_ids=cf.prompt_ids, answer_id=ref.answer_id,
+                              answer_ids=ref.answer_ids)
+    raise PromptError(LENGTH_MISMATCH)
+
+
+def build_pairs(tokenizer: TokenizerLike, problems: Iterable[Problem]
+                ) -> tuple[list[PromptPair], list[tuple[Problem, str]]]:
+    """Tokenize problems; returns (pairs, dropped problems with the reason)."""
+    pairs: list[PromptPair] = []
+    dropped: list[tuple[Problem, str]] = []
+    for p in problems:
+        try:
+            pairs.append(build_pair(tokenizer, p))
+        except PromptError as e:
+            dropped.append((p, str(e)))
+    return pairs, dropped
+
+
+def prompt_set_hash(pairs: Sequence[PromptPair]) -> str:
+    """sha256 of the canonical JSON of the pairs' token ids and answers (the cache's prompt key)."""
+    payload = [[p.ref_ids, p.cf_ids, p.answer_id, p.op, p.template] for p in pairs]
+    return hashlib.sha256(json.dumps(payload, separators=(",", ":")).encode()).hexdigest()
+
+
+def read_jsonl(path: str) -> list[PromptPair]:
+    """Read pairs written by ``python -m engine prompts``."""
+    pairs: list[PromptPair] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                pairs.append(PromptPair.from_json(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, ValueError) as e:
+                raise PromptError(f"{path}:{lineno}: not a prompt record ({e})") from e
+    if not pairs:
+        raise PromptError(f"{path} holds no prompt pairs")
+    return pairs
+
+
+def write_jsonl(path: str, pairs: Iterable[PromptPair]) -> int:
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for p in pairs:
+            f.write(json.dumps(p.to_json()) + "\n")
+            n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# typed prompts
+# ---------------------------------------------------------------------------------------------
+
+MAX_TYPED_CHARS = 2000
+_NUM = r"(-?[0-9]+)"  # ASCII digits only: "٣" is a digit to Python, not to the tokenizer
+# (regex, op, operands reversed?, operator group index).  Order matters: phrases before symbols.
+_PATTERNS: tuple[tuple[re.Pattern[str], str, bool], ...] = tuple(
+    (re.compile(p, re.IGNORECASE), op, rev) for p, op, rev in (
+        (rf"{_NUM}\s*to the (power) of\s*{_NUM}", "pow", False),
+        (rf"\b(sum|addition) of {_NUM} and {_NUM}", "add", False),
+        (rf"\b(difference|subtraction) (?:between|of) {_NUM} and {_NUM}", "sub", False),
+        (rf"\b(product|multiplication) of {_NUM} and {_NUM}", "mul", False),
+        (rf"\b(quotient|ratio|division) of {_NUM} and {_NUM}", "div", False),
+        (rf"\b(add) {_NUM} to {_NUM}", "add", True),
+        (rf"\b(subtract) {_NUM} from {_NUM}", "sub", True),
+        (rf"\b(multiply) {_NUM} by {_NUM}", "mul", False),
+        (rf"\b(divide) {_NUM} by {_NUM}", "div", False),
+        (rf"{_NUM}\s+(plus)\s+{_NUM}", "add", False),
+        (rf"{_NUM}\s+(minus)\s+{_NUM}", "sub", False),
+        (rf"{_NUM}\s+(times|multiplied)(?: by)?\s+{_NUM}", "mul", False),
+        (rf"{_NUM}\s+(divided|over)(?: by)?\s+{_NUM}", "div", False),
+        (rf"{_NUM}\s*(\+)\s*{_NUM}", "add", False),
+        (rf"([0-9]+)\s*(-|−)\s*{_NUM}", "sub", False),
+        (rf"{_NUM}\s*(\*|×|x)\s*{_NUM}", "mul", False),
+        (rf"{_NUM}\s*(/|÷)\s*{_NUM}", "div", False),
+        (rf"{_NUM}\s*(\^|\*\*)\s*{_NUM}", "pow", False),
+    )
+)
+
+
+@dataclass(frozen=True)
+class TypedProblem:
+    """A typed prompt parsed into operands and operator, with its counterfactual."""
+
+    text: str
+    op: str
+    a: int
+    b: int
+    answer: int
+    operator: str
+    cf_text: str
+
+
+def parse_typed_prompt(text: str, *, filler_seed: int = 0) -> TypedProblem:
+    """Find the operation and operands in free text ("What is 7 times 8?").
+
+    Raises PromptError with a message that says why the prompt cannot be used.
+    """
+    if text is None or not text.strip():
+        raise PromptError("the prompt is empty: type an arithmetic question such as 'What is 7 times 8?'")
+    if len(text) > MAX_TYPED_CHARS:
+        raise PromptError(f"the prompt has {len(text)} characters; keep it under {MAX_TYPED_CHARS}")
+    numbers = re.findall(r"[0-9]+", text)
+    if not numbers:
+        raise PromptError("the prompt contains no numbers (digits 0-9): write two operands, e.g. '3 + 5 ='")
+    if len(numbers) < 2:
+        raise PromptError("the prompt contains only one number: an operation needs two operands")
+    matches = []
+    for pat, op, rev in _PATTERNS:
+        m = pat.search(text)
+        if m:
+            matches.append((m, op, rev))
+    if not matches:
+        raise PromptError("no operation found: use +, -, *, /, ^ or words such as plus, minus, times, "
+                          "divided by, sum of, difference between, product of, quotient of")
+    m, op, rev = min(matches, key=lambda x: x[0].start())
+    groups = m.groups()
+    if groups[0] is not None and not groups[0].lstrip("-").isdigit():  # operator first: "sum of A and B"
+        operator, x, y = groups[0], int(groups[1]), int(groups[2])
+        op_span = m.span(1)
+    else:
+        x, operator, y = int(groups[0]), groups[1], int(groups[2])
+        op_span = m.span(2)
+    a, b = (y, x) if rev else (x, y)
+    if op == "div" and (b == 0 or a % b):
+        raise PromptError(f"{a} / {b} is not a whole number: the lab studies exact integer answers")
+    if op == "pow" and (b < 0 or b > 12):
+        raise PromptError("exponents must lie between 0 and 12")
+    answer = compute_answer(op, a, b)
+    pool = list(CF_WORDS if operator[0].isalpha() else CF_SYMBOLS)
+    filler = pool[filler_seed % len(pool)]
+    cf_text = text[:op_span[0]] + filler + text[op_span[1]:]
+    return TypedProblem(text=text, op=op, a=a, b=b, answer=answer, operator=operator, cf_text=cf_text)
+
+
+@dataclass(frozen=True)
+class TypedIds:
+    """A typed prompt after the answer-token rule: what the model reads, and what was understood."""
+
+    ids: list[int]                      # the prompt ids, ending where the answer's first token is predicted
+    parsed: TypedProblem | None         # None when the prompt does not parse (``error`` says why)
+    answer: AnswerTokens | None         # the answer's tokens (parsed prompts only)
+    error: str | None = None            # why no answer / counterfactual is known
+    rule_applied: bool = True           # False: read exactly as typed (the rule could not be applied)
+
+
+def typed_prompt_ids(tokenizer: TokenizerLike, text: str) -> TypedIds:
+    """The answer-token rule for a typed prompt -- the one function behind CLI ``--text`` and the pages.
+
+    Parsed prompts: :func:`answer_tokens` with the computed answer.  Unparsed prompts: the same rule
+    with a placeholder digit (the whitespace a tokenizer emits before a number does not depend on the
+    number), so the last position is still where a number would be predicted.
+    """
+    stripped = text.rstrip()
+    try:
+        parsed: TypedProblem | None = parse_typed_prompt(text)
+        error = None
+    except PromptError as e:
+        parsed, error = None, str(e)
+    if parsed is not None:
+        try:
+            at = answer_tokens(tokenizer, stripped, parsed.answer)
+            return TypedIds(at.prompt_ids, parsed, at)
+        except PromptError as e:
+            error = f"the answer cannot be located in the tokens ({e})"
+    try:
+        return TypedIds(answer_tokens(tokenizer, stripped, 0).prompt_ids, None, None, error)
+    except PromptError:
+        return TypedIds(list(tokenizer(text)["input_ids"]), None, None, error, rule_applied=False)

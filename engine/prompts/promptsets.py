@@ -1,0 +1,212 @@
+"""A prompt set: which prompts to generate (ops, families, n, seed, operand range), for one tokenizer.
+
+The same :class:`PromptSetSpec` is used by the CLI, the pages and the cache key, so that a set is
+described once and generated identically everywhere.
+
+**Balance rule** (``balance=True``, the default).  Tokenizers that split numbers into digits (Llama,
+Qwen2, SmolLM2, the bundled model) give every answer from 10 to 19 -- all additions of 1..9 above 9 --
+the same first answer token "1", so an unbalanced set measures mostly "predict a 1".  A balanced set
+samples ``BALANCE_OVERSAMPLE`` times ``n`` candidate problems per operation (seeded, as usual),
+tokenizes them, groups them by first answer token and takes them round-robin over the groups (in
+order of first appearance) until ``n`` are chosen: no first answer token holds more than its share
+unless the other tokens run out of candidates.  The flag and :data:`BALANCE_RULE` are part of the
+spec's params, and the chosen pairs are part of the prompt-set hash, so cached results of balanced
+and unbalanced sets never mix.  :func:`answer_token_stats` reports the distribution of any set and
+warns when one token holds more than :data:`DOMINANT_SHARE` of it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from engine.prompts.pairs import (ANSWER_TOKEN_RULE, OperandRange, Problem, PromptError, PromptPair, build_pairs,
+                            sample_problems)
+from engine.prompts.templates import FAMILIES, OPS, PAPER_FAMILIES, PAPER_OPS, WORD_PROBLEM_FAMILIES
+
+FAMILY_GROUPS: dict[str, tuple[str, ...]] = {
+    "paper": PAPER_FAMILIES,
+    "word": WORD_PROBLEM_FAMILIES,
+    # every family of the paper's operations plus exponentiation's own; the "notation" skill family
+    # (typeset signs the bundled model was never taught) is only used when named
+    "all": tuple(f for f in FAMILIES if f != "notation"),
+}
+
+
+#: Candidates sampled per wanted prompt when balancing (module docstring).
+BALANCE_OVERSAMPLE = 10
+#: Names the balance rule in the spec's params (change it when the rule changes: old cache entries stay apart).
+BALANCE_RULE = f"round-robin over first answer tokens of {BALANCE_OVERSAMPLE}x n candidates per op (v1)"
+#: A set whose most frequent first answer token holds more than this share gets a warning.
+DOMINANT_SHARE = 0.40
+
+
+def parse_ops(text: str) -> tuple[str, ...]:
+    """``add`` / ``add,mul`` / ``all`` (= the paper's +, -, *, /) -> tuple of ops."""
+    if text is None or not str(text).strip():
+        raise PromptError("no operation given: choose add, sub, mul, div, pow or all")
+    if text.strip() == "all":
+        return PAPER_OPS
+    ops = tuple(o.strip() for o in text.split(",") if o.strip())
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        raise PromptError(f"unknown operation {', '.join(bad)}: choose from {', '.join(OPS)} or all")
+    return ops
+
+
+def parse_families(text: str) -> tuple[str, ...]:
+    """``paper`` (default) / ``word`` / ``all`` / a comma list of family names."""
+    if text in FAMILY_GROUPS:
+        return FAMILY_GROUPS[text]
+    fams = tuple(f.strip() for f in text.split(",") if f.strip())
+    bad = [f for f in fams if f not in FAMILIES]
+    if bad or not fams:
+        raise PromptError(f"unknown template family {', '.join(bad) or repr(text)}: choose paper, word, "
+                          f"all or from {', '.join(FAMILIES)}")
+    return fams
+
+
+def parse_operands(text: str) -> tuple[int, int]:
+    """``1-9`` -> (1, 9)."""
+    try:
+        lo, hi = (int(x) for x in text.split("-", 1))
+    except ValueError as e:
+        raise PromptError(f"operand range {text!r} is not of the form LO-HI, e.g. 1-9") from e
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class PromptSetSpec:
+    ops: tuple[str, ...] = PAPER_OPS
+    n: int = 100  # per op
+    seed: int = 0
+    families: tuple[str, ...] = PAPER_FAMILIES
+    operand_lo: int = 1
+    operand_hi: int = 9
+    allow_negative: bool = False
+    max_exponent: int = 3
+    balance: bool = True  # balanced first answer tokens (module docstring)
+
+    def __post_init__(self) -> None:
+        if self.n <= 0:
+            raise PromptError(f"n must be a positive number of prompts, got {self.n}")
+        if self.n > 100_000:
+            raise PromptError(f"n={self.n} is too large: at most 100000 prompts per operation")
+        parse_ops(",".join(self.ops))
+        OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent)
+
+    def to_params(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ops"] = list(self.ops)
+        d["families"] = list(self.families)
+        d["answer_token_rule"] = ANSWER_TOKEN_RULE
+        d["balance_rule"] = BALANCE_RULE if self.balance else "none"
+        return d
+
+    @property
+    def operand_range(self) -> OperandRange:
+        return OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent)
+
+
+@dataclass(frozen=True)
+class GeneratedSet:
+    pairs: list[PromptPair]               # the set, n per operation at most
+    dropped: list[tuple[Problem, str]]    # candidates that could not be tokenized into a pair, and why
+    candidates: int                       # problems sampled (BALANCE_OVERSAMPLE x n per op when balanced)
+
+
+def balanced(pairs: Sequence[PromptPair], n: int) -> list[PromptPair]:
+    """Per operation, ``n`` pairs taken round-robin over the groups of equal first answer token.
+
+    Groups are visited in order of their first appearance, each group in its own order, so the choice
+    is as seeded as ``pairs``; the chosen pairs keep their original order.
+    """
+    chosen: set[int] = set()
+    by_op: dict[str, dict[int, list[int]]] = defaultdict(dict)
+    for i, p in enumerate(pairs):
+        by_op[p.op].setdefault(p.answer_id, []).append(i)
+    for groups in by_op.values():
+        queues = [list(reversed(g)) for g in groups.values()]
+        taken = 0
+        while taken < n and any(queues):
+            for q in queues:
+                if q and taken < n:
+                    chosen.add(q.pop())
+                    taken += 1
+    return [p for i, p in enumerate(pairs) if i in chosen]
+
+
+def generate_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
+    """Tokenized pairs of the spec (balanced when ``spec.balance``), with every dropped candidate."""
+    n_sample = spec.n * BALANCE_OVERSAMPLE if spec.balance else spec.n
+    problems = sample_problems(spec.ops, n_sample, spec.seed, operands=spec.operand_range,
+                               families=spec.families)
+    pairs, dropped = build_pairs(tokenizer, problems)
+    if not pairs:
+        reason = dropped[0][1] if dropped else "no problems"
+        raise PromptError(f"no usable prompt pairs for this tokenizer: {reason}")
+    if spec.balance:
+        pairs = balanced(pairs, spec.n)
+    return GeneratedSet(pairs, dropped, len(problems))
+
+
+def generate(tokenizer, spec: PromptSetSpec) -> tuple[list[PromptPair], int]:
+    """Tokenized pairs of the spec, and how many candidates had to be dropped (no equal-length X_c)."""
+    gen = generate_set(tokenizer, spec)
+    return gen.pairs, len(gen.dropped)
+
+
+# ---------------------------------------------------------------------------------------------
+# answer-token distribution
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AnswerTokenStats:
+    """Distribution of the first answer tokens of a set of pairs, in all and per operation."""
+
+    n: int
+    counts: dict[str, int]               # first answer token (as the tokenizer writes it) -> pairs, most first
+    per_op: dict[str, dict[str, int]]    # the same per operation
+    top_op: str                          # the operation whose most frequent token has the largest share
+    top_token: str
+    top_share: float                     # that token's share of that operation's pairs
+
+    @property
+    def warning(self) -> str | None:
+        """A sentence when one token holds more than DOMINANT_SHARE of an operation's pairs, else None."""
+        if self.top_share <= DOMINANT_SHARE:
+            return None
+        return (f"{self.top_share:.0%} of the {self.top_op} prompts have the same first answer token "
+                f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. "
+                f"Use a balanced set (the default; the CLI's --no-balance turns it off); if it is balanced "
+                f"already, keeping only the prompts the model answers right unbalanced it: use more prompts or "
+                f"other operations.")
+
+    def summary(self) -> str:
+        """One line (Markdown) for the pages: each token with its count and share."""
+        return " · ".join(f"`{t}` {c} ({c / self.n:.0%})" for t, c in self.counts.items())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n": self.n, "counts": self.counts, "per_op": self.per_op, "top_op": self.top_op,
+                "top_token": self.top_token, "top_share": round(self.top_share, 4), "warning": self.warning}
+
+
+def _token_counts(tokenizer, pairs: Sequence[PromptPair]) -> dict[str, int]:
+    ids = Counter(p.answer_id for p in pairs)
+    toks = tokenizer.convert_ids_to_tokens(list(ids))
+    return {str(t): c for t, c in sorted(zip(toks, ids.values()), key=lambda x: (-x[1], str(x[0])))}
+
+
+def answer_token_stats(tokenizer, pairs: Sequence[PromptPair]) -> AnswerTokenStats:
+    """How often each first answer token occurs in ``pairs`` (real tokenization: the pairs' ids)."""
+    if not pairs:
+        raise PromptError("no prompt pairs: nothing to count")
+    by_op: dict[str, list[PromptPair]] = defaultdict(list)
+    for p in pairs:
+        by_op[p.op].append(p)
+    per_op = {op: _token_counts(tokenizer, ps) for op, ps in by_op.items()}
+    top_op = max(per_op, key=lambda op: next(iter(per_op[op].values())) / len(by_op[op]))
+    top_token, top_n = next(iter(per_op[top_op].items()))
+    return AnswerTokenStats(len(pairs), _token_counts(tokenizer, pairs), per_op, top_op, top_token,
+                            top_n / len(by_op[top_op]))

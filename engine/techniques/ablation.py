@@ -1,0 +1,482 @@
+"""Mean-ablation knockouts: does accuracy collapse without the key heads? (Zhang et al. 2024, §4.1, Fig. 3)
+
+A knocked-out component's output is replaced by its **mean over the counterfactual prompts** X_c,
+so that it carries no information about the operation while keeping its typical magnitude.
+
+Averaging rule.  Activations are averaged position by position with prompts **aligned at the END**
+(right-aligned: offset 0 is the last prompt token, offset 1 the one before ...), separately for each
+template; prompts of one template then line up token for token even when a name or object takes a
+different number of tokens.  A prompt whose template is not in the set (a typed prompt) gets the
+mean over all counterfactual prompts, END-aligned.  An offset that some prompts lack is averaged
+over those that have it; one that no prompt has keeps the prompt's own activation.
+
+For heads, the ablated activation is the head's output before W_O (``hook_z``, [batch, pos, head,
+d_head]); for MLPs, the MLP output (``hook_mlp_out``).
+
+Validation (Fig. 3): knock out the top-k heads by path-patching effect and compare the accuracy with
+knocking out k random heads (many draws: mean and spread), k = 0..K.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.techniques.batching import pad, pad_id
+from engine.progress import current_check
+from engine.prompts.pairs import PromptPair
+
+ProgressFn = Callable[[int, int], None]
+ALL = "*"
+
+
+@dataclass(frozen=True)
+class Knockout:
+    """What to ablate: heads as (layer, head) and whole MLP layers."""
+
+    heads: tuple[tuple[int, int], ...] = ()
+    mlps: tuple[int, ...] = ()
+
+    def validate(self, n_layers: int, n_heads: int) -> "Knockout":
+        for layer, head in self.heads:
+            if not (0 <= layer < n_layers and 0 <= head < n_heads):
+                raise ValueError(f"head {layer}.{head} does not exist: layers 0..{n_layers - 1}, "
+                                 f"heads 0..{n_heads - 1}")
+        for layer in self.mlps:
+            if not 0 <= layer < n_layers:
+                raise ValueError(f"MLP {layer} does not exist: layers 0..{n_layers - 1}")
+        return Knockout(tuple(sorted(set(self.heads))), tuple(sorted(set(self.mlps))))
+
+    @property
+    def empty(self) -> bool:
+        return not self.heads and not self.mlps
+
+
+def parse_heads(text: str) -> tuple[tuple[int, int], ...]:
+    """``"3.1,5.0"`` -> ((3, 1), (5, 0))."""
+    out = []
+    for part in (p.strip() for p in (text or "").split(",")):
+        if not part:
+            continue
+        try:
+            layer, head = (int(x) for x in part.split("."))
+        except ValueError:
+            raise ValueError(f"head {part!r} is not LAYER.HEAD, e.g. 3.1") from None
+        out.append((layer, head))
+    return tuple(out)
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in (text or "").split(",") if p.strip())
+    except ValueError:
+        raise ValueError(f"MLP list {text!r} is not comma-separated layer numbers, e.g. 4,5") from None
+
+
+@dataclass
+class MeanActivations:
+    """END-aligned means over X_c, per template and over all (``*``), stacked by group."""
+
+    groups: list[str]      # group names; index 0 is ``*``
+    z: torch.Tensor        # [G, L, T, H, d_head]; offset t counts back from END
+    mlp: torch.Tensor      # [G, L, T, d_model]
+    count: torch.Tensor    # [G, T] number of prompts that have offset t
+
+    def index(self, template: str | None) -> int:
+        try:
+            return self.groups.index(template) if template is not None else 0
+        except ValueError:
+            return 0
+
+
+_MEMO: dict[tuple[str, str], MeanActivations] = {}
+
+
+@torch.no_grad()
+def mean_activations(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64
+                     ) -> MeanActivations:
+    """Means of every head's z and every MLP's output over the counterfactual prompts.
+
+    Memoized per (model fingerprint, prompt-set hash): a knockout page re-run reuses them.
+    """
+    from engine.prompts.pairs import prompt_set_hash
+    if not pairs:
+        raise ValueError("no prompt pairs to average over")
+    key = (backend.facts.fingerprint, prompt_set_hash(pairs))
+    if key in _MEMO:
+        return _MEMO[key]
+    L = backend.facts.n_layers
+    names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    T = max(len(p.cf_ids) for p in pairs)
+    groups = [ALL] + sorted({p.template for p in pairs})
+    gi = {g: i for i, g in enumerate(groups)}
+    sums_z: torch.Tensor | None = None
+    sums_m: torch.Tensor | None = None
+    counts = torch.zeros(len(groups), T)
+    pad_token = pad_id(backend)
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, mask, end = pad([p.cf_ids for p in chunk], pad_token)
+        _, c = backend.run_with_cache(ids, mask, names)
+        z = torch.stack([c[hooks.attn_z(layer)] for layer in range(L)], 1).float().cpu()  # [b, L, pos, H, dh]
+        m = torch.stack([c[hooks.mlp_out(layer)] for layer in range(L)], 1).float().cpu()  # [b, L, pos, d]
+        if sums_z is None:
+            sums_z = torch.zeros((len(groups), L, T) + tuple(z.shape[3:]))
+            sums_m = torch.zeros((len(groups), L, T, m.shape[-1]))
+        for i, p in enumerate(chunk):
+            n = int(end[i]) + 1
+            zi = z[i, :, :n].flip(1)  # [L, n, H, dh], offset 0 = END
+            mi = m[i, :, :n].flip(1)
+            for g in (0, gi[p.template]):
+                sums_z[g, :, :n] += zi
+                sums_m[g, :, :n] += mi
+                counts[g, :n] += 1
+    denom = counts.clamp_min(1)
+    out = MeanActivations(groups, sums_z / denom[:, None, :, None, None], sums_m / denom[:, None, :, None], counts)
+    if len(_MEMO) > 16:
+        _MEMO.clear()
+    _MEMO[key] = out
+    return out
+
+
+def _replacement(mean: torch.Tensor, count: torch.Tensor, gidx: torch.Tensor, ends: torch.Tensor,
+                 width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """END-aligned mean values for a batch, and where they apply.
+
+    mean: [G, T, ...] (one layer), count: [G, T], gidx/ends: [b] -> ([b, width, ...], mask [b, width])
+    """
+    T = mean.shape[1]
+    offs = ends[:, None] - torch.arange(width)[None, :]          # [b, width]: offset from END
+    ok = (offs >= 0) & (offs < T)
+    offs_c = offs.clamp(0, T - 1)
+    ok &= count[gidx[:, None], offs_c] > 0
+    return mean[gidx[:, None], offs_c], ok
+
+
+def head_masks(kos: Sequence[Knockout], n_layers: int, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which heads / MLPs each knockout ablates: ([n, L, H] bool, [n, L] bool)."""
+    heads = torch.zeros(len(kos), n_layers, n_heads, dtype=torch.bool)
+    mlps = torch.zeros(len(kos), n_layers, dtype=torch.bool)
+    for i, ko in enumerate(kos):
+        for layer, head in ko.heads:
+            heads[i, layer, head] = True
+        for layer in ko.mlps:
+            mlps[i, layer] = True
+    return heads, mlps
+
+
+@contextmanager
+def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: torch.Tensor,
+                     means: MeanActivations, templates: Sequence[str | None], ends: Sequence[int]
+                     ) -> Iterator[None]:
+    """Within the block, forward passes run with a knockout **per row** of the batch.
+
+    head_mask: [batch, L, H] bool (row r ablates head (l, h) where True); mlp_mask: [batch, L];
+    templates / ends: one per row (which means apply, END-aligned).  Rows of one batch may carry
+    different knockouts, so several knockout sets share one forward pass.
+    """
+    gidx = torch.tensor([means.index(t) for t in templates])
+    end_t = torch.tensor(list(ends))
+    L = backend.facts.n_layers
+
+    def z_edit(layer: int):
+        rows_heads = head_mask[:, layer]  # [batch, H]
+
+        def fn(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, H, d_head]
+            repl, ok = _replacement(means.z[:, layer], means.count, gidx, end_t, act.shape[1])
+            where = (ok[:, :, None] & rows_heads[:, None, :]).to(act.device)[..., None]  # [batch, pos, H, 1]
+            return torch.where(where, repl.to(act.device, act.dtype), act)
+        return fn
+
+    def mlp_edit(layer: int):
+        rows_on = mlp_mask[:, layer]  # [batch]
+
+        def fn(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model]
+            repl, ok = _replacement(means.mlp[:, layer], means.count, gidx, end_t, act.shape[1])
+            where = (ok & rows_on[:, None]).to(act.device)[:, :, None]  # [batch, pos, 1]
+            return torch.where(where, repl.to(act.device, act.dtype), act)
+        return fn
+
+    edits = [(hooks.attn_z(layer), z_edit(layer)) for layer in range(L) if bool(head_mask[:, layer].any())]
+    edits += [(hooks.mlp_out(layer), mlp_edit(layer)) for layer in range(L) if bool(mlp_mask[:, layer].any())]
+    check = current_check()
+    if check is not None:  # a stop request ends the pass at the next layer, not at its end
+
+        def probe(act: torch.Tensor) -> None:
+            check()
+        edits += [(hooks.resid_pre(layer), probe) for layer in range(L)]
+    with backend.hooks(edits):
+        yield
+
+
+@contextmanager
+def knocked_out(backend: ModelBackend, ko: Knockout, means: MeanActivations,
+                templates: Sequence[str | None], ends: Sequence[int]) -> Iterator[None]:
+    """Within the block, forward passes of a batch (one template / END index per row) run ablated."""
+    ko = ko.validate(backend.facts.n_layers, backend.facts.n_heads)
+    heads, mlps = head_masks([ko], backend.facts.n_layers, backend.facts.n_heads)
+    n = len(templates)
+    with knocked_out_rows(backend, heads.expand(n, -1, -1), mlps.expand(n, -1), means, templates, ends):
+        yield
+
+
+DEFAULT_TOKENS_PER_PASS = 4096  # rows x width of one batched knockout pass (END-only logits)
+CALL_MACS_PER_LAYER = 15e6  # a forward call's fixed cost (hook dispatch, per layer), in multiply-accumulates
+
+
+def _padding_pays(backend: ModelBackend, pairs: Sequence[PromptPair], n_sets: int, n_chunks: int,
+                  tokens_per_pass: int) -> bool:
+    """True when one padded pass of every set costs less than one pass per prompt length: the work
+    fits one pass and the padding's multiply-accumulates are fewer than the calls it saves (a small
+    model, where a call's fixed cost dominates)."""
+    from engine.backends.base import macs_per_position
+    width = max(len(p.ref_ids) for p in pairs)
+    if n_chunks <= 1 or n_sets * len(pairs) * width > tokens_per_pass:
+        return False
+    body, _, _ = macs_per_position(backend.facts)
+    waste = n_sets * (len(pairs) * width - sum(len(p.ref_ids) for p in pairs)) * body
+    return waste < (n_chunks - 1) * backend.facts.n_layers * CALL_MACS_PER_LAYER
+
+
+def distinct_knockouts(kos: Sequence[Knockout], n_layers: int, n_heads: int) -> list[Knockout]:
+    """The distinct knockout sets among ``kos`` (validated, so order and repeats do not matter)."""
+    return list(dict.fromkeys(ko.validate(n_layers, n_heads) for ko in kos))
+
+
+def length_chunks(pairs: Sequence[PromptPair], tokens_per_pass: int) -> list[list[int]]:
+    """Indices of ``pairs`` in chunks of equal prompt length (so no padding), each chunk at most
+    ``tokens_per_pass`` tokens (one prompt at least)."""
+    by_len: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(pairs):
+        by_len[len(p.ref_ids)].append(i)
+    out = []
+    for length, idx in sorted(by_len.items()):
+        cap = max(1, tokens_per_pass // max(length, 1))
+        out += [idx[j:j + cap] for j in range(0, len(idx), cap)]
+    return out
+
+
+@torch.no_grad()
+def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequence[Knockout],
+                        means: MeanActivations, *, sets_per_pass: int | None = None,
+                        tokens_per_pass: int = DEFAULT_TOKENS_PER_PASS,
+                        progress: ProgressFn | None = None) -> list[float]:
+    """First-token accuracy of the reference prompts under each knockout of ``kos``.
+
+    Each **distinct** knockout set is evaluated once, reading only the END position's logits.  The
+    prompts go in chunks of equal length (no padding, see :func:`length_chunks`), and several sets
+    share one forward pass (the chunk repeated, each copy with its own head mask): ``sets_per_pass``
+    of them, or as many as fit ``tokens_per_pass``.  So the forward passes number, per chunk,
+    ceil(distinct sets / sets per pass).  Work that fits one pass anyway (every set x every prompt,
+    padded, within ``tokens_per_pass``; ``sets_per_pass`` not given) is one padded pass when the
+    padding costs less than the calls it saves (:func:`_padding_pays`: a small model).  ``progress(done, total)`` is called after every pass
+    (chunk x knockout-set evaluations so far); an exception raised there stops the computation.
+    """
+    if not pairs:
+        raise ValueError("no prompt pairs")
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    valid = [ko.validate(L, H) for ko in kos]
+    distinct = distinct_knockouts(valid, L, H)
+    if not distinct:
+        return []
+    answers = torch.tensor([p.answer_id for p in pairs])
+    right = torch.zeros(len(distinct), dtype=torch.long)
+    heads_all, mlps_all = head_masks(distinct, L, H)
+    chunks = length_chunks(pairs, tokens_per_pass)
+    if sets_per_pass is None and _padding_pays(backend, pairs, len(distinct), len(chunks), tokens_per_pass):
+        chunks = [list(range(len(pairs)))]  # small work on a small model: one padded pass
+    pad_token = pad_id(backend)
+    total, done = len(distinct) * len(chunks), 0
+    for idx in chunks:
+        chunk = [pairs[i] for i in idx]
+        ids, mask, end = pad([p.ref_ids for p in chunk], pad_token)  # [n, width]; no padding within a length chunk
+        n, width = ids.shape
+        if bool(mask.all()):
+            mask = None
+        per_pass = sets_per_pass or max(1, tokens_per_pass // (n * width))
+        for g in range(0, len(distinct), per_pass):
+            m = min(per_pass, len(distinct) - g)
+            hm = heads_all[g:g + m].repeat_interleave(n, 0)  # [m * n, L, H]: set-major rows
+            mm = mlps_all[g:g + m].repeat_interleave(n, 0)
+            with knocked_out_rows(backend, hm, mm, means, [p.template for p in chunk] * m, end.tolist() * m):
+                lg = backend.end_logits(ids.repeat(m, 1), None if mask is None else mask.repeat(m, 1),
+                                        end.repeat(m))  # [m * n, vocab]
+            pred = lg.argmax(-1).cpu().view(m, n)
+            right[g:g + m] += (pred == answers[idx][None, :]).sum(1)
+            done += m
+            if progress is not None:
+                progress(done, total)
+    acc = {ko: float(r) / len(pairs) for ko, r in zip(distinct, right.tolist())}
+    return [acc[ko] for ko in valid]
+
+
+@torch.no_grad()
+def knockout_accuracy(backend: ModelBackend, pairs: Sequence[PromptPair], ko: Knockout,
+                      means: MeanActivations, *, end_only: bool = True, batch_size: int = 128) -> float:
+    """First-token accuracy of the reference prompts with ``ko`` ablated.
+
+    ``end_only=False`` is the former path (full ``[batch, pos, vocab]`` logits, then the END row),
+    kept for the exactness test and the before/after benchmark (``bench/sweeps.py``)."""
+    if end_only:
+        return knockout_accuracies(backend, pairs, [ko], means)[0]
+    if not pairs:
+        raise ValueError("no prompt pairs")
+    pad_token = pad_id(backend)
+    right = 0
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, mask, end = pad([p.ref_ids for p in chunk], pad_token)
+        with knocked_out(backend, ko, means, [p.template for p in chunk], end.tolist()):
+            lg = backend.logits(ids, mask)
+        pred = lg[torch.arange(len(chunk)), end.to(lg.device)].argmax(-1).cpu()
+        right += int((pred == torch.tensor([p.answer_id for p in chunk])).sum())
+    return right / len(pairs)
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    token: str
+    token_id: int
+    prob: float
+
+
+@torch.no_grad()
+def top_next_tokens(backend: ModelBackend, ids: Sequence[int], *, k: int = 5, ko: Knockout | None = None,
+                    means: MeanActivations | None = None) -> list[TokenProb]:
+    """The k most likely next tokens after ``ids`` (optionally under a knockout)."""
+    x = torch.tensor([list(ids)])
+    end = torch.tensor([len(ids) - 1])
+    if ko is not None and not ko.empty:
+        if means is None:
+            raise ValueError("a knockout needs mean activations")
+        with knocked_out(backend, ko, means, [None], [len(ids) - 1]):
+            lg = backend.end_logits(x, None, end)  # [1, vocab]
+    else:
+        lg = backend.end_logits(x, None, end)
+    p = torch.softmax(lg[0].float(), -1)
+    vals, idx = p.topk(min(k, p.shape[0]))
+    toks = backend.tokenizer.convert_ids_to_tokens(idx.tolist())
+    return [TokenProb(str(t), int(i), float(v)) for t, i, v in zip(toks, idx.tolist(), vals.tolist())]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    k: int
+    top_accuracy: float
+    random_mean: float
+    random_std: float
+    random_min: float
+    random_max: float
+
+
+def curve_knockouts(n_layers: int, n_heads: int, ranked_heads: Sequence[tuple[int, int]], *, k_max: int,
+                    draws: int, seed: int = 0) -> list[tuple[int, Knockout, list[Knockout]]]:
+    """The knockout sets of the Fig. 3 curve: for k = 0..k_max, (k, top-k set, ``draws`` random k-sets).
+
+    The random draws are the same for a given seed whatever the evaluation order."""
+    if k_max < 0:
+        raise ValueError("k_max must be >= 0")
+    if k_max > n_layers * n_heads:
+        raise ValueError(f"k_max={k_max} exceeds the model's {n_layers * n_heads} heads")
+    if draws < 1:
+        raise ValueError("draws must be >= 1")
+    rng = random.Random(seed)
+    every = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    return [(k, Knockout(tuple(ranked_heads[:k])), [Knockout(tuple(rng.sample(every, k))) for _ in range(draws)])
+            for k in range(k_max + 1)]
+
+
+def knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]],
+                   means: MeanActivations, *, k_max: int, draws: int = 10, seed: int = 0,
+                   progress: ProgressFn | None = None, batched: bool = True,
+                   sets_per_pass: int | None = None) -> list[CurvePoint]:
+    """Fig. 3: accuracy after knocking out the top-k heads (effect rank) vs k random heads.
+
+    Every distinct knockout set (k = 0 once, repeated draws once) is evaluated once, END-only, several
+    per forward pass (:func:`knockout_accuracies`).  ``batched=False`` is the former implementation
+    (one full-logits evaluation per (k, draw), duplicates included), kept for ``bench/sweeps.py``'s
+    before/after comparison; both give the same points.
+    """
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    plan = curve_knockouts(L, H, ranked_heads, k_max=k_max, draws=draws, seed=seed)
+    if batched:
+        flat = [ko for _, top, rand in plan for ko in [top, *rand]]
+        accs = dict(zip([ko.validate(L, H) for ko in flat],
+                        knockout_accuracies(backend, pairs, flat, means, sets_per_pass=sets_per_pass,
+                                            progress=progress)))
+    else:
+        accs = {}
+        total, done = len(plan) * (draws + 1), 0
+        for _, top, rand in plan:
+            for ko in [top, *rand]:
+                accs[ko.validate(L, H)] = knockout_accuracy(backend, pairs, ko, means, end_only=False)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+    out = []
+    for k, top, rand in plan:
+        t = torch.tensor([accs[ko.validate(L, H)] for ko in rand])
+        out.append(CurvePoint(k, accs[top.validate(L, H)], float(t.mean()), float(t.std(unbiased=False)),
+                              float(t.min()), float(t.max())))
+    return out
+
+
+def _curve_params(backend: ModelBackend, ranked_heads: Sequence[tuple[int, int]], k_max: int, draws: int,
+                  seed: int) -> dict:
+    return {"ranked": [list(h) for h in ranked_heads[:k_max]], "k_max": k_max, "draws": draws, "seed": seed,
+            "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned"}
+
+
+def _curve_points(rows) -> list[CurvePoint]:
+    by_k: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        by_k[int(r.layer)][r.metric] = float(r.value)
+    return [CurvePoint(k, **v) for k, v in sorted(by_k.items())]
+
+
+def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
+                          ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
+                          cache=None, progress: ProgressFn | None = None) -> tuple[list[CurvePoint], bool]:
+    """:func:`knockout_curve` through the result cache: (points, computed)."""
+    from cache import ResultRow
+    from engine.results import run_cached
+
+    def compute():
+        pts = knockout_curve(backend, pairs, ranked_heads, mean_activations(backend, pairs), k_max=k_max,
+                             draws=draws, seed=seed, progress=progress)
+        return [ResultRow(layer=p.k, head=None, label=None, metric=m, value=getattr(p, m))
+                for p in pts for m in ("top_accuracy", "random_mean", "random_std", "random_min", "random_max")], None
+
+    params = _curve_params(backend, ranked_heads, k_max, draws, seed)
+    rows, _, computed = run_cached(backend, pairs, "knockout_curve", params, compute, cache)
+    return _curve_points(rows), computed
+
+
+def stored_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
+                          ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
+                          cache=None) -> list[CurvePoint] | None:
+    """The curve of :func:`cached_knockout_curve` if the cache holds it, else None (no forward pass)."""
+    from engine.results import stored
+    hit = stored(backend, pairs, "knockout_curve", _curve_params(backend, ranked_heads, k_max, draws, seed), cache)
+    return None if hit is None else _curve_points(hit[0])
+
+
+def curve_cost(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]], *,
+               k_max: int, draws: int, seed: int = 0) -> float:
+    """Forward-equivalents the curve costs: distinct knockout sets x one END-only pass of the prompts
+    (the blocks at every real token, the unembedding at END), relative to one padded full-logits pass."""
+    from engine.backends.base import macs_per_position
+    f = backend.facts
+    plan = curve_knockouts(f.n_layers, f.n_heads, ranked_heads, k_max=k_max, draws=draws, seed=seed)
+    n_sets = len(distinct_knockouts([ko for _, top, rand in plan for ko in [top, *rand]], f.n_layers, f.n_heads))
+    body, unembed, _ = macs_per_position(f)
+    real = sum(len(p.ref_ids) for p in pairs)
+    padded = len(pairs) * max(len(p.ref_ids) for p in pairs)
+    return n_sets * (real * body + len(pairs) * unembed) / (padded * (body + unembed))

@@ -1,0 +1,180 @@
+"""Accuracy of a model on prompt pairs, and the filter that keeps only correctly answered prompts.
+
+Zhang et al. keep only the reference prompts the model answers right before any analysis.  Two
+measures are reported:
+
+* **first-token accuracy** -- argmax of the next-token logits at END (the last prompt position,
+  after the answer-token rule of :mod:`engine.prompts.pairs`) equals the first answer token;
+* **full-answer accuracy** -- greedy decoding reproduces every token of the number and then stops
+  the number (the next greedy token holds no digit).  Computed exactly with one teacher-forced
+  forward pass over ``ref_ids + answer_ids``: greedy decoding emits the gold tokens if and only if
+  the argmax at each of those positions is the gold token.  This is cheaper than greedy decoding
+  even with a KV cache (one pass for every answer token at once, no decoding loop), and only the
+  ``len(answer) + 1`` positions from END on go through the final norm and the unembedding
+  (``ModelBackend.logits_at``), never the full ``[batch, pos, vocab]`` tensor.
+
+The scores of a prompt set are memoized per (model fingerprint, prompt-set hash), so the prompt
+filter (:func:`kept_pairs`) and the accuracy table (:func:`accuracy_report`) of the same set share
+one forward pass.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from engine.prompts.pairs import PromptPair
+
+ProgressFn = Callable[[int, int], None]  # (done, total)
+
+
+@dataclass(frozen=True)
+class PairScore:
+    first_ok: bool
+    full_ok: bool
+    p_answer: float  # softmax probability of the first answer token at END
+
+
+def _number_piece_ids(tokenizer, vocab_size: int) -> "set[int]":
+    toks = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
+    return {i for i, t in enumerate(toks) if t is not None and any(c.isdigit() for c in t)}
+
+
+_SCORES: dict[tuple[str, str, int], list[PairScore]] = {}
+
+
+def score_pairs(model, pairs: Sequence[PromptPair], *, batch_size: int = 64,
+                progress: ProgressFn | None = None) -> list[PairScore]:
+    """First-token / full-answer correctness of each pair (see module docstring).
+
+    ``model`` is an :class:`engine.backends.base.ModelBackend`.  Memoized per (model fingerprint,
+    prompt-set hash): the filter and the accuracy table of one set run the forward pass once.
+    """
+    from engine.prompts.pairs import prompt_set_hash
+    if not pairs:
+        return []
+    key = (model.facts.fingerprint, prompt_set_hash(pairs), hash(tuple(tuple(p.answer_ids) for p in pairs)))
+    if key not in _SCORES:
+        scores = _score(model, pairs, batch_size=batch_size, progress=progress)
+        if len(_SCORES) > 32:
+            _SCORES.clear()
+        _SCORES[key] = scores
+    return list(_SCORES[key])
+
+
+def _score(model, pairs: Sequence[PromptPair], *, batch_size: int, progress: ProgressFn | None
+           ) -> list[PairScore]:
+    import torch
+
+    from engine.techniques.batching import pad as pad_batch
+    from engine.techniques.batching import pad_id
+
+    digit_ids = _number_piece_ids(model.tokenizer, model.facts.vocab_size)
+    pad = pad_id(model)
+    scores: list[PairScore] = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start:start + batch_size]
+        seqs = [p.ref_ids + p.answer_ids for p in chunk]
+        ids, mask, _ = pad_batch(seqs, pad)
+        # positions END .. END + len(answer) of each row (the last one repeated as padding)
+        m = max(len(p.answer_ids) for p in chunk) + 1
+        pos = torch.tensor([[min(len(p.ref_ids) - 1 + j, len(s) - 1) for j in range(m)]
+                            for p, s in zip(chunk, seqs)])  # [batch, m]
+        with torch.no_grad():
+            out = model.logits_at(ids, mask, pos).float()  # [batch, m, vocab]
+        for i, p in enumerate(chunk):
+            pred = out[i, :len(p.answer_ids) + 1].argmax(-1).tolist()
+            first_ok = pred[0] == p.answer_id
+            full_ok = pred[:len(p.answer_ids)] == p.answer_ids and pred[len(p.answer_ids)] not in digit_ids
+            prob = torch.softmax(out[i, 0], -1)[p.answer_id].item()
+            scores.append(PairScore(first_ok, full_ok, prob))
+        if progress is not None:
+            progress(min(start + batch_size, len(pairs)), len(pairs))
+    return scores
+
+
+def keep_correct(model, pairs: Sequence[PromptPair], *, require_full: bool = False,
+                 progress: ProgressFn | None = None) -> list[PromptPair]:
+    """Only the pairs the model answers right (first token; also the full number if asked)."""
+    scores = score_pairs(model, pairs, progress=progress)
+    return [p for p, s in zip(pairs, scores) if (s.full_ok if require_full else s.first_ok)]
+
+
+@dataclass(frozen=True)
+class AccuracyRow:
+    op: str
+    template: str  # template id, or "*" for the op's total
+    n: int
+    first_token: float
+    full_answer: float
+    mean_p_answer: float
+
+
+def summarize(pairs: Sequence[PromptPair], scores: Sequence[PairScore]) -> list[AccuracyRow]:
+    """Accuracy per op and template, plus one ``template="*"`` row per op."""
+    groups: dict[tuple[str, str], list[PairScore]] = defaultdict(list)
+    for p, s in zip(pairs, scores):
+        groups[(p.op, p.template)].append(s)
+        groups[(p.op, "*")].append(s)
+    rows = []
+    for (op, tpl), ss in sorted(groups.items()):
+        n = len(ss)
+        rows.append(AccuracyRow(op, tpl, n, sum(s.first_ok for s in ss) / n,
+                                sum(s.full_ok for s in ss) / n, sum(s.p_answer for s in ss) / n))
+    return rows
+
+
+METHOD = "accuracy"
+_METRICS = ("n", "first_token", "full_answer", "mean_p_answer")
+
+
+def accuracy_report(model, spec, *, cache=None, progress: ProgressFn | None = None
+                    ) -> tuple[list[AccuracyRow], bool]:
+    """Accuracy table of a prompt set (``engine.prompts.promptsets.PromptSetSpec``), via the result cache.
+
+    Returns (rows, computed) -- ``computed`` is False when the table came from the cache.
+    """
+    from cache import ResultRow
+    from engine.results import run_cached
+    from engine.prompts.promptsets import generate
+
+    pairs, _ = generate(model.tokenizer, spec)
+    params = {"spec": spec.to_params(), "dtype": model.facts.dtype}
+
+    def compute():
+        rows = summarize(pairs, score_pairs(model, pairs, progress=progress))
+        return ([ResultRow(layer=None, head=None, label=f"{r.op}|{r.template}", metric=m,
+                           value=float(getattr(r, m))) for r in rows for m in _METRICS], None)
+
+    rows, _, computed = run_cached(model, pairs, METHOD, params, compute, cache)
+    by_label: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        by_label[r.label][r.metric] = r.value
+    out = []
+    for label, m in sorted(by_label.items()):
+        op, tpl = label.split("|", 1)
+        out.append(AccuracyRow(op, tpl, int(m["n"]), m["first_token"], m["full_answer"], m["mean_p_answer"]))
+    return out, computed
+
+
+def kept_pairs(model, spec, *, cache=None, require_full: bool = False,
+               progress: ProgressFn | None = None) -> tuple[list[PromptPair], int]:
+    """The spec's pairs that the model answers right, and how many were generated.
+
+    The filter's outcome is cached (method ``kept_prompts``), so a cached analysis of the same
+    set needs no forward pass at all.
+    """
+    from engine.results import run_cached
+    from engine.prompts.promptsets import generate
+
+    pairs, _ = generate(model.tokenizer, spec)
+    params = {"require_full": require_full, "dtype": model.facts.dtype}
+
+    def compute():
+        scores = score_pairs(model, pairs, progress=progress)
+        keep = [i for i, s in enumerate(scores) if (s.full_ok if require_full else s.first_ok)]
+        return [], {"kept": keep}
+
+    _, art, _ = run_cached(model, pairs, "kept_prompts", params, compute, cache)
+    return [pairs[i] for i in art["kept"]], len(pairs)

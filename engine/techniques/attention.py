@@ -1,0 +1,157 @@
+"""Where the key heads look: END-row attention (Zhang et al. 2024, §4.2, Figs. 4-5).
+
+For a head (l, h) and a prompt, the END row of its attention pattern -- softmax(q_END . k_j) over
+key positions j -- shows which tokens it reads when the answer is produced.  Over a prompt set the
+row is summarized by **token role** (the five masses sum to 1; :data:`ROLE_DEFINITIONS`):
+
+* ``first token (attention sink)`` -- position 0: the BOS token for models that add one (Llama,
+  the bundled model), the prompt's first token for models that add none (Qwen2, SmolLM2, GPT-2).
+  Heads park unused attention on the first position whatever it holds, so it is one role either way;
+  when position 0 is itself an operand or the operator (``3 + 5 =`` without BOS), that role wins;
+* ``operand A`` / ``operand B`` -- the digit tokens of each operand;
+* ``operator`` -- the tokens the counterfactual replaces;
+* ``other`` -- every remaining token (template words, ``=``, whitespace before the answer).
+
+Roles are found without parsing text: the operator's positions are exactly where X_r and X_c differ
+(the counterfactual replaces only the operator); operands are the runs of digit tokens of the
+prompt, the first run being whichever of {A}, {B} comes first in the template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.techniques.batching import pad, pad_id
+from engine.prompts.pairs import PromptPair
+from engine.prompts.templates import TEMPLATES_BY_ID
+
+FIRST_TOKEN = "first token (attention sink)"
+ROLES: tuple[str, ...] = (FIRST_TOKEN, "operand A", "operand B", "operator", "other")
+ROLE_DEFINITIONS: dict[str, str] = {
+    FIRST_TOKEN: "position 0: the BOS token when the model adds one, else the prompt's first token "
+                 "(unless that is an operand or the operator); heads park spare attention there",
+    "operand A": "the digit tokens of the first operand of the operation (A in A op B)",
+    "operand B": "the digit tokens of the second operand (B)",
+    "operator": "the tokens that differ between the prompt and its counterfactual (the operation's word or sign)",
+    "other": "every other token: template words, '=', whitespace before the answer",
+}
+#: Bumped when the role labels or their rules change (part of the cache params).
+ROLES_VERSION = 2
+ProgressFn = Callable[[int, int], None]
+METHOD = "attention_roles"
+
+
+def token_roles(backend: ModelBackend, pair: PromptPair) -> list[str]:
+    """The role of every position of ``pair.ref_ids``."""
+    toks = backend.tokenizer.convert_ids_to_tokens(pair.ref_ids)
+    roles = ["other"] * len(toks)
+    if toks:
+        roles[0] = FIRST_TOKEN  # operand / operator roles below take precedence
+    runs: list[list[int]] = []
+    for i, t in enumerate(toks):
+        if t is not None and any(c.isdigit() for c in t):
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    tpl = TEMPLATES_BY_ID.get(pair.template)
+    if len(runs) == 2:
+        a_first = tpl is None or tpl.text.index("{A}") < tpl.text.index("{B}")
+        first, second = ("operand A", "operand B") if a_first else ("operand B", "operand A")
+        for i in runs[0]:
+            roles[i] = first
+        for i in runs[1]:
+            roles[i] = second
+    for i, (r, c) in enumerate(zip(pair.ref_ids, pair.cf_ids)):
+        if r != c:
+            roles[i] = "operator"
+    return roles
+
+
+@torch.no_grad()
+def end_row_patterns(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64,
+                     progress: ProgressFn | None = None) -> list[torch.Tensor]:
+    """END row of every head's attention, per pair: [L, H, len(ref_ids)] each."""
+    L = backend.facts.n_layers
+    names = [hooks.attn_pattern(layer) for layer in range(L)]
+    pad_token = pad_id(backend)
+    out: list[torch.Tensor] = []
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, mask, end = pad([p.ref_ids for p in chunk], pad_token)
+        _, c = backend.run_with_cache(ids, mask, names)
+        pat = torch.stack([c[n] for n in names], 1).float().cpu()  # [b, L, H, q, k]
+        for i, p in enumerate(chunk):
+            e = int(end[i])
+            out.append(pat[i, :, :, e, :e + 1])
+        if progress is not None:
+            progress(min(s + batch_size, len(pairs)), len(pairs))
+    return out
+
+
+@dataclass(frozen=True)
+class RoleAttention:
+    layer: int
+    head: int
+    role: str
+    value: float  # mean attention mass of the END row on tokens of this role
+
+
+def role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *,
+                   progress: ProgressFn | None = None) -> list[RoleAttention]:
+    """Every head's END-row attention mass per token role, averaged over the pairs."""
+    if not pairs:
+        raise ValueError("no prompt pairs")
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    acc = torch.zeros(L, H, len(ROLES), dtype=torch.float64)
+    for p, row in zip(pairs, end_row_patterns(backend, pairs, progress=progress)):
+        roles = token_roles(backend, p)
+        for r_i, role in enumerate(ROLES):
+            idx = [i for i, r in enumerate(roles) if r == role]
+            if idx:
+                acc[:, :, r_i] += row[:, :, idx].sum(-1).double()
+    acc /= len(pairs)
+    return [RoleAttention(layer, h, role, float(acc[layer, h, r]))
+            for layer in range(L) for h in range(H) for r, role in enumerate(ROLES)]
+
+
+@dataclass(frozen=True)
+class TokenAttention:
+    position: int
+    token: str
+    weight: float
+
+
+@torch.no_grad()
+def prompt_attention(backend: ModelBackend, ids: Sequence[int], layer: int, head: int) -> list[TokenAttention]:
+    """The END row of head (layer, head) on one prompt, token by token."""
+    hooks.validate_layer(layer, backend.facts.n_layers)
+    if not 0 <= head < backend.facts.n_heads:
+        raise ValueError(f"head {head} does not exist: heads 0..{backend.facts.n_heads - 1}")
+    if not ids:
+        raise ValueError("empty prompt")
+    _, c = backend.run_with_cache(torch.tensor([list(ids)]), None, [hooks.attn_pattern(layer)])
+    row = c[hooks.attn_pattern(layer)][0, head, -1].float().cpu()
+    toks = backend.tokenizer.convert_ids_to_tokens(list(ids))
+    return [TokenAttention(i, str(t), float(w)) for i, (t, w) in enumerate(zip(toks, row.tolist()))]
+
+
+def cached_role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
+                          progress: ProgressFn | None = None) -> tuple[list[RoleAttention], bool]:
+    """:func:`role_attention` through the result cache: (values, computed)."""
+    from cache import ResultRow
+    from engine.results import run_cached
+
+    def compute():
+        vals = role_attention(backend, pairs, progress=progress)
+        return [ResultRow(layer=v.layer, head=v.head, label=v.role, metric="attention", value=v.value)
+                for v in vals], None
+
+    params = {"roles": list(ROLES), "roles_version": ROLES_VERSION, "dtype": backend.facts.dtype}
+    rows, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
+    return [RoleAttention(int(r.layer), int(r.head), r.label, float(r.value)) for r in rows], computed

@@ -1,0 +1,431 @@
+"""Attribution patching (AtP): the gradient estimate of patching, side by side with the exact answer.
+
+Attribution patching (Nanda 2023; Kramár et al. 2024, "AtP*") estimates the effect of replacing an
+activation ``a_r`` (reference run X_r) by ``a_c`` (counterfactual run X_c) on a metric m to first
+order::
+
+    m(a_c) - m(a_r)  ~  grad_a m(a_r) . (a_c - a_r)
+
+Here m is the answer token's logit at END and the activations are the senders of the paper's path
+patching (:mod:`engine.techniques.patching`): every head's END output and every MLP's END output.  Two
+quantities are estimated, each beside its exact value:
+
+**Path AtP -- the estimate of path patching (Algorithm 1, every other head frozen).**  With every
+other head frozen at X_r, a change of head (l, h)'s END output reaches the logit only through the
+END position's MLPs and norms (the fast exact path of :mod:`engine.techniques.patching`).  So the gradient is
+that of the frozen END chain, taken once at the X_r residual stream::
+
+    g_l  = d logit / d x_l      x_l: END residual where layer l's heads write (resid_mid[l];
+                                resid_post[l] for parallel attention/MLP blocks), through
+                                x -> x + MLP_l(x) -> + attn_out_r[l+1] -> ... -> LN_final -> W_U[:, answer]
+    g'_l = d logit / d resid_post[l]  (END)
+    AtP(head l, h) = g_l  . ((z_c - z_r)[l, END, h] @ W_O[l, h])
+    AtP(MLP l)     = g'_l . (mlp_c - mlp_r)[l, END]
+
+Cost per batch: the 2 forward passes of path patching (X_r, X_c) plus one backward pass through
+the END chain (L single-position MLP evaluations) -- for every head and MLP at once.
+
+**Total AtP -- the estimate of plain activation patching (nothing frozen).**  Only the sender's
+END output comes from X_c; every later head and MLP is recomputed::
+
+    AtP_total(head l, h) = d logit / d z[l, END, h] . (z_c - z_r)[l, END, h]    (one full backward on X_r)
+    AtP_total(MLP l)     = d logit / d mlp_out[l, END] . (mlp_c - mlp_r)[l, END]
+
+and the exact value runs one hooked forward pass per sender (senders batched as rows).
+
+Both estimates are linear in the patch: where a sender's effect goes through a saturated softmax
+or a non-linear MLP, AtP over- or under-shoots.  The comparison report gives, per set, Spearman's
+rank correlation between exact and AtP effects, the top-k overlap (k = 5, 10) and the senders AtP
+misses or invents in the exact top-k -- so a user sees how far the cheap estimate can be trusted on
+this model before relying on it for a bigger one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.techniques.batching import batches, check_pairs, pad, pad_id, pair_batches
+from engine.techniques.patching import PatchingRaw, end_chain_hooks, path_patching
+from engine.prompts.pairs import PromptPair
+
+ProgressFn = Callable[[int, int], None]
+METHOD = "attribution_patching"
+#: the four estimates, as (name, what it is)
+KINDS: tuple[tuple[str, str], ...] = (
+    ("exact", "exact path patching (other heads frozen)"),
+    ("atp", "attribution patching of the same quantity"),
+    ("exact_total", "exact activation patching (nothing frozen)"),
+    ("atp_total", "attribution patching of activation patching"),
+)
+
+
+@dataclass
+class AttributionRaw:
+    """Per-pair patched answer logits of every sender, exact and estimated.  P pairs, L layers, H heads."""
+
+    exact: PatchingRaw
+    atp: PatchingRaw
+    exact_total: PatchingRaw | None = None
+    atp_total: PatchingRaw | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def kinds(self) -> dict[str, PatchingRaw]:
+        out = {"exact": self.exact, "atp": self.atp}
+        if self.exact_total is not None and self.atp_total is not None:
+            out.update(exact_total=self.exact_total, atp_total=self.atp_total)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# path AtP: gradient of the frozen END chain
+# ---------------------------------------------------------------------------------------------
+
+def path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
+             progress: ProgressFn | None = None) -> PatchingRaw:
+    """AtP estimate of path patching for every head and MLP (patched logit = logit_o + grad . delta)."""
+    f = backend.facts
+    L, H = f.n_layers, f.n_heads
+    W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
+    parallel = backend.parallel_attn_mlp
+    ref_names, cf_names = end_chain_hooks(L)
+    logit_o, head_logit, mlp_logit = [], [], []
+    chunks = pair_batches(backend, pairs, batch_size)
+    for ci, b in enumerate(chunks):
+        P, at_end = len(b.pairs), b.at_end
+        answer = b.answer.to(backend.device)
+        with torch.no_grad():
+            _, c_r = backend.run_with_cache(b.ref, b.mask, ref_names)
+            _, c_c = backend.run_with_cache(b.cf, b.mask, cf_names)
+        g_head, g_mlp, lo = _end_chain_gradients(backend, c_r, at_end, answer, L, parallel)
+        logit_o.append(lo.cpu())
+        hl = torch.empty(P, L, H)
+        ml = torch.empty(P, L)
+        for j in range(L):
+            delta = torch.einsum("phd,hdm->phm", at_end(c_c[hooks.attn_z(j)]) - at_end(c_r[hooks.attn_z(j)]),
+                                 W_O[j])  # [P, H, d_model]
+            hl[:, j] = (lo[:, None] + torch.einsum("phm,pm->ph", delta.float(), g_head[j])).cpu()
+            dm = (at_end(c_c[hooks.mlp_out(j)]) - at_end(c_r[hooks.mlp_out(j)])).float()  # [P, d_model]
+            ml[:, j] = (lo + (dm * g_mlp[j]).sum(-1)).cpu()
+        head_logit.append(hl)
+        mlp_logit.append(ml)
+        if progress is not None:
+            progress(ci + 1, len(chunks))
+    return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit))
+
+
+def _end_chain_gradients(backend: ModelBackend, c_r: dict, at_end, answer: torch.Tensor, L: int,
+                         parallel: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """(g_head [L] of [P, d_model], g_mlp [L] of [P, d_model], logit_o [P]) of the frozen END chain.
+
+    The chain is rebuilt from the X_r residual stream with a zero probe added where each layer's
+    heads write and where its MLP has written; one backward pass gives every probe's gradient.
+    """
+    with torch.enable_grad():
+        x = at_end(c_r[hooks.resid_pre(0)]).float()  # [P, d_model]
+        probes_head, probes_mlp = [], []
+        for j in range(L):
+            attn_r = at_end(c_r[hooks.attn_out(j)]).float()
+            p_head = torch.zeros_like(x, requires_grad=True)
+            p_mlp = torch.zeros_like(x, requires_grad=True)
+            if parallel:  # the MLP reads the block input; heads and MLP write to resid_post together
+                m = backend.mlp_branch(j, x.to(_dtype(backend)))
+                x = x + attn_r + m.float() + p_head + p_mlp
+            else:
+                x = x + attn_r + p_head
+                x = x + backend.mlp_branch(j, x.to(_dtype(backend))).float() + p_mlp
+            probes_head.append(p_head)
+            probes_mlp.append(p_mlp)
+        lo = backend.answer_logits(x.to(_dtype(backend)), answer).float()  # [P]
+        grads = torch.autograd.grad(lo.sum(), probes_head + probes_mlp)
+    return [g.detach() for g in grads[:L]], [g.detach() for g in grads[L:]], lo.detach()
+
+
+def _dtype(backend: ModelBackend) -> torch.dtype:
+    return backend.W_O(0).dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# activation patching (nothing frozen): exact and AtP
+# ---------------------------------------------------------------------------------------------
+
+def total_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 16,
+              progress: ProgressFn | None = None) -> PatchingRaw:
+    """AtP estimate of activation patching each head's / MLP's END output (one forward + backward per batch)."""
+    f = backend.facts
+    L, H = f.n_layers, f.n_heads
+    _, cf_names = end_chain_hooks(L)
+    logit_o, head_logit, mlp_logit = [], [], []
+    chunks = pair_batches(backend, pairs, batch_size)
+    for ci, b in enumerate(chunks):
+        P, rows, end, answer = len(b.pairs), b.rows, b.end, b.answer
+        ref, mask = b.ref, b.mask
+        with torch.no_grad():
+            _, c_r = backend.run_with_cache(ref, mask, cf_names)
+            _, c_c = backend.run_with_cache(b.cf, mask, cf_names)
+        # zero probes added at END: their gradients are d logit / d activation at END
+        z_probe = [torch.zeros(P, H, f.d_head, requires_grad=True) for _ in range(L)]
+        m_probe = [torch.zeros(P, f.d_model, requires_grad=True) for _ in range(L)]
+        edits = []
+        for layer in range(L):
+            edits.append((hooks.attn_z(layer), _add_at_end(z_probe[layer], rows, end)))
+            edits.append((hooks.mlp_out(layer), _add_at_end(m_probe[layer], rows, end)))
+        with torch.enable_grad(), backend.hooks(edits):
+            lg = backend.logits(ref, mask)
+            lo = lg[rows.to(lg.device), end.to(lg.device), answer.to(lg.device)].float()  # [P]
+            grads = torch.autograd.grad(lo.sum(), z_probe + m_probe)
+        lo = lo.detach().cpu()
+        hl = torch.empty(P, L, H)
+        ml = torch.empty(P, L)
+        for layer in range(L):
+            dz = (c_c[hooks.attn_z(layer)] - c_r[hooks.attn_z(layer)])[rows, end].float().cpu()  # [P, H, d_head]
+            hl[:, layer] = lo[:, None] + (grads[layer].float().cpu() * dz).sum(-1)
+            dm = (c_c[hooks.mlp_out(layer)] - c_r[hooks.mlp_out(layer)])[rows, end].float().cpu()  # [P, d_model]
+            ml[:, layer] = lo + (grads[L + layer].float().cpu() * dm).sum(-1)
+        logit_o.append(lo)
+        head_logit.append(hl)
+        mlp_logit.append(ml)
+        if progress is not None:
+            progress(ci + 1, len(chunks))
+    return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit))
+
+
+@torch.no_grad()
+def activation_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 64,
+                        progress: ProgressFn | None = None) -> PatchingRaw:
+    """Exact activation patching of each head's / MLP's END output from X_c (nothing frozen).
+
+    Senders are batched as rows: a pass holds the pairs once per sender of a group, and the hook
+    of layer l replaces only the END output of that row's sender.
+    """
+    f = backend.facts
+    L, H = f.n_layers, f.n_heads
+    check_pairs(pairs, f.vocab_size)
+    pid = pad_id(backend)
+    names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    senders = [(layer, h) for layer in range(L) for h in range(H)] + [(layer, -1) for layer in range(L)]
+    P = len(pairs)
+    ref, mask, end = pad([p.ref_ids for p in pairs], pid)
+    cf, _, _ = pad([p.cf_ids for p in pairs], pid)
+    answer = torch.tensor([p.answer_id for p in pairs])
+    rows = torch.arange(P)
+    lg, c_r = backend.run_with_cache(ref, mask, names)
+    logit_o = lg[rows.to(lg.device), end.to(lg.device), answer.to(lg.device)].float().cpu()
+    _, c_c = backend.run_with_cache(cf, mask, names)
+    patched = torch.empty(len(senders), P)
+    per_pass = max(1, rows_per_pass // max(1, P))
+    groups = batches(len(senders), per_pass)
+    for gi, grp in enumerate(groups):
+        group = [senders[i] for i in grp]
+        S = len(group)
+        edits = []
+        for layer in range(L):
+            heads = [(s, h) for s, (lyr, h) in enumerate(group) if lyr == layer and h >= 0]
+            mlps = [s for s, (lyr, h) in enumerate(group) if lyr == layer and h < 0]
+            if heads:
+                edits.append((hooks.attn_z(layer), _patch_heads(heads, c_c[hooks.attn_z(layer)], rows, end, P)))
+            if mlps:
+                edits.append((hooks.mlp_out(layer), _patch_mlps(mlps, c_c[hooks.mlp_out(layer)], rows, end, P)))
+        with backend.hooks(edits):
+            out = backend.logits(ref.repeat(S, 1), mask.repeat(S, 1))  # rows s * P + i
+        r = torch.arange(S * P)
+        patched[list(grp)] = out[r.to(out.device), end.repeat(S).to(out.device),
+                                 answer.repeat(S).to(out.device)].float().cpu().reshape(S, P)
+        if progress is not None:
+            progress(gi + 1, len(groups))
+    head_logit = patched[:L * H].reshape(L, H, P).permute(2, 0, 1).contiguous()  # [P, L, H]
+    mlp_logit = patched[L * H:].reshape(L, P).T.contiguous()  # [P, L]
+    return PatchingRaw(list(pairs), logit_o, head_logit, mlp_logit)
+
+
+def _add_at_end(probe: torch.Tensor, rows: torch.Tensor, end: torch.Tensor):
+    """Hook adding ``probe[i]`` to row i's END position (a zero: only its gradient matters)."""
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        add = torch.zeros_like(act)
+        add = add.index_put((rows.to(act.device), end.to(act.device)), probe.to(act.device, act.dtype))
+        return act + add
+    return fn
+
+
+def _patch_heads(heads: list[tuple[int, int]], z_c: torch.Tensor, rows: torch.Tensor, end: torch.Tensor, P: int):
+    def fn(act: torch.Tensor) -> torch.Tensor:  # act [S * P, pos, H, d_head]
+        for s, h in heads:
+            r = rows + s * P
+            act[r.to(act.device), end.to(act.device), h] = z_c[rows, end, h].to(act.device, act.dtype)
+        return act
+    return fn
+
+
+def _patch_mlps(mlps: list[int], m_c: torch.Tensor, rows: torch.Tensor, end: torch.Tensor, P: int):
+    def fn(act: torch.Tensor) -> torch.Tensor:  # act [S * P, pos, d_model]
+        for s in mlps:
+            r = rows + s * P
+            act[r.to(act.device), end.to(act.device)] = m_c[rows, end].to(act.device, act.dtype)
+        return act
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# all four, and how far AtP can be trusted
+# ---------------------------------------------------------------------------------------------
+
+def attribution(backend: ModelBackend, pairs: Sequence[PromptPair], *, total: bool = True,
+                progress: ProgressFn | None = None) -> AttributionRaw:
+    """Exact path patching, its AtP estimate and (``total``) exact / AtP activation patching, timed."""
+    steps = 4 if total else 2
+    done = [0]
+
+    def step(fn, *a, **k):
+        t0 = time.perf_counter()
+        out = fn(*a, **k)
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], steps)
+        return out, time.perf_counter() - t0
+
+    exact, t_exact = step(path_patching, backend, pairs)
+    atp, t_atp = step(path_atp, backend, pairs)
+    res = AttributionRaw(exact, atp, seconds={"exact": t_exact, "atp": t_atp})
+    if total:
+        res.exact_total, res.seconds["exact_total"] = step(activation_patching, backend, pairs)
+        res.atp_total, res.seconds["atp_total"] = step(total_atp, backend, pairs)
+    return res
+
+
+@dataclass(frozen=True)
+class SenderRow:
+    component: str  # "head" | "mlp"
+    layer: int
+    head: int       # -1 for MLPs
+    values: dict[str, float]  # kind -> mean metric over pairs
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer}H{self.head}" if self.component == "head" else f"MLP{self.layer}"
+
+
+def sender_rows(raw: AttributionRaw, metric: str = "effect") -> list[SenderRow]:
+    """One row per sender (heads layer-major, then that layer's MLP) with every kind's mean ``metric``."""
+    means = {}
+    for kind, r in raw.kinds().items():
+        h, m = r.per_pair(metric)
+        means[kind] = (h.double().nanmean(0), m.double().nanmean(0))  # [L, H], [L]; the guard's NaN pairs left out
+    L, H = raw.exact.head_logit.shape[1:]
+    out = []
+    for layer in range(L):
+        for head in range(H):
+            out.append(SenderRow("head", layer, head, {k: float(v[0][layer, head]) for k, v in means.items()}))
+        out.append(SenderRow("mlp", layer, -1, {k: float(v[1][layer]) for k, v in means.items()}))
+    return out
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); nan when either side is constant."""
+    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = float((ra.pow(2).sum() * rb.pow(2).sum()).sqrt())
+    return float("nan") if den == 0 else float((ra * rb).sum()) / den
+
+
+def _ranks(x: Sequence[float]) -> torch.Tensor:
+    t = torch.tensor(list(x), dtype=torch.float64)
+    order = torch.argsort(t, stable=True)
+    ranks = torch.empty_like(t)
+    ranks[order] = torch.arange(len(t), dtype=torch.float64)
+    for v in torch.unique(t):  # ties share their average rank
+        sel = t == v
+        if int(sel.sum()) > 1:
+            ranks[sel] = ranks[sel].mean()
+    return ranks
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How well an estimate ranks the senders like the exact values do (most negative effect first)."""
+
+    exact: str
+    estimate: str
+    spearman: float
+    overlap: dict[int, int]        # k -> |top-k exact ∩ top-k estimate|
+    missed: dict[int, list[str]]   # k -> in the exact top-k, not in the estimate's
+    invented: dict[int, list[str]] # k -> in the estimate's top-k, not in the exact one
+    max_abs_error: float
+
+
+def agreement(rows: Sequence[SenderRow], exact: str = "exact", estimate: str = "atp",
+              ks: Sequence[int] = (5, 10), components: Sequence[str] = ("head",)) -> Agreement:
+    """Spearman and top-k agreement of ``estimate`` with ``exact`` over the senders of ``components``."""
+    sel = [r for r in rows if r.component in components]
+    e = [r.values[exact] for r in sel]
+    a = [r.values[estimate] for r in sel]
+
+    def top(key: str, k: int) -> list[str]:
+        return [r.name for r in sorted(sel, key=lambda r: r.values[key])[:k]]
+
+    overlap, missed, invented = {}, {}, {}
+    for k in ks:
+        te, ta = top(exact, k), top(estimate, k)
+        overlap[k] = len(set(te) & set(ta))
+        missed[k] = [n for n in te if n not in ta]
+        invented[k] = [n for n in ta if n not in te]
+    err = max((abs(x - y) for x, y in zip(e, a)), default=0.0)
+    return Agreement(exact, estimate, spearman(e, a), overlap, missed, invented, err)
+
+
+# ---------------------------------------------------------------------------------------------
+# cached run (CLI and pages)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class AttributionTable:
+    """Per-sender means of every kind and metric, as stored in the result cache, with the timings."""
+
+    n_layers: int
+    n_heads: int
+    n_pairs: int
+    rows: dict[str, list[SenderRow]]  # metric -> rows
+    seconds: dict[str, float]
+
+    def kinds(self) -> list[str]:
+        first = next(iter(self.rows.values()))
+        return list(first[0].values) if first else []
+
+
+def cached_attribution(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None, total: bool = True,
+                       progress: ProgressFn | None = None) -> tuple[AttributionTable, bool]:
+    """Attribution vs exact patching through the result cache: (table, computed)."""
+    from cache import ResultRow
+    from engine.results import run_cached
+
+    f = backend.facts
+    metrics = ("effect", "logit_diff")
+    params = {"dtype": f.dtype, "total": total, "position": "END", "metrics": list(metrics)}
+
+    def compute():
+        raw = attribution(backend, pairs, total=total, progress=progress)
+        out = []
+        for metric in metrics:
+            for r in sender_rows(raw, metric):
+                for kind, v in r.values.items():
+                    out.append(ResultRow(layer=r.layer, head=r.head, label=f"{r.component}|{kind}",
+                                         metric=metric, value=v))
+        return out, {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs),
+                     "seconds": raw.seconds}
+
+    stored, art, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
+    collected: dict[tuple[str, str, int, int], dict[str, float]] = {}
+    for r in stored:
+        component, kind = r.label.split("|", 1)
+        collected.setdefault((r.metric, component, int(r.layer), int(r.head)), {})[kind] = float(r.value)
+    rows: dict[str, list[SenderRow]] = {}
+    for (metric, component, layer, head), values in collected.items():
+        rows.setdefault(metric, []).append(SenderRow(component, layer, head, values))
+    for metric in rows:
+        rows[metric].sort(key=lambda r: (r.layer, r.component == "mlp", r.head))
+    return (AttributionTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]), rows,
+                             {k: float(v) for k, v in dict(art.get("seconds", {})).items()}), computed)

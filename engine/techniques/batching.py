@@ -1,0 +1,83 @@
+"""Padding and batching of prompt pairs, shared by every technique.
+
+Prompts are right-padded; a technique reads the END position (the last real token, where the
+model must emit the answer) through the returned END index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from engine.prompts.pairs import PromptPair
+
+
+def pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids [b, pos], mask [b, pos], END index [b]."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, :len(s)] = 1
+    return ids, mask, torch.tensor([len(s) - 1 for s in seqs])
+
+
+def pad_id(backend) -> int:
+    """The tokenizer's pad id, else its EOS id, else 0 (padded positions are masked anyway)."""
+    tok = backend.tokenizer
+    for cand in (getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None)):
+        if cand is not None:
+            return int(cand)
+    return 0
+
+
+def check_pairs(pairs: Sequence[PromptPair], vocab: int) -> None:
+    """ValueError unless there are pairs, X_r and X_c align, and every answer id is in the vocabulary."""
+    if not pairs:
+        raise ValueError("no prompt pairs: generate a prompt set first")
+    for p in pairs:
+        if len(p.ref_ids) != len(p.cf_ids):
+            raise ValueError(f"X_r and X_c differ in length for {p.ref_text!r}")
+        if not 0 <= p.answer_id < vocab:
+            raise ValueError(f"answer id {p.answer_id} outside the vocabulary of {vocab}")
+
+
+def batches(n: int, size: int) -> list[range]:
+    """Index ranges of consecutive batches of at most ``size``."""
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+@dataclass(frozen=True)
+class PairBatch:
+    """One batch of prompt pairs, right-padded; X_r and X_c share the mask and END index (same lengths)."""
+
+    pairs: list[PromptPair]
+    ref: torch.Tensor     # [P, pos]  X_r ids
+    cf: torch.Tensor      # [P, pos]  X_c ids
+    mask: torch.Tensor    # [P, pos]
+    end: torch.Tensor     # [P]       index of the last real token
+    answer: torch.Tensor  # [P]       answer token ids (CPU)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return torch.arange(len(self.pairs))
+
+    def at_end(self, t: torch.Tensor) -> torch.Tensor:
+        """The END position of every row.  # [P, pos, ...] -> [P, ...]"""
+        return t[self.rows.to(t.device), self.end.to(t.device)]
+
+
+def pair_batches(backend, pairs: Sequence[PromptPair], batch_size: int) -> list[PairBatch]:
+    """``pairs`` checked (see :func:`check_pairs`) and cut into padded batches of at most ``batch_size``."""
+    check_pairs(pairs, backend.facts.vocab_size)
+    pid = pad_id(backend)
+    out = []
+    for idx in batches(len(pairs), batch_size):
+        chunk = [pairs[i] for i in idx]
+        ref, mask, end = pad([p.ref_ids for p in chunk], pid)
+        cf, _, _ = pad([p.cf_ids for p in chunk], pid)
+        out.append(PairBatch(chunk, ref, cf, mask, end, torch.tensor([p.answer_id for p in chunk])))
+    return out

@@ -1,0 +1,128 @@
+"""Logit lens of the answer: from which layer on does the residual stream at END already say C?
+
+The logit lens (nostalgebraist 2020) reads an intermediate residual stream as if it were the last
+one: for every layer l, the END position's ``resid_post[l]`` goes through the model's final norm and
+unembedding, and we read the answer token's probability and rank among the whole vocabulary::
+
+    p_l(C)    = softmax(LN_final(resid_post[l, END]) @ W_U + b_U)[C]
+    rank_l(C) = 1 + #{tokens t : logit_l(t) > logit_l(C)}
+
+It is the residual-stream counterpart of the paper's Figure 6 (MLP projections on the number
+tokens, :mod:`engine.techniques.projections`): in the paper's models the answer appears in the middle-to-late
+layers, after the key heads have moved the operands to END and as the MLPs write it.  Layer ``-1``
+is the embedding (``resid_pre[0]``).  One forward pass per batch; the unembedding is applied to the
+END rows only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.techniques.batching import batches, check_pairs, pad, pad_id
+from engine.prompts.pairs import PromptPair
+
+ProgressFn = Callable[[int, int], None]
+METHOD = "logit_lens"
+
+
+@dataclass
+class LensRaw:
+    """Per pair and layer: the answer's probability and rank at END.  Layers -1 (embedding) .. L-1."""
+
+    pairs: list[PromptPair]
+    layers: list[int]
+    prob: torch.Tensor   # [P, L + 1]
+    rank: torch.Tensor   # [P, L + 1]  (1 = top token)
+    top_id: torch.Tensor  # [P, L + 1]  the top token's id
+
+
+@torch.no_grad()
+def logit_lens_ids(backend: ModelBackend, seqs: Sequence[Sequence[int]], answers: Sequence[int]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(prob, rank, top_id), each [n, L + 1], of ``answers[i]`` at the last position of ``seqs[i]``."""
+    L = backend.facts.n_layers
+    names = [hooks.resid_pre(0)] + [hooks.resid_post(layer) for layer in range(L)]
+    ids, mask, end = pad(seqs, pad_id(backend))
+    rows = torch.arange(len(seqs))
+    _, cache = backend.run_with_cache(ids, mask, names)
+    W_U, b_U = backend.unembed()
+    answer = torch.tensor(list(answers), device=W_U.device)
+    prob, rank, top = [], [], []
+    for name in names:
+        x = cache[name][rows.to(cache[name].device), end.to(cache[name].device)]  # [n, d_model]
+        lg = (backend.final_norm(x) @ W_U).float()  # [n, vocab]
+        if b_U is not None:
+            lg = lg + b_U.float()
+        a = lg.gather(1, answer[:, None])  # [n, 1]
+        prob.append(torch.softmax(lg, -1).gather(1, answer[:, None])[:, 0].cpu())
+        rank.append(((lg > a).sum(-1) + 1).cpu())
+        top.append(lg.argmax(-1).cpu())
+    return torch.stack(prob, 1), torch.stack(rank, 1), torch.stack(top, 1)
+
+
+def logit_lens(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
+               progress: ProgressFn | None = None) -> LensRaw:
+    """The answer's probability and rank at END after every layer, for every reference prompt."""
+    check_pairs(pairs, backend.facts.vocab_size)
+    prob, rank, top = [], [], []
+    chunks = batches(len(pairs), batch_size)
+    for ci, idx in enumerate(chunks):
+        chunk = [pairs[i] for i in idx]
+        p, r, t = logit_lens_ids(backend, [c.ref_ids for c in chunk], [c.answer_id for c in chunk])
+        prob.append(p)
+        rank.append(r)
+        top.append(t)
+        if progress is not None:
+            progress(ci + 1, len(chunks))
+    L = backend.facts.n_layers
+    return LensRaw(list(pairs), list(range(-1, L)), torch.cat(prob), torch.cat(rank), torch.cat(top))
+
+
+@dataclass(frozen=True)
+class LensRow:
+    layer: int          # -1 = embedding
+    group: str          # "*", "op:add", ...
+    mean_prob: float
+    median_rank: float
+    top1: float         # fraction of prompts whose top token is the answer
+
+
+def summarize(raw: LensRaw) -> list[LensRow]:
+    """Mean probability, median rank and top-1 rate per layer, for all pairs and per operation."""
+    groups: dict[str, list[int]] = {"*": list(range(len(raw.pairs)))}
+    for i, p in enumerate(raw.pairs):
+        groups.setdefault(f"op:{p.op}", []).append(i)
+    out = []
+    for g, idx in groups.items():
+        ix = torch.tensor(idx)
+        for j, layer in enumerate(raw.layers):
+            out.append(LensRow(layer, g, float(raw.prob[ix, j].double().mean()),
+                               float(raw.rank[ix, j].double().median()), float((raw.rank[ix, j] == 1).double().mean())))
+    return out
+
+
+def cached_logit_lens(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
+                      progress: ProgressFn | None = None) -> tuple[list[LensRow], bool]:
+    """Logit lens summary through the result cache: (rows, computed)."""
+    from cache import ResultRow
+    from engine.results import run_cached
+
+    params = {"dtype": backend.facts.dtype, "position": "END", "stream": "resid_post"}
+    fields = ("mean_prob", "median_rank", "top1")
+
+    def compute():
+        rows = summarize(logit_lens(backend, pairs, progress=progress))
+        return [ResultRow(layer=r.layer, head=-1, label=r.group, metric=m, value=getattr(r, m))
+                for r in rows for m in fields], {"n_layers": backend.facts.n_layers}
+
+    stored, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
+    by_key: dict[tuple[int, str], dict[str, float]] = {}
+    for r in stored:
+        by_key.setdefault((int(r.layer), r.label), {})[r.metric] = float(r.value)
+    rows = [LensRow(layer, group, **vals) for (layer, group), vals in by_key.items()]
+    return sorted(rows, key=lambda r: (r.group != "*", r.group, r.layer)), computed

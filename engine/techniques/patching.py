@@ -1,0 +1,386 @@
+"""Path patching: which attention heads (and MLPs) carry the arithmetic (Zhang et al. 2024, §4.1).
+
+Algorithm 1 of the paper, for a sender component s (an attention head or an MLP) and the answer
+logit as receiver, over reference / counterfactual prompt pairs (X_r, X_c):
+
+1. Run X_r and X_c; cache every head's output and every MLP's output.
+2. Run X_r again, with
+   * the sender's output **at the END (last) position** replaced by its value on X_c,
+   * every other head's output frozen at its X_r value, at every position,
+   * the residual stream and the MLPs recomputed.
+3. Read the answer token's logit at END: ``logit_p`` (patched) vs ``logit_o`` (original).
+
+Metrics, averaged over prompt pairs:
+  * ``effect``     -- the paper's relative change, (logit_p - logit_o) / logit_o;
+  * ``logit_diff`` -- logit_p - logit_o (always available);
+  * ``prob_diff``  -- p_p - p_o of the answer token (softmax over the whole vocabulary; optional).
+A key head has a strongly negative effect: without the operation's information it routes, the
+answer's logit collapses.  Ranking "by effect" means most negative first.
+
+**Guard of the relative effect.**  Dividing by logit_o flips the sign when logit_o < 0 and explodes
+when it is near 0, silently.  A pair whose unpatched answer logit is below ``EFFECT_MIN_LOGIT`` is
+left out of the effect's mean (its logit_diff still counts); the number left out is stored per group
+(component ``guard``, metric ``effect_excluded``, next to ``pairs``).  When more than
+``EFFECT_MAX_EXCLUDED`` of a group's pairs are left out, the effect of that group is not a fair summary:
+:meth:`PatchingTable.ranking_metric` then ranks by ``logit_diff`` instead, and
+:meth:`PatchingTable.effect_note` says so (shown by the CLI and the Patching page).
+
+**Exact fast path.**  With all other heads frozen, the patch at END can reach the logits only
+through the END position's MLPs and norms: attention outputs are frozen everywhere, and no later
+position exists.  So after one X_r and one X_c forward pass per batch, each sender needs only a
+chain of END-position MLP evaluations from its layer to the top::
+
+    x = resid_mid[l] + (z_c[l,h] - z_r[l,h]) @ W_O[l,h]      # head sender (l, h)
+    x = resid_post[l] + (mlp_c[l] - mlp_r[l])                  # MLP sender l (skips its own MLP)
+    x = x + MLP_l(x)                                           # head senders only
+    for j in l+1 .. L-1:  x = x + attn_out_r[j];  x = x + MLP_j(x)
+    logit_p = LN_final(x) . W_U[:, answer] (+ b_U[answer])
+
+(MLP_j includes its pre-norm; for parallel attention/MLP blocks, GPT-J/NeoX style, MLP_j reads the
+block input instead, and MLP_l is untouched by a head at layer l.)  All senders of all layers are
+advanced together, one batched MLP call per layer, and only the answer token's unembedding column
+is computed.  :func:`path_patching_reference` is the textbook version -- one hooked forward pass
+per sender -- kept for verification and benchmarks; the two agree to float rounding.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from engine.backends import hooks
+from engine.backends.hooks import HookName
+from engine.backends.base import ModelBackend
+from engine.techniques.batching import batches as _batches
+from engine.techniques.batching import check_pairs as _check_pairs
+from engine.techniques.batching import pair_batches
+from engine.techniques.batching import pad as _pad
+from engine.techniques.batching import pad_id as _pad_id
+from engine.prompts.pairs import PromptPair
+
+ProgressFn = Callable[[int, int], None]
+METHOD = "path_patching"
+METRICS: tuple[str, ...] = ("effect", "logit_diff", "prob_diff")
+#: Pairs whose unpatched answer logit is below this are left out of the relative effect (module docstring).
+EFFECT_MIN_LOGIT = 1.0
+#: A group whose share of left-out pairs exceeds this is ranked by logit_diff instead of effect.
+EFFECT_MAX_EXCLUDED = 0.5
+GUARD = "guard"  # component of the per-group guard counts
+
+
+@dataclass
+class PatchingRaw:
+    """Per-pair patched logits of every sender.  P pairs, L layers, H heads."""
+
+    pairs: list[PromptPair]
+    logit_o: torch.Tensor      # [P]          answer logit on X_r, unpatched
+    head_logit: torch.Tensor   # [P, L, H]    answer logit with head (l, h) patched
+    mlp_logit: torch.Tensor    # [P, L]       answer logit with MLP l patched
+    prob_o: torch.Tensor | None = None      # [P]
+    head_prob: torch.Tensor | None = None   # [P, L, H]
+    mlp_prob: torch.Tensor | None = None    # [P, L]
+
+    def per_pair(self, metric: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """([P, L, H], [P, L]) values of ``metric`` for each pair."""
+        if metric == "effect":  # NaN for the pairs the guard leaves out
+            lo = torch.where(self.effect_excluded(), torch.full_like(self.logit_o, float("nan")), self.logit_o)
+            return ((self.head_logit - lo[:, None, None]) / lo[:, None, None],
+                    (self.mlp_logit - lo[:, None]) / lo[:, None])
+        if metric == "logit_diff":
+            return self.head_logit - self.logit_o[:, None, None], self.mlp_logit - self.logit_o[:, None]
+        if metric == "prob_diff":
+            if self.head_prob is None:
+                raise ValueError("prob_diff was not computed: pass with_prob=True")
+            return self.head_prob - self.prob_o[:, None, None], self.mlp_prob - self.prob_o[:, None]
+        raise ValueError(f"unknown metric {metric!r}: choose from {', '.join(METRICS)}")
+
+    def effect_excluded(self) -> torch.Tensor:
+        """[P] bool: pairs left out of the relative effect (unpatched answer logit < EFFECT_MIN_LOGIT)."""
+        return ~(self.logit_o >= EFFECT_MIN_LOGIT)  # NaN logits are left out too
+
+    def metrics(self) -> tuple[str, ...]:
+        return METRICS if self.head_prob is not None else METRICS[:2]
+
+    def groups(self) -> dict[str, list[int]]:
+        """Pair indices of each breakdown group: ``*`` (all), ``op:add``, ``template:add.qa.0`` ..."""
+        g: dict[str, list[int]] = defaultdict(list)
+        for i, p in enumerate(self.pairs):
+            g["*"].append(i)
+            g[f"op:{p.op}"].append(i)
+            g[f"template:{p.template}"].append(i)
+        return dict(g)
+
+
+@dataclass(frozen=True)
+class SenderValue:
+    component: str  # "head" | "mlp"
+    layer: int
+    head: int       # -1 for MLPs
+    group: str
+    metric: str
+    value: float
+
+
+def summarize(raw: PatchingRaw) -> list[SenderValue]:
+    """Mean of every metric per sender, for all pairs and per op / template, and the effect guard's
+    counts per group (component ``guard``: metrics ``pairs`` and ``effect_excluded``)."""
+    out: list[SenderValue] = []
+    groups = raw.groups()
+    excluded = raw.effect_excluded()
+    for group, idx in groups.items():
+        out.append(SenderValue(GUARD, -1, -1, group, "pairs", float(len(idx))))
+        out.append(SenderValue(GUARD, -1, -1, group, "effect_excluded", float(excluded[torch.tensor(idx)].sum())))
+    for metric in raw.metrics():
+        heads, mlps = raw.per_pair(metric)
+        for group, idx in groups.items():
+            ix = torch.tensor(idx)
+            h = heads[ix].double().nanmean(0)  # [L, H]; NaN only where the guard left every pair out
+            m = mlps[ix].double().nanmean(0)   # [L]
+            for layer in range(h.shape[0]):
+                for head in range(h.shape[1]):
+                    out.append(SenderValue("head", layer, head, group, metric, float(h[layer, head])))
+                out.append(SenderValue("mlp", layer, -1, group, metric, float(m[layer])))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# fast exact path patching
+# ---------------------------------------------------------------------------------------------
+
+def end_chain_hooks(n_layers: int) -> tuple[list[HookName], list[HookName]]:
+    """(X_r, X_c) activations the END chains read: per layer z, attention out, resid_pre and MLP out of
+    X_r; z and MLP out of X_c."""
+    ref = [n for layer in range(n_layers) for n in (hooks.attn_z(layer), hooks.attn_out(layer),
+                                                    hooks.resid_pre(layer), hooks.mlp_out(layer))]
+    cf = [n for layer in range(n_layers) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    return ref, cf
+
+
+@torch.no_grad()
+def path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
+                  with_prob: bool = False, progress: ProgressFn | None = None) -> PatchingRaw:
+    """Every head and MLP as sender, answer logit as receiver -- exact, END-position chains."""
+    f = backend.facts
+    L, H = f.n_layers, f.n_heads
+    W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
+    parallel = backend.parallel_attn_mlp
+    ref_names, cf_names = end_chain_hooks(L)
+    logit_o, head_logit, mlp_logit = [], [], []
+    prob_o, head_prob, mlp_prob = [], [], []
+    chunks = pair_batches(backend, pairs, batch_size)
+    for ci, b in enumerate(chunks):
+        P, rows, end, at_end = len(b.pairs), b.rows, b.end, b.at_end
+        answer = b.answer.to(backend.device)
+        lg_r, c_r = backend.run_with_cache(b.ref, b.mask, ref_names)
+        _, c_c = backend.run_with_cache(b.cf, b.mask, cf_names)
+
+        lo = lg_r[rows, end.to(lg_r.device)].float()  # [P, vocab]
+        logit_o.append(lo[torch.arange(P), answer].cpu())
+        if with_prob:
+            prob_o.append(torch.softmax(lo, -1)[torch.arange(P), answer].cpu())
+
+        x: torch.Tensor | None = None  # [P, n_chains, d_model]: all senders started so far
+        for j in range(L):
+            z_r = at_end(c_r[hooks.attn_z(j)])          # [P, H, d_head]
+            z_c = at_end(c_c[hooks.attn_z(j)])          # [P, H, d_head]
+            attn_r = at_end(c_r[hooks.attn_out(j)])     # [P, d_model]
+            pre_r = at_end(c_r[hooks.resid_pre(j)])     # [P, d_model]
+            mlp_r = at_end(c_r[hooks.mlp_out(j)])       # [P, d_model]
+            mlp_c = at_end(c_c[hooks.mlp_out(j)])       # [P, d_model]
+            if x is not None:  # advance chains started below layer j
+                if parallel:
+                    x = x + attn_r[:, None] + _mlp(backend, j, x)
+                else:
+                    x = x + attn_r[:, None]
+                    x = x + _mlp(backend, j, x)
+            delta = torch.einsum("phd,hdm->phm", z_c - z_r, W_O[j])  # [P, H, d_model]
+            if parallel:
+                hx = (pre_r + attn_r + mlp_r)[:, None] + delta
+            else:
+                hx = (pre_r + attn_r)[:, None] + delta
+                hx = hx + _mlp(backend, j, hx)
+            mx = (pre_r + attn_r + mlp_r + (mlp_c - mlp_r))[:, None]  # MLP sender: its output from X_c
+            new = torch.cat([hx, mx], dim=1)  # [P, H + 1, d_model]
+            x = new if x is None else torch.cat([x, new], dim=1)
+        n_chains = x.shape[1]  # L * (H + 1), layer-major: heads 0..H-1 then the MLP
+        flat = x.reshape(P * n_chains, -1)
+        ans = answer.repeat_interleave(n_chains)
+        lp = backend.answer_logits(flat, ans).float().reshape(P, L, H + 1).cpu()
+        head_logit.append(lp[:, :, :H])
+        mlp_logit.append(lp[:, :, H])
+        if with_prob:
+            pp = _answer_probs(backend, flat, ans).reshape(P, L, H + 1).cpu()
+            head_prob.append(pp[:, :, :H])
+            mlp_prob.append(pp[:, :, H])
+        if progress is not None:
+            progress(ci + 1, len(chunks))
+    return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit),
+                       torch.cat(prob_o) if with_prob else None,
+                       torch.cat(head_prob) if with_prob else None,
+                       torch.cat(mlp_prob) if with_prob else None)
+
+
+def _mlp(backend: ModelBackend, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """MLP branch on a [P, n, d_model] stack of END residual vectors."""
+    P, n, d = x.shape
+    return backend.mlp_branch(layer, x.reshape(P * n, d)).reshape(P, n, d)
+
+
+def _answer_probs(backend: ModelBackend, x: torch.Tensor, answer: torch.Tensor, rows: int = 512) -> torch.Tensor:
+    """Softmax probability of ``answer[i]`` for residual ``x[i]`` (full vocabulary, in row chunks)."""
+    W_U, b_U = backend.unembed()
+    out = []
+    for s in range(0, x.shape[0], rows):
+        lg = backend.final_norm(x[s:s + rows]) @ W_U
+        if b_U is not None:
+            lg = lg + b_U
+        out.append(torch.softmax(lg.float(), -1).gather(1, answer[s:s + rows, None])[:, 0])
+    return torch.cat(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# textbook reference: one hooked forward pass per sender
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sender:
+    component: str  # "head" | "mlp"
+    layer: int
+    head: int = -1
+
+
+def all_senders(n_layers: int, n_heads: int) -> list[Sender]:
+    return [s for layer in range(n_layers)
+            for s in ([Sender("head", layer, h) for h in range(n_heads)] + [Sender("mlp", layer)])]
+
+
+@torch.no_grad()
+def path_patching_reference(backend: ModelBackend, pairs: Sequence[PromptPair],
+                            senders: Sequence[Sender] | None = None, *, batch_size: int = 32
+                            ) -> dict[Sender, torch.Tensor]:
+    """Patched answer logit [P] of each sender, by full hooked forward passes (Algorithm 1 as written)."""
+    f = backend.facts
+    L, H = f.n_layers, f.n_heads
+    _check_pairs(pairs, f.vocab_size)
+    senders = list(senders) if senders is not None else all_senders(L, H)
+    pad = _pad_id(backend)
+    names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    out: dict[Sender, list[torch.Tensor]] = {s: [] for s in senders}
+    for idx in _batches(len(pairs), batch_size):
+        chunk = [pairs[i] for i in idx]
+        ref, mask, end = _pad([p.ref_ids for p in chunk], pad)
+        cf, _, _ = _pad([p.cf_ids for p in chunk], pad)
+        rows = torch.arange(len(chunk))
+        answer = torch.tensor([p.answer_id for p in chunk])
+        _, c_r = backend.run_with_cache(ref, mask, names)
+        _, c_c = backend.run_with_cache(cf, mask, names)
+        for s in senders:
+            edits = []
+            for layer in range(L):
+                z_frozen = c_r[hooks.attn_z(layer)].clone()  # [b, pos, H, d_head]
+                if s.component == "head" and s.layer == layer:
+                    z_frozen[rows, end, s.head] = c_c[hooks.attn_z(layer)][rows, end, s.head]
+                edits.append((hooks.attn_z(layer), _replace_with(z_frozen)))
+            if s.component == "mlp":
+                m = c_r[hooks.mlp_out(s.layer)].clone()
+                m[rows, end] = c_c[hooks.mlp_out(s.layer)][rows, end]
+                edits.append((hooks.mlp_out(s.layer), _replace_with(m)))
+            with backend.hooks(edits):
+                lg = backend.logits(ref, mask)
+            out[s].append(lg[rows, end, answer].float().cpu())
+    return {s: torch.cat(v) for s, v in out.items()}
+
+
+def _replace_with(value: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        act[...] = value.to(act.dtype)
+        return act
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# cached run (CLI and pages)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class PatchingTable:
+    """Aggregated path-patching results, as read from (or written to) the result cache."""
+
+    n_layers: int
+    n_heads: int
+    n_pairs: int
+    values: list[SenderValue] = field(default_factory=list)
+
+    def groups(self) -> list[str]:
+        return sorted({v.group for v in self.values})
+
+    def heatmap(self, metric: str = "effect", group: str = "*") -> tuple[list[list[float]], list[float]]:
+        """(heads [L][H], mlps [L]) of one metric and group."""
+        heads = [[float("nan")] * self.n_heads for _ in range(self.n_layers)]
+        mlps = [float("nan")] * self.n_layers
+        for v in self.values:
+            if v.metric == metric and v.group == group:
+                if v.component == "head":
+                    heads[v.layer][v.head] = v.value
+                elif v.component == "mlp":
+                    mlps[v.layer] = v.value
+        return heads, mlps
+
+    def guard_counts(self, group: str = "*") -> tuple[int, int]:
+        """(pairs left out of the relative effect, pairs) of a group (module docstring: guard)."""
+        got = {v.metric: int(v.value) for v in self.values if v.component == GUARD and v.group == group}
+        return got.get("effect_excluded", 0), got.get("pairs", 0)
+
+    def ranking_metric(self, group: str = "*") -> str:
+        """``effect``, or ``logit_diff`` when the guard left out more than EFFECT_MAX_EXCLUDED of the pairs."""
+        excluded, n = self.guard_counts(group)
+        return "logit_diff" if n and excluded > EFFECT_MAX_EXCLUDED * n else "effect"
+
+    def effect_note(self, group: str = "*") -> str | None:
+        """What the reader must know about the relative effect of a group (None when every pair counts)."""
+        excluded, n = self.guard_counts(group)
+        if not excluded:
+            return None
+        note = (f"{excluded} of {n} prompt pairs have an unpatched answer logit below {EFFECT_MIN_LOGIT:g} and are "
+                f"left out of the relative effect (dividing by it would flip or explode the sign); "
+                f"logit_diff uses every pair.")
+        if self.ranking_metric(group) == "logit_diff":
+            note += " That is more than half of them: heads are ranked by logit_diff instead."
+        return note
+
+    def top_heads(self, k: int, metric: str | None = None, group: str = "*") -> list[tuple[int, int, float]]:
+        """The k heads with the most negative ``metric`` (the key heads): (layer, head, value).
+
+        ``metric`` None: :meth:`ranking_metric` (effect, or logit_diff when the guard falls back)."""
+        metric = metric or self.ranking_metric(group)
+        hs = [(v.layer, v.head, v.value) for v in self.values
+              if v.component == "head" and v.metric == metric and v.group == group and v.value == v.value]
+        return sorted(hs, key=lambda t: t[2])[:max(0, k)]
+
+
+def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
+                         with_prob: bool = False, batch_size: int = 32,
+                         progress: ProgressFn | None = None) -> tuple[PatchingTable, bool]:
+    """Path patching through the result cache: (table, computed)."""
+    from cache import ResultRow
+    from engine.results import run_cached
+
+    f = backend.facts
+    params = {"with_prob": with_prob, "dtype": f.dtype, "senders": "heads+mlps", "position": "END",
+              "effect_guard": {"min_logit": EFFECT_MIN_LOGIT, "max_excluded": EFFECT_MAX_EXCLUDED}}
+
+    def compute():
+        raw = path_patching(backend, pairs, batch_size=batch_size, with_prob=with_prob, progress=progress)
+        rows = [ResultRow(layer=v.layer, head=v.head, label=f"{v.component}|{v.group}", metric=v.metric,
+                          value=v.value) for v in summarize(raw)]
+        return rows, {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs)}
+
+    rows, art, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
+    values = []
+    for r in rows:
+        component, group = r.label.split("|", 1)
+        values.append(SenderValue(component, int(r.layer), int(r.head), group, r.metric, float(r.value)))
+    return PatchingTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]), values), computed

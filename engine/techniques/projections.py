@@ -1,0 +1,158 @@
+"""MLP projections onto number tokens: where the answer is built (Zhang et al. 2024, §4.2, Fig. 6).
+
+At the END position of each reference prompt and each layer l:
+
+* ``mlp_in``: the MLP's input residual stream (before its norm), ``hook_mlp_in`` = resid_mid[l];
+* ``contribution``: what the MLP adds to the residual stream, MLP_out - MLP_in =
+  resid_post[l] - resid_mid[l], which is ``hook_mlp_out`` for sequential blocks.
+
+Against the **unembedding vectors** w_t = W_U[:, t] of number tokens -- A, B and C being the first
+tokens the model would emit for the operands and the answer (the answer-token rule) -- we report
+
+* ``cos_in_A``  = cos(mlp_in, w_A),  ``cos_in_B`` = cos(mlp_in, w_B): do the operands arrive?
+* ``cos_out_C`` = cos(contribution, w_C): does the MLP write the answer?
+* ``cos_out_other`` = mean over the other number tokens n != C of cos(contribution, w_n): a baseline.
+
+All cosines use the raw vectors (no final norm, no centring): cos(x, w) = x.w / (|x| |w|).
+"Number tokens" are the distinct first tokens of the numbers 0..99 under the same rule.
+For one prompt, :func:`top_number_tokens` lists each layer's number tokens with the largest raw
+projection contribution . w_n (Fig. 6c).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.techniques.batching import pad, pad_id
+from engine.prompts.pairs import PromptError, PromptPair, answer_tokens
+
+ProgressFn = Callable[[int, int], None]
+METHOD = "mlp_projection"
+METRICS: tuple[str, ...] = ("cos_in_A", "cos_in_B", "cos_out_C", "cos_out_other")
+
+
+def number_token(backend: ModelBackend, prompt: str, n: int) -> int:
+    """The first token the model would write for number ``n`` after ``prompt``."""
+    return answer_tokens(backend.tokenizer, prompt, n).answer_id
+
+
+def number_tokens(backend: ModelBackend, prompt: str, upto: int = 99) -> dict[int, int]:
+    """{token id: smallest number whose first token it is} for 0..upto."""
+    out: dict[int, int] = {}
+    for n in range(upto + 1):
+        try:
+            t = number_token(backend, prompt, n)
+        except PromptError:
+            continue
+        out.setdefault(t, n)
+    return out
+
+
+def _cos(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """cos between rows: x [..., d], w [..., d] -> [...]"""
+    return (x * w).sum(-1) / (x.norm(dim=-1) * w.norm(dim=-1)).clamp_min(1e-12)
+
+
+@dataclass(frozen=True)
+class LayerProjection:
+    layer: int
+    metric: str
+    value: float  # mean over pairs
+    std: float
+
+
+@torch.no_grad()
+def mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64,
+                    progress: ProgressFn | None = None) -> list[LayerProjection]:
+    """Per-layer means (and spreads) of the four cosines of the module docstring."""
+    if not pairs:
+        raise ValueError("no prompt pairs")
+    L = backend.facts.n_layers
+    W_U, _ = backend.unembed()
+    W_U = W_U.float()
+    names = [n for layer in range(L) for n in (hooks.mlp_in(layer), hooks.mlp_out(layer))]
+    nums = torch.tensor(sorted(number_tokens(backend, pairs[0].ref_text)))
+    vals: dict[str, list[torch.Tensor]] = {m: [] for m in METRICS}
+    pad_token = pad_id(backend)
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, mask, end = pad([p.ref_ids for p in chunk], pad_token)
+        _, c = backend.run_with_cache(ids, mask, names)
+        rows = torch.arange(len(chunk))
+        x_in = torch.stack([c[hooks.mlp_in(j)][rows, end] for j in range(L)], 1).float().cpu()   # [b, L, d]
+        x_out = torch.stack([c[hooks.mlp_out(j)][rows, end] for j in range(L)], 1).float().cpu()  # [b, L, d]
+        a = torch.tensor([number_token(backend, p.ref_text, p.a) for p in chunk])
+        b = torch.tensor([number_token(backend, p.ref_text, p.b) for p in chunk])
+        cc = torch.tensor([p.answer_id for p in chunk])
+        W = W_U.cpu()
+        vals["cos_in_A"].append(_cos(x_in, W[:, a].T[:, None, :]))
+        vals["cos_in_B"].append(_cos(x_in, W[:, b].T[:, None, :]))
+        vals["cos_out_C"].append(_cos(x_out, W[:, cc].T[:, None, :]))
+        wn = W[:, nums].T  # [N, d]
+        cos_all = (x_out @ wn.T) / (x_out.norm(dim=-1, keepdim=True) * wn.norm(dim=-1)).clamp_min(1e-12)  # [b, L, N]
+        other = nums[None, :] != cc[:, None]  # [b, N]
+        vals["cos_out_other"].append((cos_all * other[:, None, :]).sum(-1) / other.sum(-1).clamp_min(1)[:, None])
+        if progress is not None:
+            progress(min(s + batch_size, len(pairs)), len(pairs))
+    out = []
+    for m in METRICS:
+        t = torch.cat(vals[m])  # [P, L]
+        for layer in range(L):
+            out.append(LayerProjection(layer, m, float(t[:, layer].mean()), float(t[:, layer].std(unbiased=False))))
+    return out
+
+
+@dataclass(frozen=True)
+class TopToken:
+    layer: int
+    rank: int
+    token: str
+    number: int
+    score: float
+
+
+@torch.no_grad()
+def top_number_tokens(backend: ModelBackend, prompt: str, ids: Sequence[int], *, k: int = 5) -> list[TopToken]:
+    """For one prompt: each layer's k number tokens with the largest contribution . w_n (Fig. 6c)."""
+    if not ids:
+        raise ValueError("empty prompt")
+    L = backend.facts.n_layers
+    W_U, _ = backend.unembed()
+    table = number_tokens(backend, prompt)
+    nums = torch.tensor(sorted(table))
+    names = [hooks.mlp_out(layer) for layer in range(L)]
+    _, c = backend.run_with_cache(torch.tensor([list(ids)]), None, names)
+    toks = backend.tokenizer.convert_ids_to_tokens(nums.tolist())
+    out = []
+    for layer in range(L):
+        contrib = c[hooks.mlp_out(layer)][0, -1].float().cpu()
+        scores = contrib @ W_U.float().cpu()[:, nums]
+        top = scores.topk(min(k, len(nums)))
+        for r, (v, i) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+            out.append(TopToken(layer, r + 1, str(toks[i]), table[int(nums[i])], float(v)))
+    return out
+
+
+def cached_mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
+                           progress: ProgressFn | None = None) -> tuple[list[LayerProjection], bool]:
+    """:func:`mlp_projections` through the result cache: (values, computed)."""
+    from cache import ResultRow
+    from engine.results import run_cached
+
+    def compute():
+        vals = mlp_projections(backend, pairs, progress=progress)
+        rows = [ResultRow(layer=v.layer, head=None, label=v.metric, metric=stat, value=x)
+                for v in vals for stat, x in (("mean", v.value), ("std", v.std))]
+        return rows, None
+
+    params = {"metrics": list(METRICS), "dtype": backend.facts.dtype}
+    rows, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
+    stats: dict[tuple[int, str], dict[str, float]] = {}
+    for r in rows:
+        stats.setdefault((int(r.layer), r.label), {})[r.metric] = float(r.value)
+    return [LayerProjection(layer, m, s["mean"], s["std"]) for (layer, m), s in sorted(stats.items())], computed

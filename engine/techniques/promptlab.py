@@ -1,0 +1,119 @@
+"""One typed prompt, analysed: tokens, parsed operation and counterfactual, next-token predictions.
+
+The prompt lab's engine call.  A typed prompt such as "What is 7 times 8?" is parsed into operands
+and operator (:func:`engine.prompts.pairs.parse_typed_prompt`); if that works, the answer-token rule gives
+the ids the model should answer from (``ids``), the answer token and its probability, and the
+counterfactual prompt (operator replaced) with the same measures.  If it does not parse, the prompt
+is read at the position where a number would start (the same rule with a placeholder digit) and
+``parse_error`` says why no counterfactual exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.techniques.ablation import Knockout, MeanActivations, TokenProb, top_next_tokens
+from engine.backends.base import ModelBackend
+from engine.prompts.pairs import (MAX_TYPED_CHARS, PromptError, TypedIds, TypedProblem, answer_tokens,
+                            typed_prompt_ids)
+
+
+@dataclass
+class PromptReport:
+    text: str
+    ids: list[int]                      # what the model reads (after the answer-token rule)
+    tokens: list[str]
+    top5: list[TokenProb]
+    parsed: TypedProblem | None = None
+    parse_error: str | None = None
+    answer_id: int | None = None
+    answer_token: str | None = None
+    p_answer: float | None = None
+    answer_rank: int | None = None      # 1 = the model's top prediction
+    cf_ids: list[int] = field(default_factory=list)
+    cf_top5: list[TokenProb] = field(default_factory=list)
+    p_answer_cf: float | None = None
+    notes: list[str] = field(default_factory=list)  # what the reader should know (unknown tokens, ...)
+
+
+def _prob_and_rank(model: ModelBackend, ids: list[int], token: int, ko: Knockout | None = None,
+                   means: MeanActivations | None = None) -> tuple[float, int]:
+    from engine.techniques.ablation import knocked_out
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        if ko is not None and not ko.empty and means is not None:
+            with knocked_out(model, ko, means, [None], [len(ids) - 1]):
+                lg = model.logits(x)[0, -1].float()
+        else:
+            lg = model.logits(x)[0, -1].float()
+    p = torch.softmax(lg, -1)
+    return float(p[token]), int((p > p[token]).sum()) + 1
+
+
+def _check_text(text: str | None) -> None:
+    if text is None or not text.strip():
+        raise PromptError("the prompt is empty: type an arithmetic question such as 'What is 7 times 8?'")
+    if len(text) > MAX_TYPED_CHARS:
+        raise PromptError(f"the prompt has {len(text)} characters; keep it under {MAX_TYPED_CHARS}")
+
+
+def _check_known(tok, ids: list[int]) -> None:
+    if not ids:
+        raise PromptError("the prompt produced no tokens")
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is not None and all(i == unk for i in ids if i != getattr(tok, "bos_token_id", None)):
+        raise PromptError("none of the prompt's words is in this model's vocabulary: use words like "
+                          "'plus', 'times', 'sum of' and digits")
+
+
+def check_typed_text(tok, text: str | None) -> TypedIds:
+    """A typed prompt after the answer-token rule (:func:`engine.prompts.pairs.typed_prompt_ids`); PromptError
+    when the text is empty, longer than MAX_TYPED_CHARS or holds no word the model knows -- the checks
+    of :func:`analyse_prompt`, for callers (the CLI's ``--text``) that need only the ids."""
+    _check_text(text)
+    typed = typed_prompt_ids(tok, text)
+    _check_known(tok, typed.ids)
+    return typed
+
+
+def _notes(tok, ids: list[int], parsed: TypedProblem | None) -> list[str]:
+    notes = []
+    unk = getattr(tok, "unk_token_id", None)
+    n_unk = sum(i == unk for i in ids) if unk is not None else 0
+    if n_unk:
+        notes.append(f"{n_unk} of the prompt's {len(ids)} tokens are not in this model's vocabulary "
+                     f"(shown as {tok.unk_token}): the model reads each as the same placeholder")
+    if parsed is not None:
+        for x in dict.fromkeys((parsed.a, parsed.b)):
+            pieces = tok.convert_ids_to_tokens(tok(str(abs(x)), add_special_tokens=False)["input_ids"])
+            n = sum(any(c.isdigit() for c in str(p)) for p in pieces)
+            if n > 1:
+                notes.append(f"operand {x} is {n} tokens for this model; the prompt sets of the analysis "
+                             f"pages use single-token operands (1-9 by default), this prompt is analysed "
+                             f"as typed")
+    return notes
+
+
+def analyse_prompt(model: ModelBackend, text: str, *, ko: Knockout | None = None,
+                   means: MeanActivations | None = None) -> PromptReport:
+    """Analyse a typed prompt (optionally under a knockout); PromptError for unusable text."""
+    tok = model.tokenizer
+    typed = check_typed_text(tok, text)
+    ids, parsed, at = typed.ids, typed.parsed, typed.answer
+    rep = PromptReport(text=text, ids=ids, tokens=[str(t) for t in tok.convert_ids_to_tokens(ids)],
+                       top5=top_next_tokens(model, ids, ko=ko, means=means), parsed=parsed,
+                       parse_error=typed.error, notes=_notes(tok, ids, parsed))
+    if parsed is not None and at is not None:
+        rep.answer_id = at.answer_id
+        rep.answer_token = str(tok.convert_ids_to_tokens([at.answer_id])[0])
+        rep.p_answer, rep.answer_rank = _prob_and_rank(model, ids, at.answer_id, ko, means)
+        try:
+            cf = answer_tokens(tok, parsed.cf_text.rstrip(), parsed.answer)
+            rep.cf_ids = cf.prompt_ids
+            rep.cf_top5 = top_next_tokens(model, cf.prompt_ids)
+            rep.p_answer_cf, _ = _prob_and_rank(model, cf.prompt_ids, at.answer_id)
+        except PromptError:
+            pass
+    return rep

@@ -1,0 +1,126 @@
+"""Transfer of key heads between prompt sets (Zhang et al. 2024, §5.2, Table 4).
+
+Path patching is run on two prompt sets (e.g. the equation templates vs the Figure 10 word
+problems, or template prompts vs pairs built from SVAMP / GSM8K questions); we report
+
+* the overlap of their top-k key heads (count and Jaccard index), and
+* for each set, the accuracy before and after knocking out (mean ablation) its own top-k heads and
+  the *other* set's top-k heads -- if the heads transfer, both knockouts hurt.
+
+Benchmark questions become pairs by appending `` The answer is`` and, for X_c, replacing each
+**operation word** (more, less, left, total, each, times, gave, ...) with a neutral filler of the
+same token length; questions without such a word, or whose filler changes the length, are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from engine.techniques.ablation import Knockout, knockout_accuracies, mean_activations
+from engine.backends.base import ModelBackend
+from engine.techniques.patching import cached_path_patching
+from engine.progress import ProgressFn, Stages
+from engine.prompts.pairs import PromptError, PromptPair, answer_tokens
+from engine.prompts.templates import CF_WORDS
+
+BENCH_FILES = {"svamp": "svamp/test.normalized.jsonl", "gsm8k": "gsm8k/test.normalized.jsonl",
+               "addsub": "addsub/test.normalized.jsonl", "singleeq": "singleeq/test.normalized.jsonl"}
+OPERATION_WORDS = ("more", "less", "fewer", "left", "total", "altogether", "each", "every", "times",
+                   "twice", "half", "gave", "give", "gives", "ate", "eats", "spent", "bought", "sold",
+                   "lost", "found", "added", "removed", "remaining", "sum", "difference", "product",
+                   "plus", "minus", "per", "divided", "multiplied", "shared", "split", "together")
+_OP_RE = re.compile(r"\b(" + "|".join(OPERATION_WORDS) + r")\b", re.IGNORECASE)
+SUFFIX = " The answer is"
+
+
+def benchmark_pairs(tokenizer, data_dir: str | Path, bench: str, n: int, seed: int = 0,
+                    max_chars: int = 400) -> list[PromptPair]:
+    """(X_r, X_c) pairs from a math benchmark's questions (see module docstring)."""
+    if bench not in BENCH_FILES:
+        raise PromptError(f"unknown benchmark {bench!r}: choose from {', '.join(BENCH_FILES)}")
+    path = Path(data_dir) / BENCH_FILES[bench]
+    if not path.is_file():
+        raise PromptError(f"{path} not found: pass --data-dir pointing at a folder laid out like ../shared/data")
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    random.Random(seed).shuffle(records)
+    out: list[PromptPair] = []
+    for rec in records:
+        if len(out) >= n:
+            break
+        q, ans = rec.get("question", ""), rec.get("answer")
+        if not isinstance(ans, int) or ans < 0 or len(q) > max_chars or not _OP_RE.search(q):
+            continue
+        ref_text = q.strip() + SUFFIX
+        try:
+            ref = answer_tokens(tokenizer, ref_text, ans)
+        except PromptError:
+            continue
+        for filler in CF_WORDS:
+            cf_text = _OP_RE.sub(filler, q.strip()) + SUFFIX
+            try:
+                cf = answer_tokens(tokenizer, cf_text, ans)
+            except PromptError:
+                continue
+            if len(cf.prompt_ids) == len(ref.prompt_ids):
+                out.append(PromptPair("mixed", f"{bench}", bench, 0, 0, ans, ref_text, cf_text,
+                                      ref.prompt_ids, cf.prompt_ids, ref.answer_id, ref.answer_ids))
+                break
+    return out
+
+
+@dataclass(frozen=True)
+class SetTransfer:
+    name: str
+    n_pairs: int
+    top_heads: list[tuple[int, int]]
+    accuracy: float
+    accuracy_ko_own: float
+    accuracy_ko_other: float
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    k: int
+    a: SetTransfer
+    b: SetTransfer
+    overlap: int
+    jaccard: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def transfer(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b: Sequence[PromptPair], *,
+             names: tuple[str, str] = ("A", "B"), k: int = 10, cache=None,
+             progress: ProgressFn | None = None) -> TransferResult:
+    """Top-k overlap and cross knockouts between two (correctly answered) prompt sets."""
+    if not pairs_a or not pairs_b:
+        raise PromptError("both prompt sets need at least one correctly answered pair")
+    n_heads = backend.facts.n_layers * backend.facts.n_heads
+    if not 1 <= k <= n_heads:
+        raise ValueError(f"k must lie in 1..{n_heads} (the model's heads), got {k}")
+    batch = 32  # cached_path_patching's default: its progress counts batches of 32 pairs
+    stages = Stages(progress, [-(-len(pairs_a) // batch), -(-len(pairs_b) // batch), 1, 1])
+    tables = []
+    for i, p in enumerate((pairs_a, pairs_b)):
+        tables.append(cached_path_patching(backend, p, cache=cache, batch_size=batch, progress=stages.stage(i))[0])
+        stages.finish(i)
+    tops = [[(layer, head) for layer, head, _ in t.top_heads(k)] for t in tables]
+    sets = []
+    for i, pairs in enumerate((pairs_a, pairs_b)):
+        means = mean_activations(backend, pairs)
+        own, other = tops[i], tops[1 - i]
+        # no knockout, own top-k, other's top-k: one batched END-only pass (identical sets once)
+        base, ko_own, ko_other = knockout_accuracies(
+            backend, pairs, [Knockout(), Knockout(tuple(own)), Knockout(tuple(other))], means,
+            progress=stages.stage(2 + i))
+        sets.append(SetTransfer(names[i], len(pairs), own, base, ko_own, ko_other))
+        stages.finish(2 + i)
+    inter = len(set(tops[0]) & set(tops[1]))
+    union = len(set(tops[0]) | set(tops[1]))
+    return TransferResult(k, sets[0], sets[1], inter, inter / union if union else 0.0)

@@ -1,0 +1,166 @@
+"""Progress of a page computation: ``st.progress`` fed by the engine's callback, a Stop button, and
+cancellation when the user leaves the page or the browser session ends."""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException, StopException
+
+
+FINISH_WINDOW_S = 3.0  # a computation this close to done finishes into the cache even when nobody waits
+POLL_S = 0.25  # how often a running forward pass looks at the session (per-layer probe)
+
+
+class Cancelled(StopException):
+    """A page computation was stopped: Stop button, page left, or browser session gone.
+
+    A ``StopException``: Streamlit ends the script run quietly and then serves whatever request is
+    pending (the other page, the rerun after Stop); the cache stores nothing for the computation."""
+
+
+def _pending(ctx) -> tuple[str, object | None]:
+    """("continue" | "rerun" | "stop", rerun data) of the session's pending request; thread-safe."""
+    req = getattr(ctx, "script_requests", None)
+    if req is None:
+        return "continue", None
+    with req._lock:  # noqa: SLF001 - Streamlit keeps the pending request here (thread-safe under _lock)
+        return str(getattr(req._state, "name", req._state)).lower(), req._rerun_data  # noqa: SLF001
+
+
+def _session_active(ctx) -> bool:
+    try:
+        from streamlit.runtime import Runtime
+        return Runtime.instance().is_active_session(ctx.session_id)
+    except (RuntimeError, AttributeError):  # no server runtime (AppTest): the session is the test
+        return True
+
+
+class ProgressBar:
+    """``st.progress`` fed by an engine callback: "k of N" and an ETA, a Stop button, and a
+    computation that stops when nobody waits for it any more.
+
+    Streamlit delivers a rerun (any click in the session) or a stop as an exception raised inside
+    the next ``st.*`` call -- during a computation, inside the progress callback.  What happens then:
+
+    * a click elsewhere on the same page: the exception is held back, the computation runs to the
+      end and is stored in the cache, and :meth:`empty` raises it -- every result is computed once,
+      however much the user clicks meanwhile;
+    * **Stop** pressed, another page opened, the session stopped, or the browser session gone
+      (tab closed, no request at all): the computation is cancelled (:class:`Cancelled`), unless it
+      is less than ``FINISH_WINDOW_S`` from done (then it finishes into the cache).  The check also
+      runs inside the forward passes (:meth:`check`, every layer, at most every ``POLL_S`` for the
+      session's state), so the model lock is free within a fraction of a second.
+
+    A cancelled computation leaves no cache row (the cache stores only finished computations).
+    After Stop, the page shows "Stopped" and a Resume button instead of starting again.
+    """
+
+    def __init__(self, text: str, key: str | None = None, *, on_demand: bool = False) -> None:
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+        self.text = text
+        self.key = key or "".join(c if c.isalnum() else "_" for c in text.lower())
+        self._ctx = get_script_run_ctx()
+        flag = f"stopped:{self.key}"
+        if on_demand:  # started by the page's own button: that click is the resume
+            st.session_state.pop(flag, None)
+        elif st.session_state.get(flag):
+            st.warning(f"{text}: stopped. Nothing was stored; press Resume to compute it.")
+            if not st.button("Resume", key=f"resume:{self.key}"):
+                st.stop()
+            del st.session_state[flag]
+        self._bar = st.progress(0.0, text=f"{text} ...")
+        self._stop = st.empty()
+        self._stop.button("Stop", key=f"stop:{self.key}", help="Stop this computation (nothing is stored)")
+        self._deferred: BaseException | None = None
+        self._t0 = time.monotonic()
+        self._done, self._total = 0, 0
+        self._polled = 0.0
+
+    # -- the decision, from any thread ---------------------------------------------------------------
+    def eta(self) -> float | None:
+        if self._done <= 0 or self._total <= 0:
+            return None
+        elapsed = time.monotonic() - self._t0
+        return elapsed * (self._total - self._done) / self._done
+
+    def _stop_pressed(self, data) -> bool:
+        states = getattr(data, "widget_states", None)
+        suffix = f"-stop:{self.key}"
+        return states is not None and any(w.id.endswith(suffix) and w.WhichOneof("value") == "trigger_value"
+                                          and w.trigger_value for w in states.widgets)
+
+    def reason(self) -> str | None:
+        """Why the computation should stop now ("stop", "page", "gone"), or None to go on."""
+        if self._ctx is None:
+            return None
+        state, data = _pending(self._ctx)
+        if state == "rerun" and self._stop_pressed(data):
+            return "stop"
+        eta = self.eta()
+        if eta is not None and eta < FINISH_WINDOW_S:
+            return None  # a few seconds from done: finish into the cache
+        if state == "stop":
+            return "gone"
+        if state == "rerun":
+            page = getattr(data, "page_script_hash", "")
+            if page and page != getattr(self._ctx, "page_script_hash", page):
+                return "page"
+        if not _session_active(self._ctx):
+            return "gone"
+        return None
+
+    def check(self) -> None:
+        """Raise :class:`Cancelled` if nobody waits for the computation any more (any thread; cheap:
+        it looks at the session at most every ``POLL_S``)."""
+        now = time.monotonic()
+        if now - self._polled < POLL_S:
+            return
+        self._polled = now
+        why = self.reason()
+        if why is not None:
+            self._cancel(why)
+
+    def _cancel(self, why: str) -> None:
+        if why == "stop" and self._ctx is not None:  # thread-safe: the check may run on a model thread
+            self._ctx.session_state[f"stopped:{self.key}"] = True
+        raise Cancelled(f"{self.text}: cancelled ({why})")
+
+    # -- the engine callback (script thread) ---------------------------------------------------------
+    def __call__(self, done: int, total: int) -> None:
+        self._done, self._total = done, total
+        self.check()
+        if self._deferred is not None:
+            return
+        eta = self.eta()
+        left = "" if eta is None else f" · about {eta:.0f} s left" if eta >= 1 else " · finishing"
+        try:
+            self._bar.progress(min(1.0, done / max(total, 1)), text=f"{self.text}: {done} of {total}{left}")
+        except ScriptControlException as e:  # a rerun / stop request: decided on, or honoured in empty()
+            self._deferred = e
+            self._polled = 0.0
+            self.check()
+
+    def empty(self) -> None:
+        self._bar.empty()
+        self._stop.empty()
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            raise deferred
+
+
+def progress_bar(text: str, key: str | None = None, *, on_demand: bool = False
+                 ) -> tuple[ProgressBar, ProgressBar]:
+    """A progress bar with a Stop button and the engine callback that feeds it (the same object; run
+    the computation inside ``with cancellable(bar):`` for a check inside the forward passes, and call
+    ``.empty()`` after it).  ``on_demand``: the computation was started by a button of the page (no
+    Resume button after a Stop: that button starts it again)."""
+    bar = ProgressBar(text, key, on_demand=on_demand)
+    return bar, bar
+
+
+def cancellable(bar: ProgressBar):
+    """``with cancellable(bar):`` -- forward passes inside check ``bar`` at every layer."""
+    from engine.progress import cancel_check
+    return cancel_check(bar.check)
