@@ -13,8 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from engine.finetune.data import BUILTIN_SETS
+
+if TYPE_CHECKING:
+    from engine.finetune.train import TrainConfig
 
 
 def _float(text: str) -> float:

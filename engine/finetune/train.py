@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.backends.layouts import LAYOUTS, LLAMA, Layout
+
 Method = Literal["precise", "full", "lora"]
 METHODS: tuple[str, ...] = ("precise", "full", "lora")
 Head = tuple[int, int]  # (layer, head)
@@ -241,59 +243,67 @@ def answer_loss(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, labels:
 
 @dataclass(frozen=True)
 class AttnLayout:
-    """Per-architecture access to the attention projections of a plain HF model."""
+    """Sizes plus the architecture's row of :data:`engine.backends.layouts.LAYOUTS` (module paths)."""
 
     n_layers: int
     n_heads: int
     n_kv_heads: int
     d_head: int
     d_model: int
-    fused_qkv: bool  # GPT-2: one Conv1D c_attn producing [q | k | v]
+    modules: Layout
+
+    @property
+    def fused_qkv(self) -> bool:  # GPT-2: one Conv1D c_attn producing [q | k | v]
+        return self.modules.qkv_style == "gpt2"
 
     def attn(self, model: nn.Module, layer: int) -> nn.Module:
-        raise NotImplementedError
+        return model.get_submodule(f"{self.modules.layers}.{layer}.{self.modules.attn}")
 
     def mlp(self, model: nn.Module, layer: int) -> nn.Module:
-        raise NotImplementedError
+        return model.get_submodule(f"{self.modules.layers}.{layer}.{self.modules.mlp}")
 
+    def projection_names(self) -> tuple[str, str, str, str] | tuple[str, str]:
+        """Attribute names (on the attention module) of q, k, v, o -- or of the fused qkv and o."""
+        own = lambda path: path.rpartition(".")[2]  # noqa: E731
+        if self.fused_qkv:
+            return own(str(self.modules.qkv)), own(self.modules.o_proj)
+        q, k, v = self.modules.qkv
+        return own(q), own(k), own(v), own(self.modules.o_proj)
 
-class _SplitLayout(AttnLayout):
-    """Llama / Mistral / Qwen2 / Gemma ...: model.model.layers[l].self_attn.{q,k,v,o}_proj."""
-
-    def attn(self, model, layer):
-        return model.model.layers[layer].self_attn
-
-    def mlp(self, model, layer):
-        return model.model.layers[layer].mlp
-
-
-class _GPT2Layout(AttnLayout):
-    """GPT-2: transformer.h[l].attn.c_attn (fused [q|k|v], Conv1D) and c_proj."""
-
-    def attn(self, model, layer):
-        return model.transformer.h[layer].attn
-
-    def mlp(self, model, layer):
-        return model.transformer.h[layer].mlp
+    def lora_targets(self) -> list[str]:
+        # peft matches a target by module-name suffix: GPT-2's MLP has a ``c_proj`` too (mlp.c_proj),
+        # so the fused attention modules are named with their parent to keep LoRA on attention only.
+        if self.fused_qkv:
+            return [str(self.modules.qkv), self.modules.o_proj]
+        return list(self.projection_names())
 
 
 def attn_layout(model: nn.Module) -> AttnLayout:
+    """The attention layout of a plain HF model: GPT-2, or any Llama-style q/k/v/o_proj model."""
     cfg = model.config
     mt = getattr(cfg, "model_type", "")
     if mt == "gpt2":
         n_heads = int(cfg.n_head)
-        return _GPT2Layout(int(cfg.n_layer), n_heads, n_heads, int(cfg.n_embd) // n_heads,
-                           int(cfg.n_embd), True)
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is not None and len(layers) and all(hasattr(layers[0].self_attn, p) for p in
-                                                  ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return AttnLayout(int(cfg.n_layer), n_heads, n_heads, int(cfg.n_embd) // n_heads, int(cfg.n_embd),
+                          LAYOUTS["gpt2"])
+    modules = LAYOUTS.get(mt, LLAMA)
+    layers = model.get_submodule(modules.layers) if modules.qkv_style == "separate" and \
+        _has_module(model, modules.layers) else None
+    if layers is not None and len(layers) and all(_has_module(layers[0], p) for p in (*modules.qkv, modules.o_proj)):
         n_heads = int(cfg.num_attention_heads)
         n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
         d_head = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
-        return _SplitLayout(len(layers), n_heads, n_kv, d_head, int(cfg.hidden_size), False)
+        return AttnLayout(len(layers), n_heads, n_kv, d_head, int(cfg.hidden_size), modules)
     raise FinetuneError(f"precise SFT does not know the attention layout of model type {mt!r}; "
                         f"supported: Llama-style q/k/v/o_proj (Llama, Mistral, Qwen2, Gemma ...) and GPT-2")
+
+
+def _has_module(model: nn.Module, path: str) -> bool:
+    try:
+        model.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def parse_heads(text: str) -> tuple[Head, ...]:
@@ -454,16 +464,19 @@ class HeadSlices:
             q_rows = _rows(spec.heads, lay.d_head)
             kv_rows = _rows(spec.kv, lay.d_head)
             if lay.fused_qkv:
+                qkv, o = lay.projection_names()
                 rows = torch.cat([q_rows, kv_rows + lay.d_model, kv_rows + 2 * lay.d_model])
-                self._swap(attn, "c_attn", _RowSliced(attn.c_attn, rows.to(attn.c_attn.weight.device)), spec)
-                self._swap(attn, "c_proj", _ColSliced(attn.c_proj, q_rows.to(attn.c_proj.weight.device)), spec)
+                fused, out = getattr(attn, qkv), getattr(attn, o)
+                self._swap(attn, qkv, _RowSliced(fused, rows.to(fused.weight.device)), spec)
+                self._swap(attn, o, _ColSliced(out, q_rows.to(out.weight.device)), spec)
             else:
-                dev = attn.q_proj.weight.device
-                self._swap(attn, "q_proj", _RowSliced(attn.q_proj, q_rows.to(dev)), spec)
+                q, k, v, o = lay.projection_names()
+                dev = getattr(attn, q).weight.device
+                self._swap(attn, q, _RowSliced(getattr(attn, q), q_rows.to(dev)), spec)
                 if spec.kv:
-                    self._swap(attn, "k_proj", _RowSliced(attn.k_proj, kv_rows.to(dev)), spec)
-                    self._swap(attn, "v_proj", _RowSliced(attn.v_proj, kv_rows.to(dev)), spec)
-                self._swap(attn, "o_proj", _ColSliced(attn.o_proj, q_rows.to(dev)), spec)
+                    self._swap(attn, k, _RowSliced(getattr(attn, k), kv_rows.to(dev)), spec)
+                    self._swap(attn, v, _RowSliced(getattr(attn, v), kv_rows.to(dev)), spec)
+                self._swap(attn, o, _ColSliced(getattr(attn, o), q_rows.to(dev)), spec)
         for m in self.mlps:
             for p in lay.mlp(self.model, m).parameters():
                 p.requires_grad_(True)
@@ -520,13 +533,6 @@ class HeadSlices:
 # training
 # ---------------------------------------------------------------------------------------------
 
-def _lora_targets(model: nn.Module) -> list[str]:
-    # peft matches a target by module-name suffix: GPT-2's MLP has a ``c_proj`` too (mlp.c_proj),
-    # so the attention modules are named with their parent to keep LoRA on attention only.
-    return ["attn.c_attn", "attn.c_proj"] if getattr(model.config, "model_type", "") == "gpt2" else \
-        ["q_proj", "k_proj", "v_proj", "o_proj"]
-
-
 @contextlib.contextmanager
 def trainable(model: nn.Module, config: TrainConfig) -> Iterator[tuple[nn.Module, list[nn.Parameter], object]]:
     """(module to call, parameters to optimize, slices) for ``config.method``; restores on exit.
@@ -545,7 +551,7 @@ def trainable(model: nn.Module, config: TrainConfig) -> Iterator[tuple[nn.Module
         from peft import LoraConfig, get_peft_model
 
         lcfg = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
-                          target_modules=_lora_targets(model), task_type="CAUSAL_LM",
+                          target_modules=attn_layout(model).lora_targets(), task_type="CAUSAL_LM",
                           fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2")
         peft_model = get_peft_model(model, lcfg)
         try:

@@ -225,8 +225,8 @@ def test_random_init_parity(arch, tiny_dirs):
 
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path, monkeypatch):
-    from engine.backends import nnsight as nnsight_backend
-    monkeypatch.delitem(nnsight_backend.LAYOUTS, "mistral")
+    from engine.backends import layouts
+    monkeypatch.delitem(layouts.LAYOUTS, "mistral")
     with pytest.raises(ModelLoadError, match="no module map for model_type 'mistral'.*--backend bridge"):
         open_model(str(build_tiny_model("mistral", tmp_path / "m")), device="cpu", backend="nnsight")
 
