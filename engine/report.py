@@ -14,12 +14,12 @@ import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 from engine.paths import REPO_ROOT
 from engine.prompts.pairs import prompt_set_hash
+from engine.progress import ProgressFn
 
-ProgressFn = Callable[[int, int], None]
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
 STEPS = ("prompt set", "path patching", "attention", "MLP projections", "logit lens", "knockout curve")
 

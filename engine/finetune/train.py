@@ -307,16 +307,12 @@ def _has_module(model: nn.Module, path: str) -> bool:
 
 
 def parse_heads(text: str) -> tuple[Head, ...]:
-    """"3.1,5.0" -> ((3, 1), (5, 0))."""
-    out: list[Head] = []
-    for part in [p.strip() for p in text.split(",") if p.strip()]:
-        bits = part.split(".")
-        if len(bits) != 2 or not all(b.isdigit() for b in bits):
-            raise FinetuneError(f"bad head {part!r}: write heads as LAYER.HEAD, e.g. 3.1,5.0")
-        out.append((int(bits[0]), int(bits[1])))
-    if not out:
-        raise FinetuneError("no heads given: write heads as LAYER.HEAD, e.g. 3.1,5.0")
-    return tuple(dict.fromkeys(out))
+    """"3.1,5.0" -> ((3, 1), (5, 0)) (:func:`engine.techniques.ablation.parse_heads`, at least one head)."""
+    from engine.techniques.ablation import parse_heads as parse_head_list
+    try:
+        return parse_head_list(text, required=True)
+    except ValueError as e:
+        raise FinetuneError(str(e)) from None
 
 
 def check_selection(layout: AttnLayout, heads: Sequence[Head], mlps: Sequence[int]) -> None:

@@ -23,7 +23,7 @@ import random
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -32,8 +32,8 @@ from engine.backends.base import ModelBackend
 from engine.techniques.batching import pad, pad_id
 from engine.progress import current_check
 from engine.prompts.pairs import PromptPair
+from engine.progress import ProgressFn
 
-ProgressFn = Callable[[int, int], None]
 ALL = "*"
 
 
@@ -59,18 +59,21 @@ class Knockout:
         return not self.heads and not self.mlps
 
 
-def parse_heads(text: str) -> tuple[tuple[int, int], ...]:
-    """``"3.1,5.0"`` -> ((3, 1), (5, 0))."""
-    out = []
+def parse_heads(text: str, *, required: bool = False) -> tuple[tuple[int, int], ...]:
+    """``"3.1,5.0"`` -> ((3, 1), (5, 0)); repeats dropped.  ``required``: an empty list is an error too.
+
+    The one parser of head lists (CLI knockout/finetune, pages); a ValueError names the bad part."""
+    out: list[tuple[int, int]] = []
     for part in (p.strip() for p in (text or "").split(",")):
         if not part:
             continue
-        try:
-            layer, head = (int(x) for x in part.split("."))
-        except ValueError:
-            raise ValueError(f"head {part!r} is not LAYER.HEAD, e.g. 3.1") from None
-        out.append((layer, head))
-    return tuple(out)
+        bits = part.split(".")
+        if len(bits) != 2 or not all(b.isdigit() for b in bits):
+            raise ValueError(f"bad head {part!r}: write heads as LAYER.HEAD, e.g. 3.1,5.0")
+        out.append((int(bits[0]), int(bits[1])))
+    if required and not out:
+        raise ValueError("no heads given: write heads as LAYER.HEAD, e.g. 3.1,5.0")
+    return tuple(dict.fromkeys(out))
 
 
 def parse_layers(text: str) -> tuple[int, ...]:

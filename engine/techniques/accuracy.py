@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from engine.prompts.pairs import PromptPair
+from engine.progress import ProgressFn
 
-ProgressFn = Callable[[int, int], None]  # (done, total)
 
 
 @dataclass(frozen=True)

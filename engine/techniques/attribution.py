@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -53,8 +53,8 @@ from engine.backends.base import ModelBackend
 from engine.techniques.batching import batches, check_pairs, pad, pad_id, pair_batches
 from engine.techniques.patching import PatchingRaw, end_chain_hooks, path_patching
 from engine.prompts.pairs import PromptPair
+from engine.progress import ProgressFn
 
-ProgressFn = Callable[[int, int], None]
 METHOD = "attribution_patching"
 #: the four estimates, as (name, what it is)
 KINDS: tuple[tuple[str, str], ...] = (

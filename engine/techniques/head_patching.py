@@ -29,7 +29,7 @@ need the receiver's attention as a single-position component of the backend; not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import torch
 
@@ -38,8 +38,8 @@ from engine.backends.base import ModelBackend
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
 from engine.techniques.patching import PatchingRaw, Sender, SenderValue, summarize
 from engine.prompts.pairs import PromptPair
+from engine.progress import ProgressFn
 
-ProgressFn = Callable[[int, int], None]
 Input = Literal["q", "k", "v"]
 INPUTS: tuple[str, ...] = ("q", "k", "v")
 METHOD = "head_path_patching"

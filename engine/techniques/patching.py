@@ -60,8 +60,8 @@ from engine.techniques.batching import pair_batches
 from engine.techniques.batching import pad as _pad
 from engine.techniques.batching import pad_id as _pad_id
 from engine.prompts.pairs import PromptPair
+from engine.progress import ProgressFn
 
-ProgressFn = Callable[[int, int], None]
 METHOD = "path_patching"
 METRICS: tuple[str, ...] = ("effect", "logit_diff", "prob_diff")
 #: Pairs whose unpatched answer logit is below this are left out of the relative effect (module docstring).

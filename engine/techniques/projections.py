@@ -22,7 +22,7 @@ projection contribution . w_n (Fig. 6c).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -30,8 +30,8 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.techniques.batching import pad, pad_id
 from engine.prompts.pairs import PromptError, PromptPair, answer_tokens
+from engine.progress import ProgressFn
 
-ProgressFn = Callable[[int, int], None]
 METHOD = "mlp_projection"
 METRICS: tuple[str, ...] = ("cos_in_A", "cos_in_B", "cos_out_C", "cos_out_other")
 
