@@ -1,1 +1,72 @@
-"""Arithmetic-circuits lab engine: prompts, models, techniques (no Streamlit here)."""
+"""The arithmetic-circuits lab's engine: the public API a notebook needs, in one import.
+
+    from engine import open_model, PromptSetSpec, kept_pairs, cached_path_patching, Knockout, ...
+
+Names are imported lazily on first use (PEP 562), so ``import engine`` and the CLI's argument
+checks stay fast; each name lives in the module shown below.  ``docs/notebook.md`` walks through
+them (the tests run it).  The subpackages by concern:
+
+* ``engine.models``      -- resolve a spec safely, load it, facts, weights fingerprint
+* ``engine.backends``    -- the narrow :class:`ModelBackend` (TransformerBridge / nnsight), hook names,
+  THE per-architecture table of module names (``layouts``)
+* ``engine.prompts``     -- the paper's templates, prompt pairs and the answer-token rule, prompt sets
+* ``engine.techniques``  -- one module per technique (patching, ablation, attention, projections,
+  attribution, head/position patching, logit lens, transfer, summary) + batching
+* ``engine.results``     -- every technique through the DuckDB result cache
+* ``engine.evaluation``, ``engine.finetune``, ``engine.organism``, ``engine.cli``
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> module that defines it
+API: dict[str, str] = {
+    # models and backends
+    "open_model": "engine.backends",
+    "ModelBackend": "engine.backends.base",
+    "ModelFacts": "engine.models.load",
+    "ModelLoadError": "engine.models.load",
+    # prompts
+    "PromptSetSpec": "engine.prompts.promptsets",
+    "generate": "engine.prompts.promptsets",
+    "answer_token_stats": "engine.prompts.promptsets",
+    "PromptPair": "engine.prompts.pairs",
+    "PromptError": "engine.prompts.pairs",
+    "typed_prompt_ids": "engine.prompts.pairs",
+    # techniques (the paper's steps)
+    "kept_pairs": "engine.techniques.accuracy",
+    "accuracy_report": "engine.techniques.accuracy",
+    "path_patching": "engine.techniques.patching",
+    "cached_path_patching": "engine.techniques.patching",
+    "PatchingTable": "engine.techniques.patching",
+    "Knockout": "engine.techniques.ablation",
+    "mean_activations": "engine.techniques.ablation",
+    "knockout_accuracy": "engine.techniques.ablation",
+    "knockout_curve": "engine.techniques.ablation",
+    "top_next_tokens": "engine.techniques.ablation",
+    "role_attention": "engine.techniques.attention",
+    "prompt_attention": "engine.techniques.attention",
+    "mlp_projections": "engine.techniques.projections",
+    "logit_lens": "engine.techniques.logit_lens",
+    "attribution": "engine.techniques.attribution",
+    "transfer": "engine.techniques.transfer",
+    "circuit_summary": "engine.techniques.summary",
+    # the result cache
+    "ResultCache": "cache",
+}
+
+__all__ = sorted(API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in API:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(API[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *API])

@@ -12,6 +12,7 @@ import streamlit as st
 from cache import CacheError, ResultCache
 from engine.backends.base import ModelBackend
 from engine.backends import open_model
+from engine.models import DTYPE_NAMES
 from engine.models.load import ORGANISM_DIR, ORGANISM_SPEC, REPO_ROOT, ModelLoadError
 from ui import state
 from ui.nav import ROUTED, page_link
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
 
 MULTI_GPU = "all GPUs"  # device choice: accelerate's device_map="auto" over every visible GPU
 DEVICES = ("auto", "cpu", "cuda", MULTI_GPU)
-DTYPES = ("float32", "bfloat16", "float16")
 BACKEND_CHOICES = {"bridge": "TransformerBridge (transformer-lens)", "nnsight": "nnsight (plain HF model)"}
 
 
@@ -90,7 +90,7 @@ def model_choice() -> ModelChoice:
             device = c1.selectbox("Device", DEVICES, key="model_device_input",
                                   help="`all GPUs` spreads a model too big for one GPU over every visible GPU "
                                        "(accelerate device_map=auto).")
-            dtype = c2.selectbox("Precision", DTYPES, key="model_dtype_input",
+            dtype = c2.selectbox("Precision", DTYPE_NAMES, key="model_dtype_input",
                                  help="bfloat16 / float16 halve the memory; README 'Bigger models' lists how far "
                                       "their results move from float32.")
             backend = st.selectbox("Backend", list(BACKEND_CHOICES),

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from engine.models import DTYPE_NAMES
+
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
@@ -51,7 +53,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="organism",
                    help="organism (bundled, default) | a local HF directory | a .gguf file | a hub id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when present)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
     p.add_argument("--backend", default="bridge", choices=("bridge", "nnsight"),
                    help="bridge: TransformerBridge (transformer-lens, default) | nnsight: the plain HF model "
                         "through nnsight (same numbers; also runs on NDIF with --remote)")

