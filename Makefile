@@ -10,7 +10,7 @@ PORT ?= 8501
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup run test chromium smollm2 bench clean-cache screenshots
+.PHONY: setup run test lint chromium smollm2 bench clean-cache screenshots
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -36,7 +36,11 @@ chromium:
 smollm2: setup
 	@$(PY) -c "from engine.models.load import smollm2_gguf_path; print('SmolLM2 GGUF:', smollm2_gguf_path())"
 
-test: setup chromium smollm2
+# ruff: pyflakes, pycodestyle, import order and bugbear (configuration in pyproject.toml)
+lint: setup
+	$(PY) -m ruff check .
+
+test: setup lint chromium smollm2
 	HF_HUB_OFFLINE=1 $(PY) -m pytest tests $(PYTEST_ARGS)
 
 # Every page of the dashboard in Chromium, freshly computed, as docs/screenshots/<page>.png (README figures).

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.nav import PAGES
-from ui.nav import ROUTED
+from ui.nav import PAGES, ROUTED
 
 st.set_page_config(page_title="Arithmetic-circuits lab", page_icon="🧮", layout="wide")
 nav = st.navigation([st.Page(p.script, title=p.title, icon=p.icon, url_path=p.url_path or None,

@@ -1,4 +1,5 @@
-"""Home page (the router's default page) of the arithmetic-circuits lab: pick a model, see its facts and its arithmetic accuracy."""
+"""Home page (the router's default page) of the arithmetic-circuits lab: pick a model, see its facts and its
+arithmetic accuracy."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.techniques.accuracy import accuracy_report
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import PromptSetSpec, answer_token_stats, generate
 from engine.prompts.templates import OPS, PAPER_OPS
+from engine.techniques.accuracy import accuracy_report
 from ui.charts import template_bars
 from ui.circuit_views import circuit_summary_view
 from ui.progress import progress_bar
@@ -53,7 +54,8 @@ with st.form("accuracy_form"):
     c1, c2, c3, c4 = st.columns([3, 2, 1, 1])
     ops = c1.multiselect("Operations", OPS, default=list(PAPER_OPS))
     fam = c2.selectbox("Templates", ("paper", "all", "word"),
-                       help="paper (default, as in every CLI subcommand): Figure 8 (32 templates); word: Figure 10 word problems (addition); "
+                       help="paper (default, as in every CLI subcommand): Figure 8 (32 templates); "
+                            "word: Figure 10 word problems (addition); "
                             "all: those plus the project's own (extended) and exponentiation")
     n = c3.number_input("Prompts per op", min_value=1, max_value=2000, value=100, step=50)
     seed = c4.number_input("Seed", min_value=0, max_value=10**9, value=0)

@@ -1,12 +1,13 @@
-"""Prompt lab: type a prompt; see its tokens, the model's top-5 next tokens, the parsed operation and its counterfactual."""
+"""Prompt lab: type a prompt; see its tokens, the model's top-5 next tokens, the parsed operation and its
+counterfactual."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from engine.techniques.promptlab import analyse_prompt
 from engine.prompts.pairs import PromptError
+from engine.techniques.promptlab import analyse_prompt
 from ui.charts import display_token, fmt_prob, ranked_bars
 from ui.session import prompt_input, setup_page
 

@@ -6,23 +6,24 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
+from engine.prompts.pairs import PromptError
+from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention, prompt_attention
 from engine.techniques.patching import cached_path_patching
 from engine.techniques.promptlab import analyse_prompt
-from engine.prompts.pairs import PromptError
-from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from ui import state
 from ui.charts import display_token, heatmap, heatmap_frame, token_bars
 from ui.circuit_views import attribution_view, clicked_cell, head_to_head_section, mlp_layer_view, select_head
-from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 from ui.progress import progress_bar
+from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 
 model, spec = setup_page(
     "Path patching",
     "Each cell is one attention head (the last column is the layer's MLP). Its colour is the change of the "
     "answer token's logit when only that component's output at the last position comes from the "
     "counterfactual prompt (operator removed) and every other head is frozen: red = the answer logit "
-    "drops, i.e. the head carries the operation (the colour range follows the heads; MLP cells saturate). Only prompts the model answers right are used. "
+    "drops, i.e. the head carries the operation (the colour range follows the heads; MLP cells saturate). "
+    "Only prompts the model answers right are used. "
     "Click a cell to see that head's attention from the last token (an MLP cell: that layer's MLP view).")
 prompt_caption()
 
@@ -78,7 +79,8 @@ with tab_map:
     left, right = st.columns([3, 2])
     with left:
         # keyed by the view: a new metric or operation starts with no cell outlined
-        event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun", key=f"heatmap_{metric}_{group}")
+        event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun",
+                                key=f"heatmap_{metric}_{group}")
         st.download_button("Heatmap data (CSV)", df.to_csv(index=False).encode(), "patching.csv", "text/csv")
         top = pd.DataFrame(table.top_heads(int(k), metric, group), columns=["layer", "head", metric])
         st.markdown("**Key heads** (most negative first)")

@@ -8,16 +8,29 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.techniques.ablation import (Knockout, cached_knockout_curve, curve_cost, knockout_accuracies, mean_activations,
-                             stored_knockout_curve)
+from engine.prompts.pairs import PromptError
+from engine.techniques.ablation import (
+    Knockout,
+    cached_knockout_curve,
+    curve_cost,
+    knockout_accuracies,
+    mean_activations,
+    stored_knockout_curve,
+)
 from engine.techniques.patching import cached_path_patching
 from engine.techniques.promptlab import analyse_prompt
-from engine.prompts.pairs import PromptError
 from ui import state
 from ui.charts import display_token, fmt_prob
 from ui.circuit_charts import knockout_curve_chart
-from ui.session import (analysed_pairs, cancellable, current_prompt, progress_bar, prompt_caption, result_cache,
-                        setup_page)
+from ui.session import (
+    analysed_pairs,
+    cancellable,
+    current_prompt,
+    progress_bar,
+    prompt_caption,
+    result_cache,
+    setup_page,
+)
 
 model, spec = setup_page(
     "Knockout",

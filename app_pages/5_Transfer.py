@@ -8,10 +8,10 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.techniques.accuracy import keep_correct, kept_pairs
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import PromptSetSpec
 from engine.prompts.templates import PAPER_FAMILIES, WORD_PROBLEM_FAMILIES
+from engine.techniques.accuracy import keep_correct, kept_pairs
 from engine.techniques.transfer import benchmark_pairs, transfer
 from ui.progress import cancellable, progress_bar
 from ui.session import result_cache, setup_page

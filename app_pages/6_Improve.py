@@ -8,12 +8,12 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
-from engine.finetune.train import FinetuneError, default_learning_rate, parse_heads
-from engine.finetune.jobs import job_dir, jobs_root, list_jobs, log_tail, losses, read_job, start_job, stop_job
-from engine.techniques.patching import cached_path_patching
-from engine.prompts.pairs import PromptError
 from engine.finetune.data import BUILTIN_SETS
+from engine.finetune.jobs import job_dir, jobs_root, list_jobs, log_tail, losses, read_job, start_job, stop_job
 from engine.finetune.run import heads_text, read_record
+from engine.finetune.train import FinetuneError, default_learning_rate, parse_heads
+from engine.prompts.pairs import PromptError
+from engine.techniques.patching import cached_path_patching
 from ui.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve
 from ui.improve_views import comparison_chart, comparison_rows, comparison_table
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page, use_model
@@ -51,10 +51,13 @@ with st.form("finetune_form"):
                              help="e.g. 0.1,3.7 -- overrides the top k")
     c4, c5, c6, c7 = st.columns(4)
     default_set = "notation+replay" if model.facts.spec == "organism" else "arith"
-    data = c4.selectbox("Data", list(BUILTIN_SETS) + ["JSONL file ..."], index=list(BUILTIN_SETS).index(default_set), key="ft_data",
+    data = c4.selectbox("Data", list(BUILTIN_SETS) + ["JSONL file ..."], index=list(BUILTIN_SETS).index(default_set),
+                        key="ft_data",
                         help="built-in sets (see README) or a JSONL file of {prompt, answer} lines")
-    data_path = c4.text_input("JSONL path", "", key="ft_data_path", label_visibility="collapsed", placeholder="path/to/data.jsonl")
-    lr = c5.number_input("Learning rate", 1e-7, 1.0, default_lr, format="%.1e", key=f"ft_lr_{model.facts.fingerprint[:12]}",
+    data_path = c4.text_input("JSONL path", "", key="ft_data_path", label_visibility="collapsed",
+                              placeholder="path/to/data.jsonl")
+    lr = c5.number_input("Learning rate", 1e-7, 1.0, default_lr, format="%.1e",
+                         key=f"ft_lr_{model.facts.fingerprint[:12]}",
                          help=f"Default for this model: {lr_reason}.")
     epochs = c6.number_input("Epochs", 0.1, 1000.0, 30.0, key="ft_epochs")
     batch = c7.number_input("Batch size", 1, 4096, 32, key="ft_batch")

@@ -35,8 +35,8 @@ from path_patching import qwen_shaped  # noqa: E402
 from engine.backends import hooks as H  # noqa: E402
 from engine.backends import open_model  # noqa: E402
 from engine.models.load import load_plain  # noqa: E402
-from engine.techniques.patching import _pad, path_patching  # noqa: E402
 from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
+from engine.techniques.patching import _pad, path_patching  # noqa: E402
 
 
 def best_times(fns: dict, reps: int) -> dict:

@@ -48,14 +48,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.finetune.train import (
+from engine.finetune.train import (  # noqa: E402
     SFTExample,
     TrainConfig,
     TrainProgress,
     encode_examples,
     train,
 )
-from engine.models.load import load_plain
+from engine.models.load import load_plain  # noqa: E402
 
 METHODS = ("precise", "full", "lora")
 MiB = 1024 * 1024
@@ -83,10 +83,10 @@ def qwen_shaped(out: Path, vocab: int, layers: int = 24) -> Path:
 
 def organism_top_heads(k: int, device: str, use_cache: bool) -> list[tuple[int, int]]:
     """The organism's top-k heads of path patching on the default prompt set (correct answers)."""
-    from engine.techniques.accuracy import kept_pairs
     from engine.backends import open_model
-    from engine.techniques.patching import cached_path_patching
     from engine.prompts.promptsets import PromptSetSpec
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.patching import cached_path_patching
 
     cache = None
     if use_cache:
@@ -160,7 +160,8 @@ def run_one(job: dict) -> dict:
     examples = make_examples(tok, job["batch"], job["seq"])
     lengths = [len(ids) for ids, _ in encode_examples(tok, examples)]
     n_steps = job["steps"] + 1  # one batch is the whole data set here: one step per epoch
-    cfg = TrainConfig(method=job["method"], heads=tuple(tuple(h) for h in job["heads"]) if job["method"] == "precise" else (),
+    heads = tuple(tuple(h) for h in job["heads"]) if job["method"] == "precise" else ()
+    cfg = TrainConfig(method=job["method"], heads=heads,
                       lr=2e-5, batch_size=job["batch"], micro_batch=job["batch"], epochs=float(n_steps),
                       max_steps=n_steps, warmup=0.0, weight_decay=0.1, lora_r=job["lora_r"])
     with torch.no_grad():  # page the (memory-mapped) weights in, so that they count as "the model"

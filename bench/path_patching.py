@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.backends import open_model  # noqa: E402
 from engine.organism.recipe import build_tokenizer  # noqa: E402
-from engine.techniques.patching import Sender, all_senders, path_patching, path_patching_reference  # noqa: E402
 from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
+from engine.techniques.patching import Sender, all_senders, path_patching, path_patching_reference  # noqa: E402
 
 
 def qwen_shaped(out: Path, quick: bool) -> Path:
@@ -83,7 +83,8 @@ def main() -> None:
     rows = [bench("organism (6L, 8H/2KV, d128)", "organism", args.prompts, None)]
     with tempfile.TemporaryDirectory() as d:
         path = qwen_shaped(Path(d) / "qwen", args.quick)
-        label = "random Qwen2.5-0.5B shape (24L, 14H/2KV, d896, mlp4864)" if not args.quick else "random Qwen2 (6L, quick)"
+        label = ("random Qwen2.5-0.5B shape (24L, 14H/2KV, d896, mlp4864)" if not args.quick
+                 else "random Qwen2 (6L, quick)")
         rows.append(bench(label, str(path), args.prompts, args.ref_senders))
     print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} CPU threads, float32\n")
     print("| model | senders | prompts | fast s | reference s | ratio | max rel diff | note |")

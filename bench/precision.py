@@ -31,10 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.techniques.accuracy import keep_correct  # noqa: E402
 from engine.backends import open_model  # noqa: E402
-from engine.techniques.patching import _pad, _pad_id, path_patching  # noqa: E402
 from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
+from engine.techniques.accuracy import keep_correct  # noqa: E402
+from engine.techniques.patching import _pad, _pad_id, path_patching  # noqa: E402
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -35,14 +35,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.techniques.ablation import (Knockout, curve_knockouts, distinct_knockouts, knockout_accuracies,  # noqa: E402
-                             knockout_accuracy, knockout_curve, mean_activations)
-from engine.techniques.accuracy import score_pairs  # noqa: E402
-from engine.backends.base import macs_per_position  # noqa: E402
 from engine.backends import open_model  # noqa: E402
+from engine.backends.base import macs_per_position  # noqa: E402
+from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
+from engine.techniques.ablation import (  # noqa: E402
+    Knockout,
+    curve_knockouts,
+    distinct_knockouts,
+    knockout_accuracies,
+    knockout_accuracy,
+    knockout_curve,
+    mean_activations,
+)
+from engine.techniques.accuracy import score_pairs  # noqa: E402
 from engine.techniques.batching import pad, pad_id  # noqa: E402
 from engine.techniques.patching import cached_path_patching  # noqa: E402
-from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
 
 
 @dataclass

@@ -17,8 +17,8 @@ from importlib import metadata
 from typing import Any
 
 from engine.paths import REPO_ROOT
-from engine.prompts.pairs import prompt_set_hash
 from engine.progress import ProgressFn
+from engine.prompts.pairs import prompt_set_hash
 
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
 STEPS = ("prompt set", "path patching", "attention", "MLP projections", "logit lens", "knockout curve")

@@ -79,7 +79,8 @@ def ranked_bars(df: pd.DataFrame, title: str = "probability") -> alt.Chart:
     piece and its id on hover.  ``df`` columns: token, token_id, prob."""
     df = df.assign(shown=[display_token(t) for t in df["token"]], label=[fmt_prob(p) for p in df["prob"]])
     df = df.sort_values("prob", ascending=False, kind="stable")
-    df["shown"] = [f"{t}" if (df["shown"] == t).sum() == 1 else f"{t} #{i}" for t, i in zip(df["shown"], df["token_id"])]
+    df["shown"] = [f"{t}" if (df["shown"] == t).sum() == 1 else f"{t} #{i}"
+                  for t, i in zip(df["shown"], df["token_id"])]
     x = alt.X("shown:N", sort=list(df["shown"]), title=None, axis=alt.Axis(labelAngle=0, labelLimit=0))
     base = alt.Chart(df).encode(x=x, tooltip=[alt.Tooltip("token:N", title="raw token"),
                                                alt.Tooltip("token_id:Q", title="id"),

@@ -79,4 +79,5 @@ def knockout_curve_chart(cdf: pd.DataFrame) -> alt.Chart:
                       "lo": cdf.random_mean - cdf.random_std, "hi": cdf.random_mean + cdf.random_std}),
     ])
     return lines_with_band(long, "k", "acc", "lo", "hi", "series", "first-token accuracy", main=TOP_K_SERIES,
-                           yfmt=".1%").encode(y=alt.Y("acc:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%")))
+                           yfmt=".1%").encode(
+        y=alt.Y("acc:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%")))

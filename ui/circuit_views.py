@@ -11,16 +11,15 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
+from engine.prompts.pairs import PromptError
 from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens
 from engine.techniques.position_patching import cached_layer_position_patching
-from engine.prompts.pairs import PromptError
 from ui.charts import HEAD_SELECTION, display_token, heatmap, heatmap_frame
 from ui.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
-from ui.nav import PAGES, page_def
+from ui.nav import PAGES, page_def, page_link
 from ui.progress import cancellable, progress_bar
-from ui.nav import page_link
 
 ERRORS = (PromptError, CacheError, ValueError)
 KIND_NAMES = dict(KINDS)
@@ -215,8 +214,8 @@ def logit_lens_view(model, pairs, cache) -> None:
 
 def circuit_summary_view(model, spec, cache) -> None:
     """Home: the circuit summary of the sidebar's prompt set, from cached results only, with page links."""
-    from engine.techniques.accuracy import kept_pairs
     from engine.results import NotCached, cache_only
+    from engine.techniques.accuracy import kept_pairs
     from engine.techniques.summary import circuit_summary
     pages = {p.url_path: p.script for p in PAGES}
     try:
@@ -297,8 +296,8 @@ def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
 def typed_top_numbers(model, text: str) -> tuple[pd.DataFrame, object] | None:
     """The typed prompt's top number tokens of every layer's MLP (long frame) and its prompt report;
     None after an ``st.error``."""
-    from engine.techniques.promptlab import analyse_prompt
     from engine.techniques.projections import top_number_tokens
+    from engine.techniques.promptlab import analyse_prompt
     try:
         rep = analyse_prompt(model, text)
         return pd.DataFrame([t.__dict__ for t in top_number_tokens(model, rep.text, rep.ids)]), rep
@@ -310,9 +309,10 @@ def typed_top_numbers(model, text: str) -> tuple[pd.DataFrame, object] | None:
 def mlp_layer_view(model, pairs, cache, layer: int, text: str) -> None:
     """One layer's MLP (a heatmap click on its cell): its projections over the set and its top number tokens
     on the typed prompt."""
+    import altair as alt
+
     from engine.techniques.projections import cached_mlp_projections
     from ui.charts import PALETTE
-    import altair as alt
     try:
         bar, cb = progress_bar("Projecting")
         with cancellable(bar):

@@ -8,7 +8,6 @@ import time
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException, StopException
 
-
 FINISH_WINDOW_S = 3.0  # a computation this close to done finishes into the cache even when nobody waits
 POLL_S = 0.25  # how often a running forward pass looks at the session (per-layer probe)
 

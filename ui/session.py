@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from cache import CacheError, ResultCache
-from engine.backends.base import ModelBackend
 from engine.backends import open_model
+from engine.backends.base import ModelBackend
 from engine.models import DTYPE_NAMES
 from engine.models.load import ORGANISM_DIR, ORGANISM_SPEC, REPO_ROOT, ModelLoadError
 from ui import state
@@ -266,8 +266,8 @@ def setup_page(title: str, caption: str):
 
 def analysed_pairs(model: ModelBackend, spec: "PromptSetSpec", cache):
     """The set's correctly answered pairs (cached filter) or stop the page after an st.error."""
-    from engine.techniques.accuracy import kept_pairs
     from engine.prompts.pairs import PromptError
+    from engine.techniques.accuracy import kept_pairs
     bar, cb = progress_bar("Checking which prompts the model answers right")
     try:
         with cancellable(bar):

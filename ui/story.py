@@ -13,10 +13,9 @@ import streamlit as st
 from cache import CacheError
 from engine.prompts.pairs import PromptError
 from ui.charts import display_token, heatmap, heatmap_frame, ranked_bars, token_bars
-from ui.nav import page_def
-from ui.session import analysed_pairs, current_prompt
+from ui.nav import page_def, page_link
 from ui.progress import cancellable, progress_bar
-from ui.nav import page_link
+from ui.session import analysed_pairs, current_prompt
 
 ERRORS = (PromptError, CacheError, ValueError)
 STEPS = ("The model answers", "A few key heads", "What the top head reads", "The MLPs write the answer",

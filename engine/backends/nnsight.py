@@ -596,9 +596,9 @@ def open_remote(spec: str, *, host: str | None = None, revision: str | None = No
     from engine.models.load import (
         SourceKind,
         check_architecture,
+        facts_from_config,
         load_config,
         load_tokenizer,
-        facts_from_config,
         resolve_spec,
     )
     resolved = resolve_spec(spec)

@@ -62,8 +62,8 @@ def add_parser(sub, model_args, positive_int) -> None:
 
 
 def config_from_args(args, heads) -> "TrainConfig":
-    from engine.finetune.train import TrainConfig
     from engine.finetune.run import parse_mlps
+    from engine.finetune.train import TrainConfig
 
     return TrainConfig(method=args.method, heads=tuple(heads), mlps=parse_mlps(args.mlps), lr=args.lr,
                        batch_size=args.batch_size, epochs=args.epochs, warmup=args.warmup,
@@ -73,8 +73,8 @@ def config_from_args(args, heads) -> "TrainConfig":
 
 
 def cmd_finetune(args, cache_of) -> int:
-    from engine.finetune.train import FinetuneError, parse_heads
     from engine.finetune.run import FinetuneRequest, run_finetune, top_heads
+    from engine.finetune.train import FinetuneError, parse_heads
 
     writer = None
     if args.job_dir:

@@ -78,7 +78,8 @@ def _set_args(p: argparse.ArgumentParser, families_default: str, with_file: bool
     p.add_argument("--n", type=_positive_int, default=100, help="prompts per operation (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--families", default=families_default,
-                   help="paper (Figure 8, 32 templates) | word (Figure 10) | extended (the project's own) | all | comma list of families")
+                   help="paper (Figure 8, 32 templates) | word (Figure 10) | extended (the project's own) | all | "
+                        "comma list of families")
     p.add_argument("--operands", default="1-9", help="operand range LO-HI (default 1-9)")
     p.add_argument("--allow-negative", action="store_true", help="subtraction may go below zero")
     p.add_argument("--no-balance", action="store_true",
@@ -173,7 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="also write the JSON, with every item's prediction, here")
 
     from engine.cli import circuits as cli_circuits
-
     from engine.cli import finetune as cli_finetune
     cli_finetune.add_parser(sub, _model_args, _positive_int)
     cli_circuits.add_parsers(sub, _model_args, _set_args)
@@ -282,8 +282,8 @@ def _one_line(text: str) -> str:
 
 def _pairs(args, model, cache):
     """--prompts FILE (as given) or the generated set filtered to correct answers."""
-    from engine.techniques.accuracy import kept_pairs
     from engine.prompts.pairs import PromptError, read_jsonl
+    from engine.techniques.accuracy import kept_pairs
     if getattr(args, "prompts", None):
         pairs = read_jsonl(str(args.prompts))
         bad = [p for p in pairs if max(p.ref_ids + p.cf_ids + [p.answer_id]) >= model.facts.vocab_size]
@@ -332,10 +332,10 @@ def cmd_prompts(args) -> int:
     import dataclasses
     from collections import Counter
 
-    from engine.techniques.ablation import top_next_tokens
-    from engine.techniques.accuracy import score_pairs
     from engine.prompts.pairs import write_jsonl
     from engine.prompts.promptsets import generate_set
+    from engine.techniques.ablation import top_next_tokens
+    from engine.techniques.accuracy import score_pairs
     spec = _spec(args)
     model = _model(args)
     tok = model.tokenizer
@@ -370,8 +370,8 @@ def cmd_prompts(args) -> int:
 
 
 def cmd_accuracy(args) -> int:
-    from engine.techniques.accuracy import accuracy_report
     from engine.prompts.promptsets import generate
+    from engine.techniques.accuracy import accuracy_report
     spec = _spec(args)
     model = _model(args)
     bar = _bar(args, "accuracy")

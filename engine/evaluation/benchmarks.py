@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from engine.paths import REPO_ROOT
+
 BENCHMARKS: tuple[str, ...] = ("gsm8k", "addsub", "singleeq", "svamp", "mmlu", "csqa")
 MATH_BENCHMARKS: tuple[str, ...] = ("gsm8k", "addsub", "singleeq", "svamp")
 CHOICE_BENCHMARKS: tuple[str, ...] = ("mmlu", "csqa")
@@ -59,7 +61,7 @@ HUB_SOURCES: dict[str, tuple[str, str | None, dict[str, str]]] = {
 }
 
 ENV_DATA_DIR = "ARITHLAB_DATA"
-from engine.paths import REPO_ROOT
+
 LETTERS = "ABCDEFGHIJ"
 DIGITS = "123456789"
 ANSWER_CUE = "The answer is"

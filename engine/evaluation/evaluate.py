@@ -35,11 +35,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from engine.evaluation.benchmarks import (ANSWER_CUE, BENCHMARKS, CHOICE_BENCHMARKS, DEFAULT_LABELS, EVAL_SPLIT, LETTERS,
-                               BenchItem, BenchmarkError, OptionLabels, check_bench, exemplar_pool, load_benchmark,
-                               option_labels, render_prompt, select_exemplars)
+from engine.evaluation.benchmarks import (
+    ANSWER_CUE,
+    BENCHMARKS,
+    CHOICE_BENCHMARKS,
+    DEFAULT_LABELS,
+    EVAL_SPLIT,
+    LETTERS,
+    BenchItem,
+    BenchmarkError,
+    OptionLabels,
+    check_bench,
+    exemplar_pool,
+    load_benchmark,
+    option_labels,
+    render_prompt,
+    select_exemplars,
+)
 from engine.progress import ProgressFn
-
 
 METHOD = "benchmark_eval"
 FORMAT_VERSION = 1  # bump when prompt text, extraction or scoring changes (part of the cache key)

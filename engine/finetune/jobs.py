@@ -29,6 +29,7 @@ from typing import Sequence
 import psutil
 
 from engine.paths import REPO_ROOT
+
 STATES = ("starting", "running", "finished", "failed", "stopped")
 
 

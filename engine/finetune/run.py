@@ -23,8 +23,8 @@ from typing import Sequence
 
 import torch
 
-from engine.finetune.train import FinetuneError, Head, ProgressFn, StopFn, TrainConfig, train
 from engine.finetune.data import data_hash, load_sft_data
+from engine.finetune.train import FinetuneError, Head, ProgressFn, StopFn, TrainConfig, train
 
 SLICES_FILE = "tuned_slices.safetensors"
 RECORD_FILE = "finetune.json"
@@ -33,10 +33,10 @@ RECORD_FILE = "finetune.json"
 def top_heads(spec: str, k: int, *, device: str | None = None, dtype: str = "float32", cache=None,
               prompt_set=None) -> tuple[Head, ...]:
     """The top-k heads (most negative effect) of the cached path-patching run of ``spec``."""
-    from engine.techniques.accuracy import kept_pairs
     from engine.backends import open_model
-    from engine.techniques.patching import cached_path_patching
     from engine.prompts.promptsets import PromptSetSpec
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.patching import cached_path_patching
 
     if k <= 0:
         raise FinetuneError(f"k must be a positive number of heads, got {k}")
@@ -133,7 +133,7 @@ def apply_slices(model: torch.nn.Module, slices_file: str | Path) -> list[Head]:
     """
     from safetensors import safe_open
 
-    from engine.finetune.train import weight_out_in, attn_layout
+    from engine.finetune.train import attn_layout, weight_out_in
 
     path = Path(slices_file)
     if not path.is_file():

@@ -16,11 +16,18 @@ import random
 from collections import defaultdict
 from typing import Any
 
-from engine.techniques.accuracy import score_pairs
-from engine.organism.recipe import Recipe, distractors, control_prompts, held_out_template_combos, training_combos
-from engine.prompts.pairs import (OperandRange, Problem, PromptPair, answer_tokens, build_pairs, make_problem,
-                            sample_problems)
+from engine.organism.recipe import Recipe, control_prompts, distractors, held_out_template_combos, training_combos
+from engine.prompts.pairs import (
+    OperandRange,
+    Problem,
+    PromptPair,
+    answer_tokens,
+    build_pairs,
+    make_problem,
+    sample_problems,
+)
 from engine.prompts.templates import PAPER_FAMILIES, PAPER_OPS, TEMPLATES_BY_ID, WORD_PROBLEM_FAMILIES
+from engine.techniques.accuracy import score_pairs
 
 
 def _held_out_problems(recipe: Recipe, seed: int) -> list[Problem]:
@@ -92,7 +99,8 @@ def evaluate_organism(model, recipe: Recipe | None = None, seed: int = 12345) ->
     by_template = template_accuracy(model, recipe, seed)
     pairs, _ = build_pairs(tok, _held_out_problems(recipe, seed))
     scores = score_pairs(model, pairs)
-    distracted = [_with_prefix(tok, p, distractors(rng, rng.randint(1, 2), recipe.distractor_kinds) + " ") for p in pairs]
+    distracted = [_with_prefix(tok, p, distractors(rng, rng.randint(1, 2), recipe.distractor_kinds) + " ")
+                  for p in pairs]
     d_scores = score_pairs(model, distracted)
 
     # counterfactuals: does X_c still produce the answer?
@@ -123,10 +131,10 @@ def evaluate_organism(model, recipe: Recipe | None = None, seed: int = 12345) ->
 def key_heads(model, n: int = 50, seed: int = 0, k: int = 5) -> dict[str, Any]:
     """Where the bundled model's key heads sit: top-k heads by path-patching effect per op, and the
     knockout of the top-3 heads vs 3 random heads (10 draws) on the same pairs."""
+    from engine.prompts.promptsets import PromptSetSpec, generate
     from engine.techniques.ablation import knockout_curve, mean_activations
     from engine.techniques.accuracy import keep_correct
     from engine.techniques.patching import PatchingTable, path_patching, summarize
-    from engine.prompts.promptsets import PromptSetSpec, generate
 
     pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=PAPER_OPS, n=n, seed=seed))
     pairs = keep_correct(model, pairs)
@@ -134,7 +142,8 @@ def key_heads(model, n: int = 50, seed: int = 0, k: int = 5) -> dict[str, Any]:
     table = PatchingTable(model.facts.n_layers, model.facts.n_heads, len(pairs), summarize(raw))
     out: dict[str, Any] = {"n_pairs": len(pairs)}
     for group in ("*", "op:add", "op:sub", "op:mul", "op:div"):
-        out[group] = [{"head": f"{layer}.{h}", "effect": round(e, 3)} for layer, h, e in table.top_heads(k, group=group)]
+        out[group] = [{"head": f"{layer}.{h}", "effect": round(e, 3)}
+                      for layer, h, e in table.top_heads(k, group=group)]
     _, mlps = table.heatmap("effect")
     out["mlp_effect"] = [round(m, 3) for m in mlps]
     ranked = [(layer, h) for layer, h, _ in table.top_heads(3)]

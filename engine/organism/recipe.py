@@ -35,10 +35,17 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from engine.prompts.templates import (CF_SYMBOLS, CF_WORDS, NAMES, PAPER_OPS, SKILL_FAMILIES, SLOT_POOLS, TEMPLATES,
-                              Template)
-
 from engine.paths import REPO_ROOT
+from engine.prompts.templates import (
+    CF_SYMBOLS,
+    CF_WORDS,
+    NAMES,
+    PAPER_OPS,
+    SKILL_FAMILIES,
+    SLOT_POOLS,
+    TEMPLATES,
+    Template,
+)
 
 DEFAULT_DIR = REPO_ROOT / "models" / "organism"
 #: Whole templates never trained (project's ``extended`` family only, so every paper template is
@@ -61,7 +68,8 @@ FACT_TEMPLATES: tuple[tuple[str, tuple[str, ...]], ...] = (
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 # words users commonly type in the prompt lab, so a typed prompt is not all <unk>
 EXTRA_WORDS = ("what", "how", "much", "many", "the", "of", "is", "and", "to", "by", "from", "a", "an",
-               "answer", "result", "get", "makes", "gives", "equals", "equal", "compute", "please", "tell", "me", "number",
+               "answer", "result", "get", "makes", "gives", "equals", "equal", "compute", "please", "tell", "me",
+               "number",
                "power", "to", "over", "x", "plus", "minus", "times", "divided", "multiplied", "sum",
                "difference", "product", "quotient", "add", "subtract", "multiply", "divide", "**", "−",
                "×", "÷", "!", ",", ".", "?", ":", ";", "(", ")", "'", '"', "-", "+", "*", "/", "=", "^")

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from engine.finetune.train import TrainConfig
-
 from engine.paths import REPO_ROOT
+
 #: The demonstration's schedule (the paper's lr 2e-5 / batch 128 / 2 epochs is for 7B models and
 #: thousands of examples; the 1.5M-parameter organism and 261 examples need larger steps).
 DEMO_SCHEDULE = dict(lr=3e-3, batch_size=32, epochs=30.0, warmup=0.05, weight_decay=0.0)
@@ -60,10 +60,10 @@ def _knows_facts(model) -> bool:
 
 def task_accuracies(model, *, cache=None) -> dict[str, tuple[int, float]]:
     """{task: (n, accuracy)} for one model (see module docstring)."""
-    from engine.techniques.accuracy import accuracy_report
-    from engine.results import run_cached
-    from engine.prompts.promptsets import PromptSetSpec
     from engine.finetune.data import skill_pairs
+    from engine.prompts.promptsets import PromptSetSpec
+    from engine.results import run_cached
+    from engine.techniques.accuracy import accuracy_report
 
     out: dict[str, tuple[int, float]] = {}
     pairs = skill_pairs(model.tokenizer, "notation", "test")
@@ -81,8 +81,8 @@ def task_accuracies(model, *, cache=None) -> dict[str, tuple[int, float]]:
     n = sum(r.n for r in report)
     out[TASKS[1]] = (n, sum(r.first_token * r.n for r in report) / n)
     if _knows_facts(model):
-        from engine.organism.recipe import control_prompts
         from engine.organism.card import control_accuracy
+        from engine.organism.recipe import control_prompts
         out[TASKS[2]] = (len(control_prompts(0)), control_accuracy(model))
     return out
 
@@ -106,7 +106,8 @@ def compare_markdown(columns: dict[str, list[CompareRow]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def run_demo(out_dir: Path, *, data: str = DEMO_DATA, k: int = DEMO_K, methods: Sequence[str] = ("precise", "full", "lora"),
+def run_demo(out_dir: Path, *, data: str = DEMO_DATA, k: int = DEMO_K,
+             methods: Sequence[str] = ("precise", "full", "lora"),
              log: Callable[[str], None] = print, cache=None) -> dict:
     """Train every method on ``data`` with DEMO_SCHEDULE, save under ``out_dir/<method>``, compare."""
     from engine.backends import open_model

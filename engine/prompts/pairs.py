@@ -30,8 +30,16 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Protocol, Sequence
 
-from engine.prompts.templates import (CF_SYMBOLS, CF_WORDS, OPS, PAPER_FAMILIES, PAPER_OPS, Template, fill_slots,
-                              templates_for)
+from engine.prompts.templates import (
+    CF_SYMBOLS,
+    CF_WORDS,
+    OPS,
+    PAPER_FAMILIES,
+    PAPER_OPS,
+    Template,
+    fill_slots,
+    templates_for,
+)
 
 
 class PromptError(ValueError):

@@ -21,8 +21,15 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from engine.prompts.pairs import (ANSWER_TOKEN_RULE, OperandRange, Problem, PromptError, PromptPair, build_pairs,
-                            sample_problems)
+from engine.prompts.pairs import (
+    ANSWER_TOKEN_RULE,
+    OperandRange,
+    Problem,
+    PromptError,
+    PromptPair,
+    build_pairs,
+    sample_problems,
+)
 from engine.prompts.templates import FAMILIES, OPS, PAPER_FAMILIES, PAPER_OPS, WORD_PROBLEM_FAMILIES
 
 FAMILY_GROUPS: dict[str, tuple[str, ...]] = {

@@ -29,10 +29,9 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
-from engine.techniques.batching import pad, pad_id
-from engine.progress import current_check
+from engine.progress import ProgressFn, current_check
 from engine.prompts.pairs import PromptPair
-from engine.progress import ProgressFn
+from engine.techniques.batching import pad, pad_id
 
 ALL = "*"
 
@@ -279,7 +278,8 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
     of them, or as many as fit ``tokens_per_pass``.  So the forward passes number, per chunk,
     ceil(distinct sets / sets per pass).  Work that fits one pass anyway (every set x every prompt,
     padded, within ``tokens_per_pass``; ``sets_per_pass`` not given) is one padded pass when the
-    padding costs less than the calls it saves (:func:`_padding_pays`: a small model).  ``progress(done, total)`` is called after every pass
+    padding costs less than the calls it saves (:func:`_padding_pays`: a small model).
+    ``progress(done, total)`` is called after every pass
     (chunk x knockout-set evaluations so far); an exception raised there stops the computation.
     """
     if not pairs:

@@ -24,9 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
-from engine.prompts.pairs import PromptPair
 from engine.progress import ProgressFn
-
+from engine.prompts.pairs import PromptPair
 
 
 @dataclass(frozen=True)
@@ -136,8 +135,8 @@ def accuracy_report(model, spec, *, cache=None, progress: ProgressFn | None = No
     Returns (rows, computed) -- ``computed`` is False when the table came from the cache.
     """
     from cache import ResultRow
-    from engine.results import run_cached
     from engine.prompts.promptsets import generate
+    from engine.results import run_cached
 
     pairs, _ = generate(model.tokenizer, spec)
     params = {"spec": spec.to_params(), "dtype": model.facts.dtype}
@@ -165,8 +164,8 @@ def kept_pairs(model, spec, *, cache=None, require_full: bool = False,
     The filter's outcome is cached (method ``kept_prompts``), so a cached analysis of the same
     set needs no forward pass at all.
     """
-    from engine.results import run_cached
     from engine.prompts.promptsets import generate
+    from engine.results import run_cached
 
     pairs, _ = generate(model.tokenizer, spec)
     params = {"require_full": require_full, "dtype": model.facts.dtype}

@@ -26,9 +26,9 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
-from engine.techniques.batching import pad, pad_id
 from engine.prompts.pairs import PromptPair
 from engine.prompts.templates import TEMPLATES_BY_ID
+from engine.techniques.batching import pad, pad_id
 
 FIRST_TOKEN = "first token (attention sink)"
 ROLES: tuple[str, ...] = (FIRST_TOKEN, "operand A", "operand B", "operator", "other")
@@ -86,7 +86,7 @@ def end_row_patterns(backend: ModelBackend, pairs: Sequence[PromptPair], *, batc
         ids, mask, end = pad([p.ref_ids for p in chunk], pad_token)
         _, c = backend.run_with_cache(ids, mask, names)
         pat = torch.stack([c[n] for n in names], 1).float().cpu()  # [b, L, H, q, k]
-        for i, p in enumerate(chunk):
+        for i in range(len(chunk)):
             e = int(end[i])
             out.append(pat[i, :, :, e, :e + 1])
         if progress is not None:

@@ -50,10 +50,10 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn
+from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import batches, check_pairs, pad, pad_id, pair_batches
 from engine.techniques.patching import PatchingRaw, end_chain_hooks, path_patching
-from engine.prompts.pairs import PromptPair
-from engine.progress import ProgressFn
 
 METHOD = "attribution_patching"
 #: the four estimates, as (name, what it is)

@@ -35,10 +35,10 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn
+from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
 from engine.techniques.patching import PatchingRaw, Sender, SenderValue, summarize
-from engine.prompts.pairs import PromptPair
-from engine.progress import ProgressFn
 
 Input = Literal["q", "k", "v"]
 INPUTS: tuple[str, ...] = ("q", "k", "v")
@@ -106,7 +106,7 @@ def head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], recei
     for gi, grp in enumerate(groups):
         group = [senders[i] for i in grp]
         S = len(group)
-        rep = lambda t: t.repeat(S, *([1] * (t.dim() - 1)))  # noqa: E731 - [P, ...] -> [S * P, ...]
+        rep = lambda t, S=S: t.repeat(S, *([1] * (t.dim() - 1)))  # noqa: E731 - [P, ...] -> [S * P, ...]
         edits = []
         for layer in range(L):
             z = rep(c_r[hooks.attn_z(layer)]).clone()  # [S * P, pos, H, d_head], frozen at X_r

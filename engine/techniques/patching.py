@@ -52,15 +52,15 @@ from typing import Callable, Sequence
 import torch
 
 from engine.backends import hooks
-from engine.backends.hooks import HookName
 from engine.backends.base import ModelBackend
+from engine.backends.hooks import HookName
+from engine.progress import ProgressFn
+from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import batches as _batches
 from engine.techniques.batching import check_pairs as _check_pairs
-from engine.techniques.batching import pair_batches
 from engine.techniques.batching import pad as _pad
 from engine.techniques.batching import pad_id as _pad_id
-from engine.prompts.pairs import PromptPair
-from engine.progress import ProgressFn
+from engine.techniques.batching import pair_batches
 
 METHOD = "path_patching"
 METRICS: tuple[str, ...] = ("effect", "logit_diff", "prob_diff")

@@ -31,8 +31,8 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
-from engine.techniques.batching import batches, check_pairs, pad, pad_id
 from engine.prompts.pairs import PromptPair
+from engine.techniques.batching import batches, check_pairs, pad, pad_id
 
 ProgressFn = Callable[[int, int], None]
 METHOD = "layer_position_patching"

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.techniques.ablation import Knockout, MeanActivations, TokenProb, top_next_tokens
 from engine.backends.base import ModelBackend
-from engine.prompts.pairs import (MAX_TYPED_CHARS, PromptError, TypedIds, TypedProblem, answer_tokens,
-                            typed_prompt_ids)
+from engine.prompts.pairs import MAX_TYPED_CHARS, PromptError, TypedIds, TypedProblem, answer_tokens, typed_prompt_ids
+from engine.techniques.ablation import Knockout, MeanActivations, TokenProb, top_next_tokens
 
 
 @dataclass

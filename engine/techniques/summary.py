@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from engine.results import NotCached, cache_only
 from engine.prompts.pairs import PromptPair
+from engine.results import NotCached, cache_only
 
 #: a head "matters" when patching it moves the answer logit by at least this relative effect
 KEY_EFFECT = -0.05
@@ -129,5 +129,6 @@ def _knockout(model, pairs, cache, table) -> Finding:
     at = next((p for p in pts if p.k == 3), pts[-1])
     base = pts[0].top_accuracy
     return Finding("knockout", f"Knocking out the top {at.k} heads leaves {at.top_accuracy:.0%} first-token accuracy "
-                   f"(from {base:.0%}), {at.k} random heads {at.random_mean:.0%} (mean of {KNOCKOUT_DRAWS} draws): a gap "
+                   f"(from {base:.0%}), {at.k} random heads {at.random_mean:.0%} "
+                   f"(mean of {KNOCKOUT_DRAWS} draws): a gap "
                    f"of {100 * (at.random_mean - at.top_accuracy):.0f} points.", "Knockout", True)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.techniques.ablation import cached_knockout_curve
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.ablation import cached_knockout_curve
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ui.charts import (PALETTE, display_token, fmt_prob, heatmap, heatmap_frame, lines_with_band, ranked_bars,
-                       template_bars)
+from ui.charts import (
+    PALETTE,
+    display_token,
+    fmt_prob,
+    heatmap,
+    heatmap_frame,
+    lines_with_band,
+    ranked_bars,
+    template_bars,
+)
 
 
 def _data(chart) -> list[dict]:

@@ -87,7 +87,8 @@ def test_home_circuit_summary_appears_after_patching_ran():
 
 def test_home_builds_the_report_and_offers_it_for_download():
     at = AppTest.from_file(APP, default_timeout=300)
-    at.session_state["prompt_set"] = {"ops": ["add", "mul"], "families": "paper (Fig. 8, 32 templates)", "n": 8, "seed": 0}
+    at.session_state["prompt_set"] = {"ops": ["add", "mul"], "families": "paper (Fig. 8, 32 templates)", "n": 8,
+                                     "seed": 0}
     at.run()
     assert not at.exception, at.exception
     at.button(key="report_build").click().run()

@@ -59,7 +59,8 @@ def test_job_survives_reload_and_ends_in_the_comparison(server, page):
     page.get_by_test_id("stSidebarNav").get_by_role("link", name="Improve", exact=True).click()
     page.get_by_text("3 · Base vs tuned").first.wait_for(timeout=WAIT)
     page.get_by_role("button", name="Use the tuned model in every page").click()
-    page.wait_for_function("() => { const i = [...document.querySelectorAll('section[data-testid=\"stSidebar\"] input')]"
+    page.wait_for_function("() => { const i = "
+                           "[...document.querySelectorAll('section[data-testid=\"stSidebar\"] input')]"
                            ".find(e => e.getAttribute('aria-label') === 'Model'); "
                            "return i && i.value.endsWith('e2e-precise'); }", timeout=WAIT)
     _idle(page)

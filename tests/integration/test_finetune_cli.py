@@ -36,8 +36,8 @@ def tuned(tmp_path_factory):
 
 
 def test_precise_run_saves_a_loadable_model_and_the_slices(tuned):
-    from engine.models.load import load_model, load_plain
     from engine.finetune.run import apply_slices
+    from engine.models.load import load_model, load_plain
 
     out, rec = tuned
     assert rec["result"]["steps"] == 3 and rec["config"]["heads"] == [[0, 1], [3, 7]]

@@ -5,12 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.backends import hooks
-from engine.backends import open_model
-from engine.techniques.head_patching import (Receiver, cached_head_path_patching, head_path_patching, parse_receiver,
-                                  senders_before)
+from engine.backends import hooks, open_model
 from engine.models.load import smollm2_gguf_path
 from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.head_patching import (
+    Receiver,
+    cached_head_path_patching,
+    head_path_patching,
+    parse_receiver,
+    senders_before,
+)
 from tests.integration.tiny_models import build_tiny_model
 
 

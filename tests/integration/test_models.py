@@ -37,7 +37,8 @@ WORDS = [str(d) for d in range(10)] + ["+", "-", "*", "/", "=", "The", "sum", "o
 
 def _tiny_tokenizer():
     """Word-level fast tokenizer that prepends <bos>, like the lab's organism."""
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers, processors
+    from tokenizers import Tokenizer, pre_tokenizers, processors
+    from tokenizers import models as tok_models
     from transformers import PreTrainedTokenizerFast
 
     vocab = {w: i for i, w in enumerate(["<pad>", "<bos>", "<eos>", "<unk>"] + WORDS)}

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from engine.backends import open_model
+from engine.organism.card import template_accuracy
 from engine.organism.recipe import DEFAULT_DIR, Recipe, split_words
 from engine.organism.train import train
-from engine.organism.card import template_accuracy
 from engine.prompts.pairs import answer_tokens
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.prompts.templates import NAMES, TEMPLATES_BY_ID, paper_templates, templates_for

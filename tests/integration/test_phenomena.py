@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine.backends import open_model
+from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.ablation import Knockout, knockout_accuracy, knockout_curve, mean_activations
 from engine.techniques.accuracy import keep_correct
-from engine.backends import open_model
 from engine.techniques.patching import PatchingTable, path_patching, summarize
-from engine.prompts.promptsets import PromptSetSpec, generate
 
 
 @pytest.fixture(scope="module")

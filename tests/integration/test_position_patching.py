@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.backends import hooks
-from engine.backends import open_model
+from engine.backends import hooks, open_model
+from engine.models.load import smollm2_gguf_path
+from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.batching import pad, pad_id
 from engine.techniques.logit_lens import cached_logit_lens, logit_lens
-from engine.models.load import smollm2_gguf_path
 from engine.techniques.position_patching import cached_layer_position_patching, layer_position_patching, summarize
-from engine.prompts.promptsets import PromptSetSpec, generate
 from tests.integration.tiny_models import build_tiny_model
 
 
@@ -28,7 +27,7 @@ def _plain_position_patching(backend, pairs, layers=None):
         vals = torch.full((L, n), float("nan"))
         for layer in layers:
             for pos in range(n):
-                def fn(act, layer=layer, pos=pos):
+                def fn(act, layer=layer, pos=pos, c_c=c_c):
                     act[0, pos] = c_c[hooks.resid_pre(layer)][0, pos]
                     return act
                 with torch.no_grad(), backend.hooks([(hooks.resid_pre(layer), fn)]):

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.techniques.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
-from engine.techniques.attention import FIRST_TOKEN, prompt_attention, role_attention, token_roles
 from engine.backends import open_model
 from engine.models.load import smollm2_gguf_path
-from engine.techniques.patching import Sender, path_patching, path_patching_reference
-from engine.techniques.projections import mlp_projections, top_number_tokens
 from engine.prompts.pairs import write_jsonl
 from engine.prompts.promptsets import DOMINANT_SHARE, PromptSetSpec, answer_token_stats, generate
+from engine.techniques.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
+from engine.techniques.attention import FIRST_TOKEN, prompt_attention, role_attention, token_roles
+from engine.techniques.patching import Sender, path_patching, path_patching_reference
+from engine.techniques.projections import mlp_projections, top_number_tokens
 from engine.techniques.transfer import benchmark_pairs, transfer
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
@@ -159,9 +159,9 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
     full logits -- on prompts whose END is the token right before the answer's first digit."""
     import torch
 
+    from engine.backends.base import WorkMeter
     from engine.techniques.ablation import DEFAULT_TOKENS_PER_PASS, curve_knockouts, knockout_curve, length_chunks
     from engine.techniques.accuracy import score_pairs
-    from engine.backends.base import WorkMeter
     ps, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add", "mul"), n=4, seed=1))
     for p in ps:  # the digit position: END is the last prompt token, the answer starts with a digit token
         answer = smol.tokenizer.decode(p.answer_ids).strip()

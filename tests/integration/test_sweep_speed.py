@@ -18,13 +18,21 @@ import math
 import pytest
 import torch
 
-from engine.techniques.ablation import (DEFAULT_TOKENS_PER_PASS, Knockout, curve_knockouts, knockout_accuracies,
-                             knockout_accuracy, knockout_curve, length_chunks, mean_activations)
-from engine.techniques.accuracy import keep_correct, score_pairs
-from engine.backends.base import WorkMeter
 from engine.backends import open_model
-from engine.techniques.batching import pad, pad_id
+from engine.backends.base import WorkMeter
 from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.ablation import (
+    DEFAULT_TOKENS_PER_PASS,
+    Knockout,
+    curve_knockouts,
+    knockout_accuracies,
+    knockout_accuracy,
+    knockout_curve,
+    length_chunks,
+    mean_activations,
+)
+from engine.techniques.accuracy import keep_correct, score_pairs
+from engine.techniques.batching import pad, pad_id
 
 
 @pytest.fixture(scope="module", params=["bridge", "nnsight"])

@@ -6,13 +6,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.techniques.ablation import (Knockout, knockout_accuracy, knockout_curve, mean_activations, parse_heads,
-                             top_next_tokens)
-from engine.techniques.attention import FIRST_TOKEN, ROLES, prompt_attention, role_attention, token_roles
 from engine.backends import open_model
 from engine.models.load import resolve_spec
-from engine.techniques.projections import METRICS, mlp_projections, number_token, top_number_tokens
 from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.ablation import (
+    Knockout,
+    knockout_accuracy,
+    knockout_curve,
+    mean_activations,
+    parse_heads,
+    top_next_tokens,
+)
+from engine.techniques.attention import FIRST_TOKEN, ROLES, prompt_attention, role_attention, token_roles
+from engine.techniques.projections import METRICS, mlp_projections, number_token, top_number_tokens
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +131,9 @@ def test_mlp_projections_equal_plain_hidden_states(model, plain, pairs):
         captured = {}
         block = plain.model.layers[layer]
         h1 = block.post_attention_layernorm.register_forward_pre_hook(
-            lambda m, a: captured.__setitem__("in", a[0][0, -1].detach()))
-        h2 = block.mlp.register_forward_hook(lambda m, a, o: captured.__setitem__("out", o[0, -1].detach()))
+            lambda m, a, captured=captured: captured.__setitem__("in", a[0][0, -1].detach()))
+        h2 = block.mlp.register_forward_hook(
+            lambda m, a, o, captured=captured: captured.__setitem__("out", o[0, -1].detach()))
         try:
             with torch.no_grad():
                 plain(torch.tensor([p.ref_ids]))

@@ -18,12 +18,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.techniques.attention import FIRST_TOKEN, ROLE_DEFINITIONS, ROLES, token_roles
 from engine.organism.recipe import build_tokenizer
 from engine.prompts.pairs import Problem, build_pair, prompt_set_hash, typed_prompt_ids
-from engine.prompts.promptsets import (BALANCE_OVERSAMPLE, DOMINANT_SHARE, PromptSetSpec, answer_token_stats, generate,
-                               generate_set)
+from engine.prompts.promptsets import (
+    BALANCE_OVERSAMPLE,
+    DOMINANT_SHARE,
+    PromptSetSpec,
+    answer_token_stats,
+    generate,
+    generate_set,
+)
 from engine.prompts.templates import Template
+from engine.techniques.attention import FIRST_TOKEN, ROLE_DEFINITIONS, ROLES, token_roles
 
 CORPUS = [f"{a} + {b} = {a + b}. The sum of {a} and {b} is {a + b}. Q: What is {a} times {b}? A: {a * b}. "
           f"{a} - {b} = {a - b}. {a * b} / {b} = {a}. Calculate {a} plus {b}. {a} none {b} nothing blank @ #"

@@ -172,7 +172,8 @@ def test_zero_shot_prompts():
     assert render_prompt("gsm8k", g) == f"Question: {g.question}\nAnswer: The answer is"
     c = load_benchmark("csqa", data_dir=DATA, limit=1)[0]
     p = render_prompt("csqa", c)
-    assert p.startswith(f"Question: {c.question}\nA. {c.choices[0]}\nB. ") and p.endswith(f"\nE. {c.choices[4]}\nAnswer:")
+    assert p.startswith(f"Question: {c.question}\nA. {c.choices[0]}\nB. ")
+    assert p.endswith(f"\nE. {c.choices[4]}\nAnswer:")
     m = load_benchmark("mmlu", data_dir=DATA, limit=1)[0]
     assert render_prompt("mmlu", m).startswith(
         "The following are multiple choice questions (with answers) about abstract algebra.\n\nQuestion: ")

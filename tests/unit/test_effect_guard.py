@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from engine.techniques.patching import EFFECT_MIN_LOGIT, PatchingRaw, PatchingTable, summarize
 from engine.prompts.pairs import PromptPair
+from engine.techniques.patching import EFFECT_MIN_LOGIT, PatchingRaw, PatchingTable, summarize
 
 
 def _pair(op: str, i: int) -> PromptPair:

@@ -26,6 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.finetune.data import load_sft_data, read_jsonl
 from engine.finetune.train import (
     FinetuneError,
     HeadSlices,
@@ -41,7 +42,6 @@ from engine.finetune.train import (
     trainable,
 )
 from engine.models.load import load_model, load_plain, weights_fingerprint
-from engine.finetune.data import load_sft_data, read_jsonl
 from tests.integration.tiny_models import build_tiny_model
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2")
@@ -257,7 +257,8 @@ def test_slice_gradient_is_rescaled_full_gradient(tiny_dirs, examples, arch):
                     assert got is not None, f"{arch} layer {layer} {name}: no gradient"
                     assert float(want.abs().max()) > 0, f"{arch} layer {layer} {name}: zero reference gradient"
                     torch.testing.assert_close(got, factor * want, rtol=1e-6, atol=1e-12 * float(want.abs().max()),
-                                               msg=lambda m, ctx=f"{arch} layer {layer} {name} rescale={rescale}": f"{ctx}: {m}")
+                                               msg=lambda m, ctx=f"{arch} layer {layer} {name} rescale={rescale}":
+                                               f"{ctx}: {m}")
             # the MLP layer is tuned whole and never rescaled
             mlp = (base.transformer.h if arch == "gpt2" else base.model.layers)[mlp_layer].mlp
             prefix = f"transformer.h.{mlp_layer}.mlp" if arch == "gpt2" else f"model.layers.{mlp_layer}.mlp"

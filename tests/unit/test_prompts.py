@@ -9,11 +9,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.organism.recipe import build_tokenizer
-from engine.prompts.pairs import (OperandRange, PromptError, PromptPair, answer_tokens, build_pairs,
-                            compute_answer, parse_typed_prompt, sample_problems)
+from engine.prompts.pairs import (
+    OperandRange,
+    PromptError,
+    PromptPair,
+    answer_tokens,
+    build_pairs,
+    compute_answer,
+    parse_typed_prompt,
+    sample_problems,
+)
 from engine.prompts.promptsets import PromptSetSpec, generate, parse_families, parse_ops
-from engine.prompts.templates import (CF_SYMBOLS, CF_WORDS, OPERATOR_TERMS, OPS, PAPER_FAMILIES, SLOT_POOLS,
-                              TEMPLATES, paper_templates, templates_for)
+from engine.prompts.templates import (
+    CF_SYMBOLS,
+    CF_WORDS,
+    OPERATOR_TERMS,
+    OPS,
+    PAPER_FAMILIES,
+    SLOT_POOLS,
+    TEMPLATES,
+    paper_templates,
+    templates_for,
+)
 
 TOK = build_tokenizer()
 ops_st = st.lists(st.sampled_from(OPS), min_size=1, max_size=5, unique=True)
@@ -129,7 +146,8 @@ def test_n_is_capped_by_distinct_problems_and_negatives_optional():
 
 def _space_tokenizer():
     """A tokenizer that emits a lone whitespace token before numbers, like Llama-2's '▁'."""
-    from tokenizers import Tokenizer, models, pre_tokenizers as pt
+    from tokenizers import Tokenizer, models
+    from tokenizers import pre_tokenizers as pt
     from transformers import PreTrainedTokenizerFast
     vocab = {w: i for i, w in enumerate(["<unk>", " ", "=", "+", "-", "is"] + list("0123456789"))}
     t = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
