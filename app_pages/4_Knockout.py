@@ -22,15 +22,8 @@ from engine.techniques.promptlab import analyse_prompt
 from ui import state
 from ui.charts import display_token, fmt_prob
 from ui.circuit_charts import knockout_curve_chart
-from ui.session import (
-    analysed_pairs,
-    cancellable,
-    current_prompt,
-    progress_bar,
-    prompt_caption,
-    result_cache,
-    setup_page,
-)
+from ui.progress import cancellable, progress_bar, run_with_progress
+from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 
 model, spec = setup_page(
     "Knockout",
@@ -43,14 +36,9 @@ prompt_caption()
 L, H = model.facts.n_layers, model.facts.n_heads
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
-bar, cb = progress_bar("Path patching (to rank the heads)", key="knockout_patching")
-try:
-    with cancellable(bar):
-        table, _ = cached_path_patching(model, pairs, cache=cache, progress=cb)
-except (PromptError, CacheError, ValueError) as e:
-    st.error(f"Cannot prepare the knockout: {e}")
-    st.stop()
-bar.empty()
+table, _ = run_with_progress("Path patching (to rank the heads)", "prepare the knockout",
+                             lambda cb: cached_path_patching(model, pairs, cache=cache, progress=cb),
+                             key="knockout_patching", stop=True)
 
 head_opts = [f"{layer}.{h}" for layer in range(L) for h in range(H)]
 # the knockout set is the app's (ui.state), kept across pages; the widgets are bound to it

@@ -19,7 +19,7 @@ from engine.techniques.position_patching import cached_layer_position_patching
 from ui.charts import HEAD_SELECTION, display_token, heatmap, heatmap_frame
 from ui.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
 from ui.nav import PAGES, page_def, page_link
-from ui.progress import cancellable, progress_bar
+from ui.progress import cancellable, progress_bar, run_with_progress
 
 ERRORS = (PromptError, CacheError, ValueError)
 KIND_NAMES = dict(KINDS)
@@ -192,14 +192,11 @@ def position_view(model, pairs, cache) -> None:
 
 def logit_lens_view(model, pairs, cache) -> None:
     """The answer's probability and rank at END after each layer."""
-    try:
-        bar, cb = progress_bar("Logit lens, batch")
-        with cancellable(bar):
-            rows, computed = cached_logit_lens(model, pairs, cache=cache, progress=cb)
-        bar.empty()
-    except ERRORS as e:
-        st.error(f"Cannot run the logit lens: {e}")
+    out = run_with_progress("Logit lens, batch", "run the logit lens",
+                            lambda cb: cached_logit_lens(model, pairs, cache=cache, progress=cb))
+    if out is None:
         return
+    rows, computed = out
     groups = sorted({r.group for r in rows}, key=lambda g: (g != "*", g))
     group = st.selectbox("Prompts", groups, key="lens_group",
                          format_func=lambda g: "all operations" if g == "*" else g[3:])
@@ -276,14 +273,11 @@ def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
     ``st.error``).  The answer series is the strongest colour."""
     from engine.techniques.projections import cached_mlp_projections
     from ui.charts import lines_with_band
-    try:
-        bar, cb = progress_bar("Projecting")
-        with cancellable(bar):
-            vals, computed = cached_mlp_projections(model, pairs, cache=cache, progress=cb)
-        bar.empty()
-    except ERRORS as e:
-        st.error(f"Cannot compute the projections: {e}")
+    out = run_with_progress("Projecting", "compute the projections",
+                            lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb))
+    if out is None:
         return None
+    vals, computed = out
     df = pd.DataFrame([v.__dict__ for v in vals])
     df["series"] = df["metric"].map(PROJECTION_LABELS)
     df["lo"], df["hi"] = df["value"] - df["std"], df["value"] + df["std"]
@@ -313,14 +307,11 @@ def mlp_layer_view(model, pairs, cache, layer: int, text: str) -> None:
 
     from engine.techniques.projections import cached_mlp_projections
     from ui.charts import PALETTE
-    try:
-        bar, cb = progress_bar("Projecting")
-        with cancellable(bar):
-            vals, _ = cached_mlp_projections(model, pairs, cache=cache, progress=cb)
-        bar.empty()
-    except ERRORS as e:
-        st.error(f"Cannot compute the MLP projections: {e}")
+    out = run_with_progress("Projecting", "compute the MLP projections",
+                            lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb))
+    if out is None:
         return
+    vals, _ = out
     df = pd.DataFrame([{"series": PROJECTION_LABELS[v.metric], "value": v.value, "sd": v.std}
                        for v in vals if v.layer == layer])
     st.caption(f"MLP {layer} at the last position, mean over {len(pairs)} prompt pairs (MLP projections page: "

@@ -4,9 +4,15 @@ cancellation when the user leaves the page or the browser session ends."""
 from __future__ import annotations
 
 import time
+from typing import Callable, TypeVar
 
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException, StopException
+
+from cache import CacheError
+from engine.prompts.pairs import PromptError
+
+T = TypeVar("T")
 
 FINISH_WINDOW_S = 3.0  # a computation this close to done finishes into the cache even when nobody waits
 POLL_S = 0.25  # how often a running forward pass looks at the session (per-layer probe)
@@ -163,3 +169,24 @@ def cancellable(bar: ProgressBar):
     """``with cancellable(bar):`` -- forward passes inside check ``bar`` at every layer."""
     from engine.progress import cancel_check
     return cancel_check(bar.check)
+
+
+#: what a page computation reports as ``st.error`` (bad prompt set, cache trouble, bad input)
+USER_ERRORS: tuple[type[BaseException], ...] = (PromptError, CacheError, ValueError)
+
+
+def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], T], *, key: str | None = None,
+                      stop: bool = False) -> T | None:
+    """``compute(progress)`` under a progress bar with Stop; a user error is one ``st.error``
+    ("Cannot {failure}: ...") and then None, or the end of the page when ``stop``."""
+    bar, cb = progress_bar(text, key)
+    try:
+        with cancellable(bar):
+            out = compute(cb)
+    except USER_ERRORS as e:
+        st.error(f"Cannot {failure}: {e}")
+        if stop:
+            st.stop()
+        return None
+    bar.empty()
+    return out

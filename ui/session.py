@@ -16,7 +16,7 @@ from engine.models import DTYPE_NAMES
 from engine.models.load import ORGANISM_DIR, ORGANISM_SPEC, REPO_ROOT, ModelLoadError
 from ui import state
 from ui.nav import ROUTED, page_link
-from ui.progress import cancellable, progress_bar
+from ui.progress import run_with_progress
 
 if TYPE_CHECKING:
     from engine.prompts.promptsets import PromptSetSpec
@@ -266,16 +266,9 @@ def setup_page(title: str, caption: str):
 
 def analysed_pairs(model: ModelBackend, spec: "PromptSetSpec", cache):
     """The set's correctly answered pairs (cached filter) or stop the page after an st.error."""
-    from engine.prompts.pairs import PromptError
     from engine.techniques.accuracy import kept_pairs
-    bar, cb = progress_bar("Checking which prompts the model answers right")
-    try:
-        with cancellable(bar):
-            pairs, n_generated = kept_pairs(model, spec, cache=cache, progress=cb)
-    except (PromptError, CacheError, ValueError) as e:
-        st.error(f"Cannot build the prompt set: {e}")
-        st.stop()
-    bar.empty()
+    pairs, n_generated = run_with_progress("Checking which prompts the model answers right", "build the prompt set",
+                                           lambda cb: kept_pairs(model, spec, cache=cache, progress=cb), stop=True)
     if not pairs:
         st.error("The model answers none of these prompts right: pick other operations or another model.")
         st.stop()

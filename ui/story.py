@@ -14,7 +14,7 @@ from cache import CacheError
 from engine.prompts.pairs import PromptError
 from ui.charts import display_token, heatmap, heatmap_frame, ranked_bars, token_bars
 from ui.nav import page_def, page_link
-from ui.progress import cancellable, progress_bar
+from ui.progress import cancellable, progress_bar, run_with_progress
 from ui.session import analysed_pairs, current_prompt
 
 ERRORS = (PromptError, CacheError, ValueError)
@@ -44,14 +44,8 @@ def finding(model, pairs, cache, step: str) -> str | None:
 
 def path_patching(model, pairs, cache):
     from engine.techniques.patching import cached_path_patching
-    try:
-        bar, cb = progress_bar("Path patching, batch")
-        with cancellable(bar):
-            table, _ = cached_path_patching(model, pairs, cache=cache, progress=cb)
-        bar.empty()
-    except ERRORS as e:
-        st.error(f"Cannot run path patching: {e}")
-        st.stop()
+    table, _ = run_with_progress("Path patching, batch", "run path patching",
+                                 lambda cb: cached_path_patching(model, pairs, cache=cache, progress=cb), stop=True)
     return table
 
 
