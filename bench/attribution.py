@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.path_patching import qwen_shaped  # noqa: E402
 from engine.backends import open_model  # noqa: E402
-from engine.models.load import smollm2_gguf_path  # noqa: E402
 from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
 from engine.techniques.attribution import (  # noqa: E402
     AttributionRaw,  # noqa: E402
@@ -40,6 +39,7 @@ from engine.techniques.head_patching import Receiver, head_path_patching  # noqa
 from engine.techniques.logit_lens import logit_lens  # noqa: E402
 from engine.techniques.patching import path_patching  # noqa: E402
 from engine.techniques.position_patching import layer_position_patching  # noqa: E402
+from tests.helpers.smollm2 import smollm2_gguf_path  # noqa: E402
 
 
 def forward_seconds(model, pairs) -> float:

