@@ -22,7 +22,7 @@ from engine.techniques.promptlab import analyse_prompt
 from ui import state
 from ui.charts import display_token, fmt_prob
 from ui.circuit_charts import knockout_curve_chart
-from ui.progress import cancellable, progress_bar, run_with_progress
+from ui.progress import run_with_progress
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 
 model, spec = setup_page(
@@ -98,14 +98,10 @@ if pts is None:
         st.info("The curve knocks out the top-k heads and k random heads for every k: press the button to "
                 "compute it (it is read from the cache once computed).")
         st.stop()
-    bar, cb = progress_bar("Knocking out", key="knockout_curve", on_demand=True)
-    try:
-        with cancellable(bar):
-            pts, _ = cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=draws, cache=cache, progress=cb)
-    except (CacheError, ValueError) as e:
-        st.error(f"Cannot compute the knockout curve: {e}")
-        st.stop()
-    bar.empty()
+    pts, _ = run_with_progress("Knocking out", "compute the knockout curve",
+                               lambda cb: cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=draws,
+                                                                cache=cache, progress=cb),
+                               key="knockout_curve", stop=True, on_demand=True)
 cdf = pd.DataFrame([p.__dict__ for p in pts])
 st.altair_chart(knockout_curve_chart(cdf), width="stretch")
 st.download_button("Curve data (CSV)", cdf.to_csv(index=False).encode(), "knockout_curve.csv", "text/csv")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from cache import CacheError
-from engine.prompts.pairs import PromptError
 from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens
@@ -19,9 +17,8 @@ from engine.techniques.position_patching import cached_layer_position_patching
 from ui.charts import HEAD_SELECTION, display_token, heatmap, heatmap_frame
 from ui.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
 from ui.nav import PAGES, page_def, page_link
-from ui.progress import cancellable, progress_bar, run_with_progress
+from ui.progress import USER_ERRORS, run_with_progress
 
-ERRORS = (PromptError, CacheError, ValueError)
 KIND_NAMES = dict(KINDS)
 
 
@@ -40,15 +37,13 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
                 f"about {n_senders + 4} forward passes of the set: exact activation patching runs one per sender")
         if not st.button(f"Compute exact vs attribution ({cost})", key=f"atp_go_{total}"):
             return None
-        try:
-            bar, cb = progress_bar("Exact and attribution patching, step", on_demand=True)
-            with cancellable(bar):
-                table, computed = cached_attribution(model, pairs, cache=cache, total=total, progress=cb)
-            bar.empty()
-        except ERRORS as e:
-            st.error(f"Cannot run attribution patching: {e}")
+        out = run_with_progress(
+            "Exact and attribution patching, step", "run attribution patching",
+            lambda cb: cached_attribution(model, pairs, cache=cache, total=total, progress=cb), on_demand=True)
+        if out is None:
             return None
-    except ERRORS as e:
+        table, computed = out
+    except USER_ERRORS as e:
         st.error(f"Cannot read attribution patching: {e}")
         return None
     rows = table.rows[metric]
@@ -132,15 +127,13 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
         if not st.button(f"Compute which heads feed {rec} ({n_senders} senders, about {n_senders} forward passes "
                          f"of the set)", key=f"h2h_go_{rec}"):
             return
-        try:
-            bar, cb = progress_bar(f"Head -> head into {rec}, batch", on_demand=True)
-            with cancellable(bar):
-                vals, _ = cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb)
-            bar.empty()
-        except ERRORS as e:
-            st.error(f"Cannot run head -> head path patching: {e}")
+        out = run_with_progress(f"Head -> head into {rec}, batch", "run head -> head path patching",
+                                lambda cb: cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb),
+                                on_demand=True)
+        if out is None:
             return
-    except ERRORS as e:
+        vals, _ = out
+    except USER_ERRORS as e:
         st.error(f"Cannot read head -> head path patching: {e}")
         return
     heads = [[float("nan")] * model.facts.n_heads for _ in range(layer)]
@@ -164,16 +157,13 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
 def position_view(model, pairs, cache) -> None:
     """Layer x position activation patching heatmap, per operation or template."""
     tok = model.tokenizer
-    try:
-        bar, cb = progress_bar("Layer x position patching, batch")
-        with cancellable(bar):
-            cells, computed = cached_layer_position_patching(
-                model, pairs, cache=cache,
-                tokens=lambda ids: [display_token(t) for t in tok.convert_ids_to_tokens(list(ids))], progress=cb)
-        bar.empty()
-    except ERRORS as e:
-        st.error(f"Cannot run layer x position patching: {e}")
+    out = run_with_progress("Layer x position patching, batch", "run layer x position patching",
+                            lambda cb: cached_layer_position_patching(
+                                model, pairs, cache=cache, progress=cb,
+                                tokens=lambda ids: [display_token(t) for t in tok.convert_ids_to_tokens(list(ids))]))
+    if out is None:
         return
+    cells, computed = out
     groups = sorted({c.group for c in cells}, key=lambda g: (not g.startswith("op:"), g != "*", g))
     c1, c2 = st.columns([3, 2])
     group = c1.selectbox("Prompts", groups, key="lp_group",
@@ -221,7 +211,7 @@ def circuit_summary_view(model, spec, cache) -> None:
         findings = circuit_summary(model, pairs, cache) if pairs else []
     except NotCached:
         findings = []
-    except ERRORS as e:
+    except USER_ERRORS as e:
         st.error(f"Cannot read the cached results for the summary: {e}")
         return
     if not findings or not findings[0].computed:
@@ -248,14 +238,11 @@ def report_section(model, spec, cache) -> None:
                  help="Accuracy, path patching, the top heads' attention, MLP projections, logit lens and the "
                       "knockout curve, with the model fingerprint, the prompt-set definition and the versions, "
                       f"as one HTML file that opens offline ({len(STEPS)} steps; cached results are reused)."):
-        try:
-            bar, cb = progress_bar("Building the report, step", on_demand=True)
-            with cancellable(bar):
-                st.session_state[key] = render_html(build_report(model, spec, cache, progress=cb))
-            bar.empty()
-        except ERRORS as e:
-            st.error(f"Cannot build the report: {e}")
+        html = run_with_progress("Building the report, step", "build the report",
+                                 lambda cb: render_html(build_report(model, spec, cache, progress=cb)), on_demand=True)
+        if html is None:
             return
+        st.session_state[key] = html
     if key in st.session_state:
         st.download_button("Download report (HTML)", st.session_state[key].encode(), "arithmetic_circuits_report.html",
                            "text/html", key="report_download")
@@ -295,7 +282,7 @@ def typed_top_numbers(model, text: str) -> tuple[pd.DataFrame, object] | None:
     try:
         rep = analyse_prompt(model, text)
         return pd.DataFrame([t.__dict__ for t in top_number_tokens(model, rep.text, rep.ids)]), rep
-    except ERRORS as e:
+    except USER_ERRORS as e:
         st.error(f"Cannot analyse the typed prompt `{text}`: {e}. Change it in the Prompt lab.")
         return None
 

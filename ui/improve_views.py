@@ -6,11 +6,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from cache import CacheError
 from engine.finetune.train import FinetuneError
-from engine.prompts.pairs import PromptError
-
-ERRORS = (PromptError, CacheError, ValueError, FinetuneError)
+from ui.progress import USER_ERRORS  # FinetuneError is a ValueError
 
 
 def finished_jobs_of(model) -> list[tuple[object, dict]]:
@@ -35,7 +32,7 @@ def comparison_rows(model, tuned, cache):
     from engine.organism.skill_demo import compare
     try:
         return compare(model, tuned, cache=cache)
-    except ERRORS as e:
+    except USER_ERRORS as e:
         st.error(f"Cannot compare the models: {e}")
         return None
 

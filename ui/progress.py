@@ -176,10 +176,10 @@ USER_ERRORS: tuple[type[BaseException], ...] = (PromptError, CacheError, ValueEr
 
 
 def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], T], *, key: str | None = None,
-                      stop: bool = False) -> T | None:
-    """``compute(progress)`` under a progress bar with Stop; a user error is one ``st.error``
-    ("Cannot {failure}: ...") and then None, or the end of the page when ``stop``."""
-    bar, cb = progress_bar(text, key)
+                      stop: bool = False, on_demand: bool = False) -> T | None:
+    """``compute(progress)`` under a progress bar with Stop (``on_demand``: see :func:`progress_bar`); a user
+    error is one ``st.error`` ("Cannot {failure}: ...") and then None, or the end of the page when ``stop``."""
+    bar, cb = progress_bar(text, key, on_demand=on_demand)
     try:
         with cancellable(bar):
             out = compute(cb)

@@ -214,8 +214,6 @@ def prompt_caption() -> None:
     page_link("app_pages/1_Prompt_lab.py", "change it", ":material/edit:", where=c2)
 
 
-
-
 def sidebar() -> tuple[ModelChoice, "PromptSetSpec | ValueError"]:
     """The sidebar every page shares: model picker and prompt-set picker (drawn once per run, by setup_page)."""
     choice = model_choice()

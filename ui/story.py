@@ -10,14 +10,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from cache import CacheError
 from engine.prompts.pairs import PromptError
 from ui.charts import display_token, heatmap, heatmap_frame, ranked_bars, token_bars
 from ui.nav import page_def, page_link
-from ui.progress import cancellable, progress_bar, run_with_progress
+from ui.progress import USER_ERRORS, run_with_progress
 from ui.session import analysed_pairs, current_prompt
 
-ERRORS = (PromptError, CacheError, ValueError)
 STEPS = ("The model answers", "A few key heads", "What the top head reads", "The MLPs write the answer",
          "Knock out the key heads", "Improve with precise SFT")
 
@@ -30,16 +28,15 @@ def sentence(text: str, where=None) -> None:
     (where or st).markdown(f"<p class='story-sentence'>{body}</p>", unsafe_allow_html=True)
 
 
-def finding(model, pairs, cache, step: str) -> str | None:
-    """The circuit summary's sentence for ``step`` (cached results only), or None."""
+def findings(model, pairs, cache, *steps: str) -> str:
+    """The circuit summary's sentences for ``steps`` (cached results only, one read), joined; "" when none."""
     from engine.techniques.summary import circuit_summary
     try:
         found = {f.step: f for f in circuit_summary(model, pairs, cache)}
-    except ERRORS as e:
+    except USER_ERRORS as e:
         st.error(f"Cannot read the cached results: {e}")
-        return None
-    f = found.get(step)
-    return f.text if f is not None and f.computed else None
+        return ""
+    return " ".join(f.text for f in (found.get(s) for s in steps) if f is not None and f.computed)
 
 
 def path_patching(model, pairs, cache):
@@ -81,7 +78,7 @@ def step_answers(model, spec, cache) -> None:
 def step_heads(model, spec, cache) -> None:
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)
-    sentence(finding(model, pairs, cache, "key heads") or "Path patching found no result.")
+    sentence(findings(model, pairs, cache, "key heads") or "Path patching found no result.")
     heads, mlps = table.heatmap("effect", "*")
     st.altair_chart(heatmap(heatmap_frame(heads, mlps), "effect"), width="stretch", key="story_heatmap")
 
@@ -92,17 +89,16 @@ def step_attention(model, spec, cache) -> None:
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)
     layer, head, _ = table.top_heads(1)[0]
+    if run_with_progress("Attention by token role", "show the top head's attention",
+                         lambda cb: cached_role_attention(model, pairs, cache=cache, progress=cb)) is None:
+        return
     try:
-        bar, cb = progress_bar("Attention by token role")
-        with cancellable(bar):
-            cached_role_attention(model, pairs, cache=cache)
-        bar.empty()
         rep = analyse_prompt(model, current_prompt())
         row = pd.DataFrame([t.__dict__ for t in prompt_attention(model, rep.ids, layer, head)])
-    except (*ERRORS, PromptError) as e:
+    except USER_ERRORS as e:
         st.error(f"Cannot show the top head's attention: {e}")
         return
-    sentence(finding(model, pairs, cache, "attention") or "")
+    sentence(findings(model, pairs, cache, "attention"))
     row["label"] = [f"{i}:{display_token(t)}" for i, t in zip(row.position, row.token)]
     st.caption(f"Head {layer}.{head}: attention of the last token of `{current_prompt()}`")
     st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
@@ -120,8 +116,7 @@ def step_mlps(model, spec, cache) -> None:
     with right:
         st.caption("Logit lens of the answer")
         logit_lens_view(model, pairs, cache)
-    sentence(" ".join(t for t in (finding(model, pairs, cache, "MLPs"), finding(model, pairs, cache, "logit lens"))
-                      if t), slot)
+    sentence(findings(model, pairs, cache, "MLPs", "logit lens"), slot)
 
 
 def step_knockout(model, spec, cache) -> None:
@@ -133,16 +128,13 @@ def step_knockout(model, spec, cache) -> None:
     f = model.facts
     k_max = min(KNOCKOUT_K, f.n_layers * f.n_heads)
     ranked = [(a, b) for a, b, _ in table.top_heads(k_max)]
-    try:
-        bar, cb = progress_bar("Knocking out", key="story_knockout")
-        with cancellable(bar):
-            pts, _ = cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=KNOCKOUT_DRAWS, cache=cache,
-                                           progress=cb)
-        bar.empty()
-    except ERRORS as e:
-        st.error(f"Cannot compute the knockout curve: {e}")
+    out = run_with_progress("Knocking out", "compute the knockout curve",
+                            lambda cb: cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=KNOCKOUT_DRAWS,
+                                                             cache=cache, progress=cb), key="story_knockout")
+    if out is None:
         return
-    sentence(finding(model, pairs, cache, "knockout") or "")
+    pts, _ = out
+    sentence(findings(model, pairs, cache, "knockout"))
     st.altair_chart(knockout_curve_chart(pd.DataFrame([p.__dict__ for p in pts])), width="stretch")
 
 
