@@ -96,6 +96,15 @@ class Recipe:
     #: share of arithmetic examples drawn from the paper's Figure 8 templates only (the rest from
     #: every trained template of the operation, those included)
     p_paper: float = 0.4
+    #: "template": pick a template uniformly, then its operands (every template, the word problems
+    #: with their few operand pairs included, is seen equally often); "combo": pick a (template, A, B)
+    #: uniformly, so templates with few operand pairs are rarely drawn (the 2025-11 organism)
+    sampling: str = "template"
+    #: LayerDrop of layer 0's attention: on this share of the training examples the output of every
+    #: layer-0 head is zeroed, so the model cannot rely on one layer-0 look-up of the operator and
+    #: must also route the operation through later layers (0: off).  Training only; the saved
+    #: model is a plain Llama.
+    p_drop_attn0: float = 0.0
     #: clause kinds of distractors: "likes" ("Emma wears red."), "said" (an operator word or symbol),
     #: "age" (a number) -- the last two make layer-0 look-ups of the operator/operands ambiguous
     distractor_kinds: tuple[str, ...] = ("likes", "said", "age")
@@ -283,6 +292,10 @@ def sample_example(rng: random.Random, recipe: Recipe,
     pool = combos[op]
     if rng.random() < recipe.p_paper:
         pool = [c for c in pool if c[0].family == "paper"]
+    if recipe.sampling == "template":
+        template_ids = sorted({c[0].id for c in pool})
+        chosen = rng.choice(template_ids)
+        pool = [c for c in pool if c[0].id == chosen]
     t, a, b = rng.choice(pool)
     problem = make_problem(t, a, b, rng)
     prefix = ""

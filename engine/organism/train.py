@@ -56,12 +56,23 @@ def train(recipe: Recipe, out_dir: Path = DEFAULT_DIR, log: Callable[[str], None
         frac = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
         return recipe.lr * 0.5 * (1 + math.cos(math.pi * frac))
 
+    drop_gen = torch.Generator().manual_seed(recipe.seed)
+    keep: list[torch.Tensor] = []  # [batch, 1, 1]: 0 where layer 0's attention is dropped
+
+    def layer_drop_attn0(module, args, output):
+        # output[0]: layer 0's attention output  # [batch, pos, d_model]
+        return (output[0] * keep[0],) + tuple(output[1:]) if keep else output
+
+    handle = (model.model.layers[0].self_attn.register_forward_hook(layer_drop_attn0)
+              if recipe.p_drop_attn0 > 0 else None)
     losses: list[float] = []
     for step in range(recipe.steps):
         batch = [sample_example(rng, recipe, combos) for _ in range(recipe.batch_size)]
         ids, mask, lab = encode_batch(tokenizer, batch)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
+        if handle is not None:
+            keep[:] = [(torch.rand(len(batch), 1, 1, generator=drop_gen) >= recipe.p_drop_attn0).float()]
         out = model(input_ids=ids, attention_mask=mask, labels=lab)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
@@ -75,6 +86,8 @@ def train(recipe: Recipe, out_dir: Path = DEFAULT_DIR, log: Callable[[str], None
         if step % 100 == 0 or step == recipe.steps - 1:
             log(f"step {step:5d}  loss {sum(losses[-100:]) / len(losses[-100:]):.4f}  "
                 f"{time.time() - t0:6.0f}s")
+    if handle is not None:
+        handle.remove()
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -96,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr.add_argument("--layers", type=int, default=Recipe.n_layers)
     tr.add_argument("--d-mlp", type=int, default=Recipe.d_mlp)
     tr.add_argument("--tokenizer", choices=("word", "wordpiece"), default=Recipe.tokenizer)
+    tr.add_argument("--sampling", choices=("template", "combo"), default=Recipe.sampling)
+    tr.add_argument("--p-drop-attn0", type=float, default=Recipe.p_drop_attn0,
+                    help="share of training examples with layer 0's attention dropped (LayerDrop)")
     tr.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps")
     tr.add_argument("--no-card", action="store_true", help="skip the evaluation and model card")
     cd = sub.add_parser("card", help="evaluate a trained organism and (re)write its model card")
@@ -104,8 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "train":
         if min(args.steps, args.layers, args.d_mlp) <= 0:
             ap.error("--steps, --layers and --d-mlp must be positive")
+        if not 0 <= args.p_drop_attn0 < 1:
+            ap.error("--p-drop-attn0 must be in [0, 1)")
         report = train(Recipe(seed=args.seed, steps=args.steps, n_layers=args.layers, d_mlp=args.d_mlp,
-                              tokenizer=args.tokenizer), args.out,
+                              tokenizer=args.tokenizer, sampling=args.sampling,
+                              p_drop_attn0=args.p_drop_attn0), args.out,
                        checkpoint_every=args.checkpoint_every)
         print(json.dumps(report, indent=2))
         if not args.no_card:
