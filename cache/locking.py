@@ -4,6 +4,14 @@ flock locks belong to an open file description, so two :class:`FileLock`
 objects conflict even inside one process (threads), and the kernel drops
 the lock when a process dies, so a crashed writer never leaves the cache
 locked.
+
+Why not the ``filelock`` package (installed with huggingface_hub): its ``FileLock`` is exclusive
+only, and its shared/exclusive ``ReadWriteLock`` (SQLite, filelock 4.2) coordinates processes, not
+threads -- a thread asking for the write lock while another thread of the same process reads gets
+``RuntimeError: Cannot acquire write lock ... another thread holds a read lock`` instead of waiting
+(tried on filelock 4.2.11).  The dashboard serves every browser session as a thread of one process,
+and ``tests/unit/test_cache.py::test_threads_share_one_cache`` checks exactly that case; a lock file
+in a read-only cache directory (opened read-only here) is the other case it does not cover.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ API: dict[str, str] = {
     # models and backends
     "open_model": "engine.backends",
     "ModelBackend": "engine.backends.base",
-    "ModelFacts": "engine.models.load",
-    "ModelLoadError": "engine.models.load",
+    "ModelFacts": "engine.models.facts",
+    "ModelLoadError": "engine.models.spec",
     # prompts
     "PromptSetSpec": "engine.prompts.promptsets",
     "generate": "engine.prompts.promptsets",

@@ -13,7 +13,8 @@ from cache import CacheError, ResultCache
 from engine.backends import open_model
 from engine.backends.base import ModelBackend
 from engine.models import DTYPE_NAMES
-from engine.models.load import ORGANISM_DIR, ORGANISM_SPEC, REPO_ROOT, ModelLoadError
+from engine.models.spec import ORGANISM_DIR, ORGANISM_SPEC, ModelLoadError
+from engine.paths import REPO_ROOT
 from ui import state
 from ui.nav import ROUTED, page_link
 from ui.progress import run_with_progress

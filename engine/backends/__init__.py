@@ -22,7 +22,7 @@ def open_model(spec: str = "organism", *, device: str | None = None, dtype: str 
     with the key in ``$NDIF_API_KEY`` (``dtype`` does not apply: NDIF serves its deployment's dtype,
     which ``facts.dtype`` reports); ``remote="local"`` sends every trace through nnsight's
     serialise/deserialise dry run of a remote request, on local weights."""
-    from engine.models.load import ModelLoadError
+    from engine.models.spec import ModelLoadError
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}: choose from {', '.join(BACKENDS)}")
     if remote and backend != "nnsight":

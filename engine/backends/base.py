@@ -33,7 +33,7 @@ import torch
 
 from engine.backends import hooks as hook_names
 from engine.backends.hooks import HookName
-from engine.models.load import ModelFacts
+from engine.models.facts import ModelFacts
 
 HookFn = Callable[[torch.Tensor], torch.Tensor | None]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.models.load import ModelLoadError
+from engine.models.spec import ModelLoadError
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,8 @@ import torch
 from engine.backends.base import HookFn, ModelBackend
 from engine.backends.hooks import HookName
 from engine.backends.layouts import Layout, layout_for
-from engine.models.load import ModelFacts, ModelLoadError
+from engine.models.facts import ModelFacts
+from engine.models.spec import ModelLoadError
 
 NDIF_KEY_ENV = "NDIF_API_KEY"
 NDIF_HOST_ENV = "NDIF_HOST"
@@ -593,14 +594,9 @@ def open_remote(spec: str, *, host: str | None = None, revision: str | None = No
 
     NDIF runs its deployment in the dtype it chose; one small request (``probe``) asks which, so
     ``facts.dtype`` -- part of every cache key -- says what really computed the results."""
-    from engine.models.load import (
-        SourceKind,
-        check_architecture,
-        facts_from_config,
-        load_config,
-        load_tokenizer,
-        resolve_spec,
-    )
+    from engine.models.facts import facts_from_config
+    from engine.models.load import load_config, load_tokenizer
+    from engine.models.spec import SourceKind, check_architecture, resolve_spec
     resolved = resolve_spec(spec)
     if resolved.kind is not SourceKind.HUB:
         what = {SourceKind.ORGANISM: "the bundled model", SourceKind.LOCAL_DIR: "a local directory",
@@ -643,7 +639,7 @@ def remote_fingerprint(repo_id: str, revision: str | None, config: Any, dtype: s
 
     The weights cannot be read from here, so this cannot equal ``weights_fingerprint`` of a local
     copy; it is stable across runs and machines, so remote results are cached and reused."""
-    from engine.models.load import canonical_config_json
+    from engine.models.fingerprint import canonical_config_json
     h = hashlib.sha256()
     h.update(b"arith-lab-remote-v1\0")
     h.update(json.dumps({"repo_id": repo_id, "revision": revision or "main", "dtype": dtype}, sort_keys=True).encode())

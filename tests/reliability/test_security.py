@@ -176,7 +176,8 @@ def test_remote_code_is_never_run(where, tmp_path, cli, monkeypatch):
     assert "remote code" in cli("info", "--model", str(model)).error_line()
     at = run_page("app.py", model=str(model))
     assert not at.exception and any("remote code" in e for e in texts(at, "error"))
-    from engine.models.load import ModelLoadError, load_plain
+    from engine.models.load import load_plain
+    from engine.models.spec import ModelLoadError
     with pytest.raises(ModelLoadError, match="remote code"):
         load_plain(str(model), device="cpu")
     assert not marker.exists()

@@ -41,7 +41,8 @@ from engine.finetune.train import (
     train,
     trainable,
 )
-from engine.models.load import load_model, load_plain, weights_fingerprint
+from engine.models.fingerprint import weights_fingerprint
+from engine.models.load import load_model, load_plain
 from tests.integration.tiny_models import build_tiny_model
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2")
