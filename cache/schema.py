@@ -14,7 +14,8 @@ import duckdb
 __all__ = ["DDL", "SCHEMA_VERSION", "ensure_schema"]
 
 #: Current schema version; stored in ``meta`` and in ``runs.schema_version``.
-SCHEMA_VERSION: Final[int] = 1
+#: 2: ``results.label`` holds the canonical JSON of engine.results' codec (1: ad-hoc ``a|b`` labels).
+SCHEMA_VERSION: Final[int] = 2
 
 DDL: Final[tuple[str, ...]] = (
     "CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR)",

@@ -126,6 +126,16 @@ class ItemResult:
                           tuple(float("nan") if s is None else float(s) for s in d.get("scores", ())))
 
 
+@dataclass(frozen=True)
+class StoredScore:
+    """A cached benchmark's rows (the result itself is its ``result`` artifact): each item's ``correct``
+    and the benchmark's ``accuracy`` (item ``"*"``)."""
+
+    item: str
+    metric: str
+    value: float
+
+
 def _as_number(x: float) -> int | float:
     return int(x) if float(x).is_integer() and abs(x) < 2 ** 53 else float(x)
 
@@ -412,12 +422,12 @@ def evaluate_cached(model, bench: str, *, data_dir: str | Path | None = None, sp
               "format": FORMAT_VERSION}
 
     def compute():
-        from cache import ResultRow
+        from engine.results import encode_rows
         res = evaluate(model, bench, items, few_shot=few_shot, pool=pool, seed=seed,
                        max_new_tokens=max_new_tokens, batch_size=batch_size, split=split, progress=progress)
-        rows = [ResultRow(None, None, str(r.id), "correct", float(r.correct)) for r in res.records]
-        rows.append(ResultRow(None, None, "*", "accuracy", res.accuracy))
-        return rows, {"result": res.to_json()}
+        rows = [StoredScore(str(r.id), "correct", float(r.correct)) for r in res.records]
+        rows.append(StoredScore("*", "accuracy", res.accuracy))
+        return encode_rows(rows), {"result": res.to_json()}
 
     if cache is None:
         _, art = compute()

@@ -48,6 +48,15 @@ class CompareRow:
         return 100.0 * (self.tuned - self.base)
 
 
+@dataclass(frozen=True)
+class SkillAccuracy:
+    """The cached skill score: first-token accuracy on one family's split (``notation``, ``test``)."""
+
+    family: str
+    split: str
+    first_token: float
+
+
 def _knows_facts(model) -> bool:
     from engine.organism.recipe import control_prompts
 
@@ -62,21 +71,20 @@ def task_accuracies(model, *, cache=None) -> dict[str, tuple[int, float]]:
     """{task: (n, accuracy)} for one model (see module docstring)."""
     from engine.finetune.data import skill_pairs
     from engine.prompts.promptsets import PromptSetSpec
-    from engine.results import run_cached
+    from engine.results import run_cached_rows
     from engine.techniques.accuracy import accuracy_report
 
     out: dict[str, tuple[int, float]] = {}
     pairs = skill_pairs(model.tokenizer, "notation", "test")
 
     def compute_skill():
-        from cache import ResultRow
         from engine.techniques.accuracy import score_pairs
         scores = score_pairs(model, pairs)
-        return [ResultRow(layer=None, head=None, label="notation|test", metric="first_token",
-                          value=sum(s.first_ok for s in scores) / len(scores))], None
+        return [SkillAccuracy("notation", "test", sum(s.first_ok for s in scores) / len(scores))], None
 
-    rows, _, _ = run_cached(model, pairs, "skill_accuracy", {"dtype": model.facts.dtype}, compute_skill, cache)
-    out[TASKS[0]] = (len(pairs), float(rows[0].value))
+    rows, _, _ = run_cached_rows(model, pairs, "skill_accuracy", {"dtype": model.facts.dtype}, compute_skill,
+                                 SkillAccuracy, ("first_token",), cache)
+    out[TASKS[0]] = (len(pairs), rows[0].first_token)
     report, _ = accuracy_report(model, PromptSetSpec(), cache=cache)
     n = sum(r.n for r in report)
     out[TASKS[1]] = (n, sum(r.first_token * r.n for r in report) / n)

@@ -437,25 +437,24 @@ def _curve_params(backend: ModelBackend, ranked_heads: Sequence[tuple[int, int]]
             "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned"}
 
 
+CURVE_METRICS = ("top_accuracy", "random_mean", "random_std", "random_min", "random_max")  # stored per k
+
+
 def _curve_points(rows) -> list[CurvePoint]:
-    by_k: dict[int, dict[str, float]] = defaultdict(dict)
-    for r in rows:
-        by_k[int(r.layer)][r.metric] = float(r.value)
-    return [CurvePoint(k, **v) for k, v in sorted(by_k.items())]
+    from engine.results import decode_rows
+    return sorted(decode_rows(CurvePoint, rows, CURVE_METRICS), key=lambda p: p.k)
 
 
 def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
                           ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
                           cache=None, progress: ProgressFn | None = None) -> tuple[list[CurvePoint], bool]:
     """:func:`knockout_curve` through the result cache: (points, computed)."""
-    from cache import ResultRow
-    from engine.results import run_cached
+    from engine.results import encode_rows, run_cached
 
     def compute():
         pts = knockout_curve(backend, pairs, ranked_heads, mean_activations(backend, pairs), k_max=k_max,
                              draws=draws, seed=seed, progress=progress)
-        return [ResultRow(layer=p.k, head=None, label=None, metric=m, value=getattr(p, m))
-                for p in pts for m in ("top_accuracy", "random_mean", "random_std", "random_min", "random_max")], None
+        return encode_rows(pts, CURVE_METRICS), None
 
     params = _curve_params(backend, ranked_heads, k_max, draws, seed)
     rows, _, computed = run_cached(backend, pairs, "knockout_curve", params, compute, cache)

@@ -134,27 +134,17 @@ def accuracy_report(model, spec, *, cache=None, progress: ProgressFn | None = No
 
     Returns (rows, computed) -- ``computed`` is False when the table came from the cache.
     """
-    from cache import ResultRow
     from engine.prompts.promptsets import generate
-    from engine.results import run_cached
+    from engine.results import run_cached_rows
 
     pairs, _ = generate(model.tokenizer, spec)
     params = {"spec": spec.to_params(), "dtype": model.facts.dtype}
 
     def compute():
-        rows = summarize(pairs, score_pairs(model, pairs, progress=progress))
-        return ([ResultRow(layer=None, head=None, label=f"{r.op}|{r.template}", metric=m,
-                           value=float(getattr(r, m))) for r in rows for m in _METRICS], None)
+        return summarize(pairs, score_pairs(model, pairs, progress=progress)), None
 
-    rows, _, computed = run_cached(model, pairs, METHOD, params, compute, cache)
-    by_label: dict[str, dict[str, float]] = defaultdict(dict)
-    for r in rows:
-        by_label[r.label][r.metric] = r.value
-    out = []
-    for label, m in sorted(by_label.items()):
-        op, tpl = label.split("|", 1)
-        out.append(AccuracyRow(op, tpl, int(m["n"]), m["first_token"], m["full_answer"], m["mean_p_answer"]))
-    return out, computed
+    rows, _, computed = run_cached_rows(model, pairs, METHOD, params, compute, AccuracyRow, _METRICS, cache)
+    return sorted(rows, key=lambda r: (r.op, r.template)), computed
 
 
 def kept_pairs(model, spec, *, cache=None, require_full: bool = False,

@@ -144,14 +144,11 @@ def prompt_attention(backend: ModelBackend, ids: Sequence[int], layer: int, head
 def cached_role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
                           progress: ProgressFn | None = None) -> tuple[list[RoleAttention], bool]:
     """:func:`role_attention` through the result cache: (values, computed)."""
-    from cache import ResultRow
-    from engine.results import run_cached
+    from engine.results import run_cached_rows
 
     def compute():
-        vals = role_attention(backend, pairs, progress=progress)
-        return [ResultRow(layer=v.layer, head=v.head, label=v.role, metric="attention", value=v.value)
-                for v in vals], None
+        return role_attention(backend, pairs, progress=progress), None
 
     params = {"roles": list(ROLES), "roles_version": ROLES_VERSION, "dtype": backend.facts.dtype}
-    rows, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
-    return [RoleAttention(int(r.layer), int(r.head), r.label, float(r.value)) for r in rows], computed
+    rows, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, RoleAttention, ("value",), cache)
+    return rows, computed

@@ -396,11 +396,22 @@ class AttributionTable:
         return list(first[0].values) if first else []
 
 
+@dataclass(frozen=True)
+class KindValue:
+    """One stored number of an :class:`AttributionTable`: a sender's mean ``metric`` under one kind."""
+
+    component: str  # "head" | "mlp"
+    layer: int
+    head: int       # -1 for MLPs
+    kind: str
+    metric: str
+    value: float
+
+
 def cached_attribution(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None, total: bool = True,
                        progress: ProgressFn | None = None) -> tuple[AttributionTable, bool]:
     """Attribution vs exact patching through the result cache: (table, computed)."""
-    from cache import ResultRow
-    from engine.results import run_cached
+    from engine.results import run_cached_rows
 
     f = backend.facts
     metrics = ("effect", "logit_diff")
@@ -408,20 +419,15 @@ def cached_attribution(backend: ModelBackend, pairs: Sequence[PromptPair], *, ca
 
     def compute():
         raw = attribution(backend, pairs, total=total, progress=progress)
-        out = []
-        for metric in metrics:
-            for r in sender_rows(raw, metric):
-                for kind, v in r.values.items():
-                    out.append(ResultRow(layer=r.layer, head=r.head, label=f"{r.component}|{kind}",
-                                         metric=metric, value=v))
+        out = [KindValue(r.component, r.layer, r.head, kind, metric, v)
+               for metric in metrics for r in sender_rows(raw, metric) for kind, v in r.values.items()]
         return out, {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs),
                      "seconds": raw.seconds}
 
-    stored, art, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
+    stored, art, computed = run_cached_rows(backend, pairs, METHOD, params, compute, KindValue, cache=cache)
     collected: dict[tuple[str, str, int, int], dict[str, float]] = {}
-    for r in stored:
-        component, kind = r.label.split("|", 1)
-        collected.setdefault((r.metric, component, int(r.layer), int(r.head)), {})[kind] = float(r.value)
+    for v in stored:
+        collected.setdefault((v.metric, v.component, v.layer, v.head), {})[v.kind] = v.value
     rows: dict[str, list[SenderRow]] = {}
     for (metric, component, layer, head), values in collected.items():
         rows.setdefault(metric, []).append(SenderRow(component, layer, head, values))

@@ -168,21 +168,14 @@ def cached_head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair]
                               cache=None, progress: ProgressFn | None = None
                               ) -> tuple[list[SenderValue], bool]:
     """Head -> head path patching through the result cache: (per-sender means, computed)."""
-    from cache import ResultRow
-    from engine.results import run_cached
+    from engine.results import run_cached_rows
 
     params = {"dtype": backend.facts.dtype, "receiver": str(receiver), "position": "END"}
 
     def compute():
         raw = head_path_patching(backend, pairs, receiver, progress=progress)
-        vals = [v for v in summarize(raw) if v.component in ("head", "mlp") and v.layer < receiver.layer
-                and v.metric in ("effect", "logit_diff")]
-        return [ResultRow(layer=v.layer, head=v.head, label=f"{v.component}|{v.group}", metric=v.metric,
-                          value=v.value) for v in vals], {"receiver": str(receiver)}
+        return [v for v in summarize(raw) if v.component in ("head", "mlp") and v.layer < receiver.layer
+                and v.metric in ("effect", "logit_diff")], {"receiver": str(receiver)}
 
-    stored, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
-    out = []
-    for r in stored:
-        component, group = r.label.split("|", 1)
-        out.append(SenderValue(component, int(r.layer), int(r.head), group, r.metric, float(r.value)))
+    out, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, SenderValue, cache=cache)
     return out, computed

@@ -109,20 +109,13 @@ def summarize(raw: LensRaw) -> list[LensRow]:
 def cached_logit_lens(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
                       progress: ProgressFn | None = None) -> tuple[list[LensRow], bool]:
     """Logit lens summary through the result cache: (rows, computed)."""
-    from cache import ResultRow
-    from engine.results import run_cached
+    from engine.results import run_cached_rows
 
     params = {"dtype": backend.facts.dtype, "position": "END", "stream": "resid_post"}
-    fields = ("mean_prob", "median_rank", "top1")
 
     def compute():
-        rows = summarize(logit_lens(backend, pairs, progress=progress))
-        return [ResultRow(layer=r.layer, head=-1, label=r.group, metric=m, value=getattr(r, m))
-                for r in rows for m in fields], {"n_layers": backend.facts.n_layers}
+        return summarize(logit_lens(backend, pairs, progress=progress)), {"n_layers": backend.facts.n_layers}
 
-    stored, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
-    by_key: dict[tuple[int, str], dict[str, float]] = {}
-    for r in stored:
-        by_key.setdefault((int(r.layer), r.label), {})[r.metric] = float(r.value)
-    rows = [LensRow(layer, group, **vals) for (layer, group), vals in by_key.items()]
+    rows, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, LensRow,
+                                        ("mean_prob", "median_rank", "top1"), cache)
     return sorted(rows, key=lambda r: (r.group != "*", r.group, r.layer)), computed

@@ -365,8 +365,7 @@ def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
                          with_prob: bool = False, batch_size: int = 32,
                          progress: ProgressFn | None = None) -> tuple[PatchingTable, bool]:
     """Path patching through the result cache: (table, computed)."""
-    from cache import ResultRow
-    from engine.results import run_cached
+    from engine.results import run_cached_rows
 
     f = backend.facts
     params = {"with_prob": with_prob, "dtype": f.dtype, "senders": "heads+mlps", "position": "END",
@@ -374,13 +373,7 @@ def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
 
     def compute():
         raw = path_patching(backend, pairs, batch_size=batch_size, with_prob=with_prob, progress=progress)
-        rows = [ResultRow(layer=v.layer, head=v.head, label=f"{v.component}|{v.group}", metric=v.metric,
-                          value=v.value) for v in summarize(raw)]
-        return rows, {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs)}
+        return summarize(raw), {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs)}
 
-    rows, art, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
-    values = []
-    for r in rows:
-        component, group = r.label.split("|", 1)
-        values.append(SenderValue(component, int(r.layer), int(r.head), group, r.metric, float(r.value)))
+    values, art, computed = run_cached_rows(backend, pairs, METHOD, params, compute, SenderValue, cache=cache)
     return PatchingTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]), values), computed

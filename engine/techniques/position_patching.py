@@ -176,26 +176,13 @@ def cached_layer_position_patching(backend: ModelBackend, pairs: Sequence[Prompt
                                    tokens: Callable[[Sequence[int]], list[str]],
                                    progress: ProgressFn | None = None) -> tuple[list[PositionCell], bool]:
     """Layer x position patching through the result cache: (cells, computed)."""
-    from cache import ResultRow
-    from engine.results import run_cached
+    from engine.results import run_cached_rows
 
     params = {"dtype": backend.facts.dtype, "stream": "resid_pre", "positions": "from END"}
 
     def compute():
-        cells = summarize(layer_position_patching(backend, pairs, progress=progress), tokens)
-        rows = []
-        labels: dict[str, dict[int, str]] = defaultdict(dict)
-        for c in cells:
-            labels[c.group][c.rel] = c.token
-            for m in ("logit_diff", "restored"):
-                rows.append(ResultRow(layer=c.layer, head=c.rel, label=c.group, metric=m, value=getattr(c, m)))
-        return rows, {"labels": {g: {str(k): v for k, v in d.items()} for g, d in labels.items()}}
+        return summarize(layer_position_patching(backend, pairs, progress=progress), tokens), None
 
-    stored, art, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
-    labels = art.get("labels", {})
-    vals: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
-    for r in stored:
-        vals[(r.label, int(r.layer), int(r.head))][r.metric] = float(r.value)
-    cells = [PositionCell(g, layer, rel, labels.get(g, {}).get(str(rel), ""), v.get("logit_diff", float("nan")),
-                          v.get("restored", float("nan"))) for (g, layer, rel), v in vals.items()]
+    cells, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, PositionCell,
+                                         ("logit_diff", "restored"), cache)
     return sorted(cells, key=lambda c: (c.group, c.layer, c.rel)), computed

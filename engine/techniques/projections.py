@@ -141,18 +141,12 @@ def top_number_tokens(backend: ModelBackend, prompt: str, ids: Sequence[int], *,
 def cached_mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
                            progress: ProgressFn | None = None) -> tuple[list[LayerProjection], bool]:
     """:func:`mlp_projections` through the result cache: (values, computed)."""
-    from cache import ResultRow
-    from engine.results import run_cached
+    from engine.results import run_cached_rows
 
     def compute():
-        vals = mlp_projections(backend, pairs, progress=progress)
-        rows = [ResultRow(layer=v.layer, head=None, label=v.metric, metric=stat, value=x)
-                for v in vals for stat, x in (("mean", v.value), ("std", v.std))]
-        return rows, None
+        return mlp_projections(backend, pairs, progress=progress), None
 
     params = {"metrics": list(METRICS), "dtype": backend.facts.dtype}
-    rows, _, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
-    stats: dict[tuple[int, str], dict[str, float]] = {}
-    for r in rows:
-        stats.setdefault((int(r.layer), r.label), {})[r.metric] = float(r.value)
-    return [LayerProjection(layer, m, s["mean"], s["std"]) for (layer, m), s in sorted(stats.items())], computed
+    rows, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, LayerProjection, ("value", "std"),
+                                        cache)
+    return sorted(rows, key=lambda v: (v.layer, v.metric)), computed
