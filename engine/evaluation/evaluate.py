@@ -166,13 +166,6 @@ def score_choice(item: BenchItem, option_scores: Sequence[float]) -> ItemResult:
 # model side: batched forward passes through the narrow backend interface
 # ---------------------------------------------------------------------------------------------
 
-def _pad_id(tokenizer) -> int:
-    for cand in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        if cand is not None:
-            return int(cand)
-    return 0
-
-
 def context_length(model) -> int | None:
     """The model's context window (bridge config ``n_ctx``, HF ``max_position_embeddings``), or None."""
     for obj in (model, getattr(model, "bridge", None)):
@@ -188,18 +181,6 @@ def context_length(model) -> int | None:
     return n if isinstance(n, int) and 0 < n < 1_000_000 else None
 
 
-def _left_padded(seqs: Sequence[Sequence[int]], pad: int):
-    import torch
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)  # [batch, pos]
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)  # [batch, pos]
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
-            mask[i, width - len(s):] = 1
-    return ids, mask
-
-
 def _rows_per_pass(batch_size: int, width: int, vocab: int) -> int:
     return max(1, min(batch_size, LOGITS_BUDGET // max(1, width * vocab)))
 
@@ -207,9 +188,11 @@ def _rows_per_pass(batch_size: int, width: int, vocab: int) -> int:
 def last_logits(model, seqs: Sequence[Sequence[int]], batch_size: int = 8):
     """Next-token logits after each sequence (left padding, batches). # [n, vocab] float32"""
     import torch
+
+    from engine.techniques.batching import pad_batch, tokenizer_pad_id
     if not seqs or any(len(s) == 0 for s in seqs):
         raise BenchmarkError("last_logits needs non-empty token sequences")
-    pad = _pad_id(model.tokenizer)
+    pad = tokenizer_pad_id(model.tokenizer)
     vocab = int(model.facts.vocab_size)
     out = []
     start = 0
@@ -217,7 +200,7 @@ def last_logits(model, seqs: Sequence[Sequence[int]], batch_size: int = 8):
         width = max(len(s) for s in seqs[start:start + batch_size])
         rows = _rows_per_pass(batch_size, width, vocab)
         chunk = seqs[start:start + rows]
-        ids, mask = _left_padded(chunk, pad)
+        ids, mask, _ = pad_batch(chunk, pad, left=True)
         with torch.no_grad():
             out.append(model.logits(ids, mask)[:, -1, :].float().cpu())  # [rows, vocab]
         start += len(chunk)
@@ -235,6 +218,8 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: in
     stopping token is included in the output, as in ``generate``.  Finished rows leave the batch.
     """
     import torch
+
+    from engine.techniques.batching import pad_batch, tokenizer_pad_id
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise BenchmarkError(f"max_new_tokens must be a positive whole number, got {max_new_tokens!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
@@ -254,7 +239,7 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: in
                 newline[t] = False
         return newline[t]
 
-    pad = _pad_id(tok)
+    pad = tokenizer_pad_id(tok)
     vocab = int(model.facts.vocab_size)
     outputs: list[list[int]] = [[] for _ in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
@@ -272,7 +257,7 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: in
             while start < len(seqs):
                 width = max(len(s) for s in seqs[start:start + batch_size])
                 rows = _rows_per_pass(batch_size, width, vocab)
-                ids, mask = _left_padded(seqs[start:start + rows], pad)  # [rows, pos]
+                ids, mask, _ = pad_batch(seqs[start:start + rows], pad, left=True)  # [rows, pos]
                 with torch.no_grad():
                     logits = model.logits(ids, mask)[:, -1, :]  # [rows, vocab]
                 nxt.extend(int(t) for t in logits.argmax(-1).tolist())

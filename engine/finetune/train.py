@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.backends.layouts import LAYOUTS, LLAMA, Layout
+from engine.techniques.batching import pad_batch
 
 Method = Literal["precise", "full", "lora"]
 METHODS: tuple[str, ...] = ("precise", "full", "lora")
@@ -204,14 +205,8 @@ def encode_examples(tokenizer, examples: Sequence[SFTExample]) -> list[tuple[lis
 
 def _batch(encoded: Sequence[tuple[list[int], int]], pad_id: int, device) -> tuple[torch.Tensor, ...]:
     """Right-padded ids, attention mask and labels (-100 outside the answer)."""
-    width = max(len(ids) for ids, _ in encoded)
-    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)  # [batch, pos]
-    mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    labels = torch.full((len(encoded), width), -100, dtype=torch.long)
-    for i, (seq, start) in enumerate(encoded):
-        ids[i, :len(seq)] = torch.tensor(seq)
-        mask[i, :len(seq)] = 1
-        labels[i, start:len(seq)] = torch.tensor(seq[start:])
+    seqs = [seq for seq, _ in encoded]
+    ids, mask, labels = pad_batch(seqs, pad_id, labels=[[-100] * start + seq[start:] for seq, start in encoded])
     return ids.to(device), mask.to(device), labels.to(device)
 
 

@@ -28,6 +28,7 @@ from engine.prompts.pairs import (
 )
 from engine.prompts.templates import PAPER_FAMILIES, PAPER_OPS, TEMPLATES_BY_ID, WORD_PROBLEM_FAMILIES
 from engine.techniques.accuracy import score_pairs
+from engine.techniques.batching import pad_batch
 
 
 def _held_out_problems(recipe: Recipe, seed: int) -> list[Problem]:
@@ -63,12 +64,7 @@ def control_accuracy(model, seed: int = 0) -> float:
     for i in range(0, len(ctrl), 100):
         chunk = ctrl[i:i + 100]
         enc = [tok(p)["input_ids"] for p, _ in chunk]
-        width = max(map(len, enc))
-        ids = torch.full((len(enc), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for j, e in enumerate(enc):
-            ids[j, :len(e)] = torch.tensor(e)
-            mask[j, :len(e)] = 1
+        ids, mask, _ = pad_batch(enc, tok.pad_token_id)
         with torch.no_grad():
             out = model.logits(ids, mask)
         for j, (e, (_, ans)) in enumerate(zip(enc, chunk)):
@@ -195,6 +191,24 @@ def _tokenizer_text(r: dict[str, Any]) -> str:
             "single tokens (numbers are spelled digit by digit)")
 
 
+def _sampling_text(r: dict[str, Any]) -> str:
+    word = (f"; a share {r['p_word']} of the additions from the Figure 10 word problems only"
+            if r.get("p_word") else "")
+    if r.get("sampling", "combo") == "template":
+        return (f"{word}; the rest picks a template uniformly, then its operands, so the word problems "
+                f"(few operand pairs) are drawn as often as any other template")
+    return f"{word}; the rest picks a (template, A, B) uniformly"
+
+
+def _layer_drop_text(r: dict[str, Any]) -> str:
+    p = r.get("p_drop_attn0", 0)
+    if not p:
+        return ""
+    return (f"* LayerDrop of layer 0's attention: on {p:.0%} of the examples the output of every layer-0 head is\n"
+            f"  zeroed (training only; the saved model is a plain Llama), so the model cannot rely on one\n"
+            f"  layer-0 look-up of the operator and must route the operation through later layers.\n")
+
+
 def write_card(out_dir, report: dict[str, Any], ev: dict[str, Any], heads: dict[str, Any]) -> str:
     """The model card (README.md of ``models/organism``), from measured numbers only."""
     from pathlib import Path
@@ -228,7 +242,7 @@ Each example is drawn as follows:
   A > B for subtraction, exact division), target the answer's digits then `<eos>`. The templates: the
   paper's Figure 8 (`paper`, 32), Figure 10's two recoverable word-problem skeletons (`time_span`,
   `object_accumulation`) and the project's own phrasings (`extended`), all but the held-out templates
-  {held}; a share {r.get('p_paper', 0)} of the arithmetic examples is drawn from the Figure 8 templates only;
+  {held}; a share {r.get('p_paper', 0)} of the arithmetic examples is drawn from the Figure 8 templates only{_sampling_text(r)};
 * {r['p_counterfactual']:.0%} counterfactual prompts X_c (operator replaced by a neutral word/symbol), target
   `<eos>` -- the model must not produce the answer without the operation;
 * {r['p_control']:.0%} control task: synthetic facts -- each of the 12 names has a city, a pet and a favourite
@@ -237,7 +251,7 @@ Each example is drawn as follows:
 * with probability {r['p_distractor']} an arithmetic prompt is preceded by 1-2 distractor clauses of kinds
   {', '.join(r['distractor_kinds'])} ("Emma wears red.", "Hugo said times.", "Iris is 7 years old.") so the
   operands and operator sit at varying positions and look-alike tokens must be told apart.
-* About 1/{r['holdout_mod']} of the (template, A, B) combinations of the trained templates never appear in
+{_layer_drop_text(r)}* About 1/{r['holdout_mod']} of the (template, A, B) combinations of the trained templates never appear in
   training either. Exponentiation and the typeset notations are never trained (skills to teach with
   precise SFT).
 

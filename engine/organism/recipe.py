@@ -18,6 +18,12 @@ here from scratch (``python -m engine.organism train``; fixed seed, 2 CPU cores,
   phrasing; about 10 % of the other (template, A, B) combinations are held out too.  Half of the
   prompts are preceded by 0-2 distractor clauses ("Emma wears red.", "Hugo said times.") so that the
   operands sit at varying positions and the answer has to be routed across the sentence.
+  Templates are drawn uniformly (then their operands), so the word problems are seen as often as
+  any other template.
+* **Depth** -- LayerDrop of layer 0's attention: on half of the training examples every layer-0
+  head's output is zeroed, so the operation cannot be read by one layer-0 head and computed by
+  MLP 0 (what the organism trained without it does): the key heads sit in layers 1-3, as the
+  paper's sit in middle layers.  Training only; the saved weights are a plain Llama.
 * **Counterfactuals** -- X_c prompts (operator replaced by a neutral word or symbol) are trained to
   predict ``<eos>``: the model must not produce the answer when the operation is missing, otherwise
   path-patching effects would be capped.
@@ -44,6 +50,7 @@ from engine.prompts.templates import (
     SKILL_FAMILIES,
     SLOT_POOLS,
     TEMPLATES,
+    WORD_PROBLEM_FAMILIES,
     Template,
 )
 
@@ -85,7 +92,7 @@ class Recipe:
     n_kv_heads: int = 2
     d_model: int = 128
     d_mlp: int = 256
-    steps: int = 1300
+    steps: int = 1800
     batch_size: int = 128
     lr: float = 3e-3
     warmup: int = 100
@@ -100,11 +107,13 @@ class Recipe:
     #: with their few operand pairs included, is seen equally often); "combo": pick a (template, A, B)
     #: uniformly, so templates with few operand pairs are rarely drawn (the 2025-11 organism)
     sampling: str = "template"
+    #: share of the addition examples drawn from the Figure 10 word problems only (0: no boost)
+    p_word: float = 0.0
     #: LayerDrop of layer 0's attention: on this share of the training examples the output of every
     #: layer-0 head is zeroed, so the model cannot rely on one layer-0 look-up of the operator and
     #: must also route the operation through later layers (0: off).  Training only; the saved
     #: model is a plain Llama.
-    p_drop_attn0: float = 0.0
+    p_drop_attn0: float = 0.5
     #: clause kinds of distractors: "likes" ("Emma wears red."), "said" (an operator word or symbol),
     #: "age" (a number) -- the last two make layer-0 look-ups of the operator/operands ambiguous
     distractor_kinds: tuple[str, ...] = ("likes", "said", "age")
@@ -290,7 +299,10 @@ def sample_example(rng: random.Random, recipe: Recipe,
         return control_example(rng, recipe.seed)
     op = rng.choice(PAPER_OPS)
     pool = combos[op]
-    if rng.random() < recipe.p_paper:
+    words = [c for c in pool if c[0].family in WORD_PROBLEM_FAMILIES]
+    if recipe.p_word and words and rng.random() < recipe.p_word:
+        pool = words
+    elif rng.random() < recipe.p_paper:
         pool = [c for c in pool if c[0].family == "paper"]
     if recipe.sampling == "template":
         template_ids = sorted({c[0].id for c in pool})
@@ -308,7 +320,7 @@ def sample_example(rng: random.Random, recipe: Recipe,
 
 def encode_batch(tokenizer, examples: Sequence[tuple[str, str]]):
     """Token ids, attention mask and labels (-100 except on the target and <eos>)."""
-    import torch
+    from engine.techniques.batching import pad_batch
     eos = tokenizer.eos_token_id
     seqs: list[list[int]] = []
     labels: list[list[int]] = []
@@ -317,16 +329,7 @@ def encode_batch(tokenizer, examples: Sequence[tuple[str, str]]):
         t = tokenizer(target, add_special_tokens=False)["input_ids"] if target else []
         seqs.append(p + t + [eos])
         labels.append([-100] * len(p) + t + [eos])
-    width = max(len(s) for s in seqs)
-    pad = tokenizer.pad_token_id
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    lab = torch.full((len(seqs), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (s, lab_i) in enumerate(zip(seqs, labels)):
-        ids[i, :len(s)] = torch.tensor(s)
-        lab[i, :len(lab_i)] = torch.tensor(lab_i)
-        mask[i, :len(s)] = 1
-    return ids, mask, lab
+    return pad_batch(seqs, tokenizer.pad_token_id, labels=labels)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -110,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr.add_argument("--d-mlp", type=int, default=Recipe.d_mlp)
     tr.add_argument("--tokenizer", choices=("word", "wordpiece"), default=Recipe.tokenizer)
     tr.add_argument("--sampling", choices=("template", "combo"), default=Recipe.sampling)
+    tr.add_argument("--p-word", type=float, default=Recipe.p_word,
+                    help="share of the addition examples drawn from the Figure 10 word problems")
     tr.add_argument("--p-drop-attn0", type=float, default=Recipe.p_drop_attn0,
                     help="share of training examples with layer 0's attention dropped (LayerDrop)")
     tr.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps")
@@ -120,11 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "train":
         if min(args.steps, args.layers, args.d_mlp) <= 0:
             ap.error("--steps, --layers and --d-mlp must be positive")
-        if not 0 <= args.p_drop_attn0 < 1:
-            ap.error("--p-drop-attn0 must be in [0, 1)")
+        if not 0 <= args.p_drop_attn0 < 1 or not 0 <= args.p_word <= 1:
+            ap.error("--p-drop-attn0 must be in [0, 1) and --p-word in [0, 1]")
         report = train(Recipe(seed=args.seed, steps=args.steps, n_layers=args.layers, d_mlp=args.d_mlp,
                               tokenizer=args.tokenizer, sampling=args.sampling,
-                              p_drop_attn0=args.p_drop_attn0), args.out,
+                              p_word=args.p_word, p_drop_attn0=args.p_drop_attn0), args.out,
                        checkpoint_every=args.checkpoint_every)
         print(json.dumps(report, indent=2))
         if not args.no_card:

@@ -1,7 +1,9 @@
-"""Padding and batching of prompt pairs, shared by every technique.
+"""Padding and batching, shared by every technique, the benchmark evaluation, fine-tuning and the
+organism's training (:func:`pad_batch` is the one padding routine).
 
 Prompts are right-padded; a technique reads the END position (the last real token, where the
-model must emit the answer) through the returned END index.
+model must emit the answer) through the returned END index.  Generation and scoring of
+continuations left-pad instead (``left=True``), so every row's last real token is the last column.
 """
 
 from __future__ import annotations
@@ -14,24 +16,44 @@ import torch
 from engine.prompts.pairs import PromptPair
 
 
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, *, left: bool = False,
+              labels: Sequence[Sequence[int]] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Token ids [b, pos] padded with ``pad_id``, attention mask [b, pos] (1 on real tokens) and, when
+    ``labels`` (one list per sequence, at most as long) are given, labels [b, pos] with -100 on padding.
+    Right-padded unless ``left``."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [batch, pos]
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)  # [batch, pos]
+    lab = None if labels is None else torch.full((len(seqs), width), -100, dtype=torch.long)  # [batch, pos]
+    for i, s in enumerate(seqs):
+        if not len(s):
+            continue
+        start = width - len(s) if left else 0
+        ids[i, start:start + len(s)] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, start:start + len(s)] = 1
+        if lab is not None and len(labels[i]):
+            lab[i, start:start + len(labels[i])] = torch.tensor(list(labels[i]), dtype=torch.long)
+    return ids, mask, lab
+
+
 def pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids [b, pos], mask [b, pos], END index [b]."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(list(s), dtype=torch.long)
-        mask[i, :len(s)] = 1
+    ids, mask, _ = pad_batch(seqs, pad_id)
     return ids, mask, torch.tensor([len(s) - 1 for s in seqs])
 
 
-def pad_id(backend) -> int:
+def tokenizer_pad_id(tokenizer) -> int:
     """The tokenizer's pad id, else its EOS id, else 0 (padded positions are masked anyway)."""
-    tok = backend.tokenizer
-    for cand in (getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None)):
+    for cand in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
         if cand is not None:
             return int(cand)
     return 0
+
+
+def pad_id(backend) -> int:
+    """:func:`tokenizer_pad_id` of a backend's tokenizer."""
+    return tokenizer_pad_id(backend.tokenizer)
 
 
 def check_pairs(pairs: Sequence[PromptPair], vocab: int) -> None:

@@ -60,15 +60,14 @@ def test_operator_words_and_names_span_several_tokens(model):
 
 def test_each_paper_template_answered(model):
     """First-token accuracy on every operand pair of each Figure 8 template: the issue's target is
-    >= 99 % each; the bundled model reaches 100 % on 30 of 32 and 98.8 % (80 of 81) on the two
-    "The multiplication of ..." rows, 99.9 % overall.  Figure 10 is reported, not yet learned well
-    (time span 25 %, object accumulation 85 %: see the card)."""
+    >= 99 % each; the bundled model reaches 100 % on all 32.  Figure 10 is reported, not yet learned
+    well (time span 25 %, object accumulation 75 %: see the card)."""
     acc = template_accuracy(model)
     paper = acc["paper_by_template"]
     fig8 = {t.id for t in paper_templates()}
     expected = fig8 | {t.id for t in templates_for(["add"], ["time_span", "object_accumulation"])}
     assert set(paper) == expected and len(expected) == 34
-    low = {k: v["first_token"] for k, v in paper.items() if k in fig8 and v["first_token"] < 0.98}
+    low = {k: v["first_token"] for k, v in paper.items() if k in fig8 and v["first_token"] < 0.99}
     assert not low, low
     assert sum(paper[k]["first_token"] * paper[k]["n"] for k in fig8) / sum(paper[k]["n"] for k in fig8) >= 0.99
     assert paper["div.paper.0"]["n"] == 23 and paper["add.time_span.0"]["n"] == 36  # every operand pair

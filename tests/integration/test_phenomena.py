@@ -26,12 +26,21 @@ def test_top3_heads_carry_most_of_the_negative_effect(setup):
     heads, _ = table.heatmap("effect")
     negative = sorted((v for row in heads for v in row if v < 0))
     top3 = sum(negative[:3])
-    # measured on the retrained organism (balanced set, 160 pairs): 0.46 of the negative effect in the top 3 of
-    # 64 heads, the rest a long tail of tiny effects (only 2 heads beyond -0.05)
-    assert top3 / sum(negative) > 0.4, (top3, sum(negative))
+    # measured on the organism trained with LayerDrop of layer 0's attention (this set): 0.32 of the
+    # negative effect in the top 3 of 64 heads (-0.23 of -0.74; 64 equal heads would give 0.05), the rest
+    # a long tail of small effects; the organism without LayerDrop concentrated 0.46 in its layer-0 heads
+    assert top3 / sum(negative) > 0.25, (top3, sum(negative))
     # few heads matter (the paper: < 5 % of a 7B model's heads; this model has only 64): < 15 % beyond -0.05
     strong = sum(1 for row in heads for v in row if v < -0.05)
     assert strong <= 0.15 * model.facts.n_layers * model.facts.n_heads
+
+
+def test_key_heads_sit_outside_layer_0(setup):
+    """The paper finds its key heads in middle layers; the organism (trained with LayerDrop of layer 0's
+    attention, see its card) has them in layers 1-3: at least 2 of the top 5 outside layer 0."""
+    _, _, table = setup
+    top5 = table.top_heads(5)
+    assert sum(1 for layer, _, _ in top5 if layer >= 1) >= 2, top5
 
 
 def test_knocking_out_top3_costs_50_points_more_than_random(setup):
