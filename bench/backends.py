@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from path_patching import qwen_shaped  # noqa: E402
+from path_patching import organism_label, qwen_shaped  # noqa: E402
 
 from engine.backends import hooks as H  # noqa: E402
 from engine.backends import open_model  # noqa: E402
@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a 6-layer, small-vocabulary second model")
     ap.add_argument("--only", choices=("organism",), help="only the bundled model")
     args = ap.parse_args()
-    rows = bench("organism (6L, 8H/2KV, d128)", "organism", args.prompts, args.reps)
+    rows = bench(organism_label(), "organism", args.prompts, args.reps)
     with tempfile.TemporaryDirectory() as d:
         if args.only:
             d = None

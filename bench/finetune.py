@@ -247,7 +247,8 @@ def main() -> None:
             runs = []  # (method, label, heads)
             if name == "organism":
                 ranked = organism_top_heads(48, args.device, not args.no_cache)
-                label, spec, steps = "organism (6L, 8H/2KV, d128, vocab 191)", "organism", args.organism_steps
+                from path_patching import organism_label
+                label, spec, steps = organism_label(vocab=True), "organism", args.organism_steps
                 for k in dict.fromkeys([min(args.k, 48)] + [k for k in args.organism_extra_k if k < min(args.k, 48)]):
                     heads = ranked[:k]
                     runs.append(("precise", f"precise: top {len(heads)} heads of path patching ({_layers(heads)})",

@@ -28,6 +28,17 @@ from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
 from engine.techniques.patching import Sender, all_senders, path_patching, path_patching_reference  # noqa: E402
 
 
+def organism_label(vocab: bool = False) -> str:
+    """The bundled model's row label, read from its config ("organism (8L, 8H/2KV, d128)")."""
+    import json
+
+    from engine.models.spec import ORGANISM_DIR
+    c = json.loads((ORGANISM_DIR / "config.json").read_text())
+    tail = f", vocab {c['vocab_size']}" if vocab else ""
+    return (f"organism ({c['num_hidden_layers']}L, {c['num_attention_heads']}H/{c['num_key_value_heads']}KV, "
+            f"d{c['hidden_size']}{tail})")
+
+
 def qwen_shaped(out: Path, quick: bool) -> Path:
     """Random-init Qwen2 with Qwen2.5-0.5B's shape (24 layers, 14 heads, 2 KV heads, 896, 4864)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -80,7 +91,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    rows = [bench("organism (6L, 8H/2KV, d128)", "organism", args.prompts, None)]
+    rows = [bench(organism_label(), "organism", args.prompts, None)]
     with tempfile.TemporaryDirectory() as d:
         path = qwen_shaped(Path(d) / "qwen", args.quick)
         label = ("random Qwen2.5-0.5B shape (24L, 14H/2KV, d896, mlp4864)" if not args.quick

@@ -244,7 +244,8 @@ def main() -> None:
     rows: list[Row] = []
     wanted = args.models.split(",")
     if "organism" in wanted:
-        rows += bench_model("organism (6L, 8H/2KV, d128, vocab 191)", "organism", ops, args.n, 0)
+        from path_patching import organism_label
+        rows += bench_model(organism_label(vocab=True), "organism", ops, args.n, 0)
     if "smollm2" in wanted:
         from tests.helpers.smollm2 import smollm2_gguf_path
         rows += bench_model("SmolLM2-135M (30L, 9H/3KV, d576, vocab 49152)", str(smollm2_gguf_path()), ops,
