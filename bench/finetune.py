@@ -81,6 +81,15 @@ def qwen_shaped(out: Path, vocab: int, layers: int = 24) -> Path:
     return out
 
 
+def organism_n_heads() -> int:
+    """Every attention head of the bundled model (layers x heads, from its config)."""
+    import json
+
+    from engine.models.spec import ORGANISM_DIR
+    c = json.loads((ORGANISM_DIR / "config.json").read_text())
+    return int(c["num_hidden_layers"]) * int(c["num_attention_heads"])
+
+
 def organism_top_heads(k: int, device: str, use_cache: bool) -> list[tuple[int, int]]:
     """The organism's top-k heads of path patching on the default prompt set (correct answers)."""
     from engine.backends import open_model
@@ -246,10 +255,12 @@ def main() -> None:
         for name in models:
             runs = []  # (method, label, heads)
             if name == "organism":
-                ranked = organism_top_heads(48, args.device, not args.no_cache)
                 from path_patching import organism_label
+                n_heads = organism_n_heads()
+                ranked = organism_top_heads(n_heads, args.device, not args.no_cache)
                 label, spec, steps = organism_label(vocab=True), "organism", args.organism_steps
-                for k in dict.fromkeys([min(args.k, 48)] + [k for k in args.organism_extra_k if k < min(args.k, 48)]):
+                k_max = min(args.k, n_heads)
+                for k in dict.fromkeys([k_max] + [k for k in args.organism_extra_k if k < k_max]):
                     heads = ranked[:k]
                     runs.append(("precise", f"precise: top {len(heads)} heads of path patching ({_layers(heads)})",
                                  heads))
