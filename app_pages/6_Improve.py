@@ -9,9 +9,11 @@ import streamlit as st
 
 from cache import CacheError
 from engine.finetune.data import BUILTIN_SETS
+from engine.finetune.errors import FinetuneError
 from engine.finetune.jobs import job_dir, jobs_root, list_jobs, log_tail, losses, read_job, start_job, stop_job
 from engine.finetune.run import heads_text, read_record
-from engine.finetune.train import FinetuneError, default_learning_rate, parse_heads
+from engine.finetune.slices import parse_heads
+from engine.finetune.train import default_learning_rate
 from engine.prompts.pairs import PromptError
 from engine.techniques.patching import cached_path_patching
 from ui.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve

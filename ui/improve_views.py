@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from engine.finetune.train import FinetuneError
+from engine.finetune.errors import FinetuneError
 from ui.progress import USER_ERRORS  # FinetuneError is a ValueError
 
 

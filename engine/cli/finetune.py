@@ -73,8 +73,9 @@ def config_from_args(args, heads) -> "TrainConfig":
 
 
 def cmd_finetune(args, cache_of) -> int:
+    from engine.finetune.errors import FinetuneError
     from engine.finetune.run import FinetuneRequest, run_finetune, top_heads
-    from engine.finetune.train import FinetuneError, parse_heads
+    from engine.finetune.slices import parse_heads
 
     writer = None
     if args.job_dir:

@@ -23,7 +23,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from engine.finetune.train import FinetuneError, SFTExample
+from engine.finetune.errors import FinetuneError
+from engine.finetune.train import SFTExample
 
 SKILL_SETS: tuple[str, ...] = ("notation", "power")
 BENCH_SETS: tuple[str, ...] = ("gsm8k", "csqa", "mmlu")

@@ -24,7 +24,9 @@ from typing import Sequence
 import torch
 
 from engine.finetune.data import data_hash, load_sft_data
-from engine.finetune.train import FinetuneError, Head, ProgressFn, StopFn, TrainConfig, train
+from engine.finetune.errors import FinetuneError
+from engine.finetune.slices import Head
+from engine.finetune.train import ProgressFn, StopFn, TrainConfig, train
 
 SLICES_FILE = "tuned_slices.safetensors"
 RECORD_FILE = "finetune.json"
@@ -134,7 +136,7 @@ def apply_slices(model: torch.nn.Module, slices_file: str | Path) -> list[Head]:
     """
     from safetensors import safe_open
 
-    from engine.finetune.train import attn_layout, weight_out_in
+    from engine.finetune.slices import attn_layout, weight_out_in
 
     path = Path(slices_file)
     if not path.is_file():

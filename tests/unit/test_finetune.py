@@ -27,20 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.finetune.data import load_sft_data, read_jsonl
-from engine.finetune.train import (
-    FinetuneError,
-    HeadSlices,
-    SFTExample,
-    TrainConfig,
-    _batch,
-    answer_loss,
-    attn_layout,
-    encode_examples,
-    kv_groups,
-    parse_heads,
-    train,
-    trainable,
-)
+from engine.finetune.errors import FinetuneError
+from engine.finetune.slices import HeadSlices, attn_layout, kv_groups, parse_heads
+from engine.finetune.train import SFTExample, TrainConfig, _batch, answer_loss, encode_examples, train, trainable
 from engine.models.fingerprint import weights_fingerprint
 from engine.models.load import load_model, load_plain
 from tests.integration.tiny_models import build_tiny_model

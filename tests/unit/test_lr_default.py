@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.finetune.train import LR_ANCHORS, FinetuneError, default_learning_rate
+from engine.finetune.errors import FinetuneError
+from engine.finetune.train import LR_ANCHORS, default_learning_rate
 
 
 def test_anchors_are_reproduced_and_clamped():
