@@ -34,7 +34,7 @@ API: dict[str, str] = {
     "answer_token_stats": "engine.prompts.promptsets",
     "PromptPair": "engine.prompts.pairs",
     "PromptError": "engine.prompts.pairs",
-    "typed_prompt_ids": "engine.prompts.pairs",
+    "typed_prompt_ids": "engine.prompts.typed",
     # techniques (the paper's steps)
     "kept_pairs": "engine.techniques.accuracy",
     "accuracy_report": "engine.techniques.accuracy",

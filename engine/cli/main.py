@@ -238,7 +238,7 @@ def _cache(args):
 
 
 def _typed(model, text: str | None):
-    """``--text`` after the answer-token rule (:func:`engine.prompts.pairs.typed_prompt_ids`, the rule the pages
+    """``--text`` after the answer-token rule (:func:`engine.prompts.typed.typed_prompt_ids`, the rule the pages
     and prompt files use), or None without ``--text``; PromptError (exit 2) for an empty, too long or
     unknown-word prompt -- the Prompt lab's checks, made before any computation."""
     if text is None:

@@ -1,7 +1,7 @@
 """One typed prompt, analysed: tokens, parsed operation and counterfactual, next-token predictions.
 
 The prompt lab's engine call.  A typed prompt such as "What is 7 times 8?" is parsed into operands
-and operator (:func:`engine.prompts.pairs.parse_typed_prompt`); if that works, the answer-token rule gives
+and operator (:func:`engine.prompts.typed.parse_typed_prompt`); if that works, the answer-token rule gives
 the ids the model should answer from (``ids``), the answer token and its probability, and the
 counterfactual prompt (operator replaced) with the same measures.  If it does not parse, the prompt
 is read at the position where a number would start (the same rule with a placeholder digit) and
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.backends.base import ModelBackend
-from engine.prompts.pairs import MAX_TYPED_CHARS, PromptError, TypedIds, TypedProblem, answer_tokens, typed_prompt_ids
+from engine.prompts.pairs import PromptError, answer_tokens
+from engine.prompts.typed import MAX_TYPED_CHARS, TypedIds, TypedProblem, typed_prompt_ids
 from engine.techniques.ablation import Knockout, MeanActivations, TokenProb, top_next_tokens
 
 
@@ -68,7 +69,7 @@ def _check_known(tok, ids: list[int]) -> None:
 
 
 def check_typed_text(tok, text: str | None) -> TypedIds:
-    """A typed prompt after the answer-token rule (:func:`engine.prompts.pairs.typed_prompt_ids`); PromptError
+    """A typed prompt after the answer-token rule (:func:`engine.prompts.typed.typed_prompt_ids`); PromptError
     when the text is empty, longer than MAX_TYPED_CHARS or holds no word the model knows -- the checks
     of :func:`analyse_prompt`, for callers (the CLI's ``--text``) that need only the ids."""
     _check_text(text)

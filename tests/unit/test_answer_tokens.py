@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.organism.recipe import build_tokenizer
-from engine.prompts.pairs import Problem, build_pair, prompt_set_hash, typed_prompt_ids
+from engine.prompts.pairs import Problem, build_pair, prompt_set_hash
 from engine.prompts.promptsets import (
     BALANCE_OVERSAMPLE,
     DOMINANT_SHARE,
@@ -29,6 +29,7 @@ from engine.prompts.promptsets import (
     generate_set,
 )
 from engine.prompts.templates import Template
+from engine.prompts.typed import typed_prompt_ids
 from engine.techniques.attention import FIRST_TOKEN, ROLE_DEFINITIONS, ROLES, token_roles
 
 CORPUS = [f"{a} + {b} = {a + b}. The sum of {a} and {b} is {a + b}. Q: What is {a} times {b}? A: {a * b}. "

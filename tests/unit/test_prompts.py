@@ -16,7 +16,6 @@ from engine.prompts.pairs import (
     answer_tokens,
     build_pairs,
     compute_answer,
-    parse_typed_prompt,
     sample_problems,
 )
 from engine.prompts.promptsets import PromptSetSpec, generate, parse_families, parse_ops
@@ -31,6 +30,7 @@ from engine.prompts.templates import (
     paper_templates,
     templates_for,
 )
+from engine.prompts.typed import parse_typed_prompt
 
 TOK = build_tokenizer()
 ops_st = st.lists(st.sampled_from(OPS), min_size=1, max_size=5, unique=True)
