@@ -8,15 +8,33 @@ an existing model and rewrites its README.md (:mod:`engine.organism.card`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from engine.organism.recipe import DEFAULT_DIR, Recipe, build_tokenizer, encode_batch, sample_example, training_combos
+
+
+@contextlib.contextmanager
+def layer_drop(attention, keep: list) -> Iterator[None]:
+    """LayerDrop of one layer's attention: inside the block, the module's output is multiplied by
+    ``keep[0]`` (# [batch, 1, 1], 0 = dropped for that example; ``keep`` empty = untouched).  The hook
+    is always removed, so the trained model is a plain Llama."""
+
+    def hook(module, args, output):
+        # output[0]: the attention output  # [batch, pos, d_model]
+        return (output[0] * keep[0],) + tuple(output[1:]) if keep else output
+
+    handle = attention.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def build_model(recipe: Recipe, vocab_size: int, tokenizer):
@@ -58,36 +76,31 @@ def train(recipe: Recipe, out_dir: Path = DEFAULT_DIR, log: Callable[[str], None
 
     drop_gen = torch.Generator().manual_seed(recipe.seed)
     keep: list[torch.Tensor] = []  # [batch, 1, 1]: 0 where layer 0's attention is dropped
-
-    def layer_drop_attn0(module, args, output):
-        # output[0]: layer 0's attention output  # [batch, pos, d_model]
-        return (output[0] * keep[0],) + tuple(output[1:]) if keep else output
-
-    handle = (model.model.layers[0].self_attn.register_forward_hook(layer_drop_attn0)
-              if recipe.p_drop_attn0 > 0 else None)
+    dropping = recipe.p_drop_attn0 > 0
     losses: list[float] = []
-    for step in range(recipe.steps):
-        batch = [sample_example(rng, recipe, combos) for _ in range(recipe.batch_size)]
-        ids, mask, lab = encode_batch(tokenizer, batch)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        if handle is not None:
-            keep[:] = [(torch.rand(len(batch), 1, 1, generator=drop_gen) >= recipe.p_drop_attn0).float()]
-        out = model(input_ids=ids, attention_mask=mask, labels=lab)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(out.loss.detach()))
-        if checkpoint_every and step and step % checkpoint_every == 0:
-            ckpt = out_dir / f"checkpoint-{step}"
-            model.save_pretrained(ckpt, safe_serialization=True)
-            tokenizer.save_pretrained(ckpt)
-        if step % 100 == 0 or step == recipe.steps - 1:
-            log(f"step {step:5d}  loss {sum(losses[-100:]) / len(losses[-100:]):.4f}  "
-                f"{time.time() - t0:6.0f}s")
-    if handle is not None:
-        handle.remove()
+    with contextlib.ExitStack() as stack:
+        if dropping:
+            stack.enter_context(layer_drop(model.model.layers[0].self_attn, keep))
+        for step in range(recipe.steps):
+            batch = [sample_example(rng, recipe, combos) for _ in range(recipe.batch_size)]
+            ids, mask, lab = encode_batch(tokenizer, batch)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+            if dropping:
+                keep[:] = [(torch.rand(len(batch), 1, 1, generator=drop_gen) >= recipe.p_drop_attn0).float()]
+            out = model(input_ids=ids, attention_mask=mask, labels=lab)
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(float(out.loss.detach()))
+            if checkpoint_every and step and step % checkpoint_every == 0:
+                ckpt = out_dir / f"checkpoint-{step}"
+                model.save_pretrained(ckpt, safe_serialization=True)
+                tokenizer.save_pretrained(ckpt)
+            if step % 100 == 0 or step == recipe.steps - 1:
+                log(f"step {step:5d}  loss {sum(losses[-100:]) / len(losses[-100:]):.4f}  "
+                    f"{time.time() - t0:6.0f}s")
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -11,7 +11,7 @@ import torch
 
 from engine.backends import open_model
 from engine.organism.card import template_accuracy
-from engine.organism.recipe import DEFAULT_DIR, Recipe, split_words
+from engine.organism.recipe import DEFAULT_DIR, Recipe, build_tokenizer, split_words
 from engine.organism.train import train
 from engine.prompts.pairs import answer_tokens
 from engine.prompts.promptsets import PromptSetSpec, generate
@@ -123,3 +123,25 @@ def test_training_is_seeded_and_reproducible(tmp_path):
     assert a["final_loss"] == b["final_loss"]
     assert json.loads((tmp_path / "a" / "tokenizer.json").read_text()) == json.loads(
         (Path(DEFAULT_DIR) / "tokenizer.json").read_text())
+
+
+def test_layer_drop_zeroes_layer_0_attention_only_inside_the_block():
+    """LayerDrop (the lever that moved the circuit out of layer 0): a dropped example computes exactly
+    what the model with layer 0's W_O zeroed computes, a kept one is untouched, and the hook goes."""
+    import copy
+
+    from engine.organism.train import build_model, layer_drop
+    r = Recipe(n_layers=2, d_mlp=64)
+    tok = build_tokenizer(r)
+    model = build_model(r, len(tok), tok).eval()
+    ids = torch.tensor([tok("3 plus 5 equals to")["input_ids"]] * 2)  # [2, pos]
+    plain = model(ids).logits
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():
+        zeroed.model.layers[0].self_attn.o_proj.weight.zero_()
+    keep = [torch.tensor([0.0, 1.0]).view(2, 1, 1)]  # drop example 0, keep example 1
+    with torch.no_grad(), layer_drop(model.model.layers[0].self_attn, keep):
+        dropped = model(ids).logits
+    assert torch.allclose(dropped[0], zeroed(ids).logits[0], atol=1e-6)
+    assert torch.equal(dropped[1], plain[1]) and not torch.allclose(dropped[0], plain[0])
+    assert torch.equal(model(ids).logits, plain)  # hook removed on exit
