@@ -29,7 +29,7 @@ from engine.finetune.train import TrainConfig
 from engine.paths import REPO_ROOT
 
 #: The demonstration's schedule (the paper's lr 2e-5 / batch 128 / 2 epochs is for 7B models and
-#: thousands of examples; the 1.5M-parameter organism and 261 examples need larger steps).
+#: thousands of examples; the 1.2M-parameter organism and 261 examples need larger steps).
 DEMO_SCHEDULE = dict(lr=3e-3, batch_size=32, epochs=30.0, warmup=0.05, weight_decay=0.0)
 DEMO_DATA = "notation+replay"
 DEMO_K = 8
