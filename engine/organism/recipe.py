@@ -299,8 +299,8 @@ def sample_example(rng: random.Random, recipe: Recipe,
         return control_example(rng, recipe.seed)
     op = rng.choice(PAPER_OPS)
     pool = combos[op]
-    words = [c for c in pool if c[0].family in WORD_PROBLEM_FAMILIES]
-    if recipe.p_word and words and rng.random() < recipe.p_word:
+    words = [c for c in pool if c[0].family in WORD_PROBLEM_FAMILIES] if recipe.p_word else []
+    if words and rng.random() < recipe.p_word:
         pool = words
     elif rng.random() < recipe.p_paper:
         pool = [c for c in pool if c[0].family == "paper"]
