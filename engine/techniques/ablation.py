@@ -351,9 +351,9 @@ class TokenProb:
 
 
 @torch.no_grad()
-def top_next_tokens(backend: ModelBackend, ids: Sequence[int], *, k: int = 5, ko: Knockout | None = None,
-                    means: MeanActivations | None = None) -> list[TokenProb]:
-    """The k most likely next tokens after ``ids`` (optionally under a knockout)."""
+def next_token_probs(backend: ModelBackend, ids: Sequence[int], *, ko: Knockout | None = None,
+                     means: MeanActivations | None = None) -> torch.Tensor:
+    """The next-token distribution after ``ids`` (optionally under a knockout): one END-only pass.  # [vocab]"""
     x = torch.tensor([list(ids)])
     end = torch.tensor([len(ids) - 1])
     if ko is not None and not ko.empty:
@@ -363,10 +363,20 @@ def top_next_tokens(backend: ModelBackend, ids: Sequence[int], *, k: int = 5, ko
             lg = backend.end_logits(x, None, end)  # [1, vocab]
     else:
         lg = backend.end_logits(x, None, end)
-    p = torch.softmax(lg[0].float(), -1)
-    vals, idx = p.topk(min(k, p.shape[0]))
+    return torch.softmax(lg[0].float(), -1)
+
+
+def top_of(backend: ModelBackend, probs: torch.Tensor, k: int = 5) -> list[TokenProb]:
+    """The k most likely tokens of a next-token distribution ``probs`` ([vocab])."""
+    vals, idx = probs.topk(min(k, probs.shape[0]))
     toks = backend.tokenizer.convert_ids_to_tokens(idx.tolist())
     return [TokenProb(str(t), int(i), float(v)) for t, i, v in zip(toks, idx.tolist(), vals.tolist())]
+
+
+def top_next_tokens(backend: ModelBackend, ids: Sequence[int], *, k: int = 5, ko: Knockout | None = None,
+                    means: MeanActivations | None = None) -> list[TokenProb]:
+    """The k most likely next tokens after ``ids`` (optionally under a knockout)."""
+    return top_of(backend, next_token_probs(backend, ids, ko=ko, means=means), k)
 
 
 @dataclass(frozen=True)

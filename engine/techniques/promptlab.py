@@ -17,7 +17,7 @@ import torch
 from engine.backends.base import ModelBackend
 from engine.prompts.pairs import PromptError, answer_tokens
 from engine.prompts.typed import MAX_TYPED_CHARS, TypedIds, TypedProblem, typed_prompt_ids
-from engine.techniques.ablation import Knockout, MeanActivations, TokenProb, top_next_tokens
+from engine.techniques.ablation import Knockout, MeanActivations, TokenProb, next_token_probs, top_of
 
 
 @dataclass
@@ -38,18 +38,9 @@ class PromptReport:
     notes: list[str] = field(default_factory=list)  # what the reader should know (unknown tokens, ...)
 
 
-def _prob_and_rank(model: ModelBackend, ids: list[int], token: int, ko: Knockout | None = None,
-                   means: MeanActivations | None = None) -> tuple[float, int]:
-    from engine.techniques.ablation import knocked_out
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        if ko is not None and not ko.empty and means is not None:
-            with knocked_out(model, ko, means, [None], [len(ids) - 1]):
-                lg = model.logits(x)[0, -1].float()
-        else:
-            lg = model.logits(x)[0, -1].float()
-    p = torch.softmax(lg, -1)
-    return float(p[token]), int((p > p[token]).sum()) + 1
+def _prob_and_rank(probs: torch.Tensor, token: int) -> tuple[float, int]:
+    """P(token) and its rank (1 = the most likely) in a next-token distribution ``probs`` ([vocab])."""
+    return float(probs[token]), int((probs > probs[token]).sum()) + 1
 
 
 def _check_text(text: str | None) -> None:
@@ -102,18 +93,20 @@ def analyse_prompt(model: ModelBackend, text: str, *, ko: Knockout | None = None
     tok = model.tokenizer
     typed = check_typed_text(tok, text)
     ids, parsed, at = typed.ids, typed.parsed, typed.answer
+    probs = next_token_probs(model, ids, ko=ko, means=means)  # [vocab]: one pass serves top-5, P and rank
     rep = PromptReport(text=text, ids=ids, tokens=[str(t) for t in tok.convert_ids_to_tokens(ids)],
-                       top5=top_next_tokens(model, ids, ko=ko, means=means), parsed=parsed,
-                       parse_error=typed.error, notes=_notes(tok, ids, parsed))
+                       top5=top_of(model, probs), parsed=parsed, parse_error=typed.error,
+                       notes=_notes(tok, ids, parsed))
     if parsed is not None and at is not None:
         rep.answer_id = at.answer_id
         rep.answer_token = str(tok.convert_ids_to_tokens([at.answer_id])[0])
-        rep.p_answer, rep.answer_rank = _prob_and_rank(model, ids, at.answer_id, ko, means)
+        rep.p_answer, rep.answer_rank = _prob_and_rank(probs, at.answer_id)
         try:
             cf = answer_tokens(tok, parsed.cf_text.rstrip(), parsed.answer)
             rep.cf_ids = cf.prompt_ids
-            rep.cf_top5 = top_next_tokens(model, cf.prompt_ids)
-            rep.p_answer_cf, _ = _prob_and_rank(model, cf.prompt_ids, at.answer_id)
+            cf_probs = next_token_probs(model, cf.prompt_ids)
+            rep.cf_top5 = top_of(model, cf_probs)
+            rep.p_answer_cf, _ = _prob_and_rank(cf_probs, at.answer_id)
         except PromptError:
             pass
     return rep

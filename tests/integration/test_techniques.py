@@ -152,3 +152,46 @@ def test_top_number_tokens(model, pairs):
     top = top_number_tokens(model, p.ref_text, p.ref_ids, k=3)
     assert len(top) == 3 * model.facts.n_layers
     assert all(t.token.strip("Ġ▁").isdigit() for t in top)
+
+
+def test_analyse_prompt_equals_plain_hf(model, plain):
+    """The prompt lab's numbers (top-5, P(answer), rank; the counterfactual's) == plain HF softmax of the last row,
+    and under a knockout == plain HF with the heads' o_proj input slices set to the X_c means."""
+    from engine.techniques.promptlab import analyse_prompt
+
+    def plain_probs(ids, pre=None):
+        hooks = [plain.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(fn) for layer, fn in pre or []]
+        try:
+            with torch.no_grad():
+                return torch.softmax(plain(torch.tensor([ids])).logits[0, -1].float(), -1)
+        finally:
+            for h in hooks:
+                h.remove()
+
+    rep = analyse_prompt(model, "Q: What is 7 times 8? A:")
+    assert rep.parsed is not None and rep.answer_id is not None and rep.cf_ids
+    for ids, top5, p_ans in ((rep.ids, rep.top5, rep.p_answer), (rep.cf_ids, rep.cf_top5, rep.p_answer_cf)):
+        probs = plain_probs(ids)
+        assert [t.token_id for t in top5] == probs.topk(5).indices.tolist()
+        assert all(abs(t.prob - float(probs[t.token_id])) < 1e-5 for t in top5)
+        assert abs(p_ans - float(probs[rep.answer_id])) < 1e-5
+    probs = plain_probs(rep.ids)
+    assert rep.answer_rank == int((probs > probs[rep.answer_id]).sum()) + 1
+
+    # under a knockout of head 1.7 (mean over X_c of the typed prompt's own template: index None)
+    ps, _ = generate(model.tokenizer, PromptSetSpec(ops=("mul",), n=12, seed=5))
+    means = mean_activations(model, ps)
+    layer, head, d_head = 1, 7, model.facts.d_head
+    ko_rep = analyse_prompt(model, "Q: What is 7 times 8? A:", ko=Knockout(((layer, head),)), means=means)
+    n = len(rep.ids)
+    repl = means.z[means.index(None), layer, :, head][:n].flip(0)  # [n, d_head], positions 0..n-1
+
+    def pre_hook(mod, args):
+        x = args[0].clone()
+        x[0, :, head * d_head:(head + 1) * d_head] = repl
+        return (x,) + args[1:]
+    probs = plain_probs(rep.ids, [(layer, pre_hook)])
+    assert [t.token_id for t in ko_rep.top5] == probs.topk(5).indices.tolist()
+    assert abs(ko_rep.p_answer - float(probs[rep.answer_id])) < 1e-5
+    assert ko_rep.answer_rank == int((probs > probs[rep.answer_id]).sum()) + 1
+    assert ko_rep.cf_top5 == rep.cf_top5  # the counterfactual is never knocked out
