@@ -353,7 +353,7 @@ class TokenProb:
 @torch.no_grad()
 def next_token_probs(backend: ModelBackend, ids: Sequence[int], *, ko: Knockout | None = None,
                      means: MeanActivations | None = None) -> torch.Tensor:
-    """The next-token distribution after ``ids`` (optionally under a knockout): one END-only pass.  # [vocab]"""
+    """The next-token distribution after ``ids`` ([vocab]), optionally under a knockout: one END-only pass."""
     x = torch.tensor([list(ids)])
     end = torch.tensor([len(ids) - 1])
     if ko is not None and not ko.empty:

@@ -178,7 +178,7 @@ def test_analyse_prompt_equals_plain_hf(model, plain):
     probs = plain_probs(rep.ids)
     assert rep.answer_rank == int((probs > probs[rep.answer_id]).sum()) + 1
 
-    # under a knockout of head 1.7 (mean over X_c of the typed prompt's own template: index None)
+    # under a knockout of head 1.7: a typed prompt has no template, so it takes the all-template mean (group '*')
     ps, _ = generate(model.tokenizer, PromptSetSpec(ops=("mul",), n=12, seed=5))
     means = mean_activations(model, ps)
     layer, head, d_head = 1, 7, model.facts.d_head
