@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -10,10 +11,21 @@ import streamlit as st
 from cache import CacheError
 from engine.finetune.data import BUILTIN_SETS
 from engine.finetune.errors import FinetuneError
-from engine.finetune.jobs import job_dir, jobs_root, list_jobs, log_tail, losses, read_job, start_job, stop_job
-from engine.finetune.run import heads_text, read_record
+from engine.finetune.jobs import (
+    job_dir,
+    job_eta,
+    jobs_root,
+    list_jobs,
+    log_tail,
+    losses,
+    read_job,
+    start_finetune,
+    stop_job,
+)
+from engine.finetune.recipe import default_recipe
+from engine.finetune.run import FinetuneRequest, check_out_dir, heads_text, read_record
 from engine.finetune.slices import parse_heads
-from engine.finetune.train import default_learning_rate
+from engine.finetune.train import TrainConfig
 from engine.prompts.pairs import PromptError
 from engine.techniques.patching import cached_path_patching
 from ui.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve
@@ -40,13 +52,13 @@ except (PromptError, CacheError, ValueError) as e:
     st.stop()
 n_heads = table.n_layers * table.n_heads
 st.subheader("1 · Train")
-default_lr, lr_reason = default_learning_rate(model.facts.n_params)
-st.caption(f"Learning rate {lr_reason}.")
+method = st.radio("Method", ("precise", "full", "lora"), horizontal=True, key="ft_method",
+                  help="precise: only the selected heads' slices; full: every weight; lora: rank-8 adapters "
+                       "on the attention projections")
+recipe = default_recipe(method, model.facts.n_params)
+st.caption(f"Default recipe (the CLI's too): {recipe.reason}. Leave a field empty to use it.")
 with st.form("finetune_form"):
-    c1, c2, c3 = st.columns([1, 1, 2])
-    method = c1.radio("Method", ("precise", "full", "lora"), horizontal=False, key="ft_method",
-                      help="precise: only the selected heads' slices; full: every weight; lora: rank-8 adapters "
-                           "on the attention projections")
+    c2, c3 = st.columns([1, 2])
     k = c2.number_input("Top k heads", 1, n_heads, min(8, n_heads), key="ft_k",
                         help="prefills the head list from this prompt set's path-patching heatmap")
     heads_in = c3.text_input("Heads (LAYER.HEAD, comma separated; empty = the top k)", "", key="ft_heads",
@@ -58,14 +70,15 @@ with st.form("finetune_form"):
                         help="built-in sets (see README) or a JSONL file of {prompt, answer} lines")
     data_path = c4.text_input("JSONL path", "", key="ft_data_path", label_visibility="collapsed",
                               placeholder="path/to/data.jsonl")
-    lr = c5.number_input("Learning rate", 1e-7, 1.0, default_lr, format="%.1e",
-                         key=f"ft_lr_{model.facts.fingerprint[:12]}",
-                         help=f"Default for this model: {lr_reason}.")
-    epochs = c6.number_input("Epochs", 0.1, 1000.0, 30.0, key="ft_epochs")
-    batch = c7.number_input("Batch size", 1, 4096, 32, key="ft_batch")
+    lr = c5.number_input("Learning rate", 1e-7, 1.0, None, format="%.1e", key="ft_lr",
+                         placeholder=f"recipe: {recipe.lr:.1e}", help=recipe.reason)
+    epochs = c6.number_input("Epochs", 0.1, 1000.0, None, key="ft_epochs",
+                             placeholder=f"recipe: {recipe.epochs:g}"
+                                         + (f", >= {recipe.min_steps} steps" if recipe.min_steps else ""))
+    batch = c7.number_input("Batch size", 1, 4096, None, key="ft_batch", placeholder=f"recipe: {recipe.batch_size}")
     c8, c9, c10 = st.columns(3)
     max_steps = c8.number_input("Max steps (0 = no limit)", 0, 10**6, 0, help="the budget", key="ft_max_steps")
-    wd = c9.number_input("Weight decay", 0.0, 10.0, 0.0, key="ft_wd")
+    wd = c9.number_input("Weight decay", 0.0, 10.0, None, key="ft_wd", placeholder=f"recipe: {recipe.weight_decay:g}")
     name = c10.text_input("Save as", "", key="ft_name", placeholder="name of the tuned model (under .cache/tuned/)")
     submitted = st.form_submit_button("Start fine-tuning", type="primary")
 
@@ -82,20 +95,18 @@ if submitted:
             raise FinetuneError("give the path of a JSONL file of {\"prompt\": ..., \"answer\": ...} lines")
         if data == "JSONL file ..." and not Path(source).is_file():
             raise FinetuneError(f"data file {source} does not exist")
-        label = (name.strip() or f"{method}-{Path(choice.spec).name}").replace("/", "_")
+        label = (name.strip() or f"{method}-{Path(choice.spec).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+                 ).replace("/", "_")
         if label.startswith("."):
             raise FinetuneError("the name must not start with a dot")
-        out = jobs_root().parent / "tuned" / label
-        args = ["--model", choice.spec, "--dtype", choice.dtype, "--method", method, "--data", source,
-                "--out", str(out), "--lr", str(lr), "--epochs", str(epochs), "--batch-size", str(int(batch)),
-                "--weight-decay", str(wd), "--warmup", "0.05"]
-        if choice.device not in ("auto", "all GPUs"):
-            args += ["--device", choice.device]
-        if max_steps:
-            args += ["--max-steps", str(int(max_steps))]
-        if method == "precise":
-            args += ["--heads", heads_text(heads)]
-        st.session_state["job_id"] = start_job(args)
+        config = TrainConfig(method=method, heads=heads if method == "precise" else (), lr=lr, epochs=epochs,
+                             batch_size=None if batch is None else int(batch), weight_decay=wd,
+                             max_steps=int(max_steps) or None)
+        check_out_dir(jobs_root().parent / "tuned" / label)
+        request = FinetuneRequest(spec=choice.spec, config=config, data=source,
+                                  out_dir=str(jobs_root().parent / "tuned" / label), dtype=choice.dtype,
+                                  device=None if choice.device in ("auto", "all GPUs") else choice.device)
+        st.session_state["job_id"] = start_finetune(request)
         st.query_params["job"] = st.session_state["job_id"]
     except (FinetuneError, OSError, ValueError) as e:
         st.error(f"Cannot start the job: {e}")
@@ -119,9 +130,11 @@ def job_panel() -> None:
     status = read_job(jdir)
     st.subheader("2 · Progress")
     total = max(status.total_steps, 1)
+    eta = job_eta(status)
     st.progress(min(1.0, status.step / total),
                 text=f"{status.state} · step {status.step}/{status.total_steps or '?'}"
-                     + (f" · loss {status.loss:.4f}" if status.loss is not None else ""))
+                     + (f" · loss {status.loss:.4f}" if status.loss is not None else "")
+                     + (f" · about {eta:.0f} s left" if eta is not None else ""))
     curve = pd.DataFrame(losses(jdir))
     if len(curve):
         st.altair_chart(loss_curve(curve), width="stretch")

@@ -24,11 +24,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import psutil
 
 from engine.paths import REPO_ROOT
+
+if TYPE_CHECKING:
+    from engine.finetune.run import FinetuneRequest
 
 STATES = ("starting", "running", "finished", "failed", "stopped")
 
@@ -135,6 +138,11 @@ def start_job(cli_args: Sequence[str], *, root: Path | None = None) -> str:
     return job_id
 
 
+def start_finetune(request: "FinetuneRequest", *, root: Path | None = None) -> str:
+    """Start a background job that runs ``request`` (``engine.finetune.run.FinetuneRequest``); returns its id."""
+    return start_job(request.cli_args(), root=root)
+
+
 def read_job(job_dir: str | Path) -> JobStatus:
     """The job's status; a 'running' job whose process died is reported as failed."""
     job_dir = Path(job_dir)
@@ -162,6 +170,13 @@ def job_dir(job_id: str, *, root: Path | None = None) -> Path:
     if not job_id or "/" in job_id or job_id.startswith("."):
         raise ValueError(f"bad job id {job_id!r}")
     return (root or jobs_root()) / job_id
+
+
+def job_eta(status: JobStatus) -> float | None:
+    """Seconds left of a running job at its pace so far (None before its first step or once it is done)."""
+    if status.done or status.step <= 0 or status.total_steps <= status.step or status.updated <= status.started:
+        return None
+    return (status.updated - status.started) / status.step * (status.total_steps - status.step)
 
 
 def list_jobs(*, root: Path | None = None) -> list[JobStatus]:

@@ -62,15 +62,38 @@ class FinetuneRequest:
     device: str | None = None
     dtype: str = "float32"
 
+    def cli_args(self) -> list[str]:
+        """The ``python -m engine finetune`` arguments that run this request (what a background job runs).
 
-def _safe_out_dir(out: Path, base_source: str) -> None:
+        Schedule fields left at None are not passed, so the worker takes the default recipe."""
+        c = self.config
+        args = ["--model", self.spec, "--dtype", self.dtype, "--method", c.method, "--data", self.data,
+                "--out", self.out_dir, "--micro-batch", str(c.micro_batch), "--kv-rule", c.kv_rule,
+                "--lora-r", str(c.lora_r), "--seed", str(c.seed)]
+        for flag, value in (("--lr", c.lr), ("--batch-size", c.batch_size), ("--epochs", c.epochs),
+                            ("--warmup", c.warmup), ("--weight-decay", c.weight_decay),
+                            ("--max-steps", c.max_steps), ("--device", self.device),
+                            ("--data-dir", self.data_dir), ("--limit", self.limit)):
+            if value is not None:
+                args += [flag, str(value)]
+        if c.heads:
+            args += ["--heads", heads_text(c.heads)]
+        if c.mlps:
+            args += ["--mlps", ",".join(str(m) for m in c.mlps)]
+        if not c.rescale:
+            args.append("--no-rescale")
+        return args
+
+
+def check_out_dir(out: str | Path) -> None:
+    """A tuned model goes into a new directory: an existing file, or a non-empty directory (an earlier
+    run's model included), is refused rather than overwritten."""
+    out = Path(out)
     if out.exists() and not out.is_dir():
-        raise FinetuneError(f"--out {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not (out / RECORD_FILE).exists():
-        raise FinetuneError(f"--out {out} is a non-empty directory that holds no earlier fine-tuning run; "
-                            f"pick a new directory")
-    if out.resolve() == Path(base_source).resolve():
-        raise FinetuneError("--out must not be the base model's own directory")
+        raise FinetuneError(f"--out {out} exists and is not a directory: pick a new directory")
+    if out.is_dir() and any(out.iterdir()):
+        what = "a tuned model" if (out / RECORD_FILE).exists() else "a non-empty directory"
+        raise FinetuneError(f"--out {out} is already {what}: pick a new directory (or delete it first)")
 
 
 def run_finetune(req: FinetuneRequest, *, progress: ProgressFn | None = None,
@@ -81,10 +104,12 @@ def run_finetune(req: FinetuneRequest, *, progress: ProgressFn | None = None,
     from engine.models.fingerprint import weights_fingerprint
     from engine.models.load import load_plain
 
-    examples = load_sft_data(req.data, data_dir=req.data_dir, limit=req.limit)
     out = Path(req.out_dir)
+    check_out_dir(out)
+    examples = load_sft_data(req.data, data_dir=req.data_dir, limit=req.limit)
     plain = load_plain(req.spec, device=req.device, dtype=req.dtype)
-    _safe_out_dir(out, plain.resolved.location)
+    if out.resolve() == Path(plain.resolved.location).resolve():
+        raise FinetuneError("--out must not be the base model's own directory")
     base_fp = weights_fingerprint(plain.hf_model)
     slices: dict[str, torch.Tensor] = {}
     result = train(plain.hf_model, plain.tokenizer, examples, req.config, progress=progress,
@@ -106,13 +131,13 @@ def run_finetune(req: FinetuneRequest, *, progress: ProgressFn | None = None,
     record = {
         "base_spec": req.spec, "base_fingerprint": base_fp,
         "tuned_fingerprint": weights_fingerprint(plain.hf_model),
-        "config": req.config.to_dict(), "data": req.data, "data_hash": data_hash(examples),
+        "config": result.config, "data": req.data, "data_hash": data_hash(examples),
         "n_examples": len(examples), "dtype": req.dtype, "device": str(plain.device),
         "result": result.to_dict(),
     }
     (tmp_dir / RECORD_FILE).write_text(json.dumps(record, indent=2))
-    if out.exists():  # an earlier run's output (checked by _safe_out_dir)
-        shutil.rmtree(out)
+    if out.is_dir():  # empty (check_out_dir)
+        out.rmdir()
     os.replace(tmp_dir, out)
     return record
 

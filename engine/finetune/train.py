@@ -21,9 +21,10 @@ The paper's method, as implemented here:
    number of heads per layer and h_l the number of selected heads of layer l (so a layer with few
    tuned heads receives the update size of a fully tuned layer).  K/V slices use their layer's
    factor; MLP layers are not rescaled.
-5. **Train** with AdamW, linear warm-up then linear decay; the paper's defaults are lr 2e-5,
-   batch 128, 2 epochs, warm-up 2 %, weight decay 0.1.  The loss is the next-token cross-entropy
-   of the answer tokens only (the prompt is context).
+5. **Train** with AdamW, linear warm-up then linear decay.  The paper's setting for 7B models is
+   lr 2e-5, batch 128, 2 epochs, warm-up 2 %, weight decay 0.1; the default recipe
+   (``engine.finetune.recipe``) scales it to the model's size and the data's, per method.  The
+   loss is the next-token cross-entropy of the answer tokens only (the prompt is context).
 6. **Merge** the slices back into the full matrices (``HeadSlices.merge``): every weight outside
    the slices is bit-identical to the base model.
 
@@ -39,7 +40,7 @@ import inspect
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator, Literal, Sequence
 
 import torch
@@ -60,16 +61,21 @@ METHODS: tuple[str, ...] = ("precise", "full", "lora")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that determines a fine-tuning run (defaults: the paper's)."""
+    """Everything that determines a fine-tuning run.
+
+    The schedule fields left at None (lr, batch_size, epochs, min_steps, warmup, weight_decay) take
+    the default recipe's value for the method and the model's size (``engine.finetune.recipe``;
+    :meth:`resolved`), so every entry point trains alike unless told otherwise."""
 
     method: str = "precise"
     heads: tuple[Head, ...] = ()
     mlps: tuple[int, ...] = ()
-    lr: float = 2e-5
-    batch_size: int = 128
-    epochs: float = 2.0
-    warmup: float = 0.02  # fraction of the steps
-    weight_decay: float = 0.1
+    lr: float | None = None
+    batch_size: int | None = None
+    epochs: float | None = None
+    min_steps: int | None = None  # at least this many optimizer steps (small data sets)
+    warmup: float | None = None  # fraction of the steps
+    weight_decay: float | None = None
     max_steps: int | None = None  # stop early (benchmarks)
     micro_batch: int = 32  # gradient accumulation chunk (memory)
     rescale: bool = True  # gradient x H/h_l for head slices
@@ -85,19 +91,42 @@ class TrainConfig:
             raise FinetuneError("precise SFT needs heads (e.g. 3.1,5.0 or the top-k of a patching run) "
                                 "or MLP layers to tune")
         for name in ("lr", "epochs"):
-            if not getattr(self, name) > 0:
-                raise FinetuneError(f"{name} must be > 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise FinetuneError(f"{name} must be > 0, got {value}")
         for name in ("batch_size", "micro_batch", "lora_r"):
-            if getattr(self, name) <= 0:
-                raise FinetuneError(f"{name} must be a positive whole number, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise FinetuneError(f"{name} must be a positive whole number, got {value}")
         if self.kv_rule not in KV_RULES:
             raise FinetuneError(f"unknown kv_rule {self.kv_rule!r}: choose from {', '.join(KV_RULES)}")
-        if not 0 <= self.warmup < 1:
+        if self.warmup is not None and not 0 <= self.warmup < 1:
             raise FinetuneError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
-        if self.weight_decay < 0:
+        if self.weight_decay is not None and self.weight_decay < 0:
             raise FinetuneError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.max_steps is not None and self.max_steps <= 0:
             raise FinetuneError(f"max_steps must be positive, got {self.max_steps}")
+        if self.min_steps is not None and self.min_steps < 0:
+            raise FinetuneError(f"min_steps must be >= 0, got {self.min_steps}")
+
+    def resolved(self, n_params: int) -> "TrainConfig":
+        """This config with every schedule field left at None set from the default recipe.
+
+        ``min_steps`` follows the recipe only while ``epochs`` does too: a user who asks for
+        1 epoch gets 1 epoch."""
+        from engine.finetune.recipe import default_recipe
+
+        r = default_recipe(self.method, n_params)
+        min_steps = self.min_steps if self.min_steps is not None else (r.min_steps if self.epochs is None else 0)
+        return replace(self, lr=r.lr if self.lr is None else self.lr,
+                       batch_size=r.batch_size if self.batch_size is None else self.batch_size,
+                       epochs=r.epochs if self.epochs is None else self.epochs, min_steps=min_steps,
+                       warmup=r.warmup if self.warmup is None else self.warmup,
+                       weight_decay=r.weight_decay if self.weight_decay is None else self.weight_decay)
+
+    @property
+    def is_resolved(self) -> bool:
+        return None not in (self.lr, self.batch_size, self.epochs, self.min_steps, self.warmup, self.weight_decay)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -142,6 +171,7 @@ class TrainResult:
     total_params: int
     peak_memory_bytes: int | None
     stopped: bool = False
+    config: dict = field(default_factory=dict)  # the resolved TrainConfig (recipe values filled in)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,28 +179,6 @@ class TrainResult:
 
 ProgressFn = Callable[[TrainProgress], None]
 StopFn = Callable[[], bool]
-
-
-#: learning-rate anchors (parameters, lr): the bundled model's demonstration schedule
-#: (``engine.organism.skill_demo.DEMO_SCHEDULE``, 1.18 M parameters) and the paper's setting for 7B models
-LR_ANCHORS = ((1.18e6, 3e-3), (7e9, 2e-5))
-
-
-def default_learning_rate(n_params: int) -> tuple[float, str]:
-    """A learning rate for a model of ``n_params`` parameters and the reason, as one sentence.
-
-    Log-log interpolation between :data:`LR_ANCHORS` (bigger models take smaller steps), clamped to
-    the anchors outside them, rounded to two significant digits."""
-    import math
-    (n0, lr0), (n1, lr1) = LR_ANCHORS
-    if n_params <= 0:
-        raise FinetuneError(f"the number of parameters must be positive, got {n_params}")
-    t = min(1.0, max(0.0, (math.log(n_params) - math.log(n0)) / (math.log(n1) - math.log(n0))))
-    lr = float(f"{math.exp(math.log(lr0) + t * (math.log(lr1) - math.log(lr0))):.2g}")
-    where = ("at or below the bundled model's size" if t == 0 else "at or above the paper's 7B models" if t == 1
-             else "between them on a log-log line")
-    return lr, (f"{lr:.1e} for {n_params / 1e6:.3g} M parameters: the bundled model ({n0 / 1e6:.3g} M) trains with "
-                f"{lr0:.0e}, the paper's 7B models with {lr1:.0e}; {where}")
 
 
 def encode_examples(tokenizer, examples: Sequence[SFTExample]) -> list[tuple[list[int], int]]:
@@ -283,11 +291,13 @@ def train(model: nn.Module, tokenizer, examples: Sequence[SFTExample], config: T
     """
     if not examples:
         raise FinetuneError("no training examples")
+    n_total = sum(p.numel() for p in model.parameters())
+    config = config.resolved(n_total)
     encoded = encode_examples(tokenizer, examples)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     device = next(model.parameters()).device
     steps_per_epoch = max(1, math.ceil(len(encoded) / config.batch_size))
-    total = max(1, math.ceil(steps_per_epoch * config.epochs))
+    total = max(1, math.ceil(steps_per_epoch * config.epochs), config.min_steps)
     if config.max_steps is not None:
         total = min(total, config.max_steps)
     warmup_steps = int(round(config.warmup * total))
@@ -301,7 +311,6 @@ def train(model: nn.Module, tokenizer, examples: Sequence[SFTExample], config: T
     seen = 0
     stopped = False
     t0 = time.perf_counter()
-    n_total = sum(p.numel() for p in model.parameters())
     with trainable(model, config) as (net, params, slices):
         n_train = sum(p.numel() for p in params)
         opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
@@ -343,7 +352,7 @@ def train(model: nn.Module, tokenizer, examples: Sequence[SFTExample], config: T
         samples_per_s=seen / seconds if seconds > 0 else 0.0, trainable_params=n_train,
         optimizer_state_numel=state_numel, total_params=n_total,
         peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if cuda else None,
-        stopped=stopped)
+        stopped=stopped, config=config.to_dict())
 
 
 __all__ = ["METHODS", "TrainConfig", "SFTExample", "TrainProgress", "TrainResult", "encode_examples",

@@ -7,7 +7,8 @@
 * ``arithmetic (paper templates)`` -- the paper's Figure 8 templates (32), operands 1..9 (never in the SFT
   data: the ability precise SFT should not disturb);
 * ``control facts`` -- the organism's synthetic facts ("Anna lives in" -> Oslo), the organism's
-  stand-in for MMLU / CSQA (only for models whose tokenizer knows those words);
+  stand-in for MMLU / CSQA, for models whose tokenizer knows those words; for other (real) models
+  common-knowledge completions (``engine.evaluation.facts``: "The capital of France is" -> Paris);
 
 plus Δ (points).  Accuracies go through the result cache keyed by each model's fingerprint.
 
@@ -25,12 +26,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from engine.finetune.recipe import default_recipe
 from engine.finetune.train import TrainConfig
 from engine.paths import REPO_ROOT
 
-#: The demonstration's schedule (the paper's lr 2e-5 / batch 128 / 2 epochs is for 7B models and
-#: thousands of examples; the 1.2M-parameter organism and 261 examples need larger steps).
-DEMO_SCHEDULE = dict(lr=3e-3, batch_size=32, epochs=30.0, warmup=0.05, weight_decay=0.0)
+#: The demonstration trains with the default recipe (``engine.finetune.recipe``), whose first anchor
+#: is this demonstration's schedule: the paper's lr 2e-5 / batch 128 / 2 epochs is for 7B models and
+#: thousands of examples; the 1.2M-parameter organism and 261 examples need larger steps (lr 3e-3,
+#: batch 32, 30 epochs, warm-up 5 %, no weight decay).
 DEMO_DATA = "notation+replay"
 DEMO_K = 8
 TASKS: tuple[str, ...] = ("skill (held-out)", "arithmetic (paper templates)", "control facts")
@@ -92,6 +95,9 @@ def task_accuracies(model, *, cache=None) -> dict[str, tuple[int, float]]:
         from engine.organism.card import control_accuracy
         from engine.organism.recipe import control_prompts
         out[TASKS[2]] = (len(control_prompts(0)), control_accuracy(model))
+    else:  # a real model: common-knowledge completions ("The capital of France is" -> " Paris")
+        from engine.evaluation.facts import FACTS, fact_hits
+        out[TASKS[2]] = (len(FACTS), sum(fact_hits(model)) / len(FACTS))
     return out
 
 
@@ -117,7 +123,7 @@ def compare_markdown(columns: dict[str, list[CompareRow]]) -> str:
 def run_demo(out_dir: Path, *, data: str = DEMO_DATA, k: int = DEMO_K,
              methods: Sequence[str] = ("precise", "full", "lora"),
              log: Callable[[str], None] = print, cache=None) -> dict:
-    """Train every method on ``data`` with DEMO_SCHEDULE, save under ``out_dir/<method>``, compare."""
+    """Train every method on ``data`` with the default recipe, save under ``out_dir/<method>``, compare."""
     from engine.backends import open_model
     from engine.finetune.run import FinetuneRequest, run_finetune, top_heads
 
@@ -127,7 +133,7 @@ def run_demo(out_dir: Path, *, data: str = DEMO_DATA, k: int = DEMO_K,
     columns: dict[str, list[CompareRow]] = {}
     records = {}
     for method in methods:
-        cfg = TrainConfig(method=method, heads=heads if method == "precise" else (), **DEMO_SCHEDULE)
+        cfg = TrainConfig(method=method, heads=heads if method == "precise" else ())
         target = out_dir / method
         rec = run_finetune(FinetuneRequest(spec="organism", config=cfg, data=data, out_dir=str(target)))
         r = rec["result"]
@@ -137,7 +143,8 @@ def run_demo(out_dir: Path, *, data: str = DEMO_DATA, k: int = DEMO_K,
         records[method] = {k2: v for k2, v in r.items() if k2 != "losses"}
     table = compare_markdown(columns)
     log(table)
-    report = {"data": data, "k": k, "heads": [list(h) for h in heads], "schedule": DEMO_SCHEDULE,
+    recipes = {m: default_recipe(m, base.facts.n_params).reason for m in methods}
+    report = {"data": data, "k": k, "heads": [list(h) for h in heads], "recipes": recipes,
               "runs": records, "compare": {m: [asdict(r) | {"delta": r.delta} for r in rows]
                                            for m, rows in columns.items()},
               "table": table}

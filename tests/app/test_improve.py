@@ -56,14 +56,30 @@ def test_precise_job_runs_and_compares():
     assert at.sidebar.text_input(key="model_spec_input").value == out_dir
 
 
-def test_learning_rate_default_follows_the_model_size():
+def test_the_page_trains_with_the_cli_recipe():
+    """The page shows the recipe's values and, left empty, its job gets no schedule flags: the worker
+    (the CLI) fills them from the same recipe."""
+    from engine.finetune.recipe import default_recipe
+    from engine.finetune.run import read_record
+
     at = page("6_Improve.py").run()
     assert not at.exception, at.exception
-    from engine.finetune.train import default_learning_rate
+    recipe = default_recipe("precise", 1_182_592)  # the bundled model's size
+    caption = next(c.value for c in at.caption if c.value.startswith("Default recipe"))
+    assert recipe.reason in caption and "the CLI's too" in caption
     lr_box = next(n for n in at.number_input if n.label == "Learning rate")
-    caption = next(c.value for c in at.caption if c.value.startswith("Learning rate"))
-    assert "bundled model" in caption and "M parameters" in caption
-    assert lr_box.value == default_learning_rate(1_182_592)[0] == 3e-3  # the bundled model's size
+    assert lr_box.value is None and f"{recipe.lr:.1e}" in lr_box.proto.placeholder
+    at.number_input(key="ft_max_steps").set_value(2)
+    at.button[0].click().run()
+    assert not at.exception, at.exception
+    job = _wait()
+    assert job.state == "finished", (job.to_dict(), log_tail(job_dir(job.job_id), 40))
+    import json
+    args = json.loads((job_dir(job.job_id) / "request.json").read_text())["args"]
+    assert not {"--lr", "--epochs", "--batch-size", "--warmup", "--weight-decay"} & set(args), args
+    cfg = read_record(job.out_dir)["config"]
+    assert (cfg["lr"], cfg["batch_size"], cfg["epochs"], cfg["warmup"], cfg["weight_decay"]) == \
+        (recipe.lr, recipe.batch_size, recipe.epochs, recipe.warmup, recipe.weight_decay)
 
 
 def test_bad_inputs_show_errors():
@@ -79,6 +95,16 @@ def test_bad_inputs_show_errors():
     at.button[0].click().run()
     assert not at.exception, at.exception
     assert any("does not exist" in e for e in errors(at)), errors(at)
+    from engine.finetune.jobs import jobs_root
+    taken = jobs_root().parent / "tuned" / "taken"
+    taken.mkdir(parents=True)
+    (taken / "finetune.json").write_text("{}")
+    at = page("6_Improve.py").run()
+    at.text_input(key="ft_name").set_value("taken")
+    at.button[0].click().run()
+    assert not at.exception, at.exception
+    assert any("already a tuned model" in e for e in errors(at)), errors(at)
+    assert not list_jobs() and (taken / "finetune.json").read_text() == "{}"
 
 
 def test_a_job_whose_worker_died_is_shown_failed(tmp_path):

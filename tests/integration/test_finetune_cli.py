@@ -62,6 +62,7 @@ def test_precise_run_saves_a_loadable_model_and_the_slices(tuned):
     (["--method", "full", "--data", "/nonexistent.jsonl"], "does not exist"),
     (["--method", "sgd", "--data", "notation"], "invalid choice"),
     (["--method", "full", "--data", "notation", "--lr", "abc"], "not a number"),
+    (["--method", "full", "--data", "arithmetic"], "does not exist (give a JSONL file"),  # an unknown set
 ])
 def test_bad_arguments_give_one_line(tmp_path, args, needle):
     r = _cli("finetune", "--model", "organism", "--out", str(tmp_path / "o"), "--no-cache", *args)
@@ -69,6 +70,21 @@ def test_bad_arguments_give_one_line(tmp_path, args, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_an_existing_tuned_model_is_not_overwritten(tuned):
+    out, rec = tuned
+    before = (out / "finetune.json").read_text()
+    r = _cli("finetune", "--method", "full", "--data", "notation", "--out", str(out), "--no-cache", "--max-steps", "1")
+    assert r.returncode == 2 and "already a tuned model" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert (out / "finetune.json").read_text() == before
+
+
+def test_a_data_file_without_answers_is_refused(tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"prompt": "2 + 3 =", "answer": ""}\n')
+    r = _cli("finetune", "--method", "full", "--data", str(data), "--out", str(tmp_path / "o"), "--no-cache")
+    assert r.returncode == 2 and "empty prompt or answer" in r.stderr and not (tmp_path / "o").exists()
 
 
 def test_bad_jsonl_line_is_named(tmp_path):
@@ -111,3 +127,46 @@ def test_killed_job_is_reported_failed_not_finished(tmp_path):
     st = read_job(root / jid)
     assert st.state == "failed" and "killed or crashed" in st.message, st
     assert not (tmp_path / "full").exists()  # no half-written model directory
+
+
+def test_cli_without_schedule_flags_trains_with_the_recipe(tmp_path):
+    from engine.finetune.recipe import default_recipe
+
+    env = {**ENV, "ARITHLAB_CACHE": str(tmp_path / "c.duckdb")}
+    r = _cli("finetune", "--model", "organism", "--method", "full", "--data", "notation", "--out",
+             str(tmp_path / "full"), "--max-steps", "2", env=env)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads(r.stdout)["config"]
+    recipe = default_recipe("full", 1_182_592)
+    assert (cfg["lr"], cfg["batch_size"], cfg["epochs"], cfg["warmup"], cfg["weight_decay"], cfg["min_steps"]) == \
+        (recipe.lr, recipe.batch_size, recipe.epochs, recipe.warmup, recipe.weight_decay, recipe.min_steps)
+
+
+@pytest.mark.parametrize("config", [
+    dict(method="precise", heads=((0, 1), (3, 7)), mlps=(2,)),
+    dict(method="lora", lr=1e-3, epochs=3.0, batch_size=8, warmup=0.1, weight_decay=0.0, max_steps=5, seed=3),
+    dict(method="full", rescale=False, kv_rule="all", micro_batch=4, lora_r=4),
+])
+def test_a_request_and_its_cli_arguments_say_the_same(config):
+    """What the Improve page's background job runs is the request the page built."""
+    import argparse
+
+    from engine.cli.finetune import add_parser, config_from_args
+    from engine.finetune.run import FinetuneRequest
+    from engine.finetune.train import TrainConfig
+
+    req = FinetuneRequest(spec="organism", config=TrainConfig(lora_alpha=2 * config.get("lora_r", 8), **config),
+                          data="notation", out_dir="/tmp/x", device="cpu", limit=7)
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd")
+
+    def model_args(p):
+        p.add_argument("--model")
+        p.add_argument("--dtype")
+        p.add_argument("--device")
+
+    add_parser(sub, model_args, int)
+    args = ap.parse_args(["finetune", *req.cli_args()])
+    heads = tuple(tuple(int(x) for x in h.split(".")) for h in args.heads.split(",")) if args.heads else ()
+    assert config_from_args(args, heads) == req.config
+    assert (args.model, args.data, args.out, args.device, args.limit) == ("organism", "notation", "/tmp/x", "cpu", 7)

@@ -653,3 +653,11 @@ def test_read_jsonl(tmp_path):
         read_jsonl(blank)
     with pytest.raises(FinetuneError, match="does not exist"):
         load_sft_data(str(tmp_path / "nope.jsonl"))
+
+
+def test_job_eta_follows_the_pace_so_far():
+    from engine.finetune.jobs import JobStatus, job_eta
+    s = JobStatus("j", "running", step=10, total_steps=50, started=100.0, updated=120.0)
+    assert job_eta(s) == pytest.approx(80.0)  # 2 s a step, 40 steps left
+    assert job_eta(JobStatus("j", "running", step=0, total_steps=50, started=100.0, updated=100.0)) is None
+    assert job_eta(JobStatus("j", "finished", step=50, total_steps=50, started=100.0, updated=200.0)) is None
