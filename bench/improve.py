@@ -63,7 +63,7 @@ from engine.techniques.accuracy import score_pairs  # noqa: E402
 
 MATH = ("gsm8k", "addsub", "singleeq", "svamp")
 GENERIC = ("mmlu", "csqa")
-SWEEP = {"precise": (3e-4, 1e-3, 3e-3), "full": (6e-5, 2e-4, 6e-4), "lora": (1e-3, 3e-3, 1e-2)}
+SWEEP = {"precise": (3e-4, 1e-3, 3e-3), "full": (2e-5, 6e-5, 2e-4, 6e-4), "lora": (1e-3, 3e-3, 1e-2)}
 
 
 class Bench:
@@ -168,12 +168,18 @@ def methods(heads, mlps, n_layers, n_heads, seed, ks) -> list[tuple[str, dict]]:
     return out
 
 
-def sweep(bench: Bench, args) -> dict:
+def sweep(bench: Bench, args, done: dict) -> dict:
+    """Validation accuracy of each (method, lr) of SWEEP not in ``done`` (an earlier sweep's results)."""
     heads, _, _, _ = ranking(args)
     examples = arith_examples(args.n_train, 0)
-    out = {}
-    for method, lrs in SWEEP.items():
-        for lr in lrs:
+    out = dict(done)
+    if "base" not in out:
+        bench.reset()
+        out["base"] = {"val": bench.evaluate(math=False, quick=True)["val"]}
+    for method in args.sweep.split(","):
+        for lr in SWEEP[method]:
+            if f"{method} {lr:g}" in out:
+                continue
             extra = {"heads": tuple(heads[:32])} if method == "precise" else {}
             info = bench.train(TrainConfig(method=method, lr=lr, seed=0, **extra), examples)
             val = bench.evaluate(math=False, quick=True)["val"]
@@ -244,7 +250,9 @@ def main(argv=None) -> int:
     ap.add_argument("--text-items", type=int, default=100)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--sweep", action="store_true", help="only the learning-rate sweep on the val split")
+    ap.add_argument("--sweep", nargs="?", const=",".join(SWEEP), default=None, metavar="METHODS",
+                    help="only the learning-rate sweep on the val split (of these methods; default all); "
+                         "results already in the sweep file are kept")
     ap.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                     help="print the table of earlier runs' --out files together (e.g. one process per seed)")
     ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "bench" / "improve.json")
@@ -257,9 +265,12 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     bench = Bench(args)
     if args.sweep:
-        res = sweep(bench, args)
-        args.out.with_name("improve_sweep.json").write_text(json.dumps(res, indent=2))
+        path = args.out.with_name("improve_sweep.json")
+        res = sweep(bench, args, json.loads(path.read_text()) if path.exists() else {})
+        path.write_text(json.dumps(res, indent=2))
         for method in SWEEP:
+            if not any(k.startswith(method + " ") for k in res):
+                continue
             best = max((k for k in res if k.startswith(method + " ")), key=lambda k: res[k]["val"])
             print(f"best {method}: lr {best.split()[1]} (val {res[best]['val']:.3f}); recipe has "
                   f"{default_recipe(method, bench.n_params).lr:g}")

@@ -51,7 +51,7 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor("the bundled model", 1.18e6, {"precise": 3e-3, "full": 3e-3, "lora": 3e-3},
            batch_size=32, epochs=30.0, min_steps=0, warmup=0.05, weight_decay=0.0,
            source="the skill demonstration's schedule (engine/organism/skill_demo.py)"),
-    Anchor("SmolLM2-135M", 1.345e8, {"precise": 1e-3, "full": 2e-4, "lora": 3e-3},
+    Anchor("SmolLM2-135M", 1.345e8, {"precise": 1e-3, "full": 6e-5, "lora": 3e-3},
            batch_size=32, epochs=2.0, min_steps=50, warmup=0.02, weight_decay=0.1,
            source="learning rates picked on a validation split by bench/improve.py --sweep"),
     Anchor("the paper's 7B models", 7e9, {"precise": 2e-5, "full": 2e-5, "lora": 2e-4},
