@@ -9,6 +9,9 @@
 * ``control facts`` -- the organism's synthetic facts ("Anna lives in" -> Oslo), the organism's
   stand-in for MMLU / CSQA, for models whose tokenizer knows those words; for other (real) models
   common-knowledge completions (``engine.evaluation.facts``: "The capital of France is" -> Paris);
+* ``arithmetic (held-out split)`` / ``word problems (Figure 10)`` -- first-token accuracy on
+  ``engine.finetune.heldout``'s test split (three Figure 8 templates per operation on held-out
+  operand pairs: never in its training split) and on the Figure 10 word problems;
 
 plus Δ (points).  Accuracies go through the result cache keyed by each model's fingerprint.
 
@@ -36,7 +39,8 @@ from engine.paths import REPO_ROOT
 #: batch 32, 30 epochs, warm-up 5 %, no weight decay).
 DEMO_DATA = "notation+replay"
 DEMO_K = 8
-TASKS: tuple[str, ...] = ("skill (held-out)", "arithmetic (paper templates)", "control facts")
+TASKS: tuple[str, ...] = ("skill (held-out)", "arithmetic (paper templates)", "arithmetic (held-out split)",
+                          "word problems (Figure 10)", "control facts")
 
 
 @dataclass(frozen=True)
@@ -73,15 +77,16 @@ def _knows_facts(model) -> bool:
 def task_accuracies(model, *, cache=None) -> dict[str, tuple[int, float]]:
     """{task: (n, accuracy)} for one model (see module docstring)."""
     from engine.finetune.data import skill_pairs
+    from engine.finetune.heldout import split_problems
+    from engine.prompts.pairs import build_pairs
     from engine.prompts.promptsets import PromptSetSpec
     from engine.results import run_cached_rows
-    from engine.techniques.accuracy import accuracy_report
+    from engine.techniques.accuracy import accuracy_report, score_pairs
 
     out: dict[str, tuple[int, float]] = {}
     pairs = skill_pairs(model.tokenizer, "notation", "test")
 
     def compute_skill():
-        from engine.techniques.accuracy import score_pairs
         scores = score_pairs(model, pairs)
         return [SkillAccuracy("notation", "test", sum(s.first_ok for s in scores) / len(scores))], None
 
@@ -91,13 +96,17 @@ def task_accuracies(model, *, cache=None) -> dict[str, tuple[int, float]]:
     report, _ = accuracy_report(model, PromptSetSpec(), cache=cache)
     n = sum(r.n for r in report)
     out[TASKS[1]] = (n, sum(r.first_token * r.n for r in report) / n)
+    for task, split in ((TASKS[2], "test"), (TASKS[3], "word")):
+        held, _ = build_pairs(model.tokenizer, split_problems(split))
+        if held:
+            out[task] = (len(held), sum(s.first_ok for s in score_pairs(model, held)) / len(held))
     if _knows_facts(model):
         from engine.organism.card import control_accuracy
         from engine.organism.recipe import control_prompts
-        out[TASKS[2]] = (len(control_prompts(0)), control_accuracy(model))
+        out[TASKS[4]] = (len(control_prompts(0)), control_accuracy(model))
     else:  # a real model: common-knowledge completions ("The capital of France is" -> " Paris")
         from engine.evaluation.facts import FACTS, fact_hits
-        out[TASKS[2]] = (len(FACTS), sum(fact_hits(model)) / len(FACTS))
+        out[TASKS[4]] = (len(FACTS), sum(fact_hits(model)) / len(FACTS))
     return out
 
 

@@ -42,7 +42,8 @@ def test_precise_job_runs_and_compares():
     assert not at.exception, at.exception
     assert not errors(at), errors(at)
     cmp = next(t.value for t in at.table if "tuned %" in t.value.columns)
-    assert set(cmp.index) >= {"skill (held-out)", "arithmetic (paper templates)", "control facts"}
+    assert set(cmp.index) >= {"skill (held-out)", "arithmetic (paper templates)", "arithmetic (held-out split)",
+                              "word problems (Figure 10)", "control facts"}
     tuned = cmp["tuned %"].astype(float)
     assert ((tuned >= 0) & (tuned <= 100)).all()
     # base heatmap + tuned heatmap + loss curve
