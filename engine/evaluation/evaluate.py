@@ -201,8 +201,9 @@ def last_logits(model, seqs: Sequence[Sequence[int]], batch_size: int = 8):
         rows = _rows_per_pass(batch_size, width, vocab)
         chunk = seqs[start:start + rows]
         ids, mask, _ = pad_batch(chunk, pad, left=True)
+        end = torch.full((len(chunk),), ids.shape[1] - 1)  # left padding: every row ends in the last column
         with torch.no_grad():
-            out.append(model.logits(ids, mask)[:, -1, :].float().cpu())  # [rows, vocab]
+            out.append(model.end_logits(ids, mask, end).float().cpu())  # [rows, vocab]: only END is unembedded
         start += len(chunk)
     return torch.cat(out, 0)
 
