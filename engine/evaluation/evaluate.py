@@ -211,16 +211,14 @@ def last_logits(model, seqs: Sequence[Sequence[int]], batch_size: int = 8):
 def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                   stop_ids: Sequence[int] | None = None, stop_on_newline: bool = True, batch_size: int = 8,
                   progress: ProgressFn | None = None) -> list[list[int]]:
-    """Greedy continuation of each prompt (token ids), built on ``model.logits`` only.
+    """Greedy continuation of each prompt (token ids), built on :func:`last_logits` only.
 
     Each step runs the whole (left-padded) sequence again -- no KV cache, so any backend works --
-    and appends the argmax token.  A row stops after emitting a token of ``stop_ids`` (default:
-    the tokenizer's EOS) or, with ``stop_on_newline``, a token whose text holds a newline; the
-    stopping token is included in the output, as in ``generate``.  Finished rows leave the batch.
+    and appends the argmax token (only the last position is unembedded).  A row stops after
+    emitting a token of ``stop_ids`` (default: the tokenizer's EOS) or, with ``stop_on_newline``, a
+    token whose text holds a newline; the stopping token is included in the output, as in
+    ``generate``.  Finished rows leave the batch.
     """
-    import torch
-
-    from engine.techniques.batching import pad_batch, tokenizer_pad_id
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise BenchmarkError(f"max_new_tokens must be a positive whole number, got {max_new_tokens!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
@@ -240,8 +238,6 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: in
                 newline[t] = False
         return newline[t]
 
-    pad = tokenizer_pad_id(tok)
-    vocab = int(model.facts.vocab_size)
     outputs: list[list[int]] = [[] for _ in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     done = 0
@@ -253,16 +249,7 @@ def greedy_decode(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: in
             if not active:
                 break
             seqs = [list(prompts[i]) + outputs[i] for i in active]
-            nxt: list[int] = []
-            start = 0
-            while start < len(seqs):
-                width = max(len(s) for s in seqs[start:start + batch_size])
-                rows = _rows_per_pass(batch_size, width, vocab)
-                ids, mask, _ = pad_batch(seqs[start:start + rows], pad, left=True)  # [rows, pos]
-                with torch.no_grad():
-                    logits = model.logits(ids, mask)[:, -1, :]  # [rows, vocab]
-                nxt.extend(int(t) for t in logits.argmax(-1).tolist())
-                start += rows
+            nxt = [int(t) for t in last_logits(model, seqs, batch_size).argmax(-1).tolist()]
             still = []
             for i, t in zip(active, nxt):
                 outputs[i].append(t)
