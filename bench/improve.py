@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="8,16,32,64", help="top-k heads (Table 2)")
     ap.add_argument("--n-train", type=int, default=100, help="arith training examples per operation")
     ap.add_argument("--gsm8k-steps", type=int, default=50)
-    ap.add_argument("--arms", default="arith,gsm8k")
+    ap.add_argument("--arms", default="arith,gsm8k", help="arith, gsm8k, or base (only the base model's row)")
     ap.add_argument("--math-limit", type=int, default=50)
     ap.add_argument("--choice-limit", type=int, default=100)
     ap.add_argument("--text-items", type=int, default=100)
@@ -281,20 +281,31 @@ def main(argv=None) -> int:
     arms = args.arms.split(",")
     rows: dict[str, list[dict]] = {"base": []}
     gsm_rows: dict[str, list[dict]] = {"base": []}
+    report = {"model": args.model, "n_params": bench.n_params, "seeds": args.seeds, "threads": args.threads,
+              "heads": heads[:64], "mlps": mlps[:3], "arith": rows if {"arith", "base"} & set(arms) else {},
+              "gsm8k": gsm_rows if "gsm8k" in arms else {}, "gsm8k_steps": args.gsm8k_steps,
+              "math_limit": args.math_limit, "wall_s": 0.0,
+              "recipes": {m: default_recipe(m, bench.n_params).reason for m in ("precise", "full", "lora")}}
+
+    def record(arm: str, name: str, res: dict) -> None:
+        """Keep a run's row, log it and rewrite --out: a run cut short still leaves every finished row."""
+        (rows if arm == "arith" else gsm_rows).setdefault(name, []).append(res)
+        print(f"{arm} {name}: " + json.dumps(res), flush=True)
+        report["wall_s"] = time.perf_counter() - t_start
+        args.out.write_text(json.dumps(report, indent=2))
+
     bench.reset()
     base_eval = bench.evaluate(math="gsm8k" in arms)
     gsm = gsm8k_examples(args.data_dir) if "gsm8k" in arms else []
     for seed in (int(s) for s in args.seeds.split(",")):
-        rows["base"].append(base_eval)
-        gsm_rows["base"].append(base_eval)
+        for arm in ("arith", "gsm8k"):
+            if arm in arms or (arm == "arith" and "base" in arms):
+                record(arm, "base", base_eval)
         if "arith" in arms:
             examples = arith_examples(args.n_train, seed)
             for name, kw in methods(heads, mlps, n_layers, n_heads, seed, ks):
                 info = bench.train(TrainConfig(seed=seed, **kw), examples)
-                res = {**bench.evaluate(math=False), **info}
-                rows.setdefault(name, []).append(res)
-                print(f"seed {seed} arith {name}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                                                                   for k, v in res.items()}), flush=True)
+                record("arith", name, {**bench.evaluate(math=False), **info, "seed": seed})
         if "gsm8k" in arms:
             rng = random.Random(seed)
             random_32 = tuple(sorted(rng.sample([(a, b) for a in range(n_layers) for b in range(n_heads)], 32)))
@@ -302,16 +313,7 @@ def main(argv=None) -> int:
                                                                                 "heads": tuple(heads[:32])}),
                              ("precise random-32", {"method": "precise", "heads": random_32})):
                 info = bench.train(TrainConfig(seed=seed, max_steps=args.gsm8k_steps, **kw), gsm)
-                res = {**bench.evaluate(math=True), **info}
-                gsm_rows.setdefault(name, []).append(res)
-                print(f"seed {seed} gsm8k {name}: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                                                                   for k, v in res.items()}), flush=True)
-    report = {"model": args.model, "n_params": bench.n_params, "seeds": args.seeds, "threads": args.threads,
-              "heads": heads[:64], "mlps": mlps[:3], "arith": rows if "arith" in arms else {},
-              "gsm8k": gsm_rows if "gsm8k" in arms else {}, "gsm8k_steps": args.gsm8k_steps,
-              "math_limit": args.math_limit, "wall_s": time.perf_counter() - t_start,
-              "recipes": {m: default_recipe(m, bench.n_params).reason for m in ("precise", "full", "lora")}}
-    args.out.write_text(json.dumps(report, indent=2))
+                record("gsm8k", name, {**bench.evaluate(math=True), **info, "seed": seed})
     print(render([report]))
     return 0
 
@@ -337,8 +339,9 @@ def render(reports: list[dict]) -> str:
         text.append("**arith arm** (train: 5 Figure 8 templates + extended, train operands; evaluate: 3 held-out "
                     "Figure 8 templates x held-out operands, Figure 10 word problems)\n")
         text.append(table(rows["arith"], ["fig8 held-out", "word"] + gen))
-        text += [f"- {c}" for c in claims(rows["arith"], "fig8 held-out", gen)]
-    if rows["gsm8k"]:
+        if {"full", "precise top-32"} <= set(rows["arith"]):
+            text += [f"- {c}" for c in claims(rows["arith"], "fig8 held-out", gen)]
+    if {"full", "precise top-32"} <= set(rows["gsm8k"]):
         g = rows["gsm8k"]
         text.append(f"\n**gsm8k arm** (train: GSM8K train, {reports[0]['gsm8k_steps']} steps; evaluate: "
                     f"{reports[0]['math_limit']} sampled items of each math set, greedy)\n")
