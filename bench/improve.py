@@ -239,7 +239,7 @@ def claims(rows: dict[str, list[dict]], math_col: str, generic_cols: list[str]) 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, help="model spec (e.g. the SmolLM2 .gguf)")
+    ap.add_argument("--model", help="model spec (e.g. the SmolLM2 .gguf); not needed with --merge")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--ks", default="8,16,32,64", help="top-k heads (Table 2)")
     ap.add_argument("--n-train", type=int, default=100, help="arith training examples per operation")
@@ -260,6 +260,8 @@ def main(argv=None) -> int:
     if args.merge:
         print(render([json.loads(p.read_text()) for p in args.merge]))
         return 0
+    if not args.model:
+        ap.error("--model is required (except with --merge)")
     torch.set_num_threads(args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
