@@ -102,9 +102,9 @@ if submitted:
         config = TrainConfig(method=method, heads=heads if method == "precise" else (), lr=lr, epochs=epochs,
                              batch_size=None if batch is None else int(batch), weight_decay=wd,
                              max_steps=int(max_steps) or None)
-        check_out_dir(jobs_root().parent / "tuned" / label)
-        request = FinetuneRequest(spec=choice.spec, config=config, data=source,
-                                  out_dir=str(jobs_root().parent / "tuned" / label), dtype=choice.dtype,
+        out = jobs_root().parent / "tuned" / label
+        check_out_dir(out)
+        request = FinetuneRequest(spec=choice.spec, config=config, data=source, out_dir=str(out), dtype=choice.dtype,
                                   device=None if choice.device in ("auto", "all GPUs") else choice.device)
         st.session_state["job_id"] = start_finetune(request)
         st.query_params["job"] = st.session_state["job_id"]

@@ -43,23 +43,13 @@ FACTS: tuple[tuple[str, str], ...] = (
 
 
 def fact_hits(model, facts: Sequence[tuple[str, str]] = FACTS, batch_size: int = 32) -> list[bool]:
-    """Is the argmax at END the answer's first token, per fact (a backend: ``model.logits``)?"""
-    import torch
-
-    from engine.techniques.batching import pad_batch
+    """Is the argmax at END the answer's first token, per fact (a backend)?"""
+    from engine.evaluation.evaluate import last_logits
 
     tok = model.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    hits: list[bool] = []
-    for i in range(0, len(facts), batch_size):
-        chunk = facts[i:i + batch_size]
-        enc = [tok(p)["input_ids"] for p, _ in chunk]
-        first = [tok(f"{p} {a}", add_special_tokens=True)["input_ids"][len(e)] for e, (p, a) in zip(enc, chunk)]
-        ids, mask, _ = pad_batch(enc, pad)
-        with torch.no_grad():
-            out = model.logits(ids, mask)  # [batch, pos, vocab]
-        hits += [int(out[j, len(e) - 1].argmax()) == t for j, (e, t) in enumerate(zip(enc, first))]
-    return hits
+    enc = [tok(p)["input_ids"] for p, _ in facts]
+    first = [tok(f"{p} {a}")["input_ids"][len(e)] for e, (p, a) in zip(enc, facts)]  # the answer's first token
+    return [int(t) == f for t, f in zip(last_logits(model, enc, batch_size).argmax(-1).tolist(), first)]
 
 
 def text_loss(model, texts: Sequence[str], batch_size: int = 8, max_tokens: int = 256) -> float:
@@ -67,10 +57,10 @@ def text_loss(model, texts: Sequence[str], batch_size: int = 8, max_tokens: int 
     import torch
     import torch.nn.functional as F
 
-    from engine.techniques.batching import pad_batch
+    from engine.techniques.batching import pad_batch, tokenizer_pad_id
 
     tok = model.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    pad = tokenizer_pad_id(tok)
     total, count = 0.0, 0
     for i in range(0, len(texts), batch_size):
         enc = [tok(t)["input_ids"][:max_tokens] for t in texts[i:i + batch_size]]

@@ -75,8 +75,13 @@ class Recipe:
 
     def steps(self, n_examples: int) -> int:
         """Optimizer steps on ``n_examples``: ``epochs`` epochs, at least ``min_steps``."""
-        per_epoch = max(1, math.ceil(n_examples / self.batch_size))
-        return max(math.ceil(per_epoch * self.epochs), self.min_steps)
+        return training_steps(n_examples, self.batch_size, self.epochs, self.min_steps)
+
+
+def training_steps(n_examples: int, batch_size: int, epochs: float, min_steps: int = 0) -> int:
+    """Optimizer steps of ``epochs`` passes over ``n_examples`` at ``batch_size``, at least ``min_steps`` (and 1)."""
+    per_epoch = max(1, math.ceil(n_examples / batch_size))
+    return max(1, math.ceil(per_epoch * epochs), min_steps)
 
 
 def _interpolated_lr(method: str, n_params: float) -> tuple[float, str]:
@@ -108,4 +113,4 @@ def default_recipe(method: str, n_params: int) -> Recipe:
     return Recipe(method, lr, near.batch_size, near.epochs, near.min_steps, near.warmup, near.weight_decay, reason)
 
 
-__all__ = ["ANCHORS", "Anchor", "RECIPE_METHODS", "Recipe", "default_recipe"]
+__all__ = ["ANCHORS", "Anchor", "RECIPE_METHODS", "Recipe", "default_recipe", "training_steps"]

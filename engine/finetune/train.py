@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 import random
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -48,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.finetune.errors import FinetuneError
+from engine.finetune.recipe import default_recipe, training_steps
 from engine.finetune.slices import KV_RULES, Head, HeadSlices, attn_layout
 from engine.techniques.batching import pad_batch
 
@@ -114,8 +114,6 @@ class TrainConfig:
 
         ``min_steps`` follows the recipe only while ``epochs`` does too: a user who asks for
         1 epoch gets 1 epoch."""
-        from engine.finetune.recipe import default_recipe
-
         r = default_recipe(self.method, n_params)
         min_steps = self.min_steps if self.min_steps is not None else (r.min_steps if self.epochs is None else 0)
         return replace(self, lr=r.lr if self.lr is None else self.lr,
@@ -296,8 +294,7 @@ def train(model: nn.Module, tokenizer, examples: Sequence[SFTExample], config: T
     encoded = encode_examples(tokenizer, examples)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     device = next(model.parameters()).device
-    steps_per_epoch = max(1, math.ceil(len(encoded) / config.batch_size))
-    total = max(1, math.ceil(steps_per_epoch * config.epochs), config.min_steps)
+    total = training_steps(len(encoded), config.batch_size, config.epochs, config.min_steps)
     if config.max_steps is not None:
         total = min(total, config.max_steps)
     warmup_steps = int(round(config.warmup * total))
