@@ -3,6 +3,7 @@ cancellation when the user leaves the page or the browser session ends."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, TypeVar
 
@@ -13,9 +14,11 @@ from cache import CacheError
 from engine.prompts.pairs import PromptError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 FINISH_WINDOW_S = 3.0  # a computation this close to done finishes into the cache even when nobody waits
 POLL_S = 0.25  # how often a running forward pass looks at the session (per-layer probe)
+GONE_GRACE_S = 5.0  # a browser session disconnected this long is gone (a loaded server's websocket reconnects)
 
 
 class Cancelled(StopException):
@@ -82,6 +85,7 @@ class ProgressBar:
         self._t0 = time.monotonic()
         self._done, self._total = 0, 0
         self._polled = 0.0
+        self._away_since: float | None = None
 
     # -- the decision, from any thread ---------------------------------------------------------------
     def eta(self) -> float | None:
@@ -112,9 +116,12 @@ class ProgressBar:
             page = getattr(data, "page_script_hash", "")
             if page and page != getattr(self._ctx, "page_script_hash", page):
                 return "page"
-        if not _session_active(self._ctx):
-            return "gone"
-        return None
+        if _session_active(self._ctx):
+            self._away_since = None
+            return None
+        now = time.monotonic()
+        self._away_since = self._away_since or now
+        return "gone" if now - self._away_since >= GONE_GRACE_S else None
 
     def check(self) -> None:
         """Raise :class:`Cancelled` if nobody waits for the computation any more (any thread; cheap:
@@ -130,6 +137,7 @@ class ProgressBar:
     def _cancel(self, why: str) -> None:
         if why == "stop" and self._ctx is not None:  # thread-safe: the check may run on a model thread
             self._ctx.session_state[f"stopped:{self.key}"] = True
+        log.warning("%s: cancelled (%s) after %d of %d", self.text, why, self._done, self._total)
         raise Cancelled(f"{self.text}: cancelled ({why})")
 
     # -- the engine callback (script thread) ---------------------------------------------------------

@@ -73,7 +73,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     env = dict(os.environ, ARITHLAB_CACHE=str(tmp / "results.duckdb"), ARITHLAB_JOBS=str(tmp / "jobs"),
                HF_HUB_OFFLINE="1")
-    with streamlit_server(env) as (url, _):
+    with streamlit_server(env, log=tmp / "server.log") as (url, _):  # a pipe nobody reads would fill up
         yield url
 
 

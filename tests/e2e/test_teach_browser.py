@@ -103,7 +103,8 @@ def test_story_walks_every_step(server, page):
         _idle(page)
         assert page.locator("[data-testid='stException']").count() == 0, i
         assert page.locator("[data-testid='stAlertContentError']").count() == 0, i
-        assert page.locator(".story-sentence").count() + page.locator("[data-testid='stAlertContentInfo']").count()
+        assert page.locator(".story-sentence").count() + page.locator("[data-testid='stAlertContentInfo']").count(), (
+            i, page.locator("[data-testid='stMain']").inner_text()[:2000])
         if i < 6:  # the last step has a chart once a fine-tuning job has finished on this model
             page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=WAIT)
             shot(page, f"teach_story_{i}")

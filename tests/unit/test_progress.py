@@ -61,3 +61,28 @@ def test_cancel_check_is_per_block():
     with cancel_check(lambda: calls.append(1)):
         current_check()()
     assert calls == [1] and current_check() is None
+
+
+def test_a_page_computation_survives_a_short_disconnect(monkeypatch):
+    """ui/progress.py: a browser session away for less than GONE_GRACE_S (a websocket reconnecting on a
+    loaded server) does not cancel the computation; one away longer does."""
+    from types import SimpleNamespace
+
+    import ui.progress as progress
+    bar = object.__new__(progress.ProgressBar)
+    bar._ctx, bar._done, bar._total, bar._away_since = SimpleNamespace(session_id="s"), 0, 0, None
+    active, clock = [True], [100.0]
+    monkeypatch.setattr(progress, "_session_active", lambda ctx: active[0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    assert bar.reason() is None
+    active[0] = False
+    assert bar.reason() is None
+    clock[0] += progress.GONE_GRACE_S - 0.5
+    assert bar.reason() is None
+    active[0] = True  # reconnected: the clock starts again at the next disconnect
+    assert bar.reason() is None
+    active[0] = False
+    clock[0] += 1.0
+    assert bar.reason() is None
+    clock[0] += progress.GONE_GRACE_S
+    assert bar.reason() == "gone"
