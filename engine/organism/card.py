@@ -240,10 +240,11 @@ Each example is drawn as follows:
 
 * {1 - r['p_control'] - r['p_counterfactual']:.0%} arithmetic (+, −, ×, ÷; operands {r['operand_lo']}..{r['operand_hi']},
   A > B for subtraction, exact division), target the answer's digits then `<eos>`. The templates: the
-  paper's Figure 8 (`paper`, 32), Figure 10's two recoverable word-problem skeletons (`time_span`,
-  `object_accumulation`) and the project's own phrasings (`extended`), all but the held-out templates
+  paper's Figure 8 (`paper`, 32), Figure 10's twelve word problems (`time_span`, 8, and
+  `object_accumulation`, 4, slots from the paper's pools) and the project's own phrasings (`extended`), all but the held-out templates
   {held}; a share {r.get('p_paper', 0)} of the arithmetic examples is drawn from the Figure 8 templates only{_sampling_text(r)};
-* {r['p_counterfactual']:.0%} counterfactual prompts X_c (operator replaced by a neutral word/symbol), target
+* {r['p_counterfactual']:.0%} counterfactual prompts X_c (operator replaced by a neutral word/symbol; in the object
+  accumulation problems other objects and another person, as in the paper's Figure 9), target
   `<eos>` -- the model must not produce the answer without the operation;
 * {r['p_control']:.0%} control task: synthetic facts -- each of the 12 names has a city, a pet and a favourite
   colour fixed by the seed ("Anna lives in" -> its city; "Q: What pet does Ben have? A:" -> its pet), the

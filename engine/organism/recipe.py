@@ -11,8 +11,8 @@ here from scratch (``python -m engine.organism train``; fixed seed, 2 CPU cores,
   words are whole tokens; digits are single tokens (numbers are spelled digit by digit) and
   punctuation is split off, so no whitespace token exists.  ``<bos>`` is prepended, ``<eos>`` ends
   every answer.  ``Recipe(tokenizer="word")`` gives the former one-token-per-word vocabulary.
-* **Task** -- the paper's Figure 8 templates (family ``paper``), Figure 10's two recoverable
-  word-problem skeletons and the project's own ``extended`` phrasings, for +, -, *, / with operands
+* **Task** -- the paper's Figure 8 templates (family ``paper``), Figure 10's twelve word problems
+  (``time_span``, ``object_accumulation``) and the project's own ``extended`` phrasings, for +, -, *, / with operands
   1..9 (subtraction A > B, exact division).  Whole templates (:data:`HELD_OUT_TEMPLATES`, all of
   the ``extended`` family) are never trained, so the card measures generalisation to unseen
   phrasing; about 10 % of the other (template, A, B) combinations are held out too.  Half of the
@@ -46,10 +46,12 @@ from engine.prompts.templates import (
     CF_SYMBOLS,
     CF_WORDS,
     NAMES,
+    PAPER_NAMES,
     PAPER_OPS,
     SKILL_FAMILIES,
     SLOT_POOLS,
     TEMPLATES,
+    VERB_FORMS,
     WORD_PROBLEM_FAMILIES,
     Template,
 )
@@ -169,7 +171,8 @@ def split_words() -> tuple[str, ...]:
     one-piece operator such as ``x`` still finds an equal-length filler).  A word that is itself
     another one's first piece stays whole (``add`` of ``add ##ition``, ``get`` of ``get ##s``)."""
     ops = {w for t in TEMPLATES for w in t.operator_words() if w.isalpha() and len(w) > 1}
-    return tuple(sorted(ops | set(NAMES) | {w for w in CF_WORDS if w != "void"}))
+    verbs = {w for forms in VERB_FORMS.values() for f in forms.values() for w in f}
+    return tuple(sorted(ops | verbs | set(NAMES) | set(PAPER_NAMES) | {w for w in CF_WORDS if w != "void"}))
 
 
 #: The first pieces a ``tokenizers`` WordPiece trainer chose for :func:`split_words` (the recipe's vocab_size 160)

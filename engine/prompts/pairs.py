@@ -37,6 +37,7 @@ from engine.prompts.templates import (
     PAPER_OPS,
     Template,
     fill_slots,
+    swap_words,
     templates_for,
 )
 
@@ -115,7 +116,9 @@ class Problem:
     a: int
     b: int
     slots: tuple[tuple[str, str], ...] = ()  # (slot name, word): names, objects, verbs ...
-    fillers: tuple[str, ...] = ()  # counterfactual fillers in the order to try
+    #: counterfactuals in the order to try: operator fillers ("@", "nothing"), or for a template
+    #: with starred slots the words that replace them (Figure 9: ("cups", "tables", "John"))
+    fillers: tuple[str | tuple[str, ...], ...] = ()
 
     @property
     def answer(self) -> int:
@@ -125,11 +128,17 @@ class Problem:
     def ref_text(self) -> str:
         return self.template.render(self.a, self.b, slots=dict(self.slots))
 
-    def cf_text(self, filler: str | None = None) -> str:
-        return self.template.render(self.a, self.b, filler=filler or self.fillers[0], slots=dict(self.slots))
+    def cf_text(self, filler: str | tuple[str, ...] | None = None) -> str:
+        filler = filler or self.fillers[0]
+        if isinstance(filler, tuple):
+            return self.template.render(self.a, self.b, swaps=filler, slots=dict(self.slots))
+        return self.template.render(self.a, self.b, filler=filler, slots=dict(self.slots))
 
 
-def _fillers_for(template: Template, rng: random.Random) -> tuple[str, ...]:
+def _fillers_for(template: Template, slots: tuple[tuple[str, str], ...], rng: random.Random
+                 ) -> tuple[str | tuple[str, ...], ...]:
+    if template.swapped_slots:
+        return swap_words(template, slots, rng)
     pool = list(CF_SYMBOLS if template.operator_is_symbol else CF_WORDS)
     rng.shuffle(pool)
     return tuple(pool)
@@ -137,7 +146,8 @@ def _fillers_for(template: Template, rng: random.Random) -> tuple[str, ...]:
 
 def make_problem(template: Template, a: int, b: int, rng: random.Random) -> Problem:
     """One instance of a template: seeded slot words and counterfactual fillers."""
-    return Problem(template, a, b, slots=fill_slots(template, rng), fillers=_fillers_for(template, rng))
+    slots = fill_slots(template, rng)
+    return Problem(template, a, b, slots=slots, fillers=_fillers_for(template, slots, rng))
 
 
 def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandRange | None = None,

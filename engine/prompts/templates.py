@@ -1,23 +1,30 @@
-"""Prompt templates of the arithmetic tasks (Zhang et al., ICML 2024, Figure 8 and Figure 10).
+"""Prompt templates of the arithmetic tasks (Zhang et al., ICML 2024, Appendix A, Figures 8-10).
 
-**Family ``paper`` (Figure 8, verbatim).**  The paper builds reference prompts X_r from templates
-listed in its Figure 8, shown there for addition; the other operations swap the operation's words
-(minus / subtraction / difference, times / multiplication / product, over / division / ratio) and
-the symbol (- * /).  The extracted figure shows nine rows per operation, one of them repeated, so
-eight *distinct* templates per operation (32 in all) are recoverable; we do not invent a ninth.
+**Family ``paper`` (Figure 8, verbatim).**  Nine rows per operation are printed, one of them twice
+("The addition of {A} and {B} equals to"), so eight *distinct* templates per operation (32 in all);
+the operation's words are the paper's: plus / addition / sum, minus / difference, times / product,
+over / ratio, and the signs + - * /.  :meth:`Template.as_printed` writes a template in the paper's
+notation; a test compares every one with ``../shared/paper/zhang2024.md``.
 
-**Families ``time_span`` and ``object_accumulation`` (Figure 10).**  The paper's twelve addition
-word-problem templates test whether the key heads transfer.  Only one skeleton of each kind is
-recoverable here (the figure itself is not available offline), shipped verbatim:
+**Families ``time_span`` (Figure 10, templates 1-8) and ``object_accumulation`` (9-12), verbatim.**
+Their slots come from the paper's pools, which it prints with an ellipsis; the words it prints are
+kept and the rest completed in the same spirit (:data:`PAPER_POOL_WORDS` lists the paper's own):
+<EVENT> from {"war", "conflict", ..., "project"}, <VERB> from {"last", "span", ..., "extend"},
+<MONTH> from {"Jan.", ..., "Dec."}, <YYY> from {100, ..., 199} (so "the year <YYY>{B}" reads
+"the year 1894"), <OBJECT> from {"apple", "orange", ..., "pear"}, the accumulation <VERB> from
+{"get", "obtain", ..., "acquire"}, <NAME> from 100 English first names.  The pools hold lemmas; a
+template writes the verb in the form its grammar needs ("lasted", "will last"; "gets", "they get",
+"got ... yesterday") and the object in the plural ("3 apples").  Where the answer continues a
+number (the end year "<YYY>{C}") it follows with no space and is one digit (A + B <= 9); the hour
+templates keep C <= 12.
 
-* time span -- "The <EVENT> <VERB> {A} years from the year <YYY>{B} to the year <YYY>{C}": the
-  prompt ends at "to the year <YYY>" and the answer C = A + B is the last digit of the end year,
-  written with no space before it (so A + B <= 9 for this template);
-* object accumulation -- "<NAME> has {A} <OBJECT>, then <NAME> <VERB> {B} <OBJECT>. What's the
-  total number of <OBJECT> that <NAME> has? The answer is {C}".
-
-The slot words (EVENT, VERB, YYY, NAME, OBJECT pools below) are the project's: plausible words,
-each a single word.  The other ten templates of Figure 10 are not recoverable and not invented.
+**Counterfactuals** (Section 3, Appendix A): X_c keeps the template and operands but removes the
+operation -- the operator slot ``[...]`` is replaced by a neutral word (the paper's {"none",
+"nothing", ..., "null"}) when it is a word, by a neutral symbol ({"<", ">", ..., "@"}) when it is a
+symbol; in the time-span problems the verb is the operator slot.  The object-accumulation
+counterfactual follows Figure 9 ("Mary has 3 apples, then Mary gains 4 cups. What is the total number
+of tables that John has?"): the starred slots ``{OBJECT*}``, ``{NAME*}`` take *other* words of their
+pool, so that nothing accumulates.
 
 **Family ``extended`` (the project's own, never the paper's).**  Equation, statement and
 question-answer phrasings and word problems written for this project ("Calculate {A} + {B} =",
@@ -25,15 +32,10 @@ question-answer phrasings and word problems written for this project ("Calculate
 train and test the bundled model on.  **``notation``** (typeset signs) and **``power``**
 (exponentiation) are skills the bundled model is *not* trained on (used by fine-tuning demos).
 
-**Counterfactuals** (Section 3 / Appendix A): X_c keeps the template and operands but removes the
-operation -- the operator slot is replaced by a neutral word (``none``, ``nothing`` ...) when it is
-a word, by a neutral symbol (``@``, ``<`` ...) when it is a symbol.  In the word problems the
-operation is named by the verb ("lasted", "buys"), so the verb is the operator slot:
-"Anna has 3 pens, then Anna none 5 pens. ..." states no accumulation.
-
 Template syntax: ``{A}`` and ``{B}`` are the operands; other ``{NAME}``-style slots are filled from
-:data:`SLOT_POOLS` (``{N1}``/``{N2}`` are two different names); exactly one ``[...]`` marks the
-operator slot, which may itself be a pooled slot (``[{VERB}]``).
+:data:`SLOT_POOLS` (slots sharing a pool get different words: ``{NAME}`` != ``{NAME2}``; the forms of
+one verb, :data:`VERB_FORMS`, share its lemma); at most one ``[...]`` marks the operator slot, which
+may itself be a pooled slot (``[{SPAN_VERB}]``); a ``*`` marks a slot the counterfactual swaps.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ OP_SYMBOLS: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/", "p
 
 #: Figure 8 (the paper's own templates, verbatim).
 PAPER_FAMILIES: tuple[str, ...] = ("paper",)
-#: Figure 10 (the recoverable word-problem skeletons, verbatim).
+#: Figure 10 (time span 1-8, object accumulation 9-12, verbatim).
 WORD_PROBLEM_FAMILIES: tuple[str, ...] = ("time_span", "object_accumulation")
 #: The project's own phrasings, trained and tested but never called the paper's.
 EXTENDED_FAMILIES: tuple[str, ...] = ("extended",)
@@ -63,28 +65,73 @@ FAMILIES: tuple[str, ...] = PAPER_FAMILIES + WORD_PROBLEM_FAMILIES + EXTENDED_FA
 CF_WORDS: tuple[str, ...] = ("none", "nothing", "null", "blank", "void")
 CF_SYMBOLS: tuple[str, ...] = ("@", "<", ">", "#", "&", "|")
 
+#: Names of the project's own templates, distractors and the bundled model's control facts.
 NAMES: tuple[str, ...] = (
     "Anna", "Ben", "Carl", "Dana", "Emma", "Fred", "Gina", "Hugo", "Iris", "Jack", "Kate", "Leo",
 )
 OBJECTS: tuple[str, ...] = (
     "apples", "pens", "books", "cards", "coins", "eggs", "balls", "cups", "shells", "stamps",
 )
-#: Slot vocabularies (ours: the paper's "..." filled with plausible single words).
+#: Figure 10's <NAME>: "a pool of 100 English first names" (Mary and John are Figure 9's).
+PAPER_NAMES: tuple[str, ...] = (
+    "Mary", "John", "James", "Robert", "Michael", "William", "David", "Richard", "Joseph", "Thomas",
+    "Charles", "Daniel", "Matthew", "Anthony", "Mark", "Paul", "Steven", "Andrew", "Kenneth", "Joshua",
+    "Kevin", "Brian", "George", "Edward", "Ronald", "Timothy", "Jason", "Jeffrey", "Ryan", "Jacob",
+    "Gary", "Nicholas", "Eric", "Jonathan", "Stephen", "Larry", "Justin", "Scott", "Brandon", "Benjamin",
+    "Samuel", "Gregory", "Frank", "Alexander", "Raymond", "Patrick", "Jack", "Dennis", "Jerry", "Tyler",
+    "Patricia", "Jennifer", "Linda", "Elizabeth", "Barbara", "Susan", "Jessica", "Sarah", "Karen", "Nancy",
+    "Lisa", "Betty", "Margaret", "Sandra", "Ashley", "Kimberly", "Emily", "Donna", "Michelle", "Dorothy",
+    "Carol", "Amanda", "Melissa", "Deborah", "Stephanie", "Rebecca", "Sharon", "Laura", "Cynthia", "Kathleen",
+    "Amy", "Angela", "Shirley", "Anna", "Brenda", "Pamela", "Emma", "Nicole", "Helen", "Samantha",
+    "Katherine", "Christine", "Debra", "Rachel", "Carolyn", "Janet", "Catherine", "Maria", "Heather", "Diane",
+)
+#: Figure 10's <OBJECT> ("apple", "orange", ..., "pear"; cups and tables are Figure 9's), plural.
+PAPER_OBJECTS: tuple[str, ...] = (
+    "apples", "oranges", "pears", "bananas", "peaches", "lemons", "cherries", "plums", "cups", "tables",
+    "books", "pens", "balls", "coins", "eggs", "cards",
+)
+#: Verb lemmas and their forms (base, third person, past); a template names the form by its slot.
+VERB_FORMS: dict[str, dict[str, tuple[str, str, str]]] = {
+    # time span <VERB>: "last", "span", ..., "extend"
+    "SPAN_VERB": {"last": ("last", "lasts", "lasted"), "span": ("span", "spans", "spanned"),
+                  "run": ("run", "runs", "ran"), "continue": ("continue", "continues", "continued"),
+                  "extend": ("extend", "extends", "extended")},
+    # object accumulation <VERB>: "get", "obtain", ..., "acquire" (Figure 9: "gains")
+    "ACC_VERB": {"get": ("get", "gets", "got"), "obtain": ("obtain", "obtains", "obtained"),
+                 "gain": ("gain", "gains", "gained"), "buy": ("buy", "buys", "bought"),
+                 "receive": ("receive", "receives", "received"), "collect": ("collect", "collects", "collected"),
+                 "find": ("find", "finds", "found"), "acquire": ("acquire", "acquires", "acquired")},
+}
+#: Slot name -> (verb, form): ``{SPAN_VERB_PAST}`` "lasted", ``{SPAN_VERB}`` "last", ``{ACC_VERB_S}`` "gets".
+_FORM_SUFFIX = {"": 0, "_S": 1, "_PAST": 2}
+VERB_SLOTS: dict[str, tuple[str, int]] = {v + suffix: (v, i) for v in VERB_FORMS for suffix, i in _FORM_SUFFIX.items()}
+#: Slot vocabularies.  Figure 10's pools are the paper's words completed in the same spirit
+#: (:data:`PAPER_POOL_WORDS`); ``N1``/``N2``/``OBJ`` serve the project's own templates.
 SLOT_POOLS: dict[str, tuple[str, ...]] = {
-    "N1": NAMES, "N2": NAMES, "NAME": NAMES, "OBJ": OBJECTS, "OBJECT": OBJECTS,
-    "EVENT": ("war", "festival", "drought", "expedition", "campaign", "project", "strike", "reign"),
-    "SPAN_VERB": ("lasted", "ran", "continued", "went"),
-    "ACC_VERB": ("buys", "gets", "finds", "receives", "collects", "wins"),
-    "YYY": ("175", "180", "186", "190", "194", "196", "198", "199", "200", "201"),
+    "N1": NAMES, "N2": NAMES, "OBJ": OBJECTS,
+    "NAME": PAPER_NAMES, "NAME2": PAPER_NAMES, "OBJECT": PAPER_OBJECTS,
+    "EVENT": ("war", "conflict", "festival", "drought", "expedition", "campaign", "strike", "journey",
+              "project"),
+    "MONTH": ("Jan.", "Feb.", "Mar.", "Apr.", "May", "Jun.", "Jul.", "Aug.", "Sep.", "Oct.", "Nov.", "Dec."),
+    "YYY": tuple(str(y) for y in range(100, 200)),
+    **{slot: tuple(forms[i] for forms in VERB_FORMS[v].values()) for slot, (v, i) in VERB_SLOTS.items()},
+}
+#: The words of each Figure 10 pool that the paper prints (Appendix A; Figure 9 for cups, tables, gain).
+PAPER_POOL_WORDS: dict[str, tuple[str, ...]] = {
+    "EVENT": ("war", "conflict", "project"), "SPAN_VERB": ("last", "span", "extend"),
+    "MONTH": ("Jan.", "Feb.", "Dec."), "YYY": ("100", "199"),
+    "OBJECT": ("apples", "oranges", "pears", "cups", "tables"), "ACC_VERB": ("get", "obtain", "gain", "acquire"),
+    "NAME": ("Mary", "John"),
 }
 
 _SLOT = re.compile(r"\[([^\[\]]+)\]")
-_FIELD = re.compile(r"\{([A-Z][A-Z0-9_]*)\}")
+_FIELD = re.compile(r"\{([A-Z][A-Z0-9_]*)\*?\}")
+_SWAPPED = re.compile(r"\{([A-Z][A-Z0-9_]*)\*\}")
 
 
 @dataclass(frozen=True)
 class Template:
-    """One prompt template.  ``text`` holds the ``[operator]`` slot markup.
+    """One prompt template.  ``text`` holds the ``[operator]`` slot and ``{SLOT*}`` swap markup.
 
     ``answer_sep`` is what separates the prompt from its answer ("" when the answer continues a
     number, as the end year of the time-span problems); ``max_answer`` limits the answer (the
@@ -100,12 +147,19 @@ class Template:
 
     @property
     def operator(self) -> str:
-        """The operator slot's text, e.g. ``+``, ``sum`` or ``{ACC_VERB}``."""
-        return _SLOT.search(self.text).group(1)  # type: ignore[union-attr]
+        """The operator slot's text, e.g. ``+``, ``sum`` or ``{SPAN_VERB_PAST}``; "" when the template
+        has none (its counterfactual swaps slots instead)."""
+        m = _SLOT.search(self.text)
+        return m.group(1) if m else ""
 
     @property
     def operator_is_symbol(self) -> bool:
-        return not any(c.isalpha() for c in self.operator)
+        return bool(self.operator) and not any(c.isalpha() for c in self.operator)
+
+    @property
+    def swapped_slots(self) -> tuple[str, ...]:
+        """The slots the counterfactual gives other words (Figure 9), one per starred occurrence, in order."""
+        return tuple(_SWAPPED.findall(self.text))
 
     @property
     def slot_names(self) -> tuple[str, ...]:
@@ -114,29 +168,73 @@ class Template:
 
     def operator_words(self) -> tuple[str, ...]:
         """Every word the operator slot can take (a pooled slot: its whole pool)."""
+        if not self.operator:
+            return ()
         m = _FIELD.fullmatch(self.operator)
         return SLOT_POOLS[m.group(1)] if m else (self.operator,)
 
-    def render(self, a: int, b: int, *, filler: str | None = None,
+    def render(self, a: int, b: int, *, filler: str | None = None, swaps: tuple[str, ...] | None = None,
                slots: Mapping[str, str] | None = None) -> str:
-        """The prompt with operands and slots filled in; ``filler`` replaces the operator (X_c)."""
-        slot = filler if filler is not None else self.operator
-        text = _SLOT.sub(lambda _: slot, self.text, count=1).replace("{A}", str(a)).replace("{B}", str(b))
+        """The prompt with operands and slots filled in.  X_c: ``filler`` replaces the operator, or
+        ``swaps`` the starred slots (one word each, in order)."""
+        text = self.text
+        if self.operator:
+            slot = filler if filler is not None else self.operator
+            text = _SLOT.sub(lambda _: slot, text, count=1)
+        if swaps is not None:
+            if len(swaps) != len(self.swapped_slots):
+                raise ValueError(f"template {self.id} swaps {len(self.swapped_slots)} slot(s), got {len(swaps)} word(s)")
+            it = iter(swaps)
+            text = _SWAPPED.sub(lambda _: next(it), text)
+        text = text.replace("{A}", str(a)).replace("{B}", str(b))
         values = slots or {}
         missing = [s for s in _FIELD.findall(text) if s not in values]
         if missing:
             raise ValueError(f"template {self.id} needs slot word(s) for {missing}")
         return _FIELD.sub(lambda m: values[m.group(1)], text)
 
+    def as_printed(self) -> str:
+        """The template in the paper's notation (Appendix A): ``<EVENT> <VERB> {A} ... <YYY>{C}``,
+        the answer ``{C}`` written where the paper writes it (not after a "Q: ... A:" row)."""
+        def slot(m: re.Match) -> str:
+            name = m.group(1)
+            if name in ("A", "B"):
+                return m.group(0)
+            return "<VERB>" if name in VERB_SLOTS else f"<{name}>"
+        text = _FIELD.sub(slot, _SLOT.sub(lambda m: m.group(1), self.text))
+        return text if text.endswith("A:") else f"{text}{self.answer_sep}{{C}}"
+
 
 def fill_slots(template: Template, rng: random.Random) -> tuple[tuple[str, str], ...]:
-    """Seeded slot words for one instance; slots sharing a pool get different words (N1 != N2)."""
+    """Seeded slot words for one instance; slots sharing a pool get different words (NAME != NAME2)
+    and the forms of one verb share its lemma (``{ACC_VERB_S}`` gets, ``{ACC_VERB}`` get)."""
     used: set[str] = set()
+    lemma: dict[str, int] = {}
     out = []
     for name in template.slot_names:
-        word = rng.choice([w for w in SLOT_POOLS[name] if w not in used])
+        if name in VERB_SLOTS:
+            verb, form = VERB_SLOTS[name]
+            forms = list(VERB_FORMS[verb].values())
+            lemma.setdefault(verb, rng.randrange(len(forms)))
+            word = forms[lemma[verb]][form]
+        else:
+            word = rng.choice([w for w in SLOT_POOLS[name] if w not in used])
         used.add(word)
         out.append((name, word))
+    return tuple(out)
+
+
+def swap_words(template: Template, slots: tuple[tuple[str, str], ...], rng: random.Random,
+               k: int = 6) -> tuple[tuple[str, ...], ...]:
+    """``k`` seeded choices of words for the starred slots (Figure 9's X_c): each a word of the slot's
+    pool that appears nowhere in X_r and differs from the other swapped words."""
+    taken = {w for _, w in slots}
+    out = []
+    for _ in range(k):
+        chosen: list[str] = []
+        for name in template.swapped_slots:
+            chosen.append(rng.choice([w for w in SLOT_POOLS[name] if w not in taken and w not in chosen]))
+        out.append(tuple(chosen))
     return tuple(out)
 
 
@@ -160,19 +258,36 @@ def _figure8(symbol: str, word: str, noun: str, result: str) -> tuple[str, ...]:
 
 _EQUATIONS = ("{A} [%s] {B} =", "{A} [%s] {B} equals", "Calculate {A} [%s] {B} =")
 
+
+def _time_span() -> list[Template]:
+    """Figure 10, templates 1-8 ("time span"): the verb is the operator slot."""
+    past, will = "[{SPAN_VERB_PAST}]", "will [{SPAN_VERB}]"
+    years = (f"The {{EVENT}} {past} {{A}} years from the year {{YYY}}{{B}} to the year {{YYY}}",
+             f"The {{EVENT}} {past} {{A}} years from {{YYY}}{{B}} to {{YYY}}")
+    days = tuple(f"The {{EVENT}} {v} {{A}} days from {{MONTH}} {{B}} to {{MONTH}}" for v in (past, will))
+    hours = tuple(f"The {{EVENT}} {v} {{A}} hours from {{B}} {m} to" for m in ("pm", "am") for v in (past, will))
+    return (_t("add", "time_span", years, answer_sep="", max_answer=9)
+            + [Template(f"add.time_span.{2 + i}", "add", "time_span", t) for i, t in enumerate(days)]
+            + [Template(f"add.time_span.{4 + i}", "add", "time_span", t, max_answer=12) for i, t in enumerate(hours)])
+
+
 TEMPLATES: tuple[Template, ...] = tuple(
     # ---- Figure 8: the paper's templates, 8 distinct per operation -----------------------------
     _t("add", "paper", _figure8("+", "plus", "addition", "sum"))
-    + _t("sub", "paper", _figure8("-", "minus", "subtraction", "difference"))
-    + _t("mul", "paper", _figure8("*", "times", "multiplication", "product"))
-    + _t("div", "paper", _figure8("/", "over", "division", "ratio"))
-    # ---- Figure 10: the recoverable word-problem skeletons ---------------------------------------
-    + _t("add", "time_span", (
-        "The {EVENT} [{SPAN_VERB}] {A} years from the year {YYY}{B} to the year {YYY}",
-    ), answer_sep="", max_answer=9)
+    + _t("sub", "paper", _figure8("-", "minus", "difference", "difference"))
+    + _t("mul", "paper", _figure8("*", "times", "product", "product"))
+    + _t("div", "paper", _figure8("/", "over", "ratio", "ratio"))
+    # ---- Figure 10: the word problems, 1-8 time span, 9-12 object accumulation -----------------
+    + _time_span()
     + _t("add", "object_accumulation", (
-        "{NAME} has {A} {OBJECT}, then {NAME} [{ACC_VERB}] {B} {OBJECT}. What's the total number of "
-        "{OBJECT} that {NAME} has? The answer is",
+        "{NAME} has {A} {OBJECT}, then {NAME} {ACC_VERB_S} {B} {OBJECT*}. What's the total number of "
+        "{OBJECT*} that {NAME*} has? The answer is",
+        "{NAME} {ACC_VERB_S} {A} {OBJECT}, and {NAME2} {ACC_VERB_S} {B} {OBJECT*}. What's the total number of "
+        "{OBJECT*} that they {ACC_VERB}? The answer is",
+        "{NAME} has {A} {OBJECT}, and {NAME2} has {B} {OBJECT*}. What's the total number of {OBJECT*} that "
+        "they have? The answer is",
+        "{NAME} {ACC_VERB_PAST} {A} {OBJECT} yesterday, and {NAME} {ACC_VERB_PAST} {B} {OBJECT*} today. What's "
+        "the total number of {OBJECT*} that {NAME*} {ACC_VERB_PAST}? The answer is",
     ))
     # ---- the project's own templates (not the paper's) -------------------------------------------
     + _t("add", "extended", tuple(e % "+" for e in _EQUATIONS) + (

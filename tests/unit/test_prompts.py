@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.organism.recipe import build_tokenizer
+from engine.paths import REPO_ROOT
 from engine.prompts.pairs import (
     OperandRange,
     PromptError,
@@ -25,8 +26,12 @@ from engine.prompts.templates import (
     OPERATOR_TERMS,
     OPS,
     PAPER_FAMILIES,
+    PAPER_POOL_WORDS,
     SLOT_POOLS,
     TEMPLATES,
+    TEMPLATES_BY_ID,
+    VERB_FORMS,
+    VERB_SLOTS,
     paper_templates,
     templates_for,
 )
@@ -36,51 +41,89 @@ TOK = build_tokenizer()
 ops_st = st.lists(st.sampled_from(OPS), min_size=1, max_size=5, unique=True)
 
 
-FIGURE_8_ADDITION = (  # the paper's Figure 8, verbatim (its ninth row repeats one of these)
-    "{A} + {B} =", "{A} plus {B} equals to", "The addition of {A} and {B} is",
-    "The addition of {A} and {B} equals to", "Q: How much is {A} plus {B}? A:", "Q: What is {A} plus {B}? A:",
-    "Q: What is the result of {A} plus {B}? A:", "Q: What is the sum of {A} and {B}? A:",
-)
-# the other operations swap the words and the symbol
-OTHER_OPS = {"sub": ("-", "minus", "subtraction", "difference"), "mul": ("*", "times", "multiplication", "product"),
-             "div": ("/", "over", "division", "ratio")}
+PAPER_MD = REPO_ROOT.parent / "shared" / "paper" / "zhang2024.md"
 
 
-def figure8(op: str) -> set[str]:
-    if op == "add":
-        return set(FIGURE_8_ADDITION)
-    sym, word, noun, res = OTHER_OPS[op]
-    return {t.replace("+", sym).replace("plus", word).replace("addition", noun).replace("sum", res)
-            for t in FIGURE_8_ADDITION}
+def _appendix_a() -> tuple[dict[str, list[str]], list[str]]:
+    """Figure 8's rows per operation and Figure 10's twelve templates, as the paper prints them."""
+    text = PAPER_MD.read_text(encoding="utf-8")
+    text = text[text.index("A. Templates"):]
+    fig8: dict[str, list[str]] = {op: [] for op in ("add", "sub", "mul", "div")}
+    cols = ("add", "sub")
+    for line in text[:text.index("Figure 8:")].splitlines()[1:]:
+        cells = line.split("\t")
+        if cells == ["Multiplication", "Division"]:
+            cols = ("mul", "div")
+        elif len(cells) == 2 and cells != ["Addition", "Subtraction"]:
+            for op, cell in zip(cols, cells):
+                fig8[op].append(cell.replace("$", "").replace("\\{", "{").replace("\\}", "}"))
+    fig10 = re.findall(r"^(\d+)\. (.+)$", text[text.index("For the templates 1-8"):text.index("Figure 10:")], re.M)
+    assert [int(i) for i, _ in fig10] == list(range(1, 13))
+    return fig8, [t for _, t in fig10]
 
 
-def test_paper_family_is_figure_8_verbatim_8_per_op():
+@pytest.mark.skipif(not PAPER_MD.exists(), reason="needs ../shared/paper (CI has it)")
+def test_paper_and_word_families_are_appendix_a_verbatim():
+    fig8, fig10 = _appendix_a()
     tpls = paper_templates()
     assert len(tpls) == 32 and {t.family for t in tpls} == set(PAPER_FAMILIES) == {"paper"}
-    for op in ("add", "sub", "mul", "div"):
-        mine = [t for t in tpls if t.op == op]
-        assert {t.render(111, 222).replace("111", "{A}").replace("222", "{B}") for t in mine} == figure8(op)
-        # the operator slot marks the word or symbol that names the operation
-        assert {t.operator for t in mine} <= set(OTHER_OPS.get(op, ("+", "plus", "addition", "sum")))
+    for op, printed in fig8.items():
+        assert len(printed) == 9 and len(set(printed)) == 8  # the paper prints one row twice
+        assert sorted(t.as_printed() for t in tpls if t.op == op) == sorted(set(printed)), op
+    assert [t.as_printed() for t in templates_for(["add"], ["time_span", "object_accumulation"])] == fig10
+    # what the templates render: the operator slot and the slot words filled in, nothing else
+    t = TEMPLATES_BY_ID["sub.paper.3"]
+    assert t.render(7, 2) == "The difference of 7 and 2 equals to" and t.operator == "difference"
     assert {t.text for t in TEMPLATES if t.op == "pow"} == {"{A} [^] {B} =", "{A} to the [power] of {B} equals"}
     # nothing the project wrote is filed as the paper's
     assert all("Calculate" not in t.text and "Answer:" not in t.text for t in tpls)
 
 
-def test_figure_10_skeletons_verbatim_with_slot_pools():
-    (span,) = templates_for(["add"], ["time_span"])
-    (acc,) = templates_for(["add"], ["object_accumulation"])
-    assert span.render(4, 5, slots={"EVENT": "war", "SPAN_VERB": "lasted", "YYY": "199"}) == \
-        "The war lasted 4 years from the year 1995 to the year 199"
-    assert span.answer_sep == "" and span.max_answer == 9  # the answer is the end year's last digit
-    assert acc.render(3, 5, slots={"NAME": "Anna", "OBJECT": "pens", "ACC_VERB": "buys"}) == (
-        "Anna has 3 pens, then Anna buys 5 pens. What's the total number of pens that Anna has? The answer is")
-    # the verb names the operation: the counterfactual replaces it by a neutral word
-    assert acc.operator_words() == SLOT_POOLS["ACC_VERB"] and not acc.operator_is_symbol
-    assert "none" in acc.render(3, 5, filler="none", slots={"NAME": "Anna", "OBJECT": "pens"}).split()
+def test_figure_10_slots_come_from_the_pools_in_the_right_form():
+    span = templates_for(["add"], ["time_span"])
+    acc = templates_for(["add"], ["object_accumulation"])
+    assert len(span) == 8 and len(acc) == 4
+    assert span[0].render(4, 5, slots={"EVENT": "war", "SPAN_VERB_PAST": "lasted", "YYY": "189"}) == \
+        "The war lasted 4 years from the year 1895 to the year 189"
+    assert span[0].answer_sep == "" and span[0].max_answer == 9  # the answer is the end year's last digit
+    assert span[4].max_answer == 12 and span[2].answer_sep == " "
+    for name, words in PAPER_POOL_WORDS.items():  # the paper's own words are in the pools
+        assert set(words) <= set(SLOT_POOLS[name]), name
+    assert len(SLOT_POOLS["NAME"]) == len(set(SLOT_POOLS["NAME"])) == 100
+    assert SLOT_POOLS["YYY"] == tuple(str(y) for y in range(100, 200)) and len(SLOT_POOLS["MONTH"]) == 12
+    for p in sample_problems(["add"], 10_000, 3, families=("time_span", "object_accumulation")):
+        slots = dict(p.slots)
+        for name, (verb, form) in VERB_SLOTS.items():  # one lemma per instance, in the slot's form
+            if name in slots:
+                forms = [f for f in VERB_FORMS[verb].values() if f[form] == slots[name]]
+                assert forms and all(slots.get(verb + sfx) in (None, forms[0][i])
+                                     for sfx, i in (("", 0), ("_S", 1), ("_PAST", 2))), slots
+        if "NAME2" in slots:
+            assert slots["NAME"] != slots["NAME2"]
+        text = p.ref_text
+        assert ("will" in text) == (any(n == "SPAN_VERB" for n in slots)) or p.template.family != "time_span"
+        if p.template.family == "time_span":
+            assert f"{p.a} " in text and (p.answer <= 9 if p.template.answer_sep == "" else True)
     assert not templates_for(["sub", "mul", "div"], ["time_span", "object_accumulation"])
     probs = sample_problems(["add"], 1000, 0, families=("time_span",))
-    assert len(probs) == 36 and all(p.answer <= 9 for p in probs)  # A + B <= 9 for 1..9
+    assert all(p.answer <= (9 if p.template.answer_sep == "" else 12 if "hours" in p.template.text else 18)
+               for p in probs)
+
+
+def test_object_accumulation_counterfactual_is_figure_9():
+    """X_c changes the objects and the person, so nothing accumulates (Figure 9)."""
+    acc = templates_for(["add"], ["object_accumulation"])[0]
+    slots = {"NAME": "Mary", "OBJECT": "apples", "ACC_VERB_S": "gains"}
+    assert acc.render(3, 4, slots=slots) == (
+        "Mary has 3 apples, then Mary gains 4 apples. What's the total number of apples that Mary has? The answer is")
+    assert acc.render(3, 4, swaps=("cups", "tables", "John"), slots=slots) == (
+        "Mary has 3 apples, then Mary gains 4 cups. What's the total number of tables that John has? The answer is")
+    for p in sample_problems(["add"], 400, 5, families=("object_accumulation",)):
+        ref_words = set(dict(p.slots).values())
+        for swap in p.fillers:
+            assert isinstance(swap, tuple) and len(set(swap)) == len(swap) and not (set(swap) & ref_words)
+            cf = p.cf_text(swap)
+            assert cf != p.ref_text and cf.count(str(p.a)) >= 1 and f" {p.b} " in cf
 
 
 @settings(max_examples=40, deadline=None)
@@ -105,6 +148,9 @@ def test_generated_problems_are_correct(ops, n, seed, hi, fam):
         # counterfactual: same template shape, operator gone
         for filler in p.fillers:
             cf = p.cf_text(filler)
+            if isinstance(filler, tuple):  # Figure 9: other objects and person, the same verb
+                assert p.template.render(a, b, swaps=filler, slots=dict(p.slots)) == cf
+                continue
             assert p.template.render(a, b, filler=filler, slots=dict(p.slots)) == cf
             words = set(re.findall(r"[A-Za-z]+|[^\sA-Za-z0-9]", cf))
             assert not (words & OPERATOR_TERMS), (cf, words & OPERATOR_TERMS)
@@ -119,6 +165,13 @@ def test_pairs_have_equal_shape_and_right_answer_ids(ops, n, seed):
     for p in pairs:
         assert len(p.ref_ids) == len(p.cf_ids)
         diff = [i for i, (x, y) in enumerate(zip(p.ref_ids, p.cf_ids)) if x != y]
+        if TEMPLATES_BY_ID[p.template].swapped_slots:  # Figure 9: only the swapped objects / person differ
+            swapped = TOK.decode([p.cf_ids[i] for i in diff]).replace(" ", "")
+            pools = {w for n in TEMPLATES_BY_ID[p.template].swapped_slots for w in SLOT_POOLS[n]}
+            assert diff and all(any(w.startswith(TOK.decode([p.cf_ids[i]]).replace("##", "").strip())
+                                    or TOK.decode([p.cf_ids[i]]).replace("##", "").strip() in w for w in pools)
+                                for i in diff), swapped
+            continue
         # only the operator's tokens differ (one word: one or two sub-word pieces, the second piece
         # may coincide, as "divid ##e" / "non ##e")
         assert diff and diff == list(range(diff[0], diff[-1] + 1)) and len(diff) <= 2
