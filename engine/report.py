@@ -39,6 +39,7 @@ class Report:
     lens: list[dict[str, Any]]                      # layer, mean_prob, median_rank, top1
     knockout: list[dict[str, Any]]                  # k, top_accuracy, random_mean, ...
     notes: list[str] = field(default_factory=list)
+    paper: list[dict[str, Any]] = field(default_factory=list)  # the paper's findings (engine.techniques.paper)
 
 
 def versions() -> dict[str, str]:
@@ -57,9 +58,11 @@ def versions() -> dict[str, str]:
     return out
 
 
-def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: int = 3,
-                 progress: ProgressFn | None = None) -> Report:
-    """Every number of the report for ``model`` on the prompt set ``spec`` (cached where possible)."""
+def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: int = 3, paper: bool = False,
+                 second=None, progress: ProgressFn | None = None) -> Report:
+    """Every number of the report for ``model`` on the prompt set ``spec`` (cached where possible); with
+    ``paper``, also the paper's findings one row each (:func:`engine.techniques.paper.reproduce`, ``second``:
+    a second loaded model for Fig. 12)."""
     from engine.techniques.ablation import cached_knockout_curve
     from engine.techniques.accuracy import kept_pairs
     from engine.techniques.attention import cached_role_attention
@@ -100,6 +103,10 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     for p in pairs:
         kept[p.op] = kept.get(p.op, 0) + 1
     notes = [n for n in (table.effect_note(),) if n]
+    findings = []
+    if paper:
+        from engine.techniques.paper import reproduce
+        findings = [r.to_json() for r in reproduce(model, spec, cache, second=second)]
     return Report(
         title=f"Arithmetic circuits of {f.spec}",
         created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -115,4 +122,5 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
         lens=[r.__dict__ for r in lens if r.group == "*"],
         knockout=[p.__dict__ for p in curve],
         notes=notes,
+        paper=findings,
     )

@@ -6,25 +6,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from engine.finetune.errors import FinetuneError
 from ui.progress import USER_ERRORS  # FinetuneError is a ValueError
-
-
-def finished_jobs_of(model) -> list[tuple[object, dict]]:
-    """(job status, fine-tuning record) of every finished (or stopped) job that tuned ``model``, newest first."""
-    from engine.finetune.jobs import list_jobs
-    from engine.finetune.run import read_record
-    out = []
-    for job in list_jobs():
-        if job.state not in ("finished", "stopped") or not job.out_dir:
-            continue
-        try:
-            record = read_record(job.out_dir)
-        except FinetuneError:
-            continue
-        if record is not None and record.get("base_fingerprint") == model.facts.fingerprint:
-            out.append((job, record))
-    return sorted(out, key=lambda jr: -jr[0].updated)
 
 
 def comparison_rows(model, tuned, cache):

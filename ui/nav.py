@@ -18,6 +18,7 @@ class PageDef:
 PAGES = (
     PageDef("app_pages/0_Home.py", "Home", ":material/home:", ""),
     PageDef("app_pages/8_Story.py", "Story", ":material/auto_stories:", "Story"),
+    PageDef("app_pages/9_Paper.py", "Paper", ":material/fact_check:", "Paper"),
     PageDef("app_pages/1_Prompt_lab.py", "Prompt lab", ":material/edit:", "Prompt_lab"),
     PageDef("app_pages/2_Patching_heatmap.py", "Path patching", ":material/grid_on:", "Patching_heatmap"),
     PageDef("app_pages/3_MLP_projections.py", "MLP projections", ":material/show_chart:", "MLP_projections"),

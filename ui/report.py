@@ -72,6 +72,14 @@ def _table(rows: list[dict], fmt: str = "{:.4g}") -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def paper_table(rows: list[dict]) -> str:
+    """The paper's findings (``PaperFinding.to_json`` rows) as an HTML table: holds / does not hold / why not."""
+    verdict = {True: "holds", False: "does not hold", None: "not computed"}
+    return _table([{"finding": f"{r['figure']}: {r['claim']}", "paper": r["paper"],
+                    "this model": r["lab"] or "-", "verdict": verdict[r["holds"]], "how judged": r["note"]}
+                   for r in rows]).replace("<td>", "<td style='text-align:left'>")
+
+
 def render_html(rep: Report) -> str:
     """The whole report as one HTML string (libraries inlined: opens offline)."""
     import vl_convert
@@ -91,6 +99,8 @@ def render_html(rep: Report) -> str:
             f"<h2>Top heads</h2>{_table(rep.top_heads)}"
             + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in rep.notes))
     versions = _table([rep.versions])
+    if rep.paper:
+        meta = f"<h2>The paper's findings on this model</h2>{paper_table(rep.paper)}" + meta
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(rep.title)}</title>
 <style>

@@ -139,9 +139,10 @@ def step_knockout(model, spec, cache) -> None:
 
 
 def step_improve(model, spec, cache) -> None:
-    from ui.improve_views import comparison_chart, comparison_rows, finished_jobs_of
+    from engine.finetune.jobs import finished_jobs_of
+    from ui.improve_views import comparison_chart, comparison_rows
     from ui.session import ModelChoice, loaded_model
-    jobs = finished_jobs_of(model)
+    jobs = finished_jobs_of(model.facts.fingerprint)
     if not jobs:
         st.info("No fine-tuning job has finished on this model yet. On the **Improve** page, start precise SFT of "
                 "the heatmap's top-k heads (a background job with a live loss curve); its base vs tuned comparison "

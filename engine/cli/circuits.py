@@ -56,6 +56,13 @@ def add_parsers(sub, model_args: Callable, set_args: Callable) -> None:
     p.add_argument("--k-max", type=int, default=10, help="knockout curve up to k heads (default 10)")
     p.add_argument("--draws", type=int, default=5, help="random draws per k of the knockout curve (default 5)")
 
+    p = sub.add_parser("reproduce", help="the paper's findings, one row each, on this model -> one offline HTML file")
+    model_args(p)
+    set_args(p, "paper", with_file=False)
+    p.add_argument("--out", required=True, type=Path, help="output .html")
+    p.add_argument("--compare", default=None, metavar="MODEL",
+                   help="a second model for Fig. 12 (same forms as --model)")
+
     p = sub.add_parser("logit-lens", help="the answer's probability and rank at END after every layer -> CSV")
     model_args(p)
     set_args(p, "paper", with_file=True)
@@ -161,7 +168,22 @@ def cmd_report(args, tools: CliTools) -> int:
     return 0
 
 
+def cmd_reproduce(args, tools: CliTools) -> int:
+    """``reproduce``: the report with the paper's findings first (holds / does not hold / why not)."""
+    from engine.backends import open_model
+    from engine.report import build_report
+    from ui.report import render_html
+    model = tools.model(args)
+    second = open_model(args.compare, device=model.facts.device) if args.compare else None
+    rep = build_report(model, tools.spec(args), tools.cache(args), paper=True, second=second)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render_html(rep), encoding="utf-8")
+    tools.print({"out": str(args.out), "bytes": args.out.stat().st_size,
+                 "findings": [{k: r[k] for k in ("figure", "lab", "holds", "note")} for r in rep.paper]})
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, CliTools], int]] = {
     "attribution": cmd_attribution, "position-patch": cmd_position_patch, "logit-lens": cmd_logit_lens,
-    "head-patch": cmd_head_patch, "report": cmd_report,
+    "head-patch": cmd_head_patch, "report": cmd_report, "reproduce": cmd_reproduce,
 }

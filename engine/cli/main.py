@@ -627,7 +627,8 @@ def _circuits_command(name: str) -> Callable[[argparse.Namespace], int]:
     return lambda args: cli_circuits.COMMANDS[name](args, tools)
 
 
-COMMANDS.update({name: _circuits_command(name) for name in ("attribution", "position-patch", "logit-lens", "report")})
+COMMANDS.update({name: _circuits_command(name)
+                 for name in ("attribution", "position-patch", "logit-lens", "report", "reproduce")})
 
 
 

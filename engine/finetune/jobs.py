@@ -186,6 +186,24 @@ def list_jobs(*, root: Path | None = None) -> list[JobStatus]:
     return [read_job(d) for d in sorted(root.iterdir(), reverse=True) if (d / "status.json").exists()]
 
 
+def finished_jobs_of(fingerprint: str, *, root: Path | None = None) -> list[tuple[JobStatus, dict]]:
+    """(job status, fine-tuning record) of every finished (or stopped) job that tuned the model with this
+    fingerprint, newest first (an unreadable record is skipped)."""
+    from engine.finetune.errors import FinetuneError
+    from engine.finetune.run import read_record
+    out = []
+    for job in list_jobs(root=root):
+        if job.state not in ("finished", "stopped") or not job.out_dir:
+            continue
+        try:
+            record = read_record(job.out_dir)
+        except FinetuneError:
+            continue
+        if record is not None and record.get("base_fingerprint") == fingerprint:
+            out.append((job, record))
+    return sorted(out, key=lambda jr: -jr[0].updated)
+
+
 def losses(job_dir: str | Path) -> list[dict]:
     p = Path(job_dir) / "progress.jsonl"
     if not p.exists():

@@ -52,14 +52,19 @@ def circuit_summary(model, pairs: Sequence[PromptPair], cache) -> list[Finding]:
     return out
 
 
-def _key_heads(table) -> Finding:
+def sparsity(table) -> tuple[int, int]:
+    """(heads whose path-patching effect is KEY_EFFECT or stronger, all heads)."""
     heads = [v for v in table.values if v.component == "head" and v.metric == "effect" and v.group == "*"]
-    n_key = sum(1 for v in heads if v.value <= KEY_EFFECT)
+    return sum(1 for v in heads if v.value <= KEY_EFFECT), len(heads)
+
+
+def _key_heads(table) -> Finding:
+    n_key, n = sparsity(table)
     top = table.top_heads(3)
     names = ", ".join(f"{layer}.{h} ({e:+.2f})" for layer, h, e in top)
-    share = 100 * n_key / max(1, len(heads))
+    share = 100 * n_key / max(1, n)
     return Finding("key heads", f"Path patching on {table.n_pairs} prompt pairs: the top heads are {names}; "
-                   f"{n_key} of {len(heads)} heads ({share:.1f} %) change the answer logit by "
+                   f"{n_key} of {n} heads ({share:.1f} %) change the answer logit by "
                    f"{abs(KEY_EFFECT):.0%} or more.", "Patching_heatmap", True)
 
 

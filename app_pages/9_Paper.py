@@ -1,0 +1,73 @@
+"""Paper: the paper's findings, one row each, its number beside the lab's on the current model and set."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from ui import state
+from ui.charts import heatmap, heatmap_frame, heatmap_limit
+from ui.nav import page_def, page_link
+from ui.progress import USER_ERRORS, run_with_progress
+from ui.session import ModelChoice, loaded_model, result_cache, setup_page
+
+model, spec = setup_page(
+    "Paper",
+    "Zhang et al., ICML 2024, finding by finding: the paper's number, the lab's number on the sidebar's model "
+    "and prompt set, and whether the finding holds here by the stated criterion. What is not cached yet is "
+    "computed here; a finding that cannot be computed on this model says why.")
+
+second_spec = st.text_input("Second model for Fig. 12 (optional)",
+                            placeholder="e.g. the path of a tuned model, or a .gguf file",
+                            help="Compared on the same prompt set and one colour scale.",
+                            **state.bind("paper_second_input", "paper_second", "")).strip()
+second = None
+if second_spec:
+    choice = st.session_state.get("model_choice", ModelChoice())
+    second = loaded_model(ModelChoice(second_spec, choice.device, choice.dtype, choice.backend, False))
+    if second is None:
+        st.stop()
+
+cache = result_cache()
+
+
+def compute(progress):
+    from engine.techniques.paper import reproduce
+    return reproduce(model, spec, cache, second=second, progress=progress)
+
+
+rows = run_with_progress("The paper's findings", "check the paper's findings", compute, stop=True)
+verdict = {True: "✅ holds", False: "❌ does not hold", None: "— not computed"}
+df = pd.DataFrame([{"finding": r.figure, "claim": r.claim, "paper": r.paper, "this model": r.lab or "–",
+                    "verdict": verdict[r.holds], "how judged": r.note} for r in rows])
+n_holds = sum(r.holds is True for r in rows)
+n_computed = sum(r.holds is not None for r in rows)
+st.markdown(f"**{n_holds} of {n_computed}** findings computed on `{model.facts.spec}` hold "
+            f"({len(rows) - n_computed} not computed: see *how judged*).")
+st.dataframe(df, hide_index=True, width="stretch",
+             column_config={"claim": st.column_config.TextColumn(width="medium"),
+                            "how judged": st.column_config.TextColumn(width="large")})
+st.download_button("Findings (CSV)", df.to_csv(index=False).encode(), "paper_findings.csv", "text/csv")
+
+st.subheader("Where each finding is shown")
+for page in dict.fromkeys(r.page for r in rows):
+    p = page_def(page)
+    page_link(p.script, f"{p.title}: " + ", ".join(r.figure for r in rows if r.page == page), p.icon)
+
+if second is not None:
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.patching import cached_path_patching
+    st.subheader("Fig. 12: two models on one colour scale")
+    frames = []
+    try:
+        for m in (model, second):
+            pairs, _ = kept_pairs(m, spec, cache=cache)
+            heads, mlps = cached_path_patching(m, pairs, cache=cache)[0].heatmap("effect", "*")
+            frames.append((m.facts.spec, heatmap_frame(heads, mlps)))
+    except USER_ERRORS as e:
+        st.error(f"Cannot draw the two heatmaps: {e}")
+        st.stop()
+    lim = max(heatmap_limit(f) for _, f in frames)
+    for col, (name, frame) in zip(st.columns(2), frames):
+        col.caption(f"`{name}`: relative effect of each head and MLP")
+        col.altair_chart(heatmap(frame, "effect", lim), width="stretch", key=f"paper_heatmap_{name}")

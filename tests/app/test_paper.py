@@ -1,0 +1,40 @@
+"""AppTest of the Paper page: one row per finding of the paper, each with the lab's number or the reason
+there is none; a second model gives Fig. 12 on one colour scale; a bad second model is an st.error."""
+
+from __future__ import annotations
+
+from engine.models.spec import ORGANISM_DIR
+from tests.app.conftest import errors, page
+
+
+def _table(at):
+    return at.dataframe[0].value
+
+
+def test_every_finding_has_a_number_or_a_reason():
+    at = page("9_Paper.py", n=8).run()
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+    df = _table(at)
+    assert list(df["finding"]) == ["Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14", "Fig. 7", "Table 3",
+                                   "Table 4", "Fig. 12", "Tables 1 / 2 / 5"]
+    for _, row in df.iterrows():
+        assert row["this model"] != "–" or row["verdict"].endswith("not computed"), row.to_dict()
+        assert row["how judged"], row.to_dict()
+    # the bundled model does the paper's templates: the circuit rows are computed
+    computed = df[df["this model"] != "–"]["finding"].tolist()
+    assert {"Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14"} <= set(computed), computed
+    assert df.loc[df["finding"] == "Fig. 12", "how judged"].item().startswith("pick a second model")
+
+
+def test_second_model_fills_fig_12_and_a_bad_one_is_an_error():
+    at = page("9_Paper.py", n=8).run()
+    at.text_input(key="paper_second_input").set_value(str(ORGANISM_DIR)).run()
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+    df = _table(at)
+    assert df.loc[df["finding"] == "Fig. 12", "this model"].item().startswith(str(ORGANISM_DIR))
+    assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == 2
+    at.text_input(key="paper_second_input").set_value("/no/such/model").run()
+    assert not at.exception, at.exception
+    assert any("Cannot load model" in e for e in errors(at)), errors(at)
