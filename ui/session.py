@@ -79,7 +79,9 @@ def model_choice() -> ModelChoice:
     """The sidebar's model picker; the choice persists across pages in session state."""
     current: ModelChoice = st.session_state.get("model_choice", ModelChoice())
     for key, value in _model_widget_values(current).items():  # seeded from the choice (no value= below)
-        st.session_state.setdefault(key, value)
+        # re-assigned on every run, not only seeded: each page's sidebar is another widget with the same key,
+        # and Streamlit would otherwise show it empty on every other page change
+        st.session_state[key] = st.session_state.get(key, value)
     with st.sidebar:
         st.subheader("Model")
         with st.form("model_form", border=False):

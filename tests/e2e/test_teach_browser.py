@@ -58,6 +58,8 @@ def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
     for title in ("Path patching", "MLP projections", "Knockout", "Story"):
         _nav(page, title)
         page.get_by_text(f"Typed prompt: {PROMPT}").first.wait_for(timeout=WAIT)
+        # the sidebar's model box keeps showing the loaded model on every page (it was empty on every other one)
+        assert page.get_by_label("Model", exact=True).input_value() == "organism", title
     _nav(page, "Prompt lab")
     assert page.get_by_label("Prompt", exact=True).input_value() == PROMPT
 
