@@ -9,8 +9,8 @@ import streamlit as st
 
 from cache import CacheError
 from engine.prompts.pairs import PromptError
-from engine.prompts.promptsets import PromptSetSpec
-from engine.prompts.templates import PAPER_FAMILIES, WORD_PROBLEM_FAMILIES
+from engine.prompts.promptsets import PromptSetSpec, format_spec
+from engine.prompts.templates import PAPER_FAMILIES
 from engine.techniques.accuracy import keep_correct, kept_pairs
 from engine.techniques.transfer import benchmark_pairs, transfer
 from ui.progress import cancellable, progress_bar
@@ -34,7 +34,8 @@ model, spec = setup_page(
     "are knocked out. If the heads transfer, both knockouts hurt.")
 
 c1, c2, c3 = st.columns(3)
-second = c1.selectbox("Second set (B)", ("word problems (Fig. 10)", "paper templates", "SVAMP questions",
+second = c1.selectbox("Second set (B)", ("word problems (Fig. 10)", "multi-digit integers (Fig. 4)",
+                                         "decimals (Fig. 4)", "paper templates", "SVAMP questions",
                                          "GSM8K questions"))
 k = c2.number_input("Top k", 1, model.facts.n_layers * model.facts.n_heads, 10)
 data_dir = c3.text_input("Data directory (benchmarks)", "../shared/data")
@@ -55,10 +56,11 @@ bar, cb = progress_bar("Comparing (both sets: answers, path patching, knockouts)
 try:
     with cancellable(bar):
         pairs_a, _ = kept_pairs(model, spec, cache=cache, progress=cb)
-        if second.startswith("word") or second.startswith("paper"):
-            fam = WORD_PROBLEM_FAMILIES if second.startswith("word") else PAPER_FAMILIES
-            spec_b = PromptSetSpec(ops=tuple(o for o in spec.ops if o == "add") if second.startswith("word")
-                                   else spec.ops, n=spec.n, seed=spec.seed + 1, families=fam)
+        if second.startswith(("word", "multi-digit", "decimals")):
+            spec_b = format_spec(spec, second.split(" ")[0])
+            pairs_b, _ = kept_pairs(model, spec_b, cache=cache, progress=cb)
+        elif second.startswith("paper"):
+            spec_b = PromptSetSpec(ops=spec.ops, n=spec.n, seed=spec.seed + 1, families=PAPER_FAMILIES)
             pairs_b, _ = kept_pairs(model, spec_b, cache=cache, progress=cb)
         else:
             bench = "svamp" if second.startswith("SVAMP") else "gsm8k"

@@ -82,6 +82,8 @@ def _set_args(p: argparse.ArgumentParser, families_default: str, with_file: bool
                         "comma list of families")
     p.add_argument("--operands", default="1-9", help="operand range LO-HI (default 1-9)")
     p.add_argument("--allow-negative", action="store_true", help="subtraction may go below zero")
+    p.add_argument("--decimals", type=int, default=0, choices=(0, 1, 2),
+                   help="decimal places of the operands (Figure 4's rational numbers: 1 gives 4.5; default 0)")
     p.add_argument("--no-balance", action="store_true",
                    help="keep the first n sampled prompts per op instead of balancing their first answer tokens "
                         "(README: balance rule)")
@@ -189,7 +191,7 @@ def _spec(args, families: str | None = None):
     lo, hi = parse_operands(args.operands)
     return PromptSetSpec(ops=parse_ops(args.op), n=args.n, seed=args.seed,
                          families=parse_families(families or args.families), operand_lo=lo, operand_hi=hi,
-                         allow_negative=args.allow_negative, balance=not args.no_balance)
+                         allow_negative=args.allow_negative, decimals=args.decimals, balance=not args.no_balance)
 
 
 def _device_map(text: str | None):

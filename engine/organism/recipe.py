@@ -111,6 +111,9 @@ class Recipe:
     sampling: str = "template"
     #: share of the addition examples drawn from the Figure 10 word problems only (0: no boost)
     p_word: float = 0.0
+    #: (template id, weight): with ``sampling`` "template", these templates are drawn ``weight`` times as
+    #: often as the others (the year problems, whose B hides in a four-digit year, are learned last)
+    template_weights: tuple[tuple[str, float], ...] = ()
     #: LayerDrop of layer 0's attention: on this share of the training examples the output of every
     #: layer-0 head is zeroed, so the model cannot rely on one layer-0 look-up of the operator and
     #: must also route the operation through later layers (0: off).  Training only; the saved
@@ -309,7 +312,9 @@ def sample_example(rng: random.Random, recipe: Recipe,
         pool = [c for c in pool if c[0].family == "paper"]
     if recipe.sampling == "template":
         template_ids = sorted({c[0].id for c in pool})
-        chosen = rng.choice(template_ids)
+        weights = dict(recipe.template_weights)
+        chosen = (rng.choices(template_ids, [weights.get(t, 1.0) for t in template_ids])[0] if weights
+                  else rng.choice(template_ids))
         pool = [c for c in pool if c[0].id == chosen]
     t, a, b = rng.choice(pool)
     problem = make_problem(t, a, b, rng)

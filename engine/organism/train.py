@@ -125,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr.add_argument("--sampling", choices=("template", "combo"), default=Recipe.sampling)
     tr.add_argument("--p-word", type=float, default=Recipe.p_word,
                     help="share of the addition examples drawn from the Figure 10 word problems")
+    tr.add_argument("--template-weight", action="append", default=[], metavar="ID=W",
+                    help="draw this template W times as often (repeatable), e.g. add.time_span.0=4")
     tr.add_argument("--p-drop-attn0", type=float, default=Recipe.p_drop_attn0,
                     help="share of training examples with layer 0's attention dropped (LayerDrop)")
     tr.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps")
@@ -137,9 +139,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error("--steps, --layers and --d-mlp must be positive")
         if not 0 <= args.p_drop_attn0 < 1 or not 0 <= args.p_word <= 1:
             ap.error("--p-drop-attn0 must be in [0, 1) and --p-word in [0, 1]")
+        try:
+            weights = tuple((t, float(w)) for t, w in (x.split("=", 1) for x in args.template_weight))
+        except ValueError:
+            ap.error("--template-weight takes ID=W, e.g. add.time_span.0=4")
+        if weights and any(w <= 0 for _, w in weights):
+            ap.error("--template-weight weights must be positive")
         report = train(Recipe(seed=args.seed, steps=args.steps, n_layers=args.layers, d_mlp=args.d_mlp,
-                              tokenizer=args.tokenizer, sampling=args.sampling,
-                              p_word=args.p_word, p_drop_attn0=args.p_drop_attn0), args.out,
+                              tokenizer=args.tokenizer, sampling=args.sampling, p_word=args.p_word,
+                              template_weights=weights or Recipe.template_weights,
+                              p_drop_attn0=args.p_drop_attn0), args.out,
                        checkpoint_every=args.checkpoint_every)
         print(json.dumps(report, indent=2))
         if not args.no_card:
@@ -154,7 +163,8 @@ def make_card(model_dir: Path) -> None:
     from engine.backends import open_model
     from engine.organism.card import evaluate_organism, key_heads, write_card
     report = json.loads((model_dir / "training_report.json").read_text())
-    recipe = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in report["recipe"].items()})
+    recipe = Recipe(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+                       for k, v in report["recipe"].items()})
     model = open_model(str(model_dir), device="cpu")
     ev = evaluate_organism(model, recipe)
     ev["n_params"] = model.facts.n_params

@@ -59,8 +59,12 @@ class OperandRange:
     hi: int = 9
     allow_negative: bool = False
     max_exponent: int = 3
+    #: decimal places of the operands (Figure 4's rational numbers: 1 gives 4.5, 2.3 ...; 0: integers)
+    decimals: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.decimals <= 2:
+            raise PromptError(f"decimals must be 0, 1 or 2, got {self.decimals}")
         if self.lo < 0 or self.hi < self.lo:
             raise PromptError(f"operand range {self.lo}..{self.hi} is empty or negative: use 0 <= lo <= hi")
         if self.hi > 9999:
@@ -86,8 +90,41 @@ def compute_answer(op: str, a: int, b: int) -> int:
     raise PromptError(f"unknown operation {op!r}: choose from {', '.join(OPS)}")
 
 
+def as_number(x: int, decimals: int) -> int | float:
+    """An operand or answer kept in units of 10^-decimals, as the number it stands for."""
+    return x if not decimals else round(x / 10 ** decimals, 2 * decimals)
+
+
+def answer_value(op: str, a: int, b: int, decimals: int = 0) -> int | float:
+    """C = A op B for operands in units of 10^-decimals (:func:`compute_answer` for integers)."""
+    if not decimals:
+        return compute_answer(op, a, b)
+    if op in ("add", "sub"):
+        return as_number(compute_answer(op, a, b), decimals)
+    if op == "mul":
+        return as_number(a * b, 2 * decimals)
+    if op == "div":
+        return compute_answer(op, a, b)  # the scales cancel: exact divisions have integer answers
+    raise PromptError(f"decimal operands are for add, sub, mul and div, not {op}")
+
+
 def valid_operands(op: str, r: OperandRange) -> list[tuple[int, int]]:
-    """All (A, B) of the range that make a valid problem for ``op``."""
+    """All (A, B) of the range that make a valid problem for ``op``.  With ``decimals`` the operands are
+    counted in units of 10^-decimals (4.5 is 45), every one has exactly that many decimals (no 4.0), and
+    so has the answer of +, - and * (no 4.5 + 2.5 = 7.0)."""
+    if r.decimals:
+        if op == "pow":
+            raise PromptError("decimal operands are for add, sub, mul and div, not pow")
+        scale = 10 ** r.decimals
+        nums = [x for x in range(r.lo * scale, r.hi * scale + 1) if x % 10]
+        pairs = [(a, b) for a in nums for b in nums]
+        if op == "add":
+            return [(a, b) for a, b in pairs if (a + b) % 10]
+        if op == "sub":
+            return [(a, b) for a, b in pairs if (r.allow_negative or a > b) and (a - b) % 10]
+        if op == "mul":
+            return [(a, b) for a, b in pairs if (a * b) % 10]
+        return [(a, b) for a, b in pairs if a % b == 0]
     nums = range(r.lo, r.hi + 1)
     if op == "add" or op == "mul":
         return [(a, b) for a in nums for b in nums]
@@ -105,7 +142,7 @@ def template_operands(template: Template, r: OperandRange) -> list[tuple[int, in
     pairs = valid_operands(template.op, r)
     if template.max_answer is None:
         return pairs
-    return [(a, b) for a, b in pairs if compute_answer(template.op, a, b) <= template.max_answer]
+    return [(a, b) for a, b in pairs if answer_value(template.op, a, b, r.decimals) <= template.max_answer]
 
 
 @dataclass(frozen=True)
@@ -119,20 +156,26 @@ class Problem:
     #: counterfactuals in the order to try: operator fillers ("@", "nothing"), or for a template
     #: with starred slots the words that replace them (Figure 9: ("cups", "tables", "John"))
     fillers: tuple[str | tuple[str, ...], ...] = ()
+    decimals: int = 0  # a and b are in units of 10^-decimals
 
     @property
-    def answer(self) -> int:
-        return compute_answer(self.template.op, self.a, self.b)
+    def answer(self) -> int | float:
+        return answer_value(self.template.op, self.a, self.b, self.decimals)
+
+    @property
+    def operands(self) -> tuple[int | float, int | float]:
+        """(A, B) as the numbers the prompt shows."""
+        return as_number(self.a, self.decimals), as_number(self.b, self.decimals)
 
     @property
     def ref_text(self) -> str:
-        return self.template.render(self.a, self.b, slots=dict(self.slots))
+        return self.template.render(*self.operands, slots=dict(self.slots))
 
     def cf_text(self, filler: str | tuple[str, ...] | None = None) -> str:
         filler = filler or self.fillers[0]
         if isinstance(filler, tuple):
-            return self.template.render(self.a, self.b, swaps=filler, slots=dict(self.slots))
-        return self.template.render(self.a, self.b, filler=filler, slots=dict(self.slots))
+            return self.template.render(*self.operands, swaps=filler, slots=dict(self.slots))
+        return self.template.render(*self.operands, filler=filler, slots=dict(self.slots))
 
 
 def _fillers_for(template: Template, slots: tuple[tuple[str, str], ...], rng: random.Random
@@ -144,10 +187,10 @@ def _fillers_for(template: Template, slots: tuple[tuple[str, str], ...], rng: ra
     return tuple(pool)
 
 
-def make_problem(template: Template, a: int, b: int, rng: random.Random) -> Problem:
+def make_problem(template: Template, a: int, b: int, rng: random.Random, decimals: int = 0) -> Problem:
     """One instance of a template: seeded slot words and counterfactual fillers."""
     slots = fill_slots(template, rng)
-    return Problem(template, a, b, slots=slots, fillers=_fillers_for(template, slots, rng))
+    return Problem(template, a, b, slots=slots, fillers=_fillers_for(template, slots, rng), decimals=decimals)
 
 
 def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandRange | None = None,
@@ -174,7 +217,7 @@ def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandR
         if not combos:
             raise PromptError(f"no valid {op} problems with operands {r.lo}..{r.hi}: widen the range")
         rng.shuffle(combos)
-        out.extend(make_problem(t, a, b, rng) for t, a, b in combos[:n])
+        out.extend(make_problem(t, a, b, rng, r.decimals) for t, a, b in combos[:n])
     if not out:
         raise PromptError(f"no templates of famil(ies) {', '.join(families or ())} for {', '.join(ops)}: "
                           "the Figure 10 word problems are additions (use --op add)")
@@ -232,8 +275,10 @@ def answer_tokens(tokenizer: TokenizerLike, prompt: str, answer: int | str, sep:
         raise PromptError(f"the first answer token {full[offsets[i][0]:offsets[i][1]]!r} holds no digit")
     start = i
     j = i + 1
-    while j < len(ids) and offsets[j][1] > offsets[j][0] and _is_number_piece(
-            full[offsets[j][0]:offsets[j][1]], first=False):
+    end = len(full)
+    while j < len(ids) and offsets[j][1] > offsets[j][0] and (
+            _is_number_piece(full[offsets[j][0]:offsets[j][1]], first=False)
+            or (full[offsets[j][0]:offsets[j][1]].strip() == "." and offsets[j][1] < end)):  # 6.8: the point
         j += 1
     return AnswerTokens(prompt_ids=ids[:start], answer_id=ids[start], answer_ids=ids[start:j])
 
@@ -249,9 +294,9 @@ class PromptPair:
     op: str
     template: str
     family: str
-    a: int
-    b: int
-    answer: int
+    a: int | float  # as the prompt shows it (4.5 for Figure 4's rational numbers)
+    b: int | float
+    answer: int | float
     ref_text: str
     cf_text: str
     ref_ids: list[int]
@@ -270,11 +315,19 @@ class PromptPair:
             raise PromptError(f"prompt record lacks field(s) {missing}")
         if len(d["ref_ids"]) != len(d["cf_ids"]):
             raise PromptError(f"ref_ids and cf_ids differ in length in {d.get('ref_text')!r}")
-        return cls(op=d["op"], template=d["template"], family=d.get("family", ""), a=int(d["a"]),
-                   b=int(d["b"]), answer=int(d["answer"]), ref_text=d["ref_text"], cf_text=d["cf_text"],
+        return cls(op=d["op"], template=d["template"], family=d.get("family", ""), a=_number(d["a"]),
+                   b=_number(d["b"]), answer=_number(d["answer"]), ref_text=d["ref_text"], cf_text=d["cf_text"],
                    ref_ids=[int(x) for x in d["ref_ids"]], cf_ids=[int(x) for x in d["cf_ids"]],
                    answer_id=int(d["answer_id"]),
                    answer_ids=[int(x) for x in d.get("answer_ids", [d["answer_id"]])])
+
+
+def _number(x: Any) -> int | float:
+    """A JSON number (or its text) as int when integral, else float (Figure 4's decimals)."""
+    v = float(x)
+    if not v == v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{x!r} is not a finite number")
+    return int(v) if v.is_integer() and "." not in str(x) else v
 
 
 #: The reason a problem is dropped when no filler keeps X_c as long (in tokens) as X_r.
@@ -289,8 +342,9 @@ def build_pair(tokenizer: TokenizerLike, problem: Problem) -> PromptPair:
         cf_text = problem.cf_text(filler)
         cf = answer_tokens(tokenizer, cf_text, problem.answer, sep)
         if len(cf.prompt_ids) == len(ref.prompt_ids):
+            a, b = problem.operands
             return PromptPair(op=problem.template.op, template=problem.template.id,
-                              family=problem.template.family, a=problem.a, b=problem.b,
+                              family=problem.template.family, a=a, b=b,
                               answer=problem.answer, ref_text=problem.ref_text, cf_text=cf_text,
                               ref_ids=ref.prompt_ids, cf_ids=cf.prompt_ids, answer_id=ref.answer_id,
                               answer_ids=ref.answer_ids)

@@ -93,6 +93,7 @@ class PromptSetSpec:
     operand_hi: int = 9
     allow_negative: bool = False
     max_exponent: int = 3
+    decimals: int = 0  # decimal places of the operands (Figure 4's rational numbers)
     balance: bool = True  # balanced first answer tokens (module docstring)
 
     def __post_init__(self) -> None:
@@ -101,7 +102,7 @@ class PromptSetSpec:
         if self.n > 100_000:
             raise PromptError(f"n={self.n} is too large: at most 100000 prompts per operation")
         parse_ops(",".join(self.ops))
-        OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent)
+        OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent, self.decimals)
 
     def to_params(self) -> dict[str, Any]:
         d = asdict(self)
@@ -109,11 +110,13 @@ class PromptSetSpec:
         d["families"] = list(self.families)
         d["answer_token_rule"] = ANSWER_TOKEN_RULE
         d["balance_rule"] = BALANCE_RULE if self.balance else "none"
+        if not self.decimals:  # integer sets keep the cache keys they had before decimals existed
+            d.pop("decimals")
         return d
 
     @property
     def operand_range(self) -> OperandRange:
-        return OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent)
+        return OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent, self.decimals)
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,29 @@ class GeneratedSet:
     pairs: list[PromptPair]               # the set, n per operation at most
     dropped: list[tuple[Problem, str]]    # candidates that could not be tokenized into a pair, and why
     candidates: int                       # problems sampled (BALANCE_OVERSAMPLE x n per op when balanced)
+
+
+#: Other formats of the same problems (Figure 4's multi-digit integers and rational numbers, Figure 10's
+#: word problems): the sets whose key heads and attention the paper transfers to (Fig. 4, Fig. 7).
+FORMATS: dict[str, str] = {
+    "word": "the Figure 10 word problems (additions)",
+    "multi-digit": "multi-digit integers, operands 10..99 (Figure 4)",
+    "decimals": "rational numbers with one decimal, 1.1..9.9 (Figure 4: \"The addition of 4.5 and 2.3 is\")",
+}
+
+
+def format_spec(spec: PromptSetSpec, fmt: str) -> PromptSetSpec:
+    """``spec``'s problems in another format (:data:`FORMATS`): same size, the next seed, the paper's four
+    operations of ``spec`` (additions only for the word problems)."""
+    from dataclasses import replace
+    ops = tuple(o for o in spec.ops if o in PAPER_OPS) or ("add",)
+    if fmt == "word":
+        return replace(spec, ops=("add",), families=WORD_PROBLEM_FAMILIES, seed=spec.seed + 1)
+    if fmt == "multi-digit":
+        return replace(spec, ops=ops, operand_lo=10, operand_hi=99, decimals=0, seed=spec.seed + 1)
+    if fmt == "decimals":
+        return replace(spec, ops=ops, operand_lo=1, operand_hi=9, decimals=1, seed=spec.seed + 1)
+    raise PromptError(f"unknown format {fmt!r}: choose from {', '.join(FORMATS)}")
 
 
 def balanced(pairs: Sequence[PromptPair], n: int) -> list[PromptPair]:

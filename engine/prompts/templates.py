@@ -173,7 +173,7 @@ class Template:
         m = _FIELD.fullmatch(self.operator)
         return SLOT_POOLS[m.group(1)] if m else (self.operator,)
 
-    def render(self, a: int, b: int, *, filler: str | None = None, swaps: tuple[str, ...] | None = None,
+    def render(self, a: int | float, b: int | float, *, filler: str | None = None, swaps: tuple[str, ...] | None = None,
                slots: Mapping[str, str] | None = None) -> str:
         """The prompt with operands and slots filled in.  X_c: ``filler`` replaces the operator, or
         ``swaps`` the starred slots (one word each, in order)."""

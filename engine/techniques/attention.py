@@ -35,13 +35,13 @@ ROLES: tuple[str, ...] = (FIRST_TOKEN, "operand A", "operand B", "operator", "ot
 ROLE_DEFINITIONS: dict[str, str] = {
     FIRST_TOKEN: "position 0: the BOS token when the model adds one, else the prompt's first token "
                  "(unless that is an operand or the operator); heads park spare attention there",
-    "operand A": "the digit tokens of the first operand of the operation (A in A op B)",
+    "operand A": "the digit tokens of the first operand of the operation (A in A op B; a decimal point in it too)",
     "operand B": "the digit tokens of the second operand (B)",
     "operator": "the tokens that differ between the prompt and its counterfactual (the operation's word or sign)",
     "other": "every other token: template words, '=', whitespace before the answer",
 }
 #: Bumped when the role labels or their rules change (part of the cache params).
-ROLES_VERSION = 2
+ROLES_VERSION = 3
 ProgressFn = Callable[[int, int], None]
 METHOD = "attention_roles"
 
@@ -53,8 +53,11 @@ def token_roles(backend: ModelBackend, pair: PromptPair) -> list[str]:
     if toks:
         roles[0] = FIRST_TOKEN  # operand / operator roles below take precedence
     runs: list[list[int]] = []
+    digit = [t is not None and any(c.isdigit() for c in t) for t in toks]
     for i, t in enumerate(toks):
-        if t is not None and any(c.isdigit() for c in t):
+        point = (t is not None and t.lstrip("▁Ġ#") == "." and 0 < i < len(toks) - 1 and digit[i - 1]
+                 and digit[i + 1])  # the decimal point of 4.5 belongs to its number
+        if digit[i] or point:
             if runs and runs[-1][-1] == i - 1:
                 runs[-1].append(i)
             else:

@@ -17,9 +17,11 @@ computing what is missing) and says whether the finding holds by a stated criter
 * **Fig. 6 / 13 / 14 -- the MLPs write the answer.**  Later MLPs' output points to the answer's
   unembedding.  Lab: the layer whose MLP output is most aligned with W_U[C] (cosine), against other
   numbers.  Holds: it lies in the second half of the layers and beats the other numbers' cosine.
-* **Fig. 7 -- attention transfers to unseen formats.**  On the Figure 10 word problems the same heads
-  still attend to the numbers.  Lab: the top-5 heads (of this set) on the word problems the model
-  answers right.  Holds: at least 50 % on operands and operator.
+* **Fig. 7 -- attention transfers to unseen formats.**  On Figure 4's unseen samples (multi-digit
+  integers, rational numbers) the key heads still attend to the numbers.  Lab: the top-5 heads (of this
+  set) on the same problems with operands 10..99, with one decimal (4.5), and as Figure 10's word
+  problems, each on the prompts the model answers right.  Holds: at least 50 % on operands and operator
+  in every format.
 * **Table 3 -- exponentiation.**  Key heads of the ``^`` / "to the power of" task, knocked out, cost
   -66 % / -62 %.  Lab: path patching on the ``power`` family, then its top-5 heads knocked out.
   Holds: a relative drop of at least 50 %.
@@ -81,8 +83,8 @@ ROWS: tuple[tuple[str, str, str, str, str], ...] = (
      "attention mostly on operands / operators", "Patching_heatmap"),
     ("mlps", "Fig. 6 / 13 / 14", "Later MLPs write the answer (output aligned with W_U[C])",
      "layers 17-28 of 32 lift C", "MLP_projections"),
-    ("transfer", "Fig. 7", "The key heads' attention transfers to unseen formats (word problems)",
-     "attention on the operands", "Transfer"),
+    ("transfer", "Fig. 7", "The key heads' attention transfers to unseen formats (multi-digit, decimals, words)",
+     "attention mainly on the operands", "Transfer"),
     ("power", "Table 3", "Exponentiation has key heads too; knocking them out hurts",
      "-66 % (^) / -62 % (to the power of)", "Knockout"),
     ("gsm8k", "Table 4", "GSM8K's key heads overlap the templates'; knocking them out hurts",
@@ -122,15 +124,17 @@ def _problem_share(roles, heads: Sequence[tuple[int, int]]) -> float:
     return sum(by.get(h, 0.0) for h in heads) / max(1, len(heads))
 
 
-def paper_findings(model, pairs: Sequence[PromptPair], cache, *, word_pairs: Sequence[PromptPair] = (),
+def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
+                   format_pairs: dict[str, Sequence[PromptPair]] | None = None,
                    power_pairs: Sequence[PromptPair] = (), gsm8k_pairs: Sequence[PromptPair] | None = None,
                    second: tuple[str, Callable[[], Any]] | None = None,
                    sft: Callable[[], dict[str, float] | str] | None = None,
                    progress: ProgressFn | None = None) -> list[PaperFinding]:
     """Every row of :data:`ROWS` for ``model`` on ``pairs`` (its correctly answered prompt pairs).
 
-    ``word_pairs`` / ``power_pairs`` / ``gsm8k_pairs``: the correctly answered Figure 10, exponentiation and
-    GSM8K pairs (``gsm8k_pairs`` None: the data are not available); ``second``: (name, a function giving
+    ``format_pairs``: {format: correctly answered pairs} of the same problems in other formats (Figure 4's
+    multi-digit integers and decimals, Figure 10's word problems); ``power_pairs`` / ``gsm8k_pairs``: the
+    correctly answered exponentiation and GSM8K pairs (``gsm8k_pairs`` None: the data are not available); ``second``: (name, a function giving
     the path-patching table of a second model); ``sft``: a function giving {method: gain in points} of the
     newest finished fine-tuning jobs, or a sentence saying why there is none.
     """
@@ -141,6 +145,7 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *, word_pairs: Seq
 
     if not pairs:
         raise PromptError("the model answers none of these prompts right: pick other operations or another model")
+    format_pairs = format_pairs or {}
     stages = Stages(progress, [40, 20, 10, 10, 10, 30, 30, 10, 10])
     out: list[PaperFinding] = []
     f = model.facts
@@ -183,15 +188,23 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *, word_pairs: Seq
                     "holds when the MLP most aligned with the answer lies in the second half of the layers "
                     "and beats the other numbers"))
 
-    if len(word_pairs) < MIN_PAIRS:
-        out.append(_row("transfer", "", None, f"the model answers {len(word_pairs)} Figure 10 word problems right "
-                                              f"(at least {MIN_PAIRS} are needed)"))
+    shares, too_few = {}, {}
+    for fmt, fpairs in format_pairs.items():
+        if len(fpairs) < MIN_PAIRS:
+            too_few[fmt] = len(fpairs)
+            continue
+        f_roles, _ = cached_role_attention(model, fpairs, cache=cache)
+        shares[fmt] = (len(fpairs), _problem_share(f_roles, readers))
+    if not shares:
+        out.append(_row("transfer", "", None, "the model answers too few prompts right in the other formats ("
+                        + ", ".join(f"{fmt}: {n}" for fmt, n in too_few.items())
+                        + f"; at least {MIN_PAIRS} each are needed)"))
     else:
-        w_roles, _ = cached_role_attention(model, word_pairs, cache=cache, progress=stages.stage(4))
-        w_share = _problem_share(w_roles, readers)
-        out.append(_row("transfer", f"on {len(word_pairs)} word problems the same top-{len(readers)} heads put "
-                                    f"{100 * w_share:.0f} % on operands + operator", w_share >= ATTENTION_SHARE,
-                        f"holds when it is at least {ATTENTION_SHARE:.0%}"))
+        skipped = "".join(f"; {fmt}: only {n} answered right" for fmt, n in too_few.items())
+        out.append(_row("transfer", f"the same top-{len(readers)} heads on operands + operator: " + ", ".join(
+            f"{fmt} {100 * v:.0f} % ({n} prompts)" for fmt, (n, v) in shares.items()),
+            all(v >= ATTENTION_SHARE for _, v in shares.values()),
+            f"holds when it is at least {ATTENTION_SHARE:.0%} in every format{skipped}"))
     stages.finish(4)
 
     if len(power_pairs) < MIN_PAIRS:
@@ -275,14 +288,15 @@ def sft_gains(model) -> dict[str, float] | str:
 
 def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: ProgressFn | None = None
               ) -> list[PaperFinding]:
-    """:func:`paper_findings` with its inputs gathered: the spec's correctly answered pairs, the Figure 10
-    word problems and the exponentiation prompts of the same size and seed, GSM8K questions from
+    """:func:`paper_findings` with its inputs gathered: the spec's correctly answered pairs, the same
+    problems in the other formats (:data:`engine.prompts.promptsets.FORMATS`), the exponentiation prompts
+    of the same size and seed, GSM8K questions from
     ``data_dir`` (default ``../shared/data``), ``second`` (another loaded model, or None) on the same set,
     and the newest fine-tuning jobs on this model."""
     from dataclasses import replace
 
     from engine.evaluation.benchmarks import default_data_dir
-    from engine.prompts.templates import WORD_PROBLEM_FAMILIES
+    from engine.prompts.promptsets import FORMATS, format_spec
     from engine.techniques.accuracy import keep_correct, kept_pairs
     from engine.techniques.patching import cached_path_patching
     from engine.techniques.transfer import benchmark_pairs
@@ -290,7 +304,7 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
     pairs, _ = kept_pairs(model, spec, cache=cache)
     if not pairs:
         raise PromptError("the model answers none of these prompts right: pick other operations or another model")
-    word, _ = kept_pairs(model, replace(spec, ops=("add",), families=WORD_PROBLEM_FAMILIES), cache=cache)
+    formats = {fmt: kept_pairs(model, format_spec(spec, fmt), cache=cache)[0] for fmt in FORMATS}
     power, _ = kept_pairs(model, replace(spec, ops=("pow",), families=("power",)), cache=cache)
     try:
         gsm8k = keep_correct(model, benchmark_pairs(model.tokenizer, data_dir or default_data_dir(), "gsm8k",
@@ -305,6 +319,6 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
             if not p2:
                 raise PromptError(f"{second.facts.spec} answers none of these prompts right")
             return cached_path_patching(second, p2, cache=cache)[0]
-    return paper_findings(model, pairs, cache, word_pairs=word, power_pairs=power, gsm8k_pairs=gsm8k,
+    return paper_findings(model, pairs, cache, format_pairs=formats, power_pairs=power, gsm8k_pairs=gsm8k,
                           second=None if second is None else (second.facts.spec, second_table),
                           sft=lambda: sft_gains(model), progress=progress)

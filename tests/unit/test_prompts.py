@@ -276,3 +276,28 @@ def test_set_spec_validation():
     pairs, dropped = generate(TOK, PromptSetSpec(ops=("add", "pow"), n=10, seed=1))
     assert {p.op for p in pairs} == {"add", "pow"} and dropped == 0
     assert compute_answer("pow", 2, 3) == 8
+
+
+def test_decimal_operands_are_figure_4s_rational_numbers():
+    """--decimals 1: "The addition of 4.5 and 2.3 is" with answer 6.8; every operand and every +, -, *
+    answer has its decimals (no 4.0, no 4.5 + 2.5 = 7.0); the answer's tokens include the point."""
+    spec = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=30, seed=2, decimals=1)
+    pairs, _ = generate(TOK, spec)
+    assert {p.op for p in pairs} == {"add", "sub", "mul", "div"}
+    for p in pairs:
+        a, b = p.a, p.b
+        assert isinstance(a, float) and f"{a:.1f}" in p.ref_text and f"{b:.1f}" in p.ref_text
+        want = {"add": a + b, "sub": a - b, "mul": a * b, "div": a / b}[p.op]
+        assert abs(p.answer - want) < 1e-9, p
+        if p.op == "div":
+            assert isinstance(p.answer, int)
+        else:
+            assert str(p.answer) != str(int(p.answer)) and not str(p.answer).endswith("0")
+        assert "".join(TOK.convert_ids_to_tokens(p.answer_ids)) == str(p.answer)
+        assert PromptPair.from_json(p.to_json()) == p
+    # integer sets keep their cache keys; decimal ones differ
+    assert "decimals" not in PromptSetSpec().to_params() and spec.to_params()["decimals"] == 1
+    with pytest.raises(PromptError):
+        generate(TOK, PromptSetSpec(ops=("pow",), families=("power",), decimals=1))
+    with pytest.raises(PromptError):
+        PromptSetSpec(decimals=3)
