@@ -38,16 +38,20 @@ def compute(progress):
 
 rows = run_with_progress("The paper's findings", "check the paper's findings", compute, stop=True)
 verdict = {True: "✅ holds", False: "❌ does not hold", None: "— not computed"}
-df = pd.DataFrame([{"finding": r.figure, "claim": r.claim, "paper": r.paper, "this model": r.lab or "–",
-                    "verdict": verdict[r.holds], "how judged": r.note} for r in rows])
+df = pd.DataFrame([{"finding": r.figure, "verdict": verdict[r.holds], "this model": r.lab or "–", "paper": r.paper,
+                    "claim": r.claim, "how judged": r.note} for r in rows])
 n_holds = sum(r.holds is True for r in rows)
 n_computed = sum(r.holds is not None for r in rows)
 st.markdown(f"**{n_holds} of {n_computed}** findings computed on `{model.facts.spec}` hold "
             f"({len(rows) - n_computed} not computed: see *how judged*).")
 st.dataframe(df, hide_index=True, width="stretch",
-             column_config={"claim": st.column_config.TextColumn(width="medium"),
+             column_config={"finding": st.column_config.TextColumn(width="small"),
+                            "verdict": st.column_config.TextColumn(width="small"),
+                            "this model": st.column_config.TextColumn(width="large"),
+                            "claim": st.column_config.TextColumn(width="medium"),
                             "how judged": st.column_config.TextColumn(width="large")})
-st.download_button("Findings (CSV)", df.to_csv(index=False).encode(), "paper_findings.csv", "text/csv")
+st.download_button("Findings (CSV)", df.to_csv(index=False).encode(), "paper_findings.csv", "text/csv",
+                   on_click="ignore")
 
 st.subheader("Where each finding is shown")
 for page in dict.fromkeys(r.page for r in rows):

@@ -6,7 +6,8 @@ computing what is missing) and says whether the finding holds by a stated criter
 
 * **Fig. 2 / 15 -- sparsity.**  "Only a small percentage (< 5 %) of the attention heads ... significantly
   impact the model's performance": the share of heads whose path-patching effect moves the answer
-  logit by 5 % or more (the circuit summary's threshold).  Holds: the share is below 5 %.
+  logit by 5 % or more (the circuit summary's threshold).  Holds: some heads do, and fewer than 5 %
+  (no head at all is a spread effect, not a sparse one).
 * **Fig. 3 -- knockout.**  Knocking out the top-k heads by effect collapses accuracy; k random heads
   change it by at most 2 % (Table 4: top-10 -69 %, 1 % of LLaMA2-7B's heads).  Lab: the Knockout page's
   default curve (k <= 10) at k = 5 % of the model's heads (at most 10: 3 of the bundled model's 64), so
@@ -110,9 +111,9 @@ def _sparsity_row(table, key: str = "sparsity", who: str = "") -> PaperFinding:
     n_key, n = sparsity(table)
     share = n_key / max(1, n)
     top = ", ".join(f"{a}.{b}" for a, b, _ in table.top_heads(3))
-    return _row(key, f"{who}{n_key} of {n} heads ({100 * share:.1f} %); top {top}", share < SPARSE_SHARE,
-                f"holds when under {100 * SPARSE_SHARE:.0f} % of the heads move the answer logit by "
-                f"{abs(KEY_EFFECT):.0%} or more")
+    return _row(key, f"{who}{n_key} of {n} heads ({100 * share:.1f} %); top {top}", 0 < share < SPARSE_SHARE,
+                f"holds when some heads but under {100 * SPARSE_SHARE:.0f} % of them move the answer logit by "
+                f"{abs(KEY_EFFECT):.0%} or more (none: the effect is spread, not sparse)")
 
 
 def _problem_share(roles, heads: Sequence[tuple[int, int]]) -> float:

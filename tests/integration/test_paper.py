@@ -40,7 +40,7 @@ def test_findings_are_their_techniques_numbers(organism):
     effects = [v.value for v in table.values if v.component == "head" and v.metric == "effect" and v.group == "*"]
     n_key = sum(e <= -0.05 for e in effects)
     assert rows["sparsity"].lab.startswith(f"{n_key} of {len(effects)} heads")
-    assert rows["sparsity"].holds == (n_key / len(effects) < 0.05)
+    assert rows["sparsity"].holds == (0 < n_key / len(effects) < 0.05)
 
     f = organism.facts
     ranked = [(a, b) for a, b, _ in table.top_heads(10)]
