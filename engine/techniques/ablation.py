@@ -409,7 +409,7 @@ def curve_knockouts(n_layers: int, n_heads: int, ranked_heads: Sequence[tuple[in
 def knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]],
                    means: MeanActivations, *, k_max: int, draws: int = 10, seed: int = 0,
                    progress: ProgressFn | None = None, batched: bool = True,
-                   sets_per_pass: int | None = None) -> list[CurvePoint]:
+                   sets_per_pass: int | None = None, ks: Sequence[int] | None = None) -> list[CurvePoint]:
     """Fig. 3: accuracy after knocking out the top-k heads (effect rank) vs k random heads.
 
     Every distinct knockout set (k = 0 once, repeated draws once) is evaluated once, END-only, several
@@ -418,7 +418,8 @@ def knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_he
     before/after comparison; both give the same points.
     """
     L, H = backend.facts.n_layers, backend.facts.n_heads
-    plan = curve_knockouts(L, H, ranked_heads, k_max=k_max, draws=draws, seed=seed)
+    plan = [x for x in curve_knockouts(L, H, ranked_heads, k_max=k_max, draws=draws, seed=seed)
+            if ks is None or x[0] in ks]  # ks: only these points (the same draws as the whole curve's)
     if batched:
         flat = [ko for _, top, rand in plan for ko in [top, *rand]]
         accs = dict(zip([ko.validate(L, H) for ko in flat],
@@ -469,6 +470,27 @@ def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
     params = _curve_params(backend, ranked_heads, k_max, draws, seed)
     rows, _, computed = run_cached(backend, pairs, "knockout_curve", params, compute, cache)
     return _curve_points(rows), computed
+
+
+def cached_knockout_points(backend: ModelBackend, pairs: Sequence[PromptPair],
+                           ranked_heads: Sequence[tuple[int, int]], ks: Sequence[int], *, k_max: int,
+                           draws: int = 10, seed: int = 0, cache=None,
+                           progress: ProgressFn | None = None) -> list[CurvePoint]:
+    """The points at ``ks`` of :func:`cached_knockout_curve`'s curve (same arguments, same draws): read from
+    the stored curve when the cache holds it, else only those points' knockout sets are evaluated."""
+    from engine.results import encode_rows, run_cached
+    whole = stored_knockout_curve(backend, pairs, ranked_heads, k_max=k_max, draws=draws, seed=seed, cache=cache)
+    if whole is not None:
+        return [p for p in whole if p.k in ks]
+
+    def compute():
+        pts = knockout_curve(backend, pairs, ranked_heads, mean_activations(backend, pairs), k_max=k_max,
+                             draws=draws, seed=seed, progress=progress, ks=ks)
+        return encode_rows(pts, CURVE_METRICS), None
+
+    params = {**_curve_params(backend, ranked_heads, k_max, draws, seed), "ks": sorted(set(ks))}
+    rows, _, _ = run_cached(backend, pairs, "knockout_points", params, compute, cache)
+    return _curve_points(rows)
 
 
 def stored_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
