@@ -94,7 +94,7 @@ class Recipe:
     n_kv_heads: int = 2
     d_model: int = 128
     d_mlp: int = 256
-    steps: int = 1800
+    steps: int = 4000
     batch_size: int = 128
     lr: float = 3e-3
     warmup: int = 100
@@ -110,10 +110,10 @@ class Recipe:
     #: uniformly, so templates with few operand pairs are rarely drawn (the 2025-11 organism)
     sampling: str = "template"
     #: share of the addition examples drawn from the Figure 10 word problems only (0: no boost)
-    p_word: float = 0.0
+    p_word: float = 0.6
     #: (template id, weight): with ``sampling`` "template", these templates are drawn ``weight`` times as
     #: often as the others (the year problems, whose B hides in a four-digit year, are learned last)
-    template_weights: tuple[tuple[str, float], ...] = ()
+    template_weights: tuple[tuple[str, float], ...] = (("add.time_span.0", 8.0), ("add.time_span.1", 8.0))
     #: LayerDrop of layer 0's attention: on this share of the training examples the output of every
     #: layer-0 head is zeroed, so the model cannot rely on one layer-0 look-up of the operator and
     #: must also route the operation through later layers (0: off).  Training only; the saved
