@@ -114,3 +114,26 @@ def test_reproduce_on_smollm2_reads_every_format_at_the_answer_digit(tmp_path):
     for r in rows:
         assert (r.lab and r.holds is not None) or (not r.lab and r.holds is None and r.note), r
     assert rows[0].lab and rows[0].holds is not None  # path patching always runs on the kept set
+
+
+def test_reproduce_cli_writes_the_findings_as_one_offline_html(tmp_path):
+    """`engine reproduce`: the Paper page's rows first in one HTML file (no network: the chart library is
+    inlined); a second model that does not exist is one line and exit 2, and nothing is written."""
+    import json
+
+    from tests.integration.test_cli import run_cli
+    out = tmp_path / "paper.html"
+    r = run_cli("reproduce", "--model", "organism", "--op", "add,mul", "--n", "8", "--out", str(out),
+                cache=tmp_path / "c.duckdb")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert [f["figure"] for f in summary["findings"]] == [row[1] for row in paper.ROWS]
+    html = out.read_text(encoding="utf-8")
+    assert "The paper's findings on this model" in html and "vegaEmbed" in html
+    assert 'src="http' not in html and "src='http" not in html  # nothing fetched: opens offline
+    for f in summary["findings"]:
+        assert (f["lab"] and f["holds"] is not None) or (not f["lab"] and f["holds"] is None and f["note"]), f
+    bad = tmp_path / "bad.html"
+    r = run_cli("reproduce", "--model", "organism", "--n", "4", "--compare", "/no/such/model", "--out", str(bad),
+                cache=tmp_path / "c.duckdb")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and not bad.exists(), r.stderr
