@@ -183,7 +183,8 @@ class Template:
             text = _SLOT.sub(lambda _: slot, text, count=1)
         if swaps is not None:
             if len(swaps) != len(self.swapped_slots):
-                raise ValueError(f"template {self.id} swaps {len(self.swapped_slots)} slot(s), got {len(swaps)} word(s)")
+                raise ValueError(f"template {self.id} swaps {len(self.swapped_slots)} slot(s), "
+                                 f"got {len(swaps)} word(s)")
             it = iter(swaps)
             text = _SWAPPED.sub(lambda _: next(it), text)
         text = text.replace("{A}", str(a)).replace("{B}", str(b))

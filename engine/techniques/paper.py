@@ -48,6 +48,7 @@ from typing import Any, Callable, Sequence
 
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptError, PromptPair
+
 # the circuit summary's threshold, and the Knockout page's default curve (its cache entry is shared)
 from engine.techniques.summary import KEY_EFFECT, KNOCKOUT_DRAWS, KNOCKOUT_K, sparsity
 
@@ -137,8 +138,8 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
     ``format_pairs``: {format: correctly answered pairs} of the same problems in other formats (Figure 4's
     multi-digit integers and decimals, Figure 10's word problems); ``power_pairs`` / ``gsm8k_pairs``: the
     correctly answered exponentiation and GSM8K pairs (``gsm8k_pairs`` None: the data are not available);
-    ``second``: (name, a function giving the path-patching table of a second model); ``sft``: a function giving {method: gain in points} of the
-    newest finished fine-tuning jobs, or a sentence saying why there is none.
+    ``second``: (name, a function giving the path-patching table of a second model); ``sft``: a function
+    giving {method: gain in points} of the newest finished fine-tuning jobs, or a sentence saying why not.
     """
     from engine.techniques.ablation import Knockout, cached_knockout_points, knockout_accuracies, mean_activations
     from engine.techniques.attention import cached_role_attention
