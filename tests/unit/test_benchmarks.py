@@ -203,13 +203,13 @@ def test_k_shot_mmlu_same_subject_dev_and_csqa_train(organism_tokenizer):
     dev = load_benchmark("mmlu", data_dir=DATA, split="dev")
     items = [it for it in load_benchmark("mmlu", data_dir=DATA, limit=400) if it.subject != "abstract_algebra"][:2]
     prompts, labels = build_prompts(organism_tokenizer, "mmlu", items, few_shot=5, pool=dev)
-    assert labels.labels == DIGITS  # the organism's tokenizer knows no letter C
+    assert labels.labels == LETTERS  # the organism's tokenizer has A-E as single tokens
     for it, p in zip(items, prompts):
         ex = select_exemplars("mmlu", it, 5, dev)
         assert [e.subject for e in ex] == [it.subject] * 5 and ex == [e for e in dev if e.subject == it.subject]
         assert p.count("Question: ") == 6 and p.count("The following are multiple choice") == 1
-        assert p.endswith("\n4. " + it.choices[3] + "\nAnswer:")
-        assert f"\nAnswer: {DIGITS[LETTERS.index(ex[0].answer)]}\n\n" in p
+        assert p.endswith("\nD. " + it.choices[3] + "\nAnswer:")
+        assert f"\nAnswer: {ex[0].answer}\n\n" in p
     with pytest.raises(BenchmarkError, match="5 per subject"):
         select_exemplars("mmlu", items[0], 6, dev)
     train = load_benchmark("csqa", data_dir=DATA, split="train", limit=200)
@@ -239,8 +239,10 @@ def _word_tokenizer(words):
 
 def test_option_labels_rule(organism_tokenizer):
     lab = option_labels(organism_tokenizer, 5)
-    assert lab.labels == DIGITS and lab.space and lab.style == "digit-space"
-    assert lab.token_ids == tuple(organism_tokenizer.convert_tokens_to_ids(list("12345")))
+    assert lab.labels == LETTERS and lab.space and lab.style == "letter-space"
+    assert lab.token_ids == tuple(organism_tokenizer.convert_tokens_to_ids(list("ABCDE")))
+    digits = option_labels(_word_tokenizer(["Answer", ":", "A", "B", "1", "2", "3", "4", "5"]), 5)  # no C: digits
+    assert digits.labels == DIGITS and digits.style == "digit-space" and len(set(digits.token_ids)) == 5
     letters = option_labels(_word_tokenizer(["Answer", ":", "A", "B", "C", "D"]), 4)
     assert letters.labels == LETTERS and letters.style == "letter-space" and len(set(letters.token_ids)) == 4
     with pytest.raises(BenchmarkError, match="no distinct single tokens"):
@@ -376,7 +378,7 @@ def test_sft_examples_use_the_evaluation_format(organism_tokenizer):
     assert all(e["prompt"].endswith("\nAnswer:") and e["answer"] in (" A", " B", " C", " D") for e in mm)
     assert mm[0]["answer"] == " " + load_benchmark("mmlu", data_dir=DATA, split="val", limit=1)[0].answer
     cs = sft_examples("csqa", data_dir=DATA, limit=2, tokenizer=organism_tokenizer)
-    assert "\n1. " in cs[0]["prompt"] and cs[0]["answer"] in tuple(f" {d}" for d in "12345")
+    assert "\nA. " in cs[0]["prompt"] and cs[0]["answer"] in tuple(f" {d}" for d in "ABCDE")
     with pytest.raises(BenchmarkError, match="no training split"):
         sft_examples("svamp", data_dir=DATA)
     with pytest.raises(BenchmarkError, match="not found"):

@@ -471,7 +471,7 @@ def test_trainable_and_optimizer_counts(tiny_dirs, examples, case):
     if case == "organism-full":
         res = train(model, pm.tokenizer, examples[:8], _one_step("full", lr=1e-4))
         want = _full_count_by_hand(model.config)
-        assert want == 1182592  # 8 x (attention 40960 + MLP 98304 + norms 256) + embed/unembed (2 x 259 x 128) + norm
+        assert want == 1223552  # 8 x (attention 40960 + MLP 98304 + norms 256) + embed/unembed (2 x 419 x 128) + norm
     else:
         heads = ((1, 0), (1, 1), (1, 2), (1, 3), (1, 5), (4, 6)) if spec == "organism" else TINY_HEADS
         rule = "none" if "none" in case else "any"
