@@ -37,7 +37,7 @@ def compute(progress):
 
 
 rows = run_with_progress("The paper's findings", "check the paper's findings", compute, stop=True)
-verdict = {True: "✅ holds", False: "❌ does not hold", None: "— not computed"}
+verdict = {True: "holds", False: "does not hold", None: "not computed"}  # words: no emoji font needed
 df = pd.DataFrame([{"finding": r.figure, "verdict": verdict[r.holds], "this model": r.lab or "–", "paper": r.paper,
                     "claim": r.claim, "how judged": r.note} for r in rows])
 n_holds = sum(r.holds is True for r in rows)
@@ -46,7 +46,7 @@ st.markdown(f"**{n_holds} of {n_computed}** findings computed on `{model.facts.s
             f"({len(rows) - n_computed} not computed: see *how judged*).")
 st.dataframe(df, hide_index=True, width="stretch",
              column_config={"finding": st.column_config.TextColumn(width="small"),
-                            "verdict": st.column_config.TextColumn(width="small"),
+                            "verdict": st.column_config.TextColumn(width="medium"),
                             "this model": st.column_config.TextColumn(width="large"),
                             "claim": st.column_config.TextColumn(width="medium"),
                             "how judged": st.column_config.TextColumn(width="large")})
