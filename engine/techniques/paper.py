@@ -267,7 +267,7 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
     return out
 
 
-def sft_gains(model) -> dict[str, float] | str:
+def sft_gains(model, cache=None) -> dict[str, float] | str:
     """{method: gain in points on TASK_FOR_SFT} of the newest finished precise and full fine-tuning jobs
     on ``model`` (each tuned model is opened and scored, through the cache), or why there is none."""
     from engine.backends import open_model
@@ -278,14 +278,14 @@ def sft_gains(model) -> dict[str, float] | str:
         newest.setdefault(record.get("result", {}).get("method", ""), job.out_dir)
     if not newest:
         return "no fine-tuning job has finished on this model yet (Improve page)"
-    base = task_accuracies(model)
+    base = task_accuracies(model, cache=cache)
     if TASK_FOR_SFT not in base:
         return f"this model's tokenizer gives no {TASK_FOR_SFT} prompts"
     out = {}
     for method in ("precise", "full"):
         if method in newest:
             tuned = open_model(newest[method], device=model.facts.device)
-            out[method] = 100.0 * (task_accuracies(tuned)[TASK_FOR_SFT][1] - base[TASK_FOR_SFT][1])
+            out[method] = 100.0 * (task_accuracies(tuned, cache=cache)[TASK_FOR_SFT][1] - base[TASK_FOR_SFT][1])
     return out
 
 
@@ -324,4 +324,4 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
             return cached_path_patching(second, p2, cache=cache)[0]
     return paper_findings(model, pairs, cache, format_pairs=formats, power_pairs=power, gsm8k_pairs=gsm8k,
                           second=None if second is None else (second.facts.spec, second_table),
-                          sft=lambda: sft_gains(model), progress=progress)
+                          sft=lambda: sft_gains(model, cache), progress=progress)
