@@ -16,16 +16,16 @@ class PageDef:
 
 
 PAGES = (
-    PageDef("app_pages/0_Home.py", "Home", ":material/home:", ""),
-    PageDef("app_pages/8_Story.py", "Story", ":material/auto_stories:", "Story"),
-    PageDef("app_pages/9_Paper.py", "Paper", ":material/fact_check:", "Paper"),
-    PageDef("app_pages/1_Prompt_lab.py", "Prompt lab", ":material/edit:", "Prompt_lab"),
-    PageDef("app_pages/2_Patching_heatmap.py", "Path patching", ":material/grid_on:", "Patching_heatmap"),
-    PageDef("app_pages/3_MLP_projections.py", "MLP projections", ":material/show_chart:", "MLP_projections"),
-    PageDef("app_pages/4_Knockout.py", "Knockout", ":material/content_cut:", "Knockout"),
-    PageDef("app_pages/5_Transfer.py", "Transfer", ":material/compare_arrows:", "Transfer"),
-    PageDef("app_pages/7_Information_flow.py", "Information flow", ":material/account_tree:", "Information_flow"),
-    PageDef("app_pages/6_Improve.py", "Improve", ":material/tune:", "Improve"),
+    PageDef("pages/0_Home.py", "Home", ":material/home:", ""),
+    PageDef("pages/1_Story.py", "Story", ":material/auto_stories:", "Story"),
+    PageDef("pages/2_Paper.py", "Paper", ":material/fact_check:", "Paper"),
+    PageDef("pages/3_Prompt_lab.py", "Prompt lab", ":material/edit:", "Prompt_lab"),
+    PageDef("pages/4_Patching_heatmap.py", "Path patching", ":material/grid_on:", "Patching_heatmap"),
+    PageDef("pages/5_MLP_projections.py", "MLP projections", ":material/show_chart:", "MLP_projections"),
+    PageDef("pages/6_Knockout.py", "Knockout", ":material/content_cut:", "Knockout"),
+    PageDef("pages/7_Transfer.py", "Transfer", ":material/compare_arrows:", "Transfer"),
+    PageDef("pages/8_Information_flow.py", "Information flow", ":material/account_tree:", "Information_flow"),
+    PageDef("pages/9_Improve.py", "Improve", ":material/tune:", "Improve"),
 )
 
 

@@ -214,7 +214,7 @@ def prompt_caption() -> None:
     """The typed prompt a page analyses, with a link to change it."""
     c1, c2 = st.columns([5, 1])
     c1.markdown(f"Typed prompt: **`{current_prompt()}`**")
-    page_link("app_pages/1_Prompt_lab.py", "change it", ":material/edit:", where=c2)
+    page_link("pages/3_Prompt_lab.py", "change it", ":material/edit:", where=c2)
 
 
 def sidebar() -> tuple[ModelChoice, "PromptSetSpec | ValueError"]:

@@ -18,7 +18,7 @@ def _env(tmp_path_factory, monkeypatch):
 
 
 def page(name: str, *, n: int = 12) -> AppTest:
-    at = AppTest.from_file(str(REPO / "app_pages" / name), default_timeout=300)
+    at = AppTest.from_file(str(REPO / "pages" / name), default_timeout=300)
     at.session_state["prompt_set"] = {"ops": ["add", "sub", "mul", "div"], "families": "paper (Fig. 8, 32 templates)",
                                       "n": n, "seed": 0}
     return at

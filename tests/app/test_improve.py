@@ -27,7 +27,7 @@ def _wait(timeout: float = 240.0):
 
 
 def test_precise_job_runs_and_compares():
-    at = page("6_Improve.py").run()
+    at = page("9_Improve.py").run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)
     assert any("No fine-tuning job yet" in i.value for i in at.info)
@@ -63,7 +63,7 @@ def test_the_page_trains_with_the_cli_recipe():
     from engine.finetune.recipe import default_recipe
     from engine.finetune.run import read_record
 
-    at = page("6_Improve.py").run()
+    at = page("9_Improve.py").run()
     assert not at.exception, at.exception
     from engine.backends import open_model
     recipe = default_recipe("precise", open_model("organism", device="cpu").facts.n_params)
@@ -85,13 +85,13 @@ def test_the_page_trains_with_the_cli_recipe():
 
 
 def test_bad_inputs_show_errors():
-    at = page("6_Improve.py").run()
+    at = page("9_Improve.py").run()
     at.text_input(key="ft_heads").set_value("99.99")  # a head that does not exist
     at.button[0].click().run()
     assert not at.exception, at.exception
     assert any("do not exist" in e for e in errors(at)), errors(at)
     assert not list_jobs()  # nothing was started
-    at = page("6_Improve.py").run()
+    at = page("9_Improve.py").run()
     at.selectbox(key="ft_data").set_value("JSONL file ...")
     at.text_input(key="ft_data_path").set_value("/nonexistent/data.jsonl")
     at.button[0].click().run()
@@ -101,7 +101,7 @@ def test_bad_inputs_show_errors():
     taken = jobs_root().parent / "tuned" / "taken"
     taken.mkdir(parents=True)
     (taken / "finetune.json").write_text("{}")
-    at = page("6_Improve.py").run()
+    at = page("9_Improve.py").run()
     at.text_input(key="ft_name").set_value("taken")
     at.button[0].click().run()
     assert not at.exception, at.exception
@@ -122,7 +122,7 @@ def test_a_job_whose_worker_died_is_shown_failed(tmp_path):
     proc.wait()
     (d / "status.json").write_text(json.dumps({"job_id": d.name, "state": "running", "pid": proc.pid, "step": 7,
                                                "total_steps": 90, "started": time.time(), "updated": time.time()}))
-    at = page("6_Improve.py").run()
+    at = page("9_Improve.py").run()
     assert not at.exception, at.exception
     msgs = errors(at)
     assert any("The job failed" in m and "killed or crashed" in m and "7/90" in m for m in msgs), msgs

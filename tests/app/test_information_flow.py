@@ -6,7 +6,7 @@ from tests.app.conftest import errors, page
 
 
 def test_information_flow_draws_the_heatmap_and_switches_group_and_metric():
-    at = page("7_Information_flow.py").run()
+    at = page("8_Information_flow.py").run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)
     assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == 1
@@ -20,7 +20,7 @@ def test_information_flow_draws_the_heatmap_and_switches_group_and_metric():
 
 
 def test_mlp_projections_page_shows_the_logit_lens():
-    at = page("3_MLP_projections.py").run()
+    at = page("5_MLP_projections.py").run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)
     assert "Logit lens of the answer" in [h.value for h in at.subheader]

@@ -15,7 +15,7 @@ def _charts(at) -> int:
 
 
 def test_prompt_lab_parses_and_predicts():
-    at = page("1_Prompt_lab.py").run()
+    at = page("3_Prompt_lab.py").run()
     _ok(at)
     assert at.text_input(key="typed_prompt").value == "The sum of 3 and 5 is"
     assert _charts(at) >= 1
@@ -27,7 +27,7 @@ def test_prompt_lab_parses_and_predicts():
 
 
 def test_prompt_lab_empty_and_nonsense_prompts():
-    at = page("1_Prompt_lab.py").run()
+    at = page("3_Prompt_lab.py").run()
     at.text_input(key="typed_prompt").set_value("").run()
     assert not at.exception and any("empty" in e for e in errors(at))
     at.text_input(key="typed_prompt").set_value("hello there").run()
@@ -36,7 +36,7 @@ def test_prompt_lab_empty_and_nonsense_prompts():
 
 
 def test_bad_model_path_gives_error_on_pages():
-    for name in ("1_Prompt_lab.py", "2_Patching_heatmap.py"):
+    for name in ("3_Prompt_lab.py", "4_Patching_heatmap.py"):
         at = page(name)
         from ui.session import ModelChoice
         at.session_state["model_choice"] = ModelChoice(spec="/no/such/model")
@@ -46,7 +46,7 @@ def test_bad_model_path_gives_error_on_pages():
 
 
 def test_patching_heatmap_and_head_selection_changes_attention_view():
-    at = page("2_Patching_heatmap.py").run()
+    at = page("4_Patching_heatmap.py").run()
     _ok(at)
     assert _charts(at) >= 3  # heatmap + token attention + role attention
     first = [h.value for h in at.subheader]
@@ -60,13 +60,13 @@ def test_patching_heatmap_and_head_selection_changes_attention_view():
 
 
 def test_mlp_projection_page():
-    at = page("3_MLP_projections.py").run()
+    at = page("5_MLP_projections.py").run()
     _ok(at)
     assert _charts(at) >= 1 and len(at.dataframe) == 1
 
 
 def test_knockout_page_changes_prediction():
-    at = page("4_Knockout.py").run()
+    at = page("6_Knockout.py").run()
     _ok(at)
     before = at.table[0].value.copy()
     at.multiselect(key="knockout_mlps").set_value([0, 5]).run()
@@ -86,7 +86,7 @@ def test_knockout_page_changes_prediction():
 
 
 def test_transfer_page():
-    at = page("5_Transfer.py").run()
+    at = page("7_Transfer.py").run()
     _ok(at)
     next(b for b in at.button if b.label == "Compare").click().run()
     _ok(at)
@@ -99,7 +99,7 @@ def test_transfer_page():
 
 def test_patching_page_shows_answer_tokens_and_role_definitions():
     from engine.techniques.attention import ROLE_DEFINITIONS
-    at = page("2_Patching_heatmap.py").run()
+    at = page("4_Patching_heatmap.py").run()
     _ok(at)
     md = " ".join(m.value for m in at.markdown)
     assert "First answer tokens of these" in md
@@ -114,7 +114,7 @@ def test_patching_page_shows_answer_tokens_and_role_definitions():
 
 
 def test_patching_exact_vs_attribution_tab_and_head_to_head_on_demand():
-    at = page("2_Patching_heatmap.py").run()
+    at = page("4_Patching_heatmap.py").run()
     _ok(at)
     assert [t.label for t in at.tabs] == ["Heatmap", "Exact vs attribution"]
     assert not any("Spearman" in c.value for c in at.caption)  # on demand: nothing computed on the first visit

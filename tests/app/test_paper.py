@@ -12,7 +12,7 @@ def _table(at):
 
 
 def test_every_finding_has_a_number_or_a_reason():
-    at = page("9_Paper.py", n=8).run()
+    at = page("2_Paper.py", n=8).run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)
     df = _table(at)
@@ -28,7 +28,7 @@ def test_every_finding_has_a_number_or_a_reason():
 
 
 def test_second_model_fills_fig_12_and_a_bad_one_is_an_error():
-    at = page("9_Paper.py", n=8).run()
+    at = page("2_Paper.py", n=8).run()
     at.text_input(key="paper_second_input").set_value(str(ORGANISM_DIR)).run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)

@@ -33,7 +33,7 @@ from tests.e2e.conftest import _free_port, streamlit_server
 
 REPO = Path(__file__).resolve().parents[2]
 ORGANISM = REPO / "models" / "organism"
-PAGES = REPO / "app_pages"
+PAGES = REPO / "pages"
 # the small prompt set every seeded page uses (8 addition prompts)
 SMALL_SET: dict[str, Any] = {"ops": ["add"], "families": "paper (Fig. 8, 32 templates)", "n": 8, "seed": 0}
 SMALL_SET_ARGS = ("--op", "add", "--n", "8", "--seed", "0", "--families", "paper")
@@ -77,7 +77,7 @@ def orphan_rows(db: Path) -> int:
 
 def run_page(name: str, *, prompt_set: dict[str, Any] | None = None, model: str | None = None,
              prompt: str | None = None, timeout: float = 300):
-    """Run one page (``app.py`` or ``app_pages/<name>``) once with AppTest and return it."""
+    """Run one page (``app.py`` or ``pages/<name>``) once with AppTest and return it."""
     from streamlit.testing.v1 import AppTest
     path = REPO / name if name == "app.py" else PAGES / name
     at = AppTest.from_file(str(path), default_timeout=timeout)
@@ -98,7 +98,7 @@ def n_charts(at) -> int:
     return len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart"))
 
 
-SEED_PAGES = ("2_Patching_heatmap.py", "3_MLP_projections.py", "4_Knockout.py")
+SEED_PAGES = ("4_Patching_heatmap.py", "5_MLP_projections.py", "6_Knockout.py")
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +111,7 @@ def seed_template(tmp_path_factory) -> Path:
     try:
         for name in SEED_PAGES:
             at = run_page(name)
-            if name == "4_Knockout.py":  # the Fig. 3 curve is computed when asked
+            if name == "6_Knockout.py":  # the Fig. 3 curve is computed when asked
                 at = at.button(key="knockout_curve_go").click().run()
             assert not at.exception and not at.error, (name, texts(at, "exception"), texts(at, "error"))
     finally:

@@ -26,7 +26,7 @@ def run(scenario: dict) -> dict:
 
     os.environ["ARITHLAB_CACHE"] = scenario["cache"]
     page = scenario["page"]
-    at = AppTest.from_file(str(REPO / page if page == "app.py" else REPO / "app_pages" / page), default_timeout=300)
+    at = AppTest.from_file(str(REPO / page if page == "app.py" else REPO / "pages" / page), default_timeout=300)
     at.session_state["prompt_set"] = scenario["prompt_set"]
     if scenario.get("model"):
         from ui.session import ModelChoice

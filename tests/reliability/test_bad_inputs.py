@@ -26,7 +26,7 @@ from tests.reliability.conftest import (
     texts,
 )
 
-ANALYSIS_PAGES = ("2_Patching_heatmap.py", "3_MLP_projections.py", "4_Knockout.py")
+ANALYSIS_PAGES = ("4_Patching_heatmap.py", "5_MLP_projections.py", "6_Knockout.py")
 
 # ---------------------------------------------------------------------------------------------
 # typed prompts
@@ -48,7 +48,7 @@ PROMPTS = {
 @pytest.mark.parametrize("case", list(PROMPTS))
 def test_typed_prompt_in_pages(case, seeded_cache):
     text, where, phrase, _ = PROMPTS[case]
-    at = run_page("1_Prompt_lab.py", prompt=text)
+    at = run_page("3_Prompt_lab.py", prompt=text)
     assert not at.exception, texts(at, "exception")
     shown = texts(at, where)
     assert any(phrase in s for s in shown), (where, shown, texts(at, "error"))
@@ -126,7 +126,7 @@ def test_multi_token_operands_in_cli(seeded_cache, cli):
 
 def test_k_n_and_op_widgets_refuse_bad_values(seeded_cache):
     """Pages take k, n and operations from bounded widgets: out-of-range values never reach the engine."""
-    at = run_page("2_Patching_heatmap.py")
+    at = run_page("4_Patching_heatmap.py")
     k = next(w for w in at.number_input if w.label == "Top k")
     assert k.max == 64  # the model's heads
     k.set_value(49).run()
@@ -162,7 +162,7 @@ def test_bad_model_in_cli(kind, seeded_cache, cli, tmp_path):
 @pytest.mark.parametrize("kind", list(BAD_MODELS))
 def test_bad_model_in_pages(kind, seeded_cache, tmp_path):
     model, marker = make_bad_model(kind, tmp_path / "models")
-    for name in ("app.py", "1_Prompt_lab.py"):
+    for name in ("app.py", "3_Prompt_lab.py"):
         at = run_page(name, model=str(model))
         assert not at.exception, (name, texts(at, "exception"))
         errs = texts(at, "error")
@@ -202,8 +202,8 @@ def permission_cases(seed_template, tmp_path_factory):
         pages = start_pages_unprivileged(
             [{"page": "app.py", "cache": str(caches["models"]), "model": str(m), "prompt_set": SMALL_SET}
              for m in models.values()]
-            + [{"page": "2_Patching_heatmap.py", "cache": str(ro), "prompt_set": {**SMALL_SET, "seed": 1}},
-               {"page": "2_Patching_heatmap.py", "cache": str(ro), "prompt_set": SMALL_SET}])
+            + [{"page": "4_Patching_heatmap.py", "cache": str(ro), "prompt_set": {**SMALL_SET, "seed": 1}},
+               {"page": "4_Patching_heatmap.py", "cache": str(ro), "prompt_set": SMALL_SET}])
         out = {name: p.result() for name, p in started.items()}
         out["page_directory"], out["page_weights"], out["ro_miss_page"], out["ro_hit_page"] = page_results(pages)
         out["ro_mode"] = ro.stat().st_mode & 0o777
@@ -268,14 +268,14 @@ def test_corrupt_cache_in_cli(seeded_cache, cli):
 
 def test_corrupt_cache_in_pages(seeded_cache):
     damaged = _corrupt(seeded_cache.path)
-    at = run_page("2_Patching_heatmap.py")
+    at = run_page("4_Patching_heatmap.py")
     assert not at.exception
     errs = texts(at, "error")
     assert len(errs) == 1 and "damaged" in errs[0] and "moved aside" in errs[0], errs
     assert n_charts(at) >= 3  # the results are computed and shown all the same
     [aside] = seeded_cache.path.parent.glob("results.duckdb.corrupt-*")
     assert aside.read_bytes() == damaged
-    at = run_page("2_Patching_heatmap.py")  # the fresh cache now serves the page
+    at = run_page("4_Patching_heatmap.py")  # the fresh cache now serves the page
     assert not at.exception and not at.error
     assert any("read from the cache" in c for c in texts(at, "caption"))
 
@@ -307,7 +307,7 @@ def test_full_disk_in_pages(seeded_cache, full_disk):
     errs = texts(at, "error")
     assert len(errs) == 1 and "disk (or quota) is full" in errs[0], errs
     assert len(at.dataframe) >= 1 and n_charts(at) >= 1  # the accuracy is shown all the same
-    at = run_page("4_Knockout.py")
+    at = run_page("6_Knockout.py")
     assert not at.exception and not at.error  # cached results are still served
     seeded_cache.assert_intact()
     assert snapshot(seeded_cache.path).keys() == seeded_cache.baseline.keys()

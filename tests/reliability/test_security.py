@@ -29,7 +29,7 @@ from tests.reliability.conftest import (
     write_malicious_pickle,
 )
 
-SOURCE_DIRS = ("engine", "cache", "ui", "app_pages", "bench")
+SOURCE_DIRS = ("engine", "cache", "ui", "pages", "bench")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def _violations(tree: ast.AST) -> list[str]:
 
 
 def test_source_has_no_pickle_loads_and_no_remote_code():
-    """Every .py of app.py, engine/, cache/, ui/, app_pages/, bench/: no pickle-based load
+    """Every .py of app.py, engine/, cache/, ui/, pages/, bench/: no pickle-based load
     (torch.load only with weights_only=True), trust_remote_code only ever literally False."""
     files = _source_files()
     assert len(files) > 30

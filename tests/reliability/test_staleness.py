@@ -83,7 +83,7 @@ def test_schema_version_bump_ignores_old_rows(seeded_cache, cli, monkeypatch, tm
     assert json.loads(r.out)["cached"] is False
     assert new_csv.read_text() == old_csv.read_text()
     assert sorted(s.method for s in ResultCache().list_runs()) == ["kept_prompts", "path_patching"]
-    at = run_page("4_Knockout.py")  # a page under the new version: recomputes, no error
+    at = run_page("6_Knockout.py")  # a page under the new version: recomputes, no error
     assert not at.exception and not at.error, texts(at, "error")
     seeded_cache.assert_intact()  # the old rows are still in the file
     monkeypatch.setattr(cache.schema, "SCHEMA_VERSION", version)
@@ -106,6 +106,6 @@ def test_rows_of_any_other_version_are_never_read(seeded_cache, version):
         con.close()
     c = ResultCache()
     assert c.list_runs() == [] and all(c.get(r.run_id) is None for r in runs)
-    at = run_page("2_Patching_heatmap.py")
+    at = run_page("4_Patching_heatmap.py")
     assert not at.exception and not at.error, texts(at, "error")
     assert any("computed now" in c for c in texts(at, "caption"))

@@ -21,7 +21,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_pages_and_ui_do_not_import_torch():
-    files = [REPO / "app.py", *sorted((REPO / "app_pages").glob("*.py")), *sorted((REPO / "ui").glob("*.py"))]
+    files = [REPO / "app.py", *sorted((REPO / "pages").glob("*.py")), *sorted((REPO / "ui").glob("*.py"))]
     assert len(files) >= 7
     offenders = [f.name for f in files if {"torch", "transformers", "transformer_lens", "nnsight"} & _imports(f)]
     assert not offenders, offenders
