@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum < requirements.txt | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 HOST ?= 127.0.0.1
 PORT ?= 8501
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -12,11 +12,14 @@ PYTEST_ARGS ?=
 
 .PHONY: setup run test lint chromium smollm2 bench clean-cache screenshots
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing pinned packages into $(VENV) ..."
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 \
 	  | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+	@# the lab itself, editable: engine, cache, ui, views and bench import from anywhere (no sys.path edits)
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+	  --config-settings editable_mode=compat -e .
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 setup: $(STAMP)

@@ -14,32 +14,29 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.path_patching import qwen_shaped  # noqa: E402
-from engine.backends import open_model  # noqa: E402
-from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
-from engine.techniques.attribution import (  # noqa: E402
-    AttributionRaw,  # noqa: E402
+from bench.path_patching import qwen_shaped
+from engine.backends import open_model
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.attribution import (
+    AttributionRaw,
     activation_patching,
     agreement,
     path_atp,
     sender_rows,
     total_atp,
 )
-from engine.techniques.batching import pad, pad_id  # noqa: E402
-from engine.techniques.head_patching import Receiver, head_path_patching  # noqa: E402
-from engine.techniques.logit_lens import logit_lens  # noqa: E402
-from engine.techniques.patching import path_patching  # noqa: E402
-from engine.techniques.position_patching import layer_position_patching  # noqa: E402
-from tests.helpers.smollm2 import smollm2_gguf_path  # noqa: E402
+from engine.techniques.batching import pad, pad_id
+from engine.techniques.head_patching import Receiver, head_path_patching
+from engine.techniques.logit_lens import logit_lens
+from engine.techniques.patching import path_patching
+from engine.techniques.position_patching import layer_position_patching
+from tests.helpers.smollm2 import smollm2_gguf_path
 
 
 def forward_seconds(model, pairs) -> float:

@@ -20,23 +20,19 @@ transformers.  ``--only organism`` skips the second model.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from path_patching import organism_label, qwen_shaped  # noqa: E402
-
-from engine.backends import hooks as H  # noqa: E402
-from engine.backends import open_model  # noqa: E402
-from engine.models.load import load_plain  # noqa: E402
-from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
-from engine.techniques.patching import _pad, path_patching  # noqa: E402
+from bench.path_patching import organism_label, qwen_shaped
+from engine.backends import hooks as H
+from engine.backends import open_model
+from engine.models.load import load_plain
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.batching import pad as pad_ids
+from engine.techniques.patching import path_patching
 
 
 def best_times(fns: dict, reps: int) -> dict:
@@ -81,7 +77,7 @@ def bench(label: str, spec: str, n_prompts: int, reps: int) -> list[dict]:
     pairs, _ = generate(tok, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=n_prompts, seed=0))
     pairs = pairs[:n_prompts]
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    ids, mask, _ = _pad([p.ref_ids for p in pairs], pad)
+    ids, mask, _ = pad_ids([p.ref_ids for p in pairs], pad)
     L = backends["bridge"].facts.n_layers
     names = [n for layer in range(L) for n in (H.attn_z(layer), H.attn_out(layer), H.resid_pre(layer),
                                                H.mlp_out(layer))]

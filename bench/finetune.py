@@ -45,17 +45,16 @@ from typing import Self
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine.finetune.train import (  # noqa: E402
+from engine.finetune.train import (
     SFTExample,
     TrainConfig,
     TrainProgress,
     encode_examples,
     train,
 )
-from engine.models.load import load_plain  # noqa: E402
+from engine.models.load import load_plain
+
+ROOT = Path(__file__).resolve().parents[1]
 
 METHODS = ("precise", "full", "lora")
 MiB = 1024 * 1024

@@ -47,19 +47,18 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engine.backends.nnsight import NnsightBackend, wrap
+from engine.evaluation.benchmarks import load_benchmark
+from engine.evaluation.evaluate import evaluate
+from engine.evaluation.facts import FACTS, fact_hits, text_loss
+from engine.finetune.heldout import split_problems
+from engine.finetune.recipe import default_recipe
+from engine.finetune.train import SFTExample, TrainConfig, train
+from engine.models.load import load_plain, plain_facts
+from engine.prompts.pairs import build_pairs
+from engine.techniques.accuracy import score_pairs
 
-from engine.backends.nnsight import NnsightBackend, wrap  # noqa: E402
-from engine.evaluation.benchmarks import load_benchmark  # noqa: E402
-from engine.evaluation.evaluate import evaluate  # noqa: E402
-from engine.evaluation.facts import FACTS, fact_hits, text_loss  # noqa: E402
-from engine.finetune.heldout import split_problems  # noqa: E402
-from engine.finetune.recipe import default_recipe  # noqa: E402
-from engine.finetune.train import SFTExample, TrainConfig, train  # noqa: E402
-from engine.models.load import load_plain, plain_facts  # noqa: E402
-from engine.prompts.pairs import build_pairs  # noqa: E402
-from engine.techniques.accuracy import score_pairs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MATH = ("gsm8k", "addsub", "singleeq", "svamp")
 GENERIC = ("mmlu", "csqa")

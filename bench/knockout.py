@@ -11,17 +11,13 @@ median over repeats for several knockout sizes.  Target: < 300 ms.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.backends import open_model  # noqa: E402
-from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
-from engine.techniques.ablation import Knockout, knockout_accuracy, mean_activations  # noqa: E402
-from engine.techniques.accuracy import keep_correct  # noqa: E402
-from engine.techniques.promptlab import analyse_prompt  # noqa: E402
+from engine.backends import open_model
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.ablation import Knockout, knockout_accuracy, mean_activations
+from engine.techniques.accuracy import keep_correct
+from engine.techniques.promptlab import analyse_prompt
 
 
 def main(repeats: int = 7) -> None:

@@ -13,19 +13,16 @@ spread sample of senders (``--ref-senders``) and its time scaled to all senders 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.backends import open_model  # noqa: E402
-from engine.organism.recipe import build_tokenizer  # noqa: E402
-from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
-from engine.techniques.patching import Sender, all_senders, path_patching, path_patching_reference  # noqa: E402
+from engine.backends import open_model
+from engine.organism.recipe import build_tokenizer
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.patching import Sender, all_senders, path_patching, path_patching_reference
 
 
 def organism_label(vocab: bool = False) -> str:

@@ -23,18 +23,14 @@ On CPU (bf16 and fp16 are emulated in software: slow, but the same numerics ques
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.backends import open_model  # noqa: E402
-from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
-from engine.techniques.accuracy import keep_correct  # noqa: E402
-from engine.techniques.patching import _pad, _pad_id, path_patching  # noqa: E402
+from engine.backends import open_model
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.accuracy import keep_correct
+from engine.techniques.patching import _pad, _pad_id, path_patching
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:

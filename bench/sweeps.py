@@ -1,20 +1,16 @@
-"""Benchmark: every sweep's cost in forward-equivalents and seconds, before/after issue 15.
+"""Benchmark: every sweep's cost in forward-equivalents and seconds, against its floor.
 
 For the bundled model, SmolLM2-135M and a random-init Qwen2.5-0.5B-shaped model (full 151,936-token
 vocabulary), on ``--n`` prompts per operation (default 16, ``--ops add``), prints per technique:
 seconds (wall and process CPU), **forward-equivalents** (FE) and the floor they are measured
-against, for the former implementation ("before": full ``[batch, pos, vocab]`` logits, one pass
-per knockout set, duplicates included, the filter and the accuracy each running the forward pass)
-and the current one ("after").
+against.  (The implementations these replaced -- full ``[batch, pos, vocab]`` logits, one pass per
+knockout set -- are measured at the commit docs/benchmarks.md names; run this script there to compare.)
 
 Forward-equivalent: one batched forward pass of the prompt set (right-padded, full logits) = 1.
 The work of every forward call is *counted* (positions through the blocks, positions through the
 final norm + unembedding, MLP-branch rows of path patching's END chains) by wrapping the backend's
 methods, and weighted by multiply-accumulates per position from the model's shape (attention
 projections + MLP per block, d_model x vocab for the unembedding); attention scores are left out.
-
-A "before" run that would take minutes on the 0.5B shape is timed on ``--before-sample`` knockout
-sets and scaled to all of them (the table says so); its FE count is exact either way.
 
     .venv/bin/python bench/sweeps.py                   # all three models
     .venv/bin/python bench/sweeps.py --models organism,smollm2
@@ -24,7 +20,6 @@ sets and scaled to all of them (the table says so); its FE count is exact either
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -33,23 +28,21 @@ from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.backends import open_model  # noqa: E402
-from engine.backends.base import macs_per_position  # noqa: E402
-from engine.prompts.promptsets import PromptSetSpec, generate  # noqa: E402
-from engine.techniques.ablation import (  # noqa: E402
+from bench.path_patching import organism_label
+from bench.path_patching import qwen_shaped as build_qwen_shaped
+from engine.backends import open_model
+from engine.backends.base import macs_per_position
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.ablation import (
     Knockout,
     curve_knockouts,
     distinct_knockouts,
     knockout_accuracies,
-    knockout_accuracy,
     knockout_curve,
     mean_activations,
 )
-from engine.techniques.accuracy import score_pairs  # noqa: E402
-from engine.techniques.batching import pad, pad_id  # noqa: E402
-from engine.techniques.patching import cached_path_patching  # noqa: E402
+from engine.techniques.accuracy import score_pairs
+from engine.techniques.patching import cached_path_patching
 
 
 @dataclass
@@ -99,9 +92,6 @@ def fe(facts, unit_tokens: int, body: float, unembed: float, mlp_rows: float = 0
 class Row:
     model: str
     technique: str
-    before_s: float
-    before_cpu: float
-    before_fe: float
     after_s: float
     after_cpu: float
     after_fe: float
@@ -119,15 +109,7 @@ def measure(counter: Counter, fn: Callable[[], object]) -> tuple[float, float, t
     return t, c, tuple(x - y for x, y in zip(b1, b0))
 
 
-def old_scores(model, pairs) -> None:
-    """The former accuracy pass: full logits over prompt + answer (run once by the filter, once by
-    the accuracy table)."""
-    ids, mask, _ = pad([p.ref_ids + p.answer_ids for p in pairs], pad_id(model))
-    with torch.no_grad():
-        model.logits(ids, mask).float()
-
-
-def bench_model(label: str, spec: str, ops: tuple[str, ...], n: int, before_sample: int, *, device: str = "cpu",
+def bench_model(label: str, spec: str, ops: tuple[str, ...], n: int, *, device: str = "cpu",
                 dtype: str = "float32") -> list[Row]:
     torch.manual_seed(0)
     model = open_model(spec, device=device, dtype=dtype)
@@ -140,75 +122,52 @@ def bench_model(label: str, spec: str, ops: tuple[str, ...], n: int, before_samp
     c.attach(model)
     rows: list[Row] = []
 
-    def row(name, before, after, floor_fe, floor, note=""):
-        (bt, bc, bw), (at, ac, aw) = before, after
-        rows.append(Row(label, name, bt, bc, fe(f, unit, bw[0], bw[1], bw[2]), at, ac,
-                        fe(f, unit, aw[0], aw[1], aw[2]), floor_fe, floor, note))
+    def row(name, measured, floor_fe, floor, note=""):
+        t, cpu, w = measured
+        rows.append(Row(label, name, t, cpu, fe(f, unit, w[0], w[1], w[2]), floor_fe, floor, note))
 
     # -- accuracy: the prompt filter + the accuracy table -----------------------------------------
-    def before_acc():
-        old_scores(model, pairs)
-        old_scores(model, pairs)
-    before = measure(c, before_acc)
-    after = measure(c, lambda: (score_pairs(model, pairs), score_pairs(model, pairs)))
+    t = measure(c, lambda: (score_pairs(model, pairs), score_pairs(model, pairs)))
     ans_tokens = sum(len(p.ref_ids) + len(p.answer_ids) for p in pairs)
     floor = fe(f, unit, ans_tokens, sum(len(p.answer_ids) + 1 for p in pairs))
-    row("filter + accuracy", before, after, floor, "1 pass over prompt+answer, unembedding at END..")
+    row("filter + accuracy", t, floor, "1 pass over prompt+answer, unembedding at END..")
 
     # -- mean activations (once per prompt set and model, memoized) --------------------------------
     t = measure(c, lambda: mean_activations(model, pairs))
     means = mean_activations(model, pairs)
-    row("mean activations (X_c)", t, t, fe(f, unit, unit, unit), "1 forward over X_c", "unchanged")
+    row("mean activations (X_c)", t, fe(f, unit, unit, unit), "1 forward over X_c")
 
-    # -- path patching (already at its floor: unchanged) ------------------------------------------
+    # -- path patching --------------------------------------------------------------------------
     tables = []
     t = measure(c, lambda: tables.append(cached_path_patching(model, pairs)[0]))
     ranked_all = [(layer, h) for layer, h, _ in tables[0].top_heads(20)]
-    row("path patching (all heads + MLPs)", t, t, fe(f, unit, 2 * unit, 2 * unit), "2 forwards (+ END MLP chains)",
-        "unchanged")
+    row("path patching (all heads + MLPs)", t, fe(f, unit, 2 * unit, 2 * unit), "2 forwards (+ END MLP chains)")
 
     # -- live knockout: accuracy before + after (3 heads) -------------------------------------------
     ko = Knockout(tuple(ranked_all[:3]))
-    before = measure(c, lambda: (knockout_accuracy(model, pairs, Knockout(), means, end_only=False),
-                                 knockout_accuracy(model, pairs, ko, means, end_only=False)))
-    after = measure(c, lambda: knockout_accuracies(model, pairs, [Knockout(), ko], means))
+    t = measure(c, lambda: knockout_accuracies(model, pairs, [Knockout(), ko], means))
     real = sum(len(p.ref_ids) for p in pairs)
-    row("knockout (before + after, 3 heads)", before, after, fe(f, unit, 2 * real, 2 * len(pairs)),
-        "2 END-only evaluations")
+    row("knockout (none and 3 heads)", t, fe(f, unit, 2 * real, 2 * len(pairs)), "2 END-only evaluations")
 
     # -- knockout curve, k_max 10, 5 draws -----------------------------------------------------------
     k_max, draws = 10, 5
     ranked = ranked_all[:k_max]
     plan = curve_knockouts(L, H, ranked, k_max=k_max, draws=draws)
-    n_sets = sum(1 + len(r) for _, _, r in plan)
     n_distinct = len(distinct_knockouts([k for _, t_, r in plan for k in [t_, *r]], L, H))
-    if before_sample and before_sample < n_sets:
-        sample = [k for _, t_, r in plan for k in [t_, *r]][-before_sample:]  # the largest k: the costliest
-        bt, bc, bw = measure(c, lambda: [knockout_accuracy(model, pairs, k, means, end_only=False) for k in sample])
-        s = n_sets / len(sample)
-        before = (bt * s, bc * s, tuple(int(x * s) for x in bw))
-        note = f"before: {len(sample)} of {n_sets} sets timed, scaled"
-    else:
-        before = measure(c, lambda: knockout_curve(model, pairs, ranked, means, k_max=k_max, draws=draws,
-                                                   batched=False))
-        note = ""
-    after = measure(c, lambda: knockout_curve(model, pairs, ranked, means, k_max=k_max, draws=draws))
-    row(f"knockout curve (k<={k_max}, {draws} draws)", before, after, fe(f, unit, n_distinct * real,
-        n_distinct * len(pairs)), f"{n_distinct} distinct sets x 1 END-only evaluation", note)
+    t = measure(c, lambda: knockout_curve(model, pairs, ranked, means, k_max=k_max, draws=draws))
+    row(f"knockout curve (k<={k_max}, {draws} draws)", t, fe(f, unit, n_distinct * real, n_distinct * len(pairs)),
+        f"{n_distinct} distinct sets x 1 END-only evaluation")
 
     # -- transfer: the knockouts of one set (patching as above) -----------------------------------------
     own, other = Knockout(tuple(ranked_all[:10])), Knockout(tuple(ranked_all[10:20]))
-    before = measure(c, lambda: [knockout_accuracy(model, pairs, k, means, end_only=False)
-                                 for k in (Knockout(), own, other)])
-    after = measure(c, lambda: knockout_accuracies(model, pairs, [Knockout(), own, other], means))
-    row("transfer knockouts (per set: none, own, other)", before, after, fe(f, unit, 3 * real, 3 * len(pairs)),
+    t = measure(c, lambda: knockout_accuracies(model, pairs, [Knockout(), own, other], means))
+    row("transfer knockouts (per set: none, own, other)", t, fe(f, unit, 3 * real, 3 * len(pairs)),
         "3 END-only evaluations (+ path patching, as above)")
     return rows
 
 
 def qwen_shaped(out: Path) -> Path:
-    from path_patching import qwen_shaped as build
-    return build(out, quick=False)
+    return build_qwen_shaped(out, quick=False)
 
 
 def llama7b_shaped(out: Path, device: str) -> Path:
@@ -236,41 +195,35 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--ops", default="add")
     ap.add_argument("--n", type=int, default=16, help="prompts per operation")
-    ap.add_argument("--before-sample", type=int, default=6,
-                    help="on the 0.5B shape, time the former curve on this many sets and scale (0: all)")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     ops = tuple(o.strip() for o in args.ops.split(","))
     rows: list[Row] = []
     wanted = args.models.split(",")
     if "organism" in wanted:
-        from path_patching import organism_label
-        rows += bench_model(organism_label(vocab=True), "organism", ops, args.n, 0)
+        rows += bench_model(organism_label(vocab=True), "organism", ops, args.n)
     if "smollm2" in wanted:
         from tests.helpers.smollm2 import smollm2_gguf_path
         rows += bench_model("SmolLM2-135M (30L, 9H/3KV, d576, vocab 49152)", str(smollm2_gguf_path()), ops,
-                            args.n, 0)
+                            args.n)
     if "qwen0.5b" in wanted:
         with tempfile.TemporaryDirectory() as d:
             path = qwen_shaped(Path(d) / "qwen")
             rows += bench_model("random Qwen2.5-0.5B shape (24L, 14H/2KV, d896, vocab 151936)", str(path), ops,
-                                args.n, args.before_sample, device=args.device, dtype=args.dtype)
+                                args.n, device=args.device, dtype=args.dtype)
     if "llama7b" in wanted:
         with tempfile.TemporaryDirectory() as d:
             path = llama7b_shaped(Path(d) / "llama", args.device)
             rows += bench_model("random Llama-2-7B shape (32L, 32H, d4096, mlp 11008, vocab 32000)", str(path), ops,
-                                args.n, args.before_sample, device=args.device, dtype=args.dtype)
+                                args.n, device=args.device, dtype=args.dtype)
     print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} CPU threads, {args.device}, {args.dtype}, "
           f"{args.n} prompts per op "
           f"({args.ops}); FE = forward-equivalents (1 = one padded full-logits pass of the prompts); "
           f"s = wall seconds, cpu = process CPU seconds\n")
-    print("| model | technique | before s (cpu) | before FE | after s (cpu) | after FE | floor FE | "
-          "speed-up | floor | note |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    print("| model | technique | s (cpu) | FE | floor FE | FE / floor | floor | note |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- | --- |")
     for r in rows:
-        print(f"| {r.model} | {r.technique} | {r.before_s:.2f} ({r.before_cpu:.2f}) | {r.before_fe:.1f} | "
-              f"{r.after_s:.2f} ({r.after_cpu:.2f}) | {r.after_fe:.1f} | {r.floor_fe:.1f} | "
-              f"{r.before_cpu / max(r.after_cpu, 1e-9):.1f}x | {r.floor} | {r.note} |")
+        print(f"| {r.model} | {r.technique} | {r.after_s:.2f} ({r.after_cpu:.2f}) | {r.after_fe:.1f} | "
+              f"{r.floor_fe:.1f} | {r.after_fe / max(r.floor_fe, 1e-9):.2f} | {r.floor} | {r.note} |")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""A shareable report of the paper's analysis on one model and prompt set (data only; see ``ui/report.py``).
+"""A shareable report of the paper's analysis on one model and prompt set (data only; see ``views/report.py``).
 
 Gathers, through the result cache (computing what is missing), the numbers of the paper's steps on
 the chosen prompt set: accuracy per operation, path patching (every head and MLP), the top heads'

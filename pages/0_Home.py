@@ -11,10 +11,10 @@ from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import PromptSetSpec, answer_token_stats, generate
 from engine.prompts.templates import OPS, PAPER_OPS
 from engine.techniques.accuracy import accuracy_report
-from ui.charts import template_bars
 from ui.circuit_views import circuit_summary_view
 from ui.progress import progress_bar
 from ui.session import result_cache, setup_page
+from views.charts import template_bars
 
 model, summary_spec = setup_page(
     "Arithmetic-circuits lab",

@@ -6,10 +6,10 @@ import pandas as pd
 import streamlit as st
 
 from ui import state
-from ui.charts import heatmap, heatmap_frame, heatmap_limit
 from ui.nav import page_def, page_link
 from ui.progress import USER_ERRORS, run_with_progress
 from ui.session import ModelChoice, loaded_model, result_cache, setup_page
+from views.charts import heatmap, heatmap_frame, heatmap_limit
 
 model, spec = setup_page(
     "Paper",

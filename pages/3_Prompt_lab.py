@@ -8,8 +8,8 @@ import streamlit as st
 
 from engine.prompts.pairs import PromptError
 from engine.techniques.promptlab import analyse_prompt
-from ui.charts import display_token, fmt_prob, ranked_bars
 from ui.session import prompt_input, setup_page
+from views.charts import display_token, fmt_prob, ranked_bars
 
 model, _ = setup_page(
     "Prompt lab",

@@ -20,10 +20,10 @@ from engine.techniques.ablation import (
 from engine.techniques.patching import cached_path_patching
 from engine.techniques.promptlab import analyse_prompt
 from ui import state
-from ui.charts import display_token, fmt_prob
-from ui.circuit_charts import knockout_curve_chart
 from ui.progress import run_with_progress
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
+from views.charts import display_token, fmt_prob
+from views.circuit_charts import knockout_curve_chart
 
 model, spec = setup_page(
     "Knockout",

@@ -28,9 +28,9 @@ from engine.finetune.slices import parse_heads
 from engine.finetune.train import TrainConfig
 from engine.prompts.pairs import PromptError
 from engine.techniques.patching import cached_path_patching
-from ui.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve
 from ui.improve_views import comparison_chart, comparison_rows, comparison_table
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page, use_model
+from views.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve
 
 model, spec = setup_page(
     "Improve",

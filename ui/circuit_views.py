@@ -14,10 +14,10 @@ from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens
 from engine.techniques.position_patching import cached_layer_position_patching
-from ui.charts import HEAD_SELECTION, display_token, heatmap, heatmap_frame
-from ui.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
 from ui.nav import PAGES, page_def, page_link
 from ui.progress import USER_ERRORS, run_with_progress
+from views.charts import HEAD_SELECTION, display_token, heatmap, heatmap_frame
+from views.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
 
 KIND_NAMES = dict(KINDS)
 
@@ -232,7 +232,7 @@ def circuit_summary_view(model, spec, cache) -> None:
 def report_section(model, spec, cache) -> None:
     """Build the shareable HTML report of the sidebar's prompt set (computing what is missing), then offer it."""
     from engine.report import STEPS, build_report
-    from ui.report import render_html
+    from views.report import render_html
     key = f"report:{model.facts.fingerprint}:{sorted(spec.to_params().items())}"
     if st.button("Build the report of this prompt set", key="report_build",
                  help="Accuracy, path patching, the top heads' attention, MLP projections, logit lens and the "
@@ -259,7 +259,7 @@ def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
     """Per layer, the MLP projections (mean ± sd over the set) as lines; returns their frame (None after an
     ``st.error``).  The answer series is the strongest colour."""
     from engine.techniques.projections import cached_mlp_projections
-    from ui.charts import lines_with_band
+    from views.charts import lines_with_band
     out = run_with_progress("Projecting", "compute the projections",
                             lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb))
     if out is None:
@@ -293,7 +293,7 @@ def mlp_layer_view(model, pairs, cache, layer: int, text: str) -> None:
     import altair as alt
 
     from engine.techniques.projections import cached_mlp_projections
-    from ui.charts import PALETTE
+    from views.charts import PALETTE
     out = run_with_progress("Projecting", "compute the MLP projections",
                             lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb))
     if out is None:

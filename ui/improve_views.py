@@ -27,7 +27,7 @@ def comparison_table(rows) -> None:
 
 def comparison_chart(rows) -> alt.Chart:
     """Base vs tuned accuracy per task, side by side, each bar labelled with its percentage."""
-    from ui.charts import PALETTE
+    from views.charts import PALETTE
     df = pd.DataFrame([{"task": x.task, "model": m, "accuracy": acc, "n": x.n}
                        for x in rows for m, acc in (("base", x.base), ("tuned", x.tuned))])
     base = alt.Chart(df).encode(

@@ -11,10 +11,10 @@ import pandas as pd
 import streamlit as st
 
 from engine.prompts.pairs import PromptError
-from ui.charts import display_token, heatmap, heatmap_frame, ranked_bars, token_bars
 from ui.nav import page_def, page_link
 from ui.progress import USER_ERRORS, run_with_progress
 from ui.session import analysed_pairs, current_prompt
+from views.charts import display_token, heatmap, heatmap_frame, ranked_bars, token_bars
 
 STEPS = ("The model answers", "A few key heads", "What the top head reads", "The MLPs write the answer",
          "Knock out the key heads", "Improve with precise SFT")
@@ -122,7 +122,7 @@ def step_mlps(model, spec, cache) -> None:
 def step_knockout(model, spec, cache) -> None:
     from engine.techniques.ablation import cached_knockout_curve
     from engine.techniques.summary import KNOCKOUT_DRAWS, KNOCKOUT_K
-    from ui.circuit_charts import knockout_curve_chart
+    from views.circuit_charts import knockout_curve_chart
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)
     f = model.facts

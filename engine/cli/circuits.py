@@ -154,7 +154,7 @@ def cmd_head_patch(args, tools: CliTools) -> int:
 def cmd_report(args, tools: CliTools) -> int:
     """``report``: every number of the paper's steps on the set, as one HTML file (+ chart images)."""
     from engine.report import build_report
-    from ui.report import chart_images, render_html  # the dashboard's own charts (no Streamlit there)
+    from views.report import chart_images, render_html  # the dashboard's own charts (no Streamlit there)
     if args.k_max < 1 or args.draws < 1:
         raise ValueError("--k-max and --draws must be at least 1")
     model = tools.model(args)
@@ -172,7 +172,7 @@ def cmd_reproduce(args, tools: CliTools) -> int:
     """``reproduce``: the report with the paper's findings first (holds / does not hold / why not)."""
     from engine.backends import open_model
     from engine.report import build_report
-    from ui.report import render_html
+    from views.report import render_html
     model = tools.model(args)
     second = open_model(args.compare, device=model.facts.device) if args.compare else None
     rep = build_report(model, tools.spec(args), tools.cache(args), paper=True, second=second)

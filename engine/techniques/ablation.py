@@ -320,27 +320,10 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
     return [acc[ko] for ko in valid]
 
 
-@torch.no_grad()
 def knockout_accuracy(backend: ModelBackend, pairs: Sequence[PromptPair], ko: Knockout,
-                      means: MeanActivations, *, end_only: bool = True, batch_size: int = 128) -> float:
-    """First-token accuracy of the reference prompts with ``ko`` ablated.
-
-    ``end_only=False`` is the former path (full ``[batch, pos, vocab]`` logits, then the END row),
-    kept for the exactness test and the before/after benchmark (``bench/sweeps.py``)."""
-    if end_only:
-        return knockout_accuracies(backend, pairs, [ko], means)[0]
-    if not pairs:
-        raise ValueError("no prompt pairs")
-    pad_token = pad_id(backend)
-    right = 0
-    for s in range(0, len(pairs), batch_size):
-        chunk = pairs[s:s + batch_size]
-        ids, mask, end = pad([p.ref_ids for p in chunk], pad_token)
-        with knocked_out(backend, ko, means, [p.template for p in chunk], end.tolist()):
-            lg = backend.logits(ids, mask)
-        pred = lg[torch.arange(len(chunk)), end.to(lg.device)].argmax(-1).cpu()
-        right += int((pred == torch.tensor([p.answer_id for p in chunk])).sum())
-    return right / len(pairs)
+                      means: MeanActivations) -> float:
+    """First-token accuracy of the reference prompts with ``ko`` ablated (one END-only evaluation)."""
+    return knockout_accuracies(backend, pairs, [ko], means)[0]
 
 
 @dataclass(frozen=True)
@@ -408,32 +391,20 @@ def curve_knockouts(n_layers: int, n_heads: int, ranked_heads: Sequence[tuple[in
 
 def knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]],
                    means: MeanActivations, *, k_max: int, draws: int = 10, seed: int = 0,
-                   progress: ProgressFn | None = None, batched: bool = True,
-                   sets_per_pass: int | None = None, ks: Sequence[int] | None = None) -> list[CurvePoint]:
+                   progress: ProgressFn | None = None, sets_per_pass: int | None = None,
+                   ks: Sequence[int] | None = None) -> list[CurvePoint]:
     """Fig. 3: accuracy after knocking out the top-k heads (effect rank) vs k random heads.
 
     Every distinct knockout set (k = 0 once, repeated draws once) is evaluated once, END-only, several
-    per forward pass (:func:`knockout_accuracies`).  ``batched=False`` is the former implementation
-    (one full-logits evaluation per (k, draw), duplicates included), kept for ``bench/sweeps.py``'s
-    before/after comparison; both give the same points.
+    per forward pass (:func:`knockout_accuracies`).
     """
     L, H = backend.facts.n_layers, backend.facts.n_heads
     plan = [x for x in curve_knockouts(L, H, ranked_heads, k_max=k_max, draws=draws, seed=seed)
             if ks is None or x[0] in ks]  # ks: only these points (the same draws as the whole curve's)
-    if batched:
-        flat = [ko for _, top, rand in plan for ko in [top, *rand]]
-        accs = dict(zip([ko.validate(L, H) for ko in flat],
-                        knockout_accuracies(backend, pairs, flat, means, sets_per_pass=sets_per_pass,
-                                            progress=progress)))
-    else:
-        accs = {}
-        total, done = len(plan) * (draws + 1), 0
-        for _, top, rand in plan:
-            for ko in [top, *rand]:
-                accs[ko.validate(L, H)] = knockout_accuracy(backend, pairs, ko, means, end_only=False)
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+    flat = [ko for _, top, rand in plan for ko in [top, *rand]]
+    accs = dict(zip([ko.validate(L, H) for ko in flat],
+                    knockout_accuracies(backend, pairs, flat, means, sets_per_pass=sets_per_pass,
+                                        progress=progress)))
     out = []
     for k, top, rand in plan:
         t = torch.tensor([accs[ko.validate(L, H)] for ko in rand])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ui.charts import (
+from views.charts import (
     PALETTE,
     display_token,
     fmt_prob,

@@ -154,8 +154,8 @@ def test_first_token_role_on_smollm2_without_bos(smol, pairs):
 
 
 def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
-    """Issue 15 on the real model: the batched END-only knockout curve equals the former full-logits
-    path, with one forward call per distinct knockout set, and the END..-only accuracy scores equal
+    """Issue 15 on the real model: the batched END-only knockout curve equals the full-logits
+    reference, with one forward call per distinct knockout set, and the END..-only accuracy scores equal
     full logits -- on prompts whose END is the token right before the answer's first digit."""
     import torch
 
@@ -186,4 +186,5 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
     new = knockout_curve(smol, right, ranked, means, k_max=3, draws=2, sets_per_pass=1)
     n_chunks = len(length_chunks(right, DEFAULT_TOKENS_PER_PASS))
     assert smol.meter.forward_calls == n_chunks * len({frozenset(ko.heads) for ko in sets}) == n_chunks * (3 * 3 + 1)
-    assert new == knockout_curve(smol, right, ranked, means, k_max=3, draws=2, batched=False)
+    from tests.helpers.references import knockout_curve_full_logits
+    assert new == knockout_curve_full_logits(smol, right, ranked, means, k_max=3, draws=2)

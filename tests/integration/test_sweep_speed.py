@@ -5,7 +5,7 @@
   every draw and repeated draws once): as many forward calls as distinct sets with one set per
   pass, ceil(distinct / s) with s sets batched per pass -- counted by the backend's meter and,
   independently, by a forward hook on the Hugging Face embedding;
-* the batched END-only path gives the same accuracies and curve as the former full-logits path,
+* the batched END-only path gives the same accuracies and curve as the full-logits reference (tests.helpers.references),
   and rows of one pass carrying different knockouts give what each knockout gives alone;
 * the accuracy scores (teacher-forced, END.. positions only) equal a full-logits computation;
 * transfer evaluates its three knockouts per set in one pass (small work: one padded pass).
@@ -26,13 +26,13 @@ from engine.techniques.ablation import (
     Knockout,
     curve_knockouts,
     knockout_accuracies,
-    knockout_accuracy,
     knockout_curve,
     length_chunks,
     mean_activations,
 )
 from engine.techniques.accuracy import keep_correct, score_pairs
 from engine.techniques.batching import pad, pad_id
+from tests.helpers.references import knockout_accuracy_full_logits, knockout_curve_full_logits
 
 
 @pytest.fixture(scope="module", params=["bridge", "nnsight"])
@@ -94,12 +94,12 @@ def test_knockout_curve_forward_calls_equal_distinct_sets(organism, pairs, k_max
     assert organism.meter.unembed_rows == distinct * len(pairs)  # END rows only
 
 
-def test_batched_curve_equals_former_full_logits_path(organism, pairs):
+def test_batched_curve_equals_the_full_logits_reference(organism, pairs):
     L, H = organism.facts.n_layers, organism.facts.n_heads
     means = mean_activations(organism, pairs)
     ranked = [(layer, h) for layer in range(L) for h in range(H)][::5][:6]
     new = knockout_curve(organism, pairs, ranked, means, k_max=6, draws=4, seed=1)
-    old = knockout_curve(organism, pairs, ranked, means, k_max=6, draws=4, seed=1, batched=False)
+    old = knockout_curve_full_logits(organism, pairs, ranked, means, k_max=6, draws=4, seed=1)
     assert new == old
     assert any(p.top_accuracy < 1.0 or p.random_mean < 1.0 for p in new)  # the knockouts do bite
 
@@ -109,7 +109,7 @@ def test_rows_with_different_knockouts_equal_each_alone(organism, pairs):
     kos = [Knockout(), Knockout(((0, 1), (2, 3))), Knockout(mlps=(1,)), Knockout(((5, 0),), (0, 4)),
            Knockout(((2, 3), (0, 1)))]  # the last repeats the second (other order)
     together = knockout_accuracies(organism, pairs, kos, means, sets_per_pass=4)
-    alone = [knockout_accuracy(organism, pairs, ko, means, end_only=False) for ko in kos]
+    alone = [knockout_accuracy_full_logits(organism, pairs, ko, means) for ko in kos]
     assert together == alone
     assert together[1] == together[4]
     assert len(set(together)) > 1

@@ -39,7 +39,6 @@ def run(scenario: dict) -> dict:
 
 
 def main() -> None:
-    sys.path.insert(0, str(REPO))
     results = [run(s) for s in json.loads(sys.argv[1])]
     sys.stdout.flush()
     print(json.dumps(results))

@@ -29,7 +29,7 @@ from tests.reliability.conftest import (
     write_malicious_pickle,
 )
 
-SOURCE_DIRS = ("engine", "cache", "ui", "pages", "bench")
+SOURCE_DIRS = ("engine", "cache", "ui", "views", "pages", "bench")
 
 
 # ---------------------------------------------------------------------------------------------

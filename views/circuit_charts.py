@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from ui.charts import HEAD_SELECTION
+from views.charts import HEAD_SELECTION
 
 
 def exact_vs_estimate(df: pd.DataFrame, exact: str, estimate: str, metric: str) -> alt.Chart:
@@ -71,7 +71,7 @@ TOP_K_SERIES, RANDOM_SERIES = "top-k key heads (by effect)", "k random heads (me
 def knockout_curve_chart(cdf: pd.DataFrame) -> alt.Chart:
     """Fig. 3: accuracy after knocking out the top-k heads (the main result, strongest colour) vs k random
     heads (mean, ± sd shaded); accuracy in percent.  ``cdf`` columns: k, top_accuracy, random_mean, random_std."""
-    from ui.charts import lines_with_band
+    from views.charts import lines_with_band
     long = pd.concat([
         pd.DataFrame({"k": cdf.k, "series": TOP_K_SERIES, "acc": cdf.top_accuracy, "lo": cdf.top_accuracy,
                       "hi": cdf.top_accuracy}),

@@ -1,6 +1,6 @@
 """The report as one self-contained HTML file: Vega-Lite charts embedded with their data, offline.
 
-The charts are the dashboard's own (``ui.charts``, ``ui.circuit_charts``); the Vega, Vega-Lite and
+The charts are the dashboard's own (``views.charts``, ``views.circuit_charts``); the Vega, Vega-Lite and
 vega-embed libraries are inlined (``vl-convert-python``'s bundle), so the file opens in a browser
 with no network.  ``chart_images`` writes each chart as SVG and PNG as well.  No Streamlit here:
 the CLI (``python -m engine report``) and the pages both use it.
@@ -16,8 +16,8 @@ import altair as alt
 import pandas as pd
 
 from engine.report import Report
-from ui.charts import grouped_bars, heatmap, heatmap_frame, lines_with_band
-from ui.circuit_charts import lens_lines
+from views.charts import grouped_bars, heatmap, heatmap_frame, lines_with_band
+from views.circuit_charts import lens_lines
 
 
 def charts(rep: Report) -> dict[str, tuple[str, alt.TopLevelMixin]]:
