@@ -40,6 +40,7 @@ class Report:
     knockout: list[dict[str, Any]]                  # k, top_accuracy, random_mean, ...
     notes: list[str] = field(default_factory=list)
     paper: list[dict[str, Any]] = field(default_factory=list)  # the paper's findings (engine.techniques.paper)
+    summary: list[dict[str, Any]] = field(default_factory=list)  # step, text, page: the registry's findings
 
 
 def versions() -> dict[str, str]:
@@ -103,6 +104,8 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     for p in pairs:
         kept[p.op] = kept.get(p.op, 0) + 1
     notes = [n for n in (table.effect_note(),) if n]
+    from engine.techniques.summary import circuit_summary
+    summary = [f.__dict__ for f in circuit_summary(model, pairs, cache)]  # every technique's sentence, cached
     findings = []
     if paper:
         from engine.techniques.paper import reproduce
@@ -123,4 +126,5 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
         knockout=[p.__dict__ for p in curve],
         notes=notes,
         paper=findings,
+        summary=summary,
     )

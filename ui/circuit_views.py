@@ -12,7 +12,7 @@ import streamlit as st
 
 from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
-from engine.techniques.logit_lens import cached_logit_lens
+from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
 from engine.techniques.position_patching import cached_layer_position_patching
 from ui.nav import PAGES, page_def, page_link
 from ui.progress import USER_ERRORS, run_with_progress
@@ -190,8 +190,9 @@ def logit_lens_view(model, pairs, cache) -> None:
     groups = sorted({r.group for r in rows}, key=lambda g: (g != "*", g))
     group = st.selectbox("Prompts", groups, key="lens_group",
                          format_func=lambda g: "all operations" if g == "*" else g[3:])
-    df = pd.DataFrame([r.__dict__ for r in rows if r.group == group])
-    first = next((int(r.layer) for r in df.itertuples() if r.top1 >= 0.5), None)
+    mine = [r for r in rows if r.group == group]
+    df = pd.DataFrame([r.__dict__ for r in mine])
+    first = getattr(first_top1_layer(mine), "layer", None)
     st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache") + " · "
                + (f"the answer is the top token for at least half of the prompts from layer {first} on"
                   if first is not None else "the answer never tops the lens for half of the prompts"))

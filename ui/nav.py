@@ -1,10 +1,14 @@
-"""The dashboard's pages: script, title, icon and URL path (the router in app.py and the screenshots use it)."""
+"""The dashboard's pages: script, title, icon and URL path (the router in app.py and the screenshots use it).
+
+The core pages are listed here; a technique with a page of its own adds it through its registry entry."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import streamlit as st
+
+from engine.registry import TECHNIQUES
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ PAGES = (
     PageDef("pages/7_Transfer.py", "Transfer", ":material/compare_arrows:", "Transfer"),
     PageDef("pages/8_Information_flow.py", "Information flow", ":material/account_tree:", "Information_flow"),
     PageDef("pages/9_Improve.py", "Improve", ":material/tune:", "Improve"),
+    # a technique with a page of its own declares it in engine.registry (page_script, title, icon, page)
+    *(PageDef(t.page_script, t.title, t.icon, t.page) for t in TECHNIQUES if t.page_script),
 )
 
 

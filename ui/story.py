@@ -120,8 +120,7 @@ def step_mlps(model, spec, cache) -> None:
 
 
 def step_knockout(model, spec, cache) -> None:
-    from engine.techniques.ablation import cached_knockout_curve
-    from engine.techniques.summary import KNOCKOUT_DRAWS, KNOCKOUT_K
+    from engine.techniques.ablation import KNOCKOUT_DRAWS, KNOCKOUT_K, cached_knockout_curve
     from views.circuit_charts import knockout_curve_chart
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)

@@ -99,6 +99,11 @@ def render_html(rep: Report) -> str:
             f"<h2>Top heads</h2>{_table(rep.top_heads)}"
             + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in rep.notes))
     versions = _table([rep.versions])
+    found = [f for f in rep.summary if f.get("computed")]
+    if found:
+        meta = ("<h2>Circuit summary</h2><ul>" + "".join(
+            f"<li><b>{html.escape(f['step'][:1].upper() + f['step'][1:])}.</b> {html.escape(f['text'])}</li>"
+            for f in found) + "</ul>" + meta)
     if rep.paper:
         meta = f"<h2>The paper's findings on this model</h2>{paper_table(rep.paper)}" + meta
     return f"""<!DOCTYPE html>

@@ -68,6 +68,16 @@ from engine.backends.layouts import Layout, layout_for
 from engine.models.facts import ModelFacts
 from engine.models.spec import ModelLoadError
 
+
+def ship_the_lab() -> None:
+    """The lab's own code travels with each remote request (by value): NDIF does not have it installed.
+
+    nnsight ships by value only the modules it finds "local" -- importable from the working tree but
+    not from a pip install -- and ``make setup`` installs the lab (editable), so name it explicitly
+    (``nnsight.register`` adds the name to cloudpickle's set: calling it again changes nothing)."""
+    import nnsight
+    nnsight.register("engine")
+
 NDIF_KEY_ENV = "NDIF_API_KEY"
 NDIF_HOST_ENV = "NDIF_HOST"
 DEFAULT_NDIF_HOST = "https://api.ndif.us"
@@ -284,6 +294,8 @@ class NnsightBackend(ModelBackend):
         return torch.device("cpu") if self.remote is True else torch.device(self.facts.device)
 
     def _trace_kwargs(self) -> dict[str, Any]:
+        if self.remote:
+            ship_the_lab()
         if self.remote is True:
             return {"backend": remote_backend(self.model, self.host)}
         if self.remote:

@@ -485,3 +485,81 @@ def curve_cost(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads:
     real = sum(len(p.ref_ids) for p in pairs)
     padded = len(pairs) * max(len(p.ref_ids) for p in pairs)
     return n_sets * (real * body + len(pairs) * unembed) / (padded * (body + unembed))
+
+# ---------------------------------------------------------------------------------------------
+# its sentence of the circuit summary (cached results only; registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+#: the Knockout page's defaults: its curve is the one the circuit summary and the Paper page quote
+KNOCKOUT_K, KNOCKOUT_DRAWS = 10, 10
+
+
+def finding(model, pairs, cache, table) -> str | None:
+    """Fig. 3: accuracy after knocking out the top-3 heads vs 3 random heads (the Knockout page's curve)."""
+    f = model.facts
+    k_max = min(KNOCKOUT_K, f.n_layers * f.n_heads)
+    ranked = [(layer, h) for layer, h, _ in table.top_heads(k_max)]
+    pts = stored_knockout_curve(model, pairs, ranked, k_max=k_max, draws=KNOCKOUT_DRAWS, cache=cache)
+    if not pts:
+        return None
+    at = next((p for p in pts if p.k == 3), pts[-1])
+    return (f"Knocking out the top {at.k} heads leaves {at.top_accuracy:.0%} first-token accuracy "
+            f"(from {pts[0].top_accuracy:.0%}), {at.k} random heads {at.random_mean:.0%} "
+            f"(mean of {KNOCKOUT_DRAWS} draws): a gap of {100 * (at.random_mean - at.top_accuracy):.0f} points.")
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine knockout, knockout-curve``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli_knockout(args, ctx) -> dict:
+    """Accuracy before / after mean-ablating ``--heads`` / ``--mlps`` (and ``--text``'s top-5 next tokens)."""
+    model = ctx.model
+    ko = Knockout(parse_heads(args.heads), parse_layers(args.mlps)).validate(model.facts.n_layers,
+                                                                            model.facts.n_heads)
+    if ko.empty:
+        raise ValueError("nothing to knock out: give --heads LAYER.HEAD,... and/or --mlps LAYER,...")
+    typed = ctx.typed(args.text)
+    pairs = ctx.pairs
+
+    def compute(progress) -> dict:
+        means = mean_activations(model, pairs)
+        before, after = knockout_accuracies(model, pairs, [Knockout(), ko], means, progress=progress)
+        res = {"heads": [f"{a}.{b}" for a, b in ko.heads], "mlps": list(ko.mlps), "n_pairs": len(pairs),
+               "accuracy_before": before, "accuracy_after": after}
+        if typed is not None:
+            res["text"] = args.text
+            res.update(ctx.typed_summary(typed))
+            res["top5_before"] = [t.__dict__ for t in top_next_tokens(model, typed.ids)]
+            res["top5_after"] = [t.__dict__ for t in top_next_tokens(model, typed.ids, ko=ko, means=means)]
+        return res
+
+    # text_rule: --text is read after the answer-token rule (results of the raw reading never come back)
+    params = {"heads": [list(h) for h in ko.heads], "mlps": list(ko.mlps), "text": args.text or "",
+              "text_ids": typed.ids if typed is not None else [], "text_rule": ctx.text_rule,
+              "dtype": model.facts.dtype}
+    with ctx.progress("knockout") as bar:
+        res, computed = ctx.cached_json("knockout", params, lambda: compute(bar))
+    res = {**res, "cached": not computed, "answer_tokens": ctx.answer_tokens(pairs)}
+    ctx.write_json(args.out, res)
+    return res
+
+
+def cli_curve(args, ctx) -> dict:
+    """Fig. 3's curve -> CSV: top-k heads (path-patching rank) vs k random heads, k = 0 .. --k-max."""
+    from engine.techniques.patching import cached_path_patching
+    model = ctx.model
+    n_heads = model.facts.n_layers * model.facts.n_heads
+    if args.k_max > n_heads:
+        raise ValueError(f"--k-max {args.k_max} exceeds the model's {n_heads} heads")
+    pairs = ctx.pairs
+    with ctx.progress("path patching") as bar:
+        table, _ = cached_path_patching(model, pairs, cache=ctx.cache, progress=bar)
+    ranked = [(layer, h) for layer, h, _ in table.top_heads(args.k_max)]
+    with ctx.progress("knockout sets") as bar:
+        pts, computed = cached_knockout_curve(model, pairs, ranked, k_max=args.k_max, draws=args.draws,
+                                              seed=args.seed, cache=ctx.cache, progress=bar)
+    points = [p.__dict__ for p in pts]
+    ctx.write_csv(args.out, points)
+    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
+            "answer_tokens": ctx.answer_tokens(pairs), "ranked_by": table.ranking_metric(),
+            "effect_note": table.effect_note(), "ranked_heads": [f"{a}.{b}" for a, b in ranked], "points": points}

@@ -20,12 +20,13 @@ prompt, the first run being whichever of {A}, {B} comes first in the template.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.prompts.templates import TEMPLATES_BY_ID
 from engine.techniques.batching import pad, pad_id
@@ -42,7 +43,6 @@ ROLE_DEFINITIONS: dict[str, str] = {
 }
 #: Bumped when the role labels or their rules change (part of the cache params).
 ROLES_VERSION = 3
-ProgressFn = Callable[[int, int], None]
 METHOD = "attention_roles"
 
 
@@ -155,3 +155,45 @@ def cached_role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *,
     params = {"roles": list(ROLES), "roles_version": ROLES_VERSION, "dtype": backend.facts.dtype}
     rows, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, RoleAttention, ("value",), cache)
     return rows, computed
+
+# ---------------------------------------------------------------------------------------------
+# its sentence of the circuit summary (cached results only; registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def finding(model, pairs, cache, table) -> str | None:
+    """What the top head reads (§4.2): its last-token attention on the operands and the operator."""
+    from engine.results import NotCached
+    top = table.top_heads(1)
+    if not top:
+        return None
+    try:
+        roles, _ = cached_role_attention(model, pairs, cache=cache)
+    except NotCached:
+        return None
+    layer, h, _ = top[0]
+    mine = {r.role: r.value for r in roles if r.layer == layer and r.head == h}
+    on_problem = sum(v for role, v in mine.items() if role.startswith(("operand", "operator")))
+    best = max(mine, key=mine.get)
+    return (f"The top head {layer}.{h} puts {on_problem:.0%} of its last-token attention on the operands and the "
+            f"operator (most on {best}: {mine[best]:.0%}).")
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine attention``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """Every head's END row by token role -> CSV; or, with ``--text``, one head's END row token by token."""
+    if args.text is not None:
+        if args.layer is None or args.head is None:
+            raise ValueError("--text needs --layer and --head")
+        typed = ctx.typed(args.text)
+        rows = [t.__dict__ for t in prompt_attention(ctx.model, typed.ids, args.layer, args.head)]
+        ctx.write_csv(args.out, rows)
+        return {"out": str(args.out), "layer": args.layer, "head": args.head, **ctx.typed_summary(typed),
+                "tokens": rows}
+    pairs = ctx.pairs
+    with ctx.progress("attention") as bar:
+        vals, computed = cached_role_attention(ctx.model, pairs, cache=ctx.cache, progress=bar)
+    ctx.write_csv(args.out, [v.__dict__ for v in vals])
+    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "rows": len(vals),
+            "answer_tokens": ctx.answer_tokens(pairs)}

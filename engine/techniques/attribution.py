@@ -52,8 +52,9 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import batches, check_pairs, pad, pad_id, pair_batches
-from engine.techniques.patching import PatchingRaw, end_chain_hooks, path_patching
+from engine.techniques.batching import pair_batches
+from engine.techniques.patch_rows import patch_rows, prepare
+from engine.techniques.patching import PatchingRaw, Sender, end_chain_hooks, path_patching, sender_edits, sender_hooks
 
 METHOD = "attribution_patching"
 #: the four estimates, as (name, what it is)
@@ -195,52 +196,22 @@ def total_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size:
     return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit))
 
 
-@torch.no_grad()
 def activation_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 64,
                         progress: ProgressFn | None = None) -> PatchingRaw:
     """Exact activation patching of each head's / MLP's END output from X_c (nothing frozen).
 
-    Senders are batched as rows: a pass holds the pairs once per sender of a group, and the hook
-    of layer l replaces only the END output of that row's sender.
-    """
-    f = backend.facts
-    L, H = f.n_layers, f.n_heads
-    check_pairs(pairs, f.vocab_size)
-    pid = pad_id(backend)
-    names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
-    senders = [(layer, h) for layer in range(L) for h in range(H)] + [(layer, -1) for layer in range(L)]
-    P = len(pairs)
-    ref, mask, end = pad([p.ref_ids for p in pairs], pid)
-    cf, _, _ = pad([p.cf_ids for p in pairs], pid)
-    answer = torch.tensor([p.answer_id for p in pairs])
-    rows = torch.arange(P)
-    lg, c_r = backend.run_with_cache(ref, mask, names)
-    logit_o = lg[rows.to(lg.device), end.to(lg.device), answer.to(lg.device)].float().cpu()
-    _, c_c = backend.run_with_cache(cf, mask, names)
-    patched = torch.empty(len(senders), P)
-    per_pass = max(1, rows_per_pass // max(1, P))
-    groups = batches(len(senders), per_pass)
-    for gi, grp in enumerate(groups):
-        group = [senders[i] for i in grp]
-        S = len(group)
-        edits = []
-        for layer in range(L):
-            heads = [(s, h) for s, (lyr, h) in enumerate(group) if lyr == layer and h >= 0]
-            mlps = [s for s, (lyr, h) in enumerate(group) if lyr == layer and h < 0]
-            if heads:
-                edits.append((hooks.attn_z(layer), _patch_heads(heads, c_c[hooks.attn_z(layer)], rows, end, P)))
-            if mlps:
-                edits.append((hooks.mlp_out(layer), _patch_mlps(mlps, c_c[hooks.mlp_out(layer)], rows, end, P)))
-        with backend.hooks(edits):
-            out = backend.logits(ref.repeat(S, 1), mask.repeat(S, 1))  # rows s * P + i
-        r = torch.arange(S * P)
-        patched[list(grp)] = out[r.to(out.device), end.repeat(S).to(out.device),
-                                 answer.repeat(S).to(out.device)].float().cpu().reshape(S, P)
-        if progress is not None:
-            progress(gi + 1, len(groups))
+    Senders are batched as rows on the patching core: the hook of layer l replaces only the END output
+    of the rows whose sender is at layer l."""
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    run = prepare(backend, pairs, sender_hooks(L), sender_hooks(L))
+    senders = ([Sender("head", layer, h) for layer in range(L) for h in range(H)]
+               + [Sender("mlp", layer) for layer in range(L)])
+    patched = patch_rows(backend, run, senders, lambda grp: sender_edits(run, grp, L, freeze=False),
+                         rows_per_pass=rows_per_pass, progress=progress)  # [S, P]
+    P = run.n
     head_logit = patched[:L * H].reshape(L, H, P).permute(2, 0, 1).contiguous()  # [P, L, H]
     mlp_logit = patched[L * H:].reshape(L, P).T.contiguous()  # [P, L]
-    return PatchingRaw(list(pairs), logit_o, head_logit, mlp_logit)
+    return PatchingRaw(list(pairs), run.logit_o, head_logit, mlp_logit)
 
 
 def _add_at_end(probe: torch.Tensor, rows: torch.Tensor, end: torch.Tensor):
@@ -249,24 +220,6 @@ def _add_at_end(probe: torch.Tensor, rows: torch.Tensor, end: torch.Tensor):
         add = torch.zeros_like(act)
         add = add.index_put((rows.to(act.device), end.to(act.device)), probe.to(act.device, act.dtype))
         return act + add
-    return fn
-
-
-def _patch_heads(heads: list[tuple[int, int]], z_c: torch.Tensor, rows: torch.Tensor, end: torch.Tensor, P: int):
-    def fn(act: torch.Tensor) -> torch.Tensor:  # act [S * P, pos, H, d_head]
-        for s, h in heads:
-            r = rows + s * P
-            act[r.to(act.device), end.to(act.device), h] = z_c[rows, end, h].to(act.device, act.dtype)
-        return act
-    return fn
-
-
-def _patch_mlps(mlps: list[int], m_c: torch.Tensor, rows: torch.Tensor, end: torch.Tensor, P: int):
-    def fn(act: torch.Tensor) -> torch.Tensor:  # act [S * P, pos, d_model]
-        for s in mlps:
-            r = rows + s * P
-            act[r.to(act.device), end.to(act.device)] = m_c[rows, end].to(act.device, act.dtype)
-        return act
     return fn
 
 
@@ -435,3 +388,32 @@ def cached_attribution(backend: ModelBackend, pairs: Sequence[PromptPair], *, ca
         rows[metric].sort(key=lambda r: (r.layer, r.component == "mlp", r.head))
     return (AttributionTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]), rows,
                              {k: float(v) for k, v in dict(art.get("seconds", {})).items()}), computed)
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine attribution``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """One CSV row per sender (exact, AtP, error); prints how well AtP ranks the senders and the seconds."""
+    pairs = ctx.pairs
+    with ctx.progress("attribution") as bar:
+        table, computed = cached_attribution(ctx.model, pairs, cache=ctx.cache, total=not args.no_total,
+                                             progress=bar)
+    rows = table.rows[args.metric]
+    out = []
+    for r in rows:
+        row = {"component": r.component, "layer": r.layer, "head": r.head, "exact": r.values["exact"],
+               "atp": r.values["atp"], "abs_error": abs(r.values["exact"] - r.values["atp"])}
+        if "exact_total" in r.values:
+            row.update(exact_total=r.values["exact_total"], atp_total=r.values["atp_total"])
+        out.append(row)
+    ctx.write_csv(args.out, out)
+    comparisons = [("exact", "atp")] + ([("exact_total", "atp_total")] if not args.no_total else [])
+    summary = {}
+    for exact, est in comparisons:
+        ag = agreement(rows, exact, est)
+        summary[f"{est} vs {exact}"] = {"spearman": ag.spearman, "top5_overlap": ag.overlap[5],
+                                        "top10_overlap": ag.overlap[10], "missed_top10": ag.missed[10],
+                                        "invented_top10": ag.invented[10], "max_abs_error": ag.max_abs_error}
+    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "metric": args.metric,
+            "senders": len(out), "agreement (heads)": summary, "seconds": table.seconds}

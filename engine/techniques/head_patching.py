@@ -22,8 +22,9 @@ what the key head looks up the operands with.  With every head frozen, a patch a
 the END residual, so only the receiver's END query (or END key / value) moves.
 
 Cost: the senders are batched as rows (one row per prompt and sender), one hooked forward pass of
-the model per batch -- the textbook loop, exact.  (An END-chain shortcut like path patching's would
-need the receiver's attention as a single-position component of the backend; not done yet.)
+the model per batch -- the textbook loop on the patching core (:mod:`engine.techniques.patch_rows`),
+exact.  (An END-chain shortcut like path patching's would need the receiver's attention as a
+single-position component of the backend; not done yet.)
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import batches, check_pairs, pad, pad_id
-from engine.techniques.patching import PatchingRaw, Sender, SenderValue, summarize
+from engine.techniques.patch_rows import patch_rows, prepare, replace
+from engine.techniques.patching import PatchingRaw, Sender, SenderValue, sender_edits, sender_hooks, summarize
+from engine.techniques.patching import cli as patching_cli
 
 Input = Literal["q", "k", "v"]
 INPUTS: tuple[str, ...] = ("q", "k", "v")
@@ -77,7 +79,6 @@ def senders_before(receiver: Receiver, n_heads: int) -> list[Sender]:
             for s in ([Sender("head", layer, h) for h in range(n_heads)] + [Sender("mlp", layer)])]
 
 
-@torch.no_grad()
 def head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver, *,
                        rows_per_pass: int = 128, progress: ProgressFn | None = None) -> PatchingRaw:
     """Effect of every earlier sender on the answer logit through ``receiver``'s input only (exact).
@@ -85,83 +86,27 @@ def head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], recei
     Returns a PatchingRaw over the receiver's layers (layers >= receiver.layer hold nan)."""
     f = backend.facts
     L, H = f.n_layers, f.n_heads
-    check_pairs(pairs, f.vocab_size)
     if not 0 < receiver.layer < L or not 0 <= receiver.head < H or receiver.input not in INPUTS:
         raise ValueError(f"receiver {receiver} is not a head of this model with earlier senders")
-    P = len(pairs)
-    ref, mask, end = pad([p.ref_ids for p in pairs], pad_id(backend))
-    cf, _, _ = pad([p.cf_ids for p in pairs], pad_id(backend))
-    answer = torch.tensor([p.answer_id for p in pairs])
-    rows = torch.arange(P)
     lr = receiver.layer
     qkv = {"q": hooks.attn_q(lr), "k": hooks.attn_k(lr), "v": hooks.attn_v(lr)}
-    names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
-    lg, c_r = backend.run_with_cache(ref, mask, names + [qkv[i] for i in INPUTS if i != receiver.input])
-    logit_o = lg[rows.to(lg.device), end.to(lg.device), answer.to(lg.device)].float().cpu()
-    _, c_c = backend.run_with_cache(cf, mask, names)
+    frozen_inputs = [qkv[i] for i in INPUTS if i != receiver.input]  # only the chosen input is recomputed
+    run = prepare(backend, pairs, sender_hooks(L) + frozen_inputs, sender_hooks(L))
+
+    def edits(group: Sequence[Sender]):
+        return (sender_edits(run, group, L, keep=(lr, receiver.head))
+                + [(name, replace(run.stacked(run.ref_cache[name], len(group)))) for name in frozen_inputs])
+
     senders = senders_before(receiver, H)
-    patched = torch.empty(len(senders), P)
-    per_pass = max(1, rows_per_pass // P)
-    groups = batches(len(senders), per_pass)
-    for gi, grp in enumerate(groups):
-        group = [senders[i] for i in grp]
-        S = len(group)
-        rep = lambda t, S=S: t.repeat(S, *([1] * (t.dim() - 1)))  # noqa: E731 - [P, ...] -> [S * P, ...]
-        edits = []
-        for layer in range(L):
-            z = rep(c_r[hooks.attn_z(layer)]).clone()  # [S * P, pos, H, d_head], frozen at X_r
-            for s, snd in enumerate(group):
-                if snd.component == "head" and snd.layer == layer:
-                    z[rows + s * P, end, snd.head] = c_c[hooks.attn_z(layer)][rows, end, snd.head]
-            if layer == lr:
-                edits.append((hooks.attn_z(layer), _freeze_except(z, receiver.head)))
-            else:
-                edits.append((hooks.attn_z(layer), _replace(z)))
-            mlp_rows = [s for s, snd in enumerate(group) if snd.component == "mlp" and snd.layer == layer]
-            if mlp_rows:
-                edits.append((hooks.mlp_out(layer), _patch_mlp(mlp_rows, c_c[hooks.mlp_out(layer)], rows, end, P)))
-        for inp in INPUTS:
-            if inp != receiver.input:  # only the chosen input is recomputed
-                edits.append((qkv[inp], _replace(rep(c_r[qkv[inp]]))))
-        with backend.hooks(edits):
-            out = backend.logits(rep(ref), rep(mask))
-        patched[list(grp)] = out[torch.arange(S * P).to(out.device), end.repeat(S).to(out.device),
-                                 answer.repeat(S).to(out.device)].float().cpu().reshape(S, P)
-        if progress is not None:
-            progress(gi + 1, len(groups))
-    head_logit = torch.full((P, L, H), float("nan"))
-    mlp_logit = torch.full((P, L), float("nan"))
+    patched = patch_rows(backend, run, senders, edits, rows_per_pass=rows_per_pass, progress=progress)  # [S, P]
+    head_logit = torch.full((run.n, L, H), float("nan"))
+    mlp_logit = torch.full((run.n, L), float("nan"))
     for i, snd in enumerate(senders):
         if snd.component == "head":
             head_logit[:, snd.layer, snd.head] = patched[i]
         else:
             mlp_logit[:, snd.layer] = patched[i]
-    return PatchingRaw(list(pairs), logit_o, head_logit, mlp_logit)
-
-
-def _replace(value: torch.Tensor):
-    def fn(act: torch.Tensor) -> torch.Tensor:
-        act[...] = value.to(act.device, act.dtype)
-        return act
-    return fn
-
-
-def _freeze_except(value: torch.Tensor, head: int):
-    """Receiver layer: every head frozen at ``value`` but the receiver, which keeps its recomputed output."""
-    def fn(act: torch.Tensor) -> torch.Tensor:  # [S * P, pos, H, d_head]
-        keep = act[:, :, head].clone()
-        act[...] = value.to(act.device, act.dtype)
-        act[:, :, head] = keep
-        return act
-    return fn
-
-
-def _patch_mlp(slots: list[int], m_c: torch.Tensor, rows: torch.Tensor, end: torch.Tensor, P: int):
-    def fn(act: torch.Tensor) -> torch.Tensor:  # [S * P, pos, d_model]
-        for s in slots:
-            act[(rows + s * P).to(act.device), end.to(act.device)] = m_c[rows, end].to(act.device, act.dtype)
-        return act
-    return fn
+    return PatchingRaw(list(pairs), run.logit_o, head_logit, mlp_logit)
 
 
 def cached_head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver, *,
@@ -179,3 +124,34 @@ def cached_head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair]
 
     out, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, SenderValue, cache=cache)
     return out, computed
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine patch --receiver``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """``patch --receiver L.H[:q|k|v]``: every earlier sender's effect through that head's input."""
+    model = ctx.model
+    receiver = parse_receiver(args.receiver, model.facts.n_layers, model.facts.n_heads)
+    pairs = ctx.pairs
+    with ctx.progress("head -> head patching") as bar:
+        vals, computed = cached_head_path_patching(model, pairs, receiver, cache=ctx.cache, progress=bar)
+    rows: dict[tuple[str, int, int], dict] = {}
+    for v in vals:
+        if v.group == "*" and v.component in ("head", "mlp"):
+            rows.setdefault((v.component, v.layer, v.head), {"component": v.component, "layer": v.layer,
+                                                              "head": v.head})[v.metric] = v.value
+    out = sorted(rows.values(), key=lambda r: (r["layer"], r["component"] == "mlp", r["head"]))
+    ctx.write_csv(args.out, out)
+    top = sorted((r for r in out if r["component"] == "head"), key=lambda r: r["logit_diff"])[:5]
+    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "receiver": str(receiver),
+            "senders": len(out), "top_senders": top}
+
+
+def cli_patch(args, ctx) -> dict:
+    """``patch``: path patching to the answer logit, or with ``--receiver`` to that head (:func:`cli`)."""
+    if args.receiver is None:
+        return patching_cli(args, ctx)
+    if args.by != "all" or args.with_prob:
+        raise ValueError("--receiver gives one row per sender: drop --by and --with-prob")
+    return cli(args, ctx)

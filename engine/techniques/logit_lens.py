@@ -17,16 +17,16 @@ END rows only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
 
-ProgressFn = Callable[[int, int], None]
 METHOD = "logit_lens"
 
 
@@ -119,3 +119,43 @@ def cached_logit_lens(backend: ModelBackend, pairs: Sequence[PromptPair], *, cac
     rows, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, LensRow,
                                         ("mean_prob", "median_rank", "top1"), cache)
     return sorted(rows, key=lambda r: (r.group != "*", r.group, r.layer)), computed
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine logit-lens``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """One CSV row per group and layer; prints where the answer first tops half of the prompts."""
+    pairs = ctx.pairs
+    with ctx.progress("logit lens") as bar:
+        rows, computed = cached_logit_lens(ctx.model, pairs, cache=ctx.cache, progress=bar)
+    ctx.write_csv(args.out, [r.__dict__ for r in rows])
+    overall = [r for r in rows if r.group == "*"]
+    first = first_top1_layer(overall)
+    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
+            "first_layer_answer_is_top1_for_half": None if first is None else first.layer,
+            "per_layer": [r.__dict__ for r in overall]}
+
+# ---------------------------------------------------------------------------------------------
+# its sentence of the circuit summary (cached results only; registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def first_top1_layer(rows: Sequence[LensRow]) -> LensRow | None:
+    """The first layer (in order) where the answer is the top token for at least half of the prompts."""
+    return next((r for r in rows if r.top1 >= 0.5), None)
+
+
+def finding(model, pairs, cache, table) -> str | None:
+    """Where the answer appears in the residual stream (the logit lens of Fig. 6's story)."""
+    from engine.results import NotCached
+    try:
+        rows, _ = cached_logit_lens(model, pairs, cache=cache)
+    except NotCached:
+        return None
+    overall = [r for r in rows if r.group == "*"]
+    first, last = first_top1_layer(overall), overall[-1]
+    if first is None:
+        return "Read through the logit lens, the answer never tops the last token's prediction for half of the prompts."
+    return (f"Read through the logit lens, the answer becomes the top token for half of the prompts after "
+            f"{'the embedding' if first.layer < 0 else f'layer {first.layer}'} (P = {first.mean_prob:.2f}), "
+            f"and reaches P = {last.mean_prob:.2f} after the last layer.")

@@ -50,7 +50,8 @@ from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptError, PromptPair
 
 # the circuit summary's threshold, and the Knockout page's default curve (its cache entry is shared)
-from engine.techniques.summary import KEY_EFFECT, KNOCKOUT_DRAWS, KNOCKOUT_K, sparsity
+from engine.techniques.ablation import KNOCKOUT_DRAWS, KNOCKOUT_K
+from engine.techniques.patching import KEY_EFFECT, sparsity
 
 SPARSE_SHARE = 0.05
 TOP_DROP, RANDOM_DROP = 0.50, 0.10

@@ -40,14 +40,15 @@ chain of END-position MLP evaluations from its layer to the top::
 block input instead, and MLP_l is untouched by a head at layer l.)  All senders of all layers are
 advanced together, one batched MLP call per layer, and only the answer token's unembedding column
 is computed.  :func:`path_patching_reference` is the textbook version -- one hooked forward pass
-per sender -- kept for verification and benchmarks; the two agree to float rounding.
+per sender, on the patching core (:mod:`engine.techniques.patch_rows`) -- kept for verification and
+benchmarks; the two agree to float rounding.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -56,11 +57,18 @@ from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import batches as _batches
-from engine.techniques.batching import check_pairs as _check_pairs
-from engine.techniques.batching import pad as _pad
-from engine.techniques.batching import pad_id as _pad_id
-from engine.techniques.batching import pair_batches
+from engine.techniques.batching import batches, pair_batches
+from engine.techniques.patch_rows import (
+    Edit,
+    PatchRun,
+    Slot,
+    chain,
+    patch_rows,
+    prepare,
+    replace,
+    replace_except_head,
+    take,
+)
 
 METHOD = "path_patching"
 METRICS: tuple[str, ...] = ("effect", "logit_diff", "prob_diff")
@@ -257,48 +265,52 @@ def all_senders(n_layers: int, n_heads: int) -> list[Sender]:
             for s in ([Sender("head", layer, h) for h in range(n_heads)] + [Sender("mlp", layer)])]
 
 
-@torch.no_grad()
+def sender_edits(run: PatchRun, group: Sequence[Sender], n_layers: int, *, freeze: bool = True,
+                 keep: tuple[int, int] | None = None) -> list[Edit]:
+    """Hooks of one group of senders (row block s = ``group[s]``): the sender's END output from X_c.
+
+    ``freeze``: every head's output, at every position and layer, is frozen at X_r (Algorithm 1);
+    ``keep`` = (layer, head): that head keeps what the pass computes (a receiver, see head_patching)."""
+    P, S, end = run.n, len(group), run.end
+    out: list[Edit] = []
+    for layer in range(n_layers):
+        z = hooks.attn_z(layer)
+        heads = [Slot(s, end, snd.head) for s, snd in enumerate(group)
+                 if snd.component == "head" and snd.layer == layer]
+        fns = []
+        if freeze:
+            frozen = run.stacked(run.ref_cache[z], S)  # [S * P, pos, H, d_head]
+            fns.append(replace_except_head(frozen, keep[1]) if keep and keep[0] == layer else replace(frozen))
+        if heads:
+            fns.append(take(run.cf_cache[z], heads, P))
+        if fns:
+            out.append((z, chain(*fns)))
+        mlps = [Slot(s, end) for s, snd in enumerate(group) if snd.component == "mlp" and snd.layer == layer]
+        if mlps:
+            out.append((hooks.mlp_out(layer), take(run.cf_cache[hooks.mlp_out(layer)], mlps, P)))
+    return out
+
+
+def sender_hooks(n_layers: int) -> list[HookName]:
+    """What :func:`sender_edits` reads: every head's output and every MLP's output."""
+    return [n for layer in range(n_layers) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+
+
 def path_patching_reference(backend: ModelBackend, pairs: Sequence[PromptPair],
                             senders: Sequence[Sender] | None = None, *, batch_size: int = 32
                             ) -> dict[Sender, torch.Tensor]:
-    """Patched answer logit [P] of each sender, by full hooked forward passes (Algorithm 1 as written)."""
+    """Patched answer logit [P] of each sender, one hooked forward pass per sender (Algorithm 1 as written)."""
     f = backend.facts
     L, H = f.n_layers, f.n_heads
-    _check_pairs(pairs, f.vocab_size)
     senders = list(senders) if senders is not None else all_senders(L, H)
-    pad = _pad_id(backend)
-    names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
     out: dict[Sender, list[torch.Tensor]] = {s: [] for s in senders}
-    for idx in _batches(len(pairs), batch_size):
-        chunk = [pairs[i] for i in idx]
-        ref, mask, end = _pad([p.ref_ids for p in chunk], pad)
-        cf, _, _ = _pad([p.cf_ids for p in chunk], pad)
-        rows = torch.arange(len(chunk))
-        answer = torch.tensor([p.answer_id for p in chunk])
-        _, c_r = backend.run_with_cache(ref, mask, names)
-        _, c_c = backend.run_with_cache(cf, mask, names)
-        for s in senders:
-            edits = []
-            for layer in range(L):
-                z_frozen = c_r[hooks.attn_z(layer)].clone()  # [b, pos, H, d_head]
-                if s.component == "head" and s.layer == layer:
-                    z_frozen[rows, end, s.head] = c_c[hooks.attn_z(layer)][rows, end, s.head]
-                edits.append((hooks.attn_z(layer), _replace_with(z_frozen)))
-            if s.component == "mlp":
-                m = c_r[hooks.mlp_out(s.layer)].clone()
-                m[rows, end] = c_c[hooks.mlp_out(s.layer)][rows, end]
-                edits.append((hooks.mlp_out(s.layer), _replace_with(m)))
-            with backend.hooks(edits):
-                lg = backend.logits(ref, mask)
-            out[s].append(lg[rows, end, answer].float().cpu())
+    for idx in batches(len(pairs), batch_size):
+        run = prepare(backend, [pairs[i] for i in idx], sender_hooks(L), sender_hooks(L))
+        patched = patch_rows(backend, run, senders, lambda grp, run=run: sender_edits(run, grp, L),
+                             rows_per_pass=1)
+        for s, v in zip(senders, patched):
+            out[s].append(v)
     return {s: torch.cat(v) for s, v in out.items()}
-
-
-def _replace_with(value: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    def fn(act: torch.Tensor) -> torch.Tensor:
-        act[...] = value.to(act.dtype)
-        return act
-    return fn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,3 +389,59 @@ def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
 
     values, art, computed = run_cached_rows(backend, pairs, METHOD, params, compute, SenderValue, cache=cache)
     return PatchingTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]), values), computed
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine patch``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """Every head and MLP as sender: one CSV row per sender (and per op / template with ``--by``)."""
+    model, pairs = ctx.model, ctx.pairs
+    with ctx.progress("path patching") as bar:
+        table, computed = cached_path_patching(model, pairs, cache=ctx.cache, with_prob=args.with_prob,
+                                               batch_size=args.batch_size, progress=bar)
+    metrics = ["effect", "logit_diff"] + (["prob_diff"] if args.with_prob else [])
+    counts: dict[str, int] = {"*": len(pairs)}
+    for p in pairs:
+        counts[f"op:{p.op}"] = counts.get(f"op:{p.op}", 0) + 1
+        counts[f"template:{p.template}"] = counts.get(f"template:{p.template}", 0) + 1
+    prefix = {"all": "*", "op": "op:", "template": "template:"}[args.by]
+    rows: dict[tuple, dict] = {}
+    for v in table.values:
+        if v.metric not in metrics or not (v.group == "*" if args.by == "all" else v.group.startswith(prefix)):
+            continue
+        key = (v.group, v.component, v.layer, v.head)
+        row = rows.setdefault(key, {**({} if args.by == "all" else {"group": v.group.split(":", 1)[1]}),
+                                    "component": v.component, "layer": v.layer, "head": v.head})
+        row[v.metric] = v.value
+        row["n"] = counts.get(v.group, 0)
+    out = sorted(rows.values(), key=lambda r: (r.get("group", ""), r["layer"], r["component"] == "mlp", r["head"]))
+    ctx.write_csv(args.out, out)
+    ranking = table.ranking_metric()
+    top = table.top_heads(5, ranking)
+    excluded, _ = table.guard_counts()
+    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "senders": len(out),
+            "answer_tokens": ctx.answer_tokens(pairs),
+            "effect_guard": {"excluded_pairs": excluded, "ranked_by": ranking, "note": table.effect_note()},
+            "top_heads": [{"layer": layer, "head": h, ranking: e} for layer, h, e in top]}
+
+# ---------------------------------------------------------------------------------------------
+# its sentence of the circuit summary (cached results only; registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+#: a head "matters" when patching it moves the answer logit by at least this relative effect
+KEY_EFFECT = -0.05
+
+
+def sparsity(table: PatchingTable) -> tuple[int, int]:
+    """(heads whose path-patching effect is KEY_EFFECT or stronger, all heads)."""
+    heads = [v for v in table.values if v.component == "head" and v.metric == "effect" and v.group == "*"]
+    return sum(1 for v in heads if v.value <= KEY_EFFECT), len(heads)
+
+
+def finding(model, pairs, cache, table: PatchingTable) -> str:
+    """Key heads (§4.1): the top heads by effect, and how few heads matter."""
+    n_key, n = sparsity(table)
+    names = ", ".join(f"{layer}.{h} ({e:+.2f})" for layer, h, e in table.top_heads(3))
+    return (f"Path patching on {table.n_pairs} prompt pairs: the top heads are {names}; {n_key} of {n} heads "
+            f"({100 * n_key / max(1, n):.1f} %) change the answer logit by {abs(KEY_EFFECT):.0%} or more.")

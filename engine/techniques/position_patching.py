@@ -17,8 +17,8 @@ Positions are counted from END (``0`` = END, ``1`` = the token before, ...) so p
 lengths line up; a template's cells are labelled with its first prompt's tokens, a mixed group's
 (an operation, all prompts) with ``END``, ``END-1``, ...  Cells where X_r and X_c have
 the same residual vector for every prompt (every position before the first differing token, in
-every layer) are exactly 0 and need no forward pass; the others are batched, several (l, p) cells
-per pass, one row of the batch per prompt and cell.
+every layer) are exactly 0 and need no forward pass; the others are batched on the patching core
+(:mod:`engine.techniques.patch_rows`), several (l, p) cells per pass, one row per prompt and cell.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import batches, check_pairs, pad, pad_id
+from engine.techniques.patch_rows import Slot, patch_rows, prepare, take
 
-ProgressFn = Callable[[int, int], None]
 METHOD = "layer_position_patching"
 RESTORED_MIN_GAP = 1e-3
 
@@ -59,68 +59,38 @@ class PositionRaw:
         raise ValueError(f"unknown metric {name!r}: choose logit_diff or restored")
 
 
-@torch.no_grad()
 def layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 128,
                             progress: ProgressFn | None = None) -> PositionRaw:
     """Patch resid_pre[l] at every END-relative position p from X_c, for every layer l (exact)."""
-    f = backend.facts
-    L = f.n_layers
-    check_pairs(pairs, f.vocab_size)
-    P = len(pairs)
-    ref, mask, end = pad([p.ref_ids for p in pairs], pad_id(backend))
-    cf, _, _ = pad([p.cf_ids for p in pairs], pad_id(backend))
-    W = int(end.max()) + 1
-    rows = torch.arange(P)
-    answer = torch.tensor([p.answer_id for p in pairs])
+    L = backend.facts.n_layers
     names = [hooks.resid_pre(layer) for layer in range(L)]
-    lg_r, c_r = backend.run_with_cache(ref, mask, names)
-    lg_c, c_c = backend.run_with_cache(cf, mask, names)
-    logit_o = lg_r[rows, end, answer.to(lg_r.device)].float().cpu()
-    logit_c = lg_c[rows, end, answer.to(lg_c.device)].float().cpu()
+    run = prepare(backend, pairs, names, names)
+    P, end, rows = run.n, run.end, run.rows
+    W = int(end.max()) + 1
     patched = torch.full((P, L, W), float("nan"))
-    cells = []
+    cells = []  # (layer, rel) where some prompt's X_r and X_c residuals differ
     for layer in range(L):
+        r, c = run.ref_cache[names[layer]], run.cf_cache[names[layer]]
         for rel in range(W):
-            pos = end - rel  # [P]
-            valid = pos >= 0
+            valid = end - rel >= 0  # [P]
             if not bool(valid.any()):
                 continue
-            r, c = c_r[names[layer]], c_c[names[layer]]
-            same = torch.equal(r[rows[valid], pos[valid]], c[rows[valid], pos[valid]])
-            if same:  # nothing to patch: exactly the unpatched logit
-                patched[valid, layer, rel] = logit_o[valid]
+            pos = (end - rel)[valid]
+            if torch.equal(r[rows[valid], pos], c[rows[valid], pos]):  # nothing to patch: the unpatched logit
+                patched[valid, layer, rel] = run.logit_o[valid]
             else:
                 cells.append((layer, rel))
-    per_pass = max(1, rows_per_pass // P)
-    groups = batches(len(cells), per_pass)
-    for gi, grp in enumerate(groups):
-        group = [cells[i] for i in grp]
-        S = len(group)
-        edits = []
-        for layer in sorted({lyr for lyr, _ in group}):
-            slots = [(s, rel) for s, (lyr, rel) in enumerate(group) if lyr == layer]
-            edits.append((names[layer], _patch_positions(slots, c_c[names[layer]], end, P)))
-        with backend.hooks(edits):
-            out = backend.logits(ref.repeat(S, 1), mask.repeat(S, 1))  # row s * P + i
-        vals = out[torch.arange(S * P).to(out.device), end.repeat(S).to(out.device),
-                   answer.repeat(S).to(out.device)].float().cpu().reshape(S, P)
-        for s, (layer, rel) in enumerate(group):
-            valid = end - rel >= 0
-            patched[valid, layer, rel] = vals[s, valid]
-        if progress is not None:
-            progress(gi + 1, len(groups))
-    return PositionRaw(list(pairs), logit_o, logit_c, patched)
 
+    def edits(group: Sequence[tuple[int, int]]):
+        return [(names[layer], take(run.cf_cache[names[layer]],
+                                    [Slot(s, end - rel) for s, (lyr, rel) in enumerate(group) if lyr == layer], P))
+                for layer in sorted({lyr for lyr, _ in group})]
 
-def _patch_positions(slots: list[tuple[int, int]], resid_c: torch.Tensor, end: torch.Tensor, P: int):
-    """Hook: row s * P + i gets X_c's residual vector at position end[i] - rel of its slot."""
-    def fn(act: torch.Tensor) -> torch.Tensor:  # [S * P, pos, d_model]
-        for s, rel in slots:
-            pos = end - rel
-            ok = torch.nonzero(pos >= 0)[:, 0]
-            act[(ok + s * P).to(act.device), pos[ok].to(act.device)] = resid_c[ok, pos[ok]].to(act.device, act.dtype)
-        return act
-    return fn
+    vals = patch_rows(backend, run, cells, edits, rows_per_pass=rows_per_pass, progress=progress)  # [cells, P]
+    for (layer, rel), v in zip(cells, vals):
+        valid = end - rel >= 0
+        patched[valid, layer, rel] = v[valid]
+    return PositionRaw(list(pairs), run.logit_o, run.logit_c, patched)
 
 
 @dataclass(frozen=True)
@@ -186,3 +156,23 @@ def cached_layer_position_patching(backend: ModelBackend, pairs: Sequence[Prompt
     cells, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, PositionCell,
                                          ("logit_diff", "restored"), cache)
     return sorted(cells, key=lambda c: (c.group, c.layer, c.rel)), computed
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine position-patch``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """Every (layer, END-relative position) cell, per group; ``--group`` keeps one group."""
+    model, pairs = ctx.model, ctx.pairs
+    tok = model.tokenizer
+    with ctx.progress("layer x position patching") as bar:
+        cells, computed = cached_layer_position_patching(
+            model, pairs, cache=ctx.cache, tokens=lambda ids: tok.convert_ids_to_tokens(list(ids)), progress=bar)
+    groups = sorted({c.group for c in cells})
+    if args.group is not None and args.group not in groups:
+        raise ValueError(f"--group {args.group!r} is not in this set: choose from {', '.join(groups)}")
+    rows = [c.__dict__ for c in cells if args.group is None or c.group == args.group]
+    ctx.write_csv(args.out, rows)
+    top = sorted((c for c in cells if c.group == (args.group or "*")), key=lambda c: c.logit_diff)[:5]
+    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "groups": groups,
+            "cells": len(rows), "largest_drops": [c.__dict__ for c in top]}

@@ -150,3 +150,42 @@ def cached_mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *
     rows, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, LayerProjection, ("value", "std"),
                                         cache)
     return sorted(rows, key=lambda v: (v.layer, v.metric)), computed
+
+# ---------------------------------------------------------------------------------------------
+# its sentence of the circuit summary (cached results only; registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def finding(model, pairs, cache, table) -> str:
+    """The MLPs that write the answer (path patching's MLP senders; Fig. 6's projections when cached)."""
+    from engine.results import NotCached
+    mlps = [v for v in table.values if v.component == "mlp" and v.metric == "effect" and v.group == "*"]
+    strongest = min(mlps, key=lambda v: v.value)
+    text = (f"MLP {strongest.layer}'s output at the last token matters most: patching it alone changes the "
+            f"answer logit by {strongest.value:+.2f} (relative).")
+    try:
+        vals, _ = cached_mlp_projections(model, pairs, cache=cache)
+    except NotCached:
+        return text
+    ans = {v.layer: v.value for v in vals if v.metric == "cos_out_C"}
+    other = {v.layer: v.value for v in vals if v.metric == "cos_out_other"}
+    best = max(ans, key=ans.get)
+    return text + (f" MLP {best}'s contribution points most towards the answer's unembedding "
+                   f"(cos {ans[best]:.2f} vs {other.get(best, float('nan')):.2f} for other numbers).")
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine mlp-projection``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """Per layer: MLP in/out cosines with W_U of A, B, C -> CSV; ``--text``: that prompt's top number tokens."""
+    typed = ctx.typed(args.text)
+    pairs = ctx.pairs
+    with ctx.progress("MLP projections") as bar:
+        vals, computed = cached_mlp_projections(ctx.model, pairs, cache=ctx.cache, progress=bar)
+    ctx.write_csv(args.out, [v.__dict__ for v in vals])
+    res: dict = {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
+                 "answer_tokens": ctx.answer_tokens(pairs), "per_layer": [v.__dict__ for v in vals]}
+    if typed is not None:
+        res.update(ctx.typed_summary(typed))
+        res["top_number_tokens"] = [t.__dict__ for t in top_number_tokens(ctx.model, args.text, typed.ids)]
+    return res

@@ -124,3 +124,27 @@ def transfer(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b: Sequ
     inter = len(set(tops[0]) & set(tops[1]))
     union = len(set(tops[0]) | set(tops[1]))
     return TransferResult(k, sets[0], sets[1], inter, inter / union if union else 0.0)
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine transfer``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """Table 4 on the sidebar set (A) and ``--b-families`` or ``--b-bench`` (B) -> JSON."""
+    from engine.techniques.accuracy import keep_correct, kept_pairs
+    model, cache = ctx.model, ctx.cache
+    pairs_a, _ = kept_pairs(model, ctx.spec(), cache=cache)
+    if args.b_bench:
+        pairs_b = keep_correct(model, benchmark_pairs(model.tokenizer, args.data_dir, args.b_bench, args.n,
+                                                      args.seed))
+        name_b = args.b_bench
+    else:
+        pairs_b, _ = kept_pairs(model, ctx.spec(args.b_families), cache=cache)
+        name_b = args.b_families
+    with ctx.progress("transfer") as bar:
+        res = transfer(model, pairs_a, pairs_b, names=(args.families, name_b), k=args.k, cache=cache,
+                       progress=bar).to_json()
+    res["answer_tokens"] = {name: ctx.answer_tokens(ps) for name, ps in
+                            ((args.families, pairs_a), (name_b, pairs_b)) if ps}
+    ctx.write_json(args.out, res)
+    return res

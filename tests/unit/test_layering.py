@@ -124,3 +124,13 @@ def test_the_cycle_check_finds_a_cycle(tmp_path):
     finally:
         REPO = old
     assert graph == {"a": {"b"}, "b": {"a"}}
+
+
+def test_no_sys_path_edits():
+    """The lab is installed (``make setup``: ``pip install -e .``): nothing edits ``sys.path`` to import it."""
+    files = [f for d in (*PRODUCT, "bench", "tests", "docs", "pages") for f in (REPO / d).rglob("*.py")]
+    files.append(REPO / "app.py")
+    offenders = [str(f.relative_to(REPO)) for f in files
+                 if "sys.path.insert" in f.read_text(encoding="utf-8").replace("test_no_sys_path_edits", "")
+                 and f.name != "test_layering.py"]
+    assert not offenders, offenders

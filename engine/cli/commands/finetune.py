@@ -1,4 +1,4 @@
-"""The ``finetune`` subcommand (registered by ``engine.cli.main``).
+"""The ``finetune`` subcommand.
 
     python -m engine finetune --model SPEC --method {precise,full,lora} --heads 3.1,5.0 [--mlps 4]
                               --data D --out DIR
@@ -15,6 +15,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from engine.cli.context import model_args, positive_int
 from engine.finetune.data import BUILTIN_SETS
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
-def add_parser(sub, model_args, positive_int) -> None:
+def register(sub) -> None:
     p = sub.add_parser(
         "finetune", help="precise SFT of key heads (or full SFT / LoRA) -> a tuned model directory",
         description="Fine-tune a model and save it (save_pretrained) as a new model SPEC. "
@@ -74,11 +75,13 @@ def config_from_args(args, heads) -> "TrainConfig":
                        lora_alpha=2 * args.lora_r, seed=args.seed)
 
 
-def cmd_finetune(args, cache_of) -> int:
+def run(args, ctx) -> int:
     from engine.finetune.errors import FinetuneError
     from engine.finetune.run import FinetuneRequest, run_finetune, top_heads
     from engine.finetune.slices import parse_heads
 
+    if args.remote or args.device_map:
+        raise FinetuneError("finetune trains a local copy of the model: --remote and --device-map are not supported")
     writer = None
     if args.job_dir:
         from engine.finetune.jobs import JobWriter
@@ -90,7 +93,7 @@ def cmd_finetune(args, cache_of) -> int:
         if args.heads:
             heads = parse_heads(args.heads)
         elif args.top_k:
-            heads = top_heads(args.model, args.top_k, device=args.device, dtype=args.dtype, cache=cache_of(args))
+            heads = top_heads(args.model, args.top_k, device=args.device, dtype=args.dtype, cache=ctx.cache)
         elif args.method == "precise" and not args.mlps:
             raise FinetuneError("precise SFT needs --heads LAYER.HEAD,... or --top-k K (or --mlps)")
         if args.method != "precise" and (heads or args.mlps):

@@ -1,0 +1,29 @@
+"""``python -m engine reproduce --out p.html``: the paper's findings one row each (holds / does not hold / why
+not), then the report, as one offline HTML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.cli.context import model_args, set_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("reproduce", help="the paper's findings, one row each, on this model -> one offline HTML file")
+    model_args(p)
+    set_args(p, "paper", with_file=False)
+    p.add_argument("--out", required=True, type=Path, help="output .html")
+    p.add_argument("--compare", default=None, metavar="MODEL",
+                   help="a second model for Fig. 12 (same forms as --model)")
+
+
+def run(args, ctx) -> int:
+    from engine.report import build_report
+    from views.report import render_html
+    second = ctx.open_model(args.compare) if args.compare else None
+    rep = build_report(ctx.model, ctx.spec(), ctx.cache, paper=True, second=second)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render_html(rep), encoding="utf-8")
+    ctx.print({"out": str(args.out), "bytes": args.out.stat().st_size,
+               "findings": [{k: r[k] for k in ("figure", "lab", "holds", "note")} for r in rep.paper]})
+    return 0

@@ -1,0 +1,155 @@
+"""The technique registry: every technique of the lab, declared once.
+
+A technique is a module under ``engine/techniques/`` whose docstring states the method, with a cached
+function (through the result cache), its row type, a ``cli(args, ctx) -> dict`` (the JSON the command
+prints; it writes its CSV) and, when it belongs to the circuit summary, a ``finding(model, pairs,
+cache, table) -> str | None`` (its sentence, from cached results only).  Its entry here says what the
+rest of the lab needs:
+
+* ``name``     -- the CLI subcommand, ``python -m engine NAME`` (:mod:`engine.cli.main` adds one per entry);
+* ``title``, ``help`` -- how the report, the docs and ``--help`` call it;
+* ``module``   -- the technique's module;
+* ``page``     -- the URL path of the dashboard page that shows it (a new page: ``page_script``,
+  ``icon``; :mod:`ui.nav` adds it to the menu);
+* ``options``  -- its CLI arguments beyond the model and prompt-set ones;
+* ``step``     -- its label in the circuit summary (Home, Story, report), when it has a ``finding``;
+* ``cli``, ``finding`` -- the module's functions above (``cli`` may name another: ``"cli_curve"``, or
+  another technique module's: ``"head_patching:cli_patch"``).
+
+Adding a technique is its module, its chart in ``views/``, its page, its test and one entry below
+(docs/architecture.md, "Adding a technique").
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.cli.context import nonneg_int, positive_int
+
+MODULES = "engine.techniques."
+
+
+@dataclass(frozen=True)
+class Option:
+    """One CLI argument: ``parser.add_argument(*flags, **kwargs)``."""
+
+    flags: tuple[str, ...]
+    kwargs: dict[str, Any]
+
+
+def opt(*flags: str, **kwargs: Any) -> Option:
+    return Option(flags, kwargs)
+
+
+def out(help: str, required: bool = True) -> Option:
+    return Option(("--out",), {"type": Path, "required": required, "help": help})
+
+
+@dataclass(frozen=True)
+class Technique:
+    name: str
+    title: str
+    help: str
+    module: str                 # under engine/techniques/
+    page: str                   # URL path of its page
+    options: tuple[Option, ...] = ()
+    step: str = ""              # its circuit-summary label ("" = not in the summary)
+    cli: str = "cli"            # the module's command function
+    families: str = "paper"     # the prompt families the command defaults to
+    prompts_file: bool = True   # the command also takes --prompts FILE
+    page_script: str = ""       # a page of its own not in ui.nav's core menu: its script ...
+    icon: str = ""              # ... and Material icon
+
+    def load(self):
+        """The technique's module (imported on use: ``--help`` and the dashboard's start stay fast)."""
+        return importlib.import_module(MODULES + self.module)
+
+    def run(self, args: argparse.Namespace, ctx) -> dict:
+        """The command: ``cli`` of the module, or ``"other_module:function"`` of another technique module."""
+        mod, _, fn = self.cli.rpartition(":")
+        return getattr(importlib.import_module(MODULES + mod) if mod else self.load(), fn)(args, ctx)
+
+    @property
+    def finding(self) -> Callable | None:
+        return self.load().finding if self.step else None
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        for o in self.options:
+            p.add_argument(*o.flags, **o.kwargs)
+
+
+TECHNIQUES: tuple[Technique, ...] = (
+    Technique(
+        "patch", "Path patching", "path patching of every head and MLP -> CSV", "patching", "Patching_heatmap",
+        (out("output .csv"),
+         opt("--by", choices=("all", "op", "template"), default="all",
+             help="one row per sender (all) or per sender and op / template"),
+         opt("--with-prob", action="store_true", help="also the answer-probability metric"),
+         opt("--batch-size", type=positive_int, default=32),
+         opt("--receiver", default=None, metavar="LAYER.HEAD[:q|k|v]",
+             help="instead of the answer logit, a head as receiver: every earlier sender's effect carried only "
+                  "through that head's query (default), key or value at END, e.g. 3.1:q (head -> head)")),
+        step="key heads", cli="head_patching:cli_patch"),
+    Technique(
+        "attention", "Attention by token role", "END-row attention per token role (all heads) -> CSV",
+        "attention", "Patching_heatmap",
+        (out("output .csv"),
+         opt("--text", help="instead: one prompt's END row of --layer/--head, token by token"),
+         opt("--layer", type=nonneg_int), opt("--head", type=nonneg_int)),
+        step="attention"),
+    Technique(
+        "mlp-projection", "MLP projections", "MLP in/out cosines with W_U of A, B, C per layer -> CSV",
+        "projections", "MLP_projections",
+        (out("output .csv"), opt("--text", help="also: this prompt's top number tokens per layer (Fig. 6c)")),
+        step="MLPs"),
+    Technique(
+        "logit-lens", "Logit lens", "the answer's probability and rank at END after every layer -> CSV",
+        "logit_lens", "MLP_projections", (out("output .csv, one row per group and layer"),), step="logit lens"),
+    Technique(
+        "knockout", "Knockout", "accuracy before/after mean-ablating heads / MLPs -> JSON", "ablation", "Knockout",
+        (opt("--heads", default="", help="LAYER.HEAD list, e.g. 3.1,5.0"),
+         opt("--mlps", default="", help="MLP layers, e.g. 4,5"),
+         opt("--text", help="also show this prompt's top-5 next tokens before/after"),
+         out("also write the JSON here", required=False)),
+        cli="cli_knockout"),
+    Technique(
+        "knockout-curve", "Knockout curve (Fig. 3)", "Fig. 3: top-k (effect rank) vs k random heads -> CSV",
+        "ablation", "Knockout",
+        (opt("--k-max", type=nonneg_int, default=10), opt("--draws", type=positive_int, default=10),
+         out("output .csv")),
+        step="knockout", cli="cli_curve"),
+    Technique(
+        "transfer", "Transfer (Table 4)", "Table 4: key-head overlap and cross knockouts of two sets -> JSON",
+        "transfer", "Transfer",
+        (opt("--b-families", default="word", help="families of the second set (default word)"),
+         opt("--b-bench", choices=("svamp", "gsm8k", "addsub", "singleeq"),
+             help="second set from a math benchmark instead (needs --data-dir)"),
+         opt("--data-dir", type=Path, default=Path("../shared/data")),
+         opt("--k", type=positive_int, default=10), out("also write the JSON here", required=False)),
+        prompts_file=False),
+    Technique(
+        "position-patch", "Layer x position patching",
+        "layer x position activation patching of the residual stream -> CSV", "position_patching",
+        "Information_flow",
+        (out("output .csv, one row per group, layer and position"),
+         opt("--group", default=None, help="only this group: '*', op:add, template:<id> (default: every group)"))),
+    Technique(
+        "attribution", "Attribution patching (AtP)",
+        "attribution patching (AtP) beside exact path / activation patching -> CSV", "attribution",
+        "Information_flow",
+        (out("output .csv, one row per sender"), opt("--metric", choices=("effect", "logit_diff"), default="effect"),
+         opt("--no-total", action="store_true",
+             help="skip the activation-patching pair (exact_total, atp_total): one forward per sender"))),
+)
+
+
+def technique(name: str) -> Technique:
+    """The entry called ``name``; KeyError with the registered names otherwise."""
+    for t in TECHNIQUES:
+        if t.name == name:
+            return t
+    raise KeyError(f"no technique {name!r}: registered are {', '.join(t.name for t in TECHNIQUES)}")

@@ -1,0 +1,164 @@
+"""The patching core: S variants of the reference run, stacked as rows, one hooked forward pass each group.
+
+Every exact patching technique of the lab that is not at a shortcut's floor is the same loop over
+reference / counterfactual pairs (X_r, X_c):
+
+1. Right-pad X_r and X_c (same lengths: one mask, one END index) and run both once, caching the
+   activations the variants read (:func:`prepare`).
+2. A *variant* is one patched version of the X_r run: a sender's END output from X_c (path and
+   activation patching), a (layer, position) residual from X_c (layer x position patching), a
+   sender seen through one receiver's input (head -> head).  S variants of P pairs are stacked as
+   S * P rows: row ``s * P + i`` is pair i under variant s.
+3. The technique says, for one group of variants, which activations each row's hook edits
+   (``edits(group) -> [(hook name, fn)]``); the hooks below do the editing.
+4. One forward pass per group; the answer token's logit at END of every row is read:
+   ``[S, P]`` patched logits, beside ``logit_o`` (and ``logit_c``) of the unpatched runs.
+
+:func:`patch_rows` is exact: each row is computed exactly as if its variant were run alone
+(rows do not interact in a transformer's forward pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Generic, Sequence, TypeVar
+
+import torch
+
+from engine.backends.base import ModelBackend
+from engine.backends.hooks import HookName
+from engine.progress import ProgressFn
+from engine.prompts.pairs import PromptPair
+from engine.techniques.batching import batches, check_pairs, pad, pad_id
+
+V = TypeVar("V")
+HookFn = Callable[[torch.Tensor], torch.Tensor]
+Edit = tuple[HookName, HookFn]
+
+
+@dataclass
+class PatchRun:
+    """X_r and X_c of P pairs, right-padded, with their cached activations and unpatched answer logits."""
+
+    pairs: list[PromptPair]
+    ref: torch.Tensor      # [P, pos]  X_r ids
+    mask: torch.Tensor     # [P, pos]  shared by X_r and X_c
+    end: torch.Tensor      # [P]       END index
+    answer: torch.Tensor   # [P]       answer token ids
+    ref_cache: dict        # hook name -> [P, pos, ...] on X_r
+    cf_cache: dict         # hook name -> [P, pos, ...] on X_c
+    logit_o: torch.Tensor  # [P]  answer logit on X_r
+    logit_c: torch.Tensor  # [P]  answer logit on X_c
+
+    @property
+    def n(self) -> int:
+        return len(self.pairs)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return torch.arange(self.n)
+
+    def stacked(self, t: torch.Tensor, S: int) -> torch.Tensor:
+        """``[P, ...]`` -> ``[S * P, ...]``: row s * P + i is ``t[i]``."""
+        return t.repeat(S, *([1] * (t.dim() - 1)))
+
+
+def _answer_at_end(lg: torch.Tensor, end: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
+    """``lg`` [n, pos, vocab] -> the answer token's logit at END of every row [n] (float, CPU)."""
+    r = torch.arange(lg.shape[0], device=lg.device)
+    return lg[r, end.to(lg.device), answer.to(lg.device)].float().cpu()
+
+
+@torch.no_grad()
+def prepare(backend: ModelBackend, pairs: Sequence[PromptPair], ref_names: Sequence[HookName],
+            cf_names: Sequence[HookName]) -> PatchRun:
+    """Step 1: pad the pairs, run X_r caching ``ref_names`` and X_c caching ``cf_names``."""
+    check_pairs(pairs, backend.facts.vocab_size)
+    pid = pad_id(backend)
+    ref, mask, end = pad([p.ref_ids for p in pairs], pid)
+    cf, _, _ = pad([p.cf_ids for p in pairs], pid)
+    answer = torch.tensor([p.answer_id for p in pairs])
+    lg_r, c_r = backend.run_with_cache(ref, mask, list(ref_names))
+    logit_o = _answer_at_end(lg_r, end, answer)
+    del lg_r
+    lg_c, c_c = backend.run_with_cache(cf, mask, list(cf_names))
+    logit_c = _answer_at_end(lg_c, end, answer)
+    return PatchRun(list(pairs), ref, mask, end, answer, c_r, c_c, logit_o, logit_c)
+
+
+@torch.no_grad()
+def patch_rows(backend: ModelBackend, run: PatchRun, variants: Sequence[V],
+               edits: Callable[[Sequence[V]], list[Edit]], *, rows_per_pass: int = 128,
+               progress: ProgressFn | None = None) -> torch.Tensor:
+    """Steps 2-4: the answer logit at END under every variant, ``[S, P]`` (exact).
+
+    ``edits(group)`` returns the hooks of one group of variants, whose rows are ``s * P + i`` with s
+    the variant's index in the group; at most ``rows_per_pass`` rows (at least one variant) per pass."""
+    P = run.n
+    out = torch.empty(len(variants), P)
+    groups = batches(len(variants), max(1, rows_per_pass // max(1, P)))
+    for gi, grp in enumerate(groups):
+        group = [variants[i] for i in grp]
+        S = len(group)
+        with backend.hooks(edits(group)):
+            lg = backend.logits(run.stacked(run.ref, S), run.stacked(run.mask, S))  # [S * P, pos, vocab]
+        out[list(grp)] = _answer_at_end(lg, run.end.repeat(S), run.answer.repeat(S)).reshape(S, P)
+        if progress is not None:
+            progress(gi + 1, len(groups))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the hooks: each edits an activation [S * P, pos, ...] in place and returns it
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Slot(Generic[V]):
+    """Rows ``s * P + i`` take the source's value at ``positions[i]`` (rows with a negative position are left);
+    ``head``: only that head (an activation ``[.., pos, head, d_head]``)."""
+
+    s: int
+    positions: torch.Tensor  # [P]
+    head: int | None = None
+
+
+def replace(value: torch.Tensor) -> HookFn:
+    """The whole activation becomes ``value`` (e.g. every head frozen at X_r)."""
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        act[...] = value.to(act.device, act.dtype)
+        return act
+    return fn
+
+
+def replace_except_head(value: torch.Tensor, head: int) -> HookFn:
+    """Every head becomes ``value`` but ``head``, which keeps what the pass computed.  # [S * P, pos, H, d_head]"""
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        keep = act[:, :, head].clone()
+        act[...] = value.to(act.device, act.dtype)
+        act[:, :, head] = keep
+        return act
+    return fn
+
+
+def take(source: torch.Tensor, slots: Sequence[Slot], P: int) -> HookFn:
+    """Each slot's rows take ``source`` ([P, pos, ...], e.g. X_c's cache) at the slot's positions."""
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        for sl in slots:
+            ok = torch.nonzero(sl.positions >= 0)[:, 0]
+            pos = sl.positions[ok]
+            r, p = (ok + sl.s * P).to(act.device), pos.to(act.device)
+            if sl.head is None:
+                act[r, p] = source[ok, pos].to(act.device, act.dtype)
+            else:
+                act[r, p, sl.head] = source[ok, pos, sl.head].to(act.device, act.dtype)
+        return act
+    return fn
+
+
+def chain(*fns: HookFn) -> HookFn:
+    """Several edits of one activation, in order."""
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        for f in fns:
+            act = f(act)
+        return act
+    return fn
