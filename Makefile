@@ -46,7 +46,7 @@ lint: setup
 test: setup lint chromium smollm2
 	HF_HUB_OFFLINE=1 $(PY) -m pytest tests $(PYTEST_ARGS)
 
-# Every page of the dashboard in Chromium, freshly computed, as docs/screenshots/<page>.png (README figures).
+# Every page of the dashboard in Chromium, freshly computed, as docs/screenshots/<page>.png (the docs/dashboard.md gallery).
 screenshots: setup chromium
 	HF_HUB_OFFLINE=1 $(PY) docs/screenshots.py
 

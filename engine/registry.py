@@ -140,7 +140,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique(
         "attribution", "Attribution patching (AtP)",
         "attribution patching (AtP) beside exact path / activation patching -> CSV", "attribution",
-        "Information_flow",
+        "Patching_heatmap",
         (out("output .csv, one row per sender"), opt("--metric", choices=("effect", "logit_diff"), default="effect"),
          opt("--no-total", action="store_true",
              help="skip the activation-patching pair (exact_total, atp_total): one forward per sender"))),

@@ -6,13 +6,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from cache import CacheError
-from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import PromptSetSpec, answer_token_stats, generate
 from engine.prompts.templates import OPS, PAPER_OPS
 from engine.techniques.accuracy import accuracy_report
 from ui.circuit_views import circuit_summary_view
-from ui.progress import progress_bar
+from ui.progress import USER_ERRORS, progress_bar
 from ui.session import result_cache, setup_page
 from views.charts import template_bars
 
@@ -70,14 +68,15 @@ try:
     bar, cb = progress_bar("Scoring prompts")
     rows, computed = accuracy_report(model, spec, cache=result_cache(), progress=cb)
     bar.empty()
-except (PromptError, CacheError) as e:
+except USER_ERRORS as e:
     st.error(f"Cannot compute accuracy: {e}")
     st.stop()
 
 df = pd.DataFrame([r.__dict__ for r in rows])
 st.caption("Computed now and stored in the result cache." if computed else "Read from the result cache.")
 stats = answer_token_stats(model.tokenizer, generate(model.tokenizer, spec)[0])  # tokenization only
-st.markdown(f"First answer tokens of these {stats.n} prompts (balanced, README: balance rule): {stats.summary()}")
+st.markdown(f"First answer tokens of these {stats.n} prompts (balanced, docs/methods.md: balance rule): "
+            f"{stats.summary()}")
 if stats.warning:
     st.warning(stats.warning)
 per_op = df[df.template == "*"].drop(columns="template").set_index("op")

@@ -13,7 +13,7 @@ from engine.techniques.patching import cached_path_patching
 from engine.techniques.promptlab import analyse_prompt
 from ui import state
 from ui.circuit_views import attribution_view, clicked_cell, head_to_head_section, mlp_layer_view, select_head
-from ui.progress import progress_bar
+from ui.progress import USER_ERRORS, progress_bar
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 from views.charts import display_token, heatmap, heatmap_frame, token_bars
 
@@ -38,7 +38,7 @@ try:
     bar, cb = progress_bar("Path patching, batch")
     table, computed = cached_path_patching(model, pairs, cache=cache, progress=cb)
     bar.empty()
-except (PromptError, CacheError, ValueError) as e:
+except USER_ERRORS as e:
     st.error(f"Cannot run path patching: {e}")
     st.stop()
 

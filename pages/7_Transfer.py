@@ -7,13 +7,11 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from cache import CacheError
-from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import PromptSetSpec, format_spec
 from engine.prompts.templates import PAPER_FAMILIES
 from engine.techniques.accuracy import keep_correct, kept_pairs
 from engine.techniques.transfer import benchmark_pairs, transfer
-from ui.progress import cancellable, progress_bar
+from ui.progress import USER_ERRORS, cancellable, progress_bar
 from ui.session import result_cache, setup_page
 
 
@@ -71,7 +69,7 @@ try:
             pairs_b = keep_correct(model, benchmark_pairs(model.tokenizer, data_dir, bench, spec.n, spec.seed),
                                    progress=cb)
         res = transfer(model, pairs_a, pairs_b, names=("A", "B"), k=int(k), cache=cache, progress=cb)
-except (PromptError, CacheError, ValueError) as e:
+except USER_ERRORS as e:
     bar.empty()
     st.error(f"Cannot compare: {e}")
     st.stop()

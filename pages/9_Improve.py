@@ -8,7 +8,6 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from cache import CacheError
 from engine.finetune.data import BUILTIN_SETS
 from engine.finetune.errors import FinetuneError
 from engine.finetune.jobs import (
@@ -26,9 +25,9 @@ from engine.finetune.recipe import default_recipe
 from engine.finetune.run import FinetuneRequest, check_out_dir, heads_text, read_record
 from engine.finetune.slices import parse_heads
 from engine.finetune.train import TrainConfig
-from engine.prompts.pairs import PromptError
 from engine.techniques.patching import cached_path_patching
 from ui.improve_views import comparison_chart, comparison_rows, comparison_table
+from ui.progress import USER_ERRORS
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page, use_model
 from views.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve
 
@@ -47,7 +46,7 @@ if choice.remote:
 pairs, _ = analysed_pairs(model, spec, cache)
 try:
     table, _ = cached_path_patching(model, pairs, cache=cache)
-except (PromptError, CacheError, ValueError) as e:
+except USER_ERRORS as e:
     st.error(f"Cannot rank the heads (path patching failed): {e}")
     st.stop()
 n_heads = table.n_layers * table.n_heads
@@ -67,7 +66,7 @@ with st.form("finetune_form"):
     default_set = "notation+replay" if model.facts.spec == "organism" else "arith"
     data = c4.selectbox("Data", list(BUILTIN_SETS) + ["JSONL file ..."], index=list(BUILTIN_SETS).index(default_set),
                         key="ft_data",
-                        help="built-in sets (see README) or a JSONL file of {prompt, answer} lines")
+                        help="built-in sets (docs/finetune.md) or a JSONL file of {prompt, answer} lines")
     data_path = c4.text_input("JSONL path", "", key="ft_data_path", label_visibility="collapsed",
                               placeholder="path/to/data.jsonl")
     lr = c5.number_input("Learning rate", 1e-7, 1.0, None, format="%.1e", key="ft_lr",
@@ -185,7 +184,7 @@ if rows is None:
     st.stop()
 try:
     t_table, _ = cached_path_patching(tuned, pairs, cache=cache)
-except (PromptError, CacheError, ValueError) as e:
+except USER_ERRORS as e:
     st.error(f"Cannot run path patching on the tuned model: {e}")
     st.stop()
 comparison_table(rows)

@@ -16,7 +16,7 @@ from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
 from engine.techniques.position_patching import cached_layer_position_patching
 from ui.nav import PAGES, page_def, page_link
 from ui.progress import USER_ERRORS, run_with_progress
-from views.charts import HEAD_SELECTION, display_token, heatmap, heatmap_frame
+from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap
 from views.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
 
 KIND_NAMES = dict(KINDS)
@@ -136,15 +136,8 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
     except USER_ERRORS as e:
         st.error(f"Cannot read head -> head path patching: {e}")
         return
-    heads = [[float("nan")] * model.facts.n_heads for _ in range(layer)]
-    mlps = [float("nan")] * layer
-    for v in vals:
-        if v.metric == metric and v.group == "*":
-            if v.component == "head":
-                heads[v.layer][v.head] = v.value
-            elif v.component == "mlp":
-                mlps[v.layer] = v.value
-    df = heatmap_frame(heads, mlps)
+    df = component_frame([(v.component, v.layer, v.head, v.value) for v in vals
+                          if v.metric == metric and v.group == "*"], layer, model.facts.n_heads)
     word = {"q": "query", "k": "key", "v": "value"}[inp]
     st.caption(f"Senders below layer {layer}: the answer logit's change carried only through head {layer}.{head}'s "
                f"{word} at the last position (every other head frozen). Red = the receiver reads the operation from "

@@ -146,7 +146,7 @@ def step_improve(model, spec, cache) -> None:
         st.info("No fine-tuning job has finished on this model yet. On the **Improve** page, start precise SFT of "
                 "the heatmap's top-k heads (a background job with a live loss curve); its base vs tuned comparison "
                 "then appears here.")
-        page_link("pages/9_Improve.py", "Improve", page_def("Improve").icon)
+        page_link(page_def("Improve").script, page_def("Improve").title, page_def("Improve").icon)
         return
     job, record = jobs[0]
     choice = st.session_state.get("model_choice", ModelChoice())

@@ -35,6 +35,18 @@ def heatmap_frame(heads: list[list[float]], mlps: list[float]) -> pd.DataFrame:
                         + [{"layer": layer, "head": -1, "column": "MLP", "value": v} for layer, v in enumerate(mlps)])
 
 
+def component_frame(cells, n_layers: int, n_heads: int) -> pd.DataFrame:
+    """:func:`heatmap_frame` of ``(component, layer, head, value)`` cells ("head" or "mlp"); missing ones nan."""
+    heads = [[float("nan")] * n_heads for _ in range(n_layers)]
+    mlps = [float("nan")] * n_layers
+    for component, layer, head, value in cells:
+        if component == "head":
+            heads[layer][head] = value
+        elif component == "mlp":
+            mlps[layer] = value
+    return heatmap_frame(heads, mlps)
+
+
 def heatmap_limit(df: pd.DataFrame) -> float:
     """Half the colour range of ``heatmap``: the heads' largest |value| (MLP cells, often larger, saturate)."""
     heads = df.loc[df["column"] != "MLP", "value"].abs()

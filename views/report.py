@@ -16,7 +16,7 @@ import altair as alt
 import pandas as pd
 
 from engine.report import Report
-from views.charts import grouped_bars, heatmap, heatmap_frame, lines_with_band
+from views.charts import component_frame, grouped_bars, heatmap, lines_with_band
 from views.circuit_charts import lens_lines
 
 
@@ -24,16 +24,11 @@ def charts(rep: Report) -> dict[str, tuple[str, alt.TopLevelMixin]]:
     """name -> (caption, chart) of every chart of the report."""
     out: dict[str, tuple[str, alt.TopLevelMixin]] = {}
     L, H = rep.model["n_layers"], rep.model["n_heads"]
-    heads = [[float("nan")] * H for _ in range(L)]
-    mlps = [float("nan")] * L
-    for r in rep.patching:
-        if r["component"] == "head":
-            heads[r["layer"]][r["head"]] = r.get("effect", float("nan"))
-        else:
-            mlps[r["layer"]] = r.get("effect", float("nan"))
+    grid = component_frame([(r["component"], r["layer"], r["head"], r.get("effect", float("nan")))
+                            for r in rep.patching], L, H)
     out["patching"] = ("Path patching: relative change of the answer logit when one head's (or MLP's) output at the "
                        "last position comes from the counterfactual prompt, every other head frozen. Red = key head.",
-                       heatmap(heatmap_frame(heads, mlps), "effect").properties(width=560))
+                       heatmap(grid, "effect").properties(width=560))
     if rep.roles:
         df = pd.DataFrame(rep.roles).assign(head_name=lambda d: d["layer"].astype(str) + "." + d["head"].astype(str))
         out["roles"] = ("The top heads' last-token attention by token role, averaged over the prompt set.",

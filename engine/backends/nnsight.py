@@ -614,7 +614,7 @@ def open_remote(spec: str, *, host: str | None = None, revision: str | None = No
         what = {SourceKind.ORGANISM: "the bundled model", SourceKind.LOCAL_DIR: "a local directory",
                 SourceKind.GGUF: "a .gguf file"}.get(resolved.kind, resolved.kind.value)
         raise ModelLoadError(f"remote execution runs hub models on NDIF's servers, and {spec!r} is {what}: pass "
-                             f"a hub id NDIF hosts, such as meta-llama/Llama-3.1-8B (README, 'Bigger models'), or "
+                             f"a hub id NDIF hosts, such as meta-llama/Llama-3.1-8B (docs/scaling.md), or "
                              f"drop --remote to run it here")
     ndif_api_key()  # fail early, before anything is loaded
     try:
