@@ -13,7 +13,7 @@ import streamlit as st
 from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
-from engine.techniques.position_patching import cached_layer_position_patching
+from engine.techniques.position_patching import cached_layer_position_patching, groups_of
 from ui.nav import PAGES, page_def, page_link
 from ui.progress import USER_ERRORS, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap
@@ -148,25 +148,30 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
 
 
 def position_view(model, pairs, cache) -> None:
-    """Layer x position activation patching heatmap, per operation or template."""
+    """Layer x position activation patching heatmap of one group (a template first: its few prompts, token
+    labels); each group is computed when it is chosen."""
     tok = model.tokenizer
+    groups = sorted(groups_of(pairs), key=lambda g: (not g.startswith("template:"), not g.startswith("op:"), g))
+    c1, c2 = st.columns([3, 2])
+    group = c1.selectbox("Prompts", groups, key="lp_group",
+                         format_func=lambda g: (f"all prompts ({len(pairs)})" if g == "*" else
+                                                f"{g.replace(':', ': ', 1)} ({len(groups_of(pairs)[g])})"),
+                         help="each group is patched on its own prompts when chosen (a template: a few seconds; "
+                              "all prompts: the whole set)")
+    metric = c2.radio("Metric", ("logit_diff", "restored"), horizontal=True, key="lp_metric",
+                      help="logit_diff: patched minus original answer logit; restored: that change as a "
+                           "fraction of the counterfactual's own change (1 = as if the operation were gone)")
     out = run_with_progress("Layer x position patching, batch", "run layer x position patching",
                             lambda cb: cached_layer_position_patching(
-                                model, pairs, cache=cache, progress=cb,
+                                model, pairs, cache=cache, progress=cb, group=group,
                                 tokens=lambda ids: [display_token(t) for t in tok.convert_ids_to_tokens(list(ids))]))
     if out is None:
         return
     cells, computed = out
-    groups = sorted({c.group for c in cells}, key=lambda g: (not g.startswith("op:"), g != "*", g))
-    c1, c2 = st.columns([3, 2])
-    group = c1.selectbox("Prompts", groups, key="lp_group",
-                         format_func=lambda g: "all prompts" if g == "*" else g.replace(":", ": ", 1))
-    metric = c2.radio("Metric", ("logit_diff", "restored"), horizontal=True, key="lp_metric",
-                      help="logit_diff: patched minus original answer logit; restored: that change as a "
-                           "fraction of the counterfactual's own change (1 = as if the operation were gone)")
     df = pd.DataFrame([{"layer": c.layer, "rel": c.rel, "token": c.token, "value": getattr(c, metric)}
-                       for c in cells if c.group == group])
-    st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache")
+                       for c in cells])
+    st.caption(f"{len(groups_of(pairs)[group])} of {len(pairs)} prompt pairs · "
+               + ("computed now" if computed else "read from the cache")
                + (" · a template's positions carry its first prompt's tokens" if group.startswith("template:")
                   else " · mixed templates: positions are counted from the last token"))
     st.altair_chart(position_heatmap(df, metric), width="stretch")

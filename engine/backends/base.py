@@ -33,6 +33,7 @@ import torch
 
 from engine.backends import hooks as hook_names
 from engine.backends.hooks import HookName
+from engine.backends.layouts import final_norm_takes_rows
 from engine.models.facts import ModelFacts
 
 HookFn = Callable[[torch.Tensor], torch.Tensor | None]
@@ -110,6 +111,10 @@ class ModelBackend(ABC):
         positions: [batch, m] -> [batch, m, vocab].  Active ``hooks`` apply as in :meth:`logits`.
         """
         pos = positions.to(torch.long)
+        if not final_norm_takes_rows(self.facts.model_type):  # GPT-2: full logits, then the rows
+            lg = self.logits(input_ids, attention_mask)  # [batch, pos, vocab]
+            rows = torch.arange(lg.shape[0], device=lg.device)[:, None]
+            return lg[rows, pos.to(lg.device)]
 
         def keep(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model] -> [batch, m, d_model]
             rows = torch.arange(act.shape[0], device=act.device)[:, None]

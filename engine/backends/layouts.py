@@ -34,6 +34,7 @@ class Layout:
     qkv_style: str = "separate"      # "separate" | "gpt2" (q|k|v blocks) | "neox" (per-head q|k|v)
     conv1d: bool = False             # GPT-2 Conv1D weights are [in, out]
     parallel_attr: str | None = None  # config flag for parallel attention + MLP (GPT-NeoX)
+    end_rows: bool = True  # the final norm may run on some positions only (GPT-2 reshapes its output: no)
 
 
 LLAMA = Layout(layers="model.layers", embed="model.embed_tokens", final_norm="model.norm", lm_head="lm_head",
@@ -42,7 +43,7 @@ LLAMA = Layout(layers="model.layers", embed="model.embed_tokens", final_norm="mo
                 qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"))
 GPT2 = Layout(layers="transformer.h", embed="transformer.wte", final_norm="transformer.ln_f", lm_head="lm_head",
                attn="attn", o_proj="attn.c_proj", ln2="ln_2", mlp="mlp", mlp_up="mlp.c_fc", mlp_down="mlp.c_proj",
-               qkv="attn.c_attn", qkv_style="gpt2", conv1d=True)
+               qkv="attn.c_attn", qkv_style="gpt2", conv1d=True, end_rows=False)
 NEOX = Layout(layers="gpt_neox.layers", embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm",
                lm_head="lm_head", attn="attention", o_proj="attention.dense", ln2="post_attention_layernorm",
                mlp="mlp", mlp_up="mlp.dense_h_to_4h", mlp_down="mlp.dense_4h_to_h", qkv="attention.query_key_value",
@@ -63,3 +64,10 @@ def layout_for(model_type: str) -> Layout:
             f"the nnsight backend has no module map for model_type {model_type!r}; it supports "
             f"{', '.join(sorted(LAYOUTS))} -- use --backend bridge for other architectures")
     return LAYOUTS[model_type]
+
+
+def final_norm_takes_rows(model_type: str) -> bool:
+    """Whether the final norm and the unembedding may run on a few positions of each row (the END-only logits of
+    :meth:`engine.backends.base.ModelBackend.logits_at`); architectures not in the table are assumed to."""
+    layout = LAYOUTS.get(model_type)
+    return layout is None or layout.end_rows

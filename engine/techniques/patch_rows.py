@@ -11,8 +11,9 @@ reference / counterfactual pairs (X_r, X_c):
    S * P rows: row ``s * P + i`` is pair i under variant s.
 3. The technique says, for one group of variants, which activations each row's hook edits
    (``edits(group) -> [(hook name, fn)]``); the hooks below do the editing.
-4. One forward pass per group; the answer token's logit at END of every row is read:
-   ``[S, P]`` patched logits, beside ``logit_o`` (and ``logit_c``) of the unpatched runs.
+4. One forward pass per group, the unembedding applied at END only (``backend.end_logits``); the
+   answer token's logit of every row is read: ``[S, P]`` patched logits, beside ``logit_o`` (and
+   ``logit_c``) of the unpatched runs.
 
 :func:`patch_rows` is exact: each row is computed exactly as if its variant were run alone
 (rows do not interact in a transformer's forward pass).
@@ -100,9 +101,11 @@ def patch_rows(backend: ModelBackend, run: PatchRun, variants: Sequence[V],
     for gi, grp in enumerate(groups):
         group = [variants[i] for i in grp]
         S = len(group)
+        ends = run.end.repeat(S)  # [S * P]
         with backend.hooks(edits(group)):
-            lg = backend.logits(run.stacked(run.ref, S), run.stacked(run.mask, S))  # [S * P, pos, vocab]
-        out[list(grp)] = _answer_at_end(lg, run.end.repeat(S), run.answer.repeat(S)).reshape(S, P)
+            lg = backend.end_logits(run.stacked(run.ref, S), run.stacked(run.mask, S), ends)  # [S * P, vocab]
+        ans = run.answer.repeat(S).to(lg.device)
+        out[list(grp)] = lg[torch.arange(S * P, device=lg.device), ans].float().cpu().reshape(S, P)
         if progress is not None:
             progress(gi + 1, len(groups))
     return out

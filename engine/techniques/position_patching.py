@@ -103,15 +103,29 @@ class PositionCell:
     restored: float
 
 
+def groups_of(pairs: Sequence[PromptPair]) -> dict[str, list[int]]:
+    """Pair indices of every group: ``*`` (all), ``op:<op>``, ``template:<id>``."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(pairs):
+        groups["*"].append(i)
+        groups[f"op:{p.op}"].append(i)
+        groups[f"template:{p.template}"].append(i)
+    return dict(groups)
+
+
+def group_pairs(pairs: Sequence[PromptPair], group: str) -> list[PromptPair]:
+    """The pairs of one group; ValueError naming the set's groups when ``group`` is not one of them."""
+    groups = groups_of(pairs)
+    if group not in groups:
+        raise ValueError(f"group {group!r} is not in this set: choose from {', '.join(sorted(groups))}")
+    return [pairs[i] for i in groups[group]]
+
+
 def summarize(raw: PositionRaw, tokens: Callable[[Sequence[int]], list[str]]) -> list[PositionCell]:
     """Mean of both metrics per cell, for all pairs, per operation and per template.
 
     ``tokens(ids)`` gives the human-readable token strings of a prompt (for the x-axis labels)."""
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, p in enumerate(raw.pairs):
-        groups["*"].append(i)
-        groups[f"op:{p.op}"].append(i)
-        groups[f"template:{p.template}"].append(i)
+    groups = groups_of(raw.pairs)
     diff, rest = raw.metric("logit_diff"), raw.metric("restored")
     out = []
     for g, idx in groups.items():
@@ -143,18 +157,24 @@ def _nanmean(t: torch.Tensor) -> torch.Tensor:
 
 
 def cached_layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
-                                   tokens: Callable[[Sequence[int]], list[str]],
+                                   tokens: Callable[[Sequence[int]], list[str]], group: str | None = None,
                                    progress: ProgressFn | None = None) -> tuple[list[PositionCell], bool]:
-    """Layer x position patching through the result cache: (cells, computed)."""
+    """Layer x position patching through the result cache: (cells, computed).
+
+    ``group`` (``*``, ``op:add``, ``template:<id>``): only that group's pairs are patched and only its
+    cells returned -- a template of a large set costs its own few prompts, not the whole set."""
     from engine.results import run_cached_rows
 
     params = {"dtype": backend.facts.dtype, "stream": "resid_pre", "positions": "from END"}
+    mine = list(pairs) if group in (None, "*") else group_pairs(pairs, group)
 
     def compute():
-        return summarize(layer_position_patching(backend, pairs, progress=progress), tokens), None
+        return summarize(layer_position_patching(backend, mine, progress=progress), tokens), None
 
-    cells, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, PositionCell,
+    cells, _, computed = run_cached_rows(backend, mine, METHOD, params, compute, PositionCell,
                                          ("logit_diff", "restored"), cache)
+    if group is not None:
+        cells = [c for c in cells if c.group == group]
     return sorted(cells, key=lambda c: (c.group, c.layer, c.rel)), computed
 
 # ---------------------------------------------------------------------------------------------
@@ -162,17 +182,19 @@ def cached_layer_position_patching(backend: ModelBackend, pairs: Sequence[Prompt
 # ---------------------------------------------------------------------------------------------
 
 def cli(args, ctx) -> dict:
-    """Every (layer, END-relative position) cell, per group; ``--group`` keeps one group."""
+    """Every (layer, END-relative position) cell, per group; ``--group`` patches only that group's pairs."""
     model, pairs = ctx.model, ctx.pairs
     tok = model.tokenizer
-    with ctx.progress("layer x position patching") as bar:
-        cells, computed = cached_layer_position_patching(
-            model, pairs, cache=ctx.cache, tokens=lambda ids: tok.convert_ids_to_tokens(list(ids)), progress=bar)
-    groups = sorted({c.group for c in cells})
+    groups = sorted(groups_of(pairs))
     if args.group is not None and args.group not in groups:
         raise ValueError(f"--group {args.group!r} is not in this set: choose from {', '.join(groups)}")
-    rows = [c.__dict__ for c in cells if args.group is None or c.group == args.group]
+    with ctx.progress("layer x position patching") as bar:
+        cells, computed = cached_layer_position_patching(
+            model, pairs, cache=ctx.cache, tokens=lambda ids: tok.convert_ids_to_tokens(list(ids)),
+            group=args.group, progress=bar)
+    rows = [c.__dict__ for c in cells]
     ctx.write_csv(args.out, rows)
     top = sorted((c for c in cells if c.group == (args.group or "*")), key=lambda c: c.logit_diff)[:5]
-    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "groups": groups,
+    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
+            "patched_pairs": len(groups_of(pairs)[args.group or "*"]), "groups": groups,
             "cells": len(rows), "largest_drops": [c.__dict__ for c in top]}

@@ -74,7 +74,7 @@ def test_information_flow_page(server, page):
     _goto(page, server, "Information_flow")
     page.get_by_text("Layer x position patching").first.wait_for(timeout=WAIT)
     _idle(page)
-    page.get_by_text(re.compile("positions are counted from the last token")).first.wait_for(timeout=WAIT)
+    page.get_by_text(re.compile("a template's positions carry its first prompt's tokens")).first.wait_for(timeout=WAIT)
     page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=WAIT)
     _idle(page)
     assert page.locator("[data-testid='stVegaLiteChart']").count() == 1
