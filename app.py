@@ -2,13 +2,15 @@
 
 The common set-up runs here once per run: the page config (wide layout) and the page list with
 titles and icons; each page then draws the shared sidebar (model, prompt set, model facts, report)
-and gets the model through ``ui.session.setup_page``.
+and gets the model through ``ui.session.setup_page``.  The app state is mirrored into the address
+bar (``ui.url_state``): a page's URL is a link that opens the same view in a fresh session.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
+from ui import url_state
 from ui.nav import PAGES, ROUTED
 
 st.set_page_config(page_title="Arithmetic-circuits lab", page_icon="🧮", layout="wide")
@@ -16,6 +18,8 @@ nav = st.navigation([st.Page(p.script, title=p.title, icon=p.icon, url_path=p.ur
                              default=not p.url_path) for p in PAGES])
 st.session_state[ROUTED] = True  # pages: page config done, st.page_link available
 try:
+    url_state.sync()  # a session's first run: the link -> the app state; then the app state -> the URL
     nav.run()
+    url_state.to_url()  # what the page changed (a chart click); a page that stops writes it in st.stop
 finally:
     st.session_state.pop(ROUTED, None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,26 +14,13 @@ from engine.backends.base import ModelBackend
 from engine.models import DTYPE_NAMES
 from engine.models.spec import ORGANISM_DIR, ORGANISM_SPEC, ModelLoadError
 from engine.paths import REPO_ROOT
-from ui import state
+from ui import state, url_state
 from ui.nav import ROUTED, page_link
 from ui.progress import run_with_progress
+from ui.state import BACKEND_CHOICES, DEVICES, FAMILY_CHOICES, MULTI_GPU, ModelChoice, default_prompt_set
 
 if TYPE_CHECKING:
     from engine.prompts.promptsets import PromptSetSpec
-
-MULTI_GPU = "all GPUs"  # device choice: accelerate's device_map="auto" over every visible GPU
-DEVICES = ("auto", "cpu", "cuda", MULTI_GPU)
-BACKEND_CHOICES = {"bridge": "TransformerBridge (transformer-lens)", "nnsight": "nnsight (plain HF model)"}
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    spec: str = "organism"
-    device: str = "auto"
-    dtype: str = "float32"
-    backend: str = "bridge"
-    remote: bool = False  # nnsight only: run on NDIF with $NDIF_API_KEY
-
 
 @st.cache_resource(show_spinner="Loading the model ...", max_entries=3)
 def _load(spec: str, device: str, dtype: str, files_stamp: str, backend: str = "bridge",
@@ -124,19 +110,36 @@ def use_model(choice: ModelChoice) -> None:
     state.follow_model(choice.spec)
 
 
+def _try_load(choice: ModelChoice) -> tuple[ModelBackend | None, str]:
+    """(the loaded model, "") or (None, what went wrong and what to do)."""
+    try:
+        return _load(choice.spec, choice.device, choice.dtype, files_stamp(choice.spec), choice.backend,
+                     choice.remote), ""
+    except ModelLoadError as e:
+        return None, f"Cannot load model `{choice.spec}`: {e}"
+    except (OSError, ValueError, RuntimeError) as e:
+        return None, f"Cannot load model `{choice.spec}`: {e}. Check the path or pick `organism`."
+
+
 def loaded_model(choice: ModelChoice) -> ModelBackend | None:
     """The loaded model, or None after showing an ``st.error`` that says what to do."""
-    try:
-        model = _load(choice.spec, choice.device, choice.dtype, files_stamp(choice.spec), choice.backend,
-                      choice.remote)
-        st.sidebar.caption(f"Loaded with the **{model.name}** backend on {model.facts.device} "
-                           f"({model.facts.dtype}).")
-        return model
-    except ModelLoadError as e:
-        st.error(f"Cannot load model `{choice.spec}`: {e}")
-    except (OSError, ValueError, RuntimeError) as e:
-        st.error(f"Cannot load model `{choice.spec}`: {e}. Check the path or pick `organism`.")
-    return None
+    model, error = _try_load(choice)
+    if model is None:
+        st.error(error)
+        return None
+    st.sidebar.caption(f"Loaded with the **{model.name}** backend on {model.facts.device} "
+                       f"({model.facts.dtype}).")
+    return model
+
+
+def _load_link_model() -> None:
+    """A link's model (``ui.url_state``) is tried before the sidebar is drawn: one that cannot be loaded
+    gives way to the default model, with a note, and the rest of the link is kept."""
+    if not url_state.model_pending():
+        return
+    choice = st.session_state.get("model_choice", ModelChoice())
+    model, error = _try_load(choice)
+    url_state.model_loaded(None if model is not None else error.removeprefix(f"Cannot load model `{choice.spec}`: "))
 
 
 def result_cache() -> ResultCache | None:
@@ -163,18 +166,14 @@ def result_cache() -> ResultCache | None:
     return cache
 
 
-FAMILY_CHOICES = {"paper (Fig. 8, 32 templates)": "paper", "word problems (Fig. 10)": "word",
-                  "all (paper, word, extended, power)": "all",
-                  "notation (untaught: 7 × 8 =)": "notation"}
 DEFAULT_PROMPT = state.DEFAULT_PROMPT
 
 
 def prompt_set_choice() -> "PromptSetSpec":
     """Sidebar: which prompt set the analysis pages use (kept in session state)."""
     from engine.prompts.promptsets import PromptSetSpec, parse_families
-    from engine.prompts.templates import OPS, PAPER_OPS
-    cur = st.session_state.get("prompt_set", {"ops": list(PAPER_OPS), "families": "paper (Fig. 8, 32 templates)",
-                                               "n": 40, "seed": 0})
+    from engine.prompts.templates import OPS
+    cur = st.session_state.get("prompt_set") or default_prompt_set()
     with st.sidebar:
         st.subheader("Prompt set")
         with st.form("prompt_set_form", border=False):
@@ -237,14 +236,36 @@ def model_facts_sidebar(model: ModelBackend) -> None:
                     f"- **fingerprint** `{f.fingerprint[:12]}`")
 
 
+def _run_under_the_router() -> None:
+    """Rerun a page that Streamlit ran without the router, this time through app.py.
+
+    Streamlit 1.67 treats an app with a ``pages/`` folder beside its main script as a "pages directory"
+    (v1) app until some run calls ``st.navigation``: it runs the page script itself, not app.py.  So the
+    first session of a freshly started dashboard that opens a page's URL (a shared link) got no router --
+    no page list, no link read from the URL -- as long as nobody had opened the Home page.  Leaving that
+    mode is what ``st.navigation`` does itself; the rerun then runs app.py for the same page (same URL
+    path, same query string).  A page run on its own (AppTest of a page script) has no ``pages/`` folder
+    beside it; AppTest of app.py sets the mode again before every run, and a rerun there would drop the
+    run's button clicks: both are left alone."""
+    from streamlit import config
+    from streamlit.runtime.pages_manager import PagesManager
+    if getattr(PagesManager, "uses_pages_directory", False) and not config.get_option("global.appTest"):
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def setup_page(title: str, caption: str):
     """Common page header + sidebar; returns (model, spec) or stops the page after an st.error.
 
     Under the router (app.py) the page config is set there; a page run on its own (AppTest) sets it here.
     The sidebar is drawn here, below the router's page list, and not by the router itself: AppTest
-    (Streamlit 1.67) loses the router's own elements on every rerun, so its widgets could not be tested."""
+    (Streamlit 1.67) loses the router's own elements on every rerun (it runs the page script without
+    app.py, see :func:`_run_under_the_router`), so its widgets could not be tested.  For the same reason
+    the app state is written into the URL here too (``ui.url_state.to_url``), not only by the router."""
     if st.session_state.get(ROUTED) is None:
+        _run_under_the_router()
         st.set_page_config(page_title=f"{title} · Arithmetic-circuits lab", page_icon="🧮", layout="wide")
+    _load_link_model()
     choice, spec = sidebar()
     st.title(title)
     st.caption(caption)
@@ -255,6 +276,11 @@ def setup_page(title: str, caption: str):
         st.error(f"{spec}.")
         st.stop()
     model = loaded_model(choice)
+    if model is not None:  # a link's selection and knockouts are checked against the model's layers and heads
+        url_state.check_picks(model.facts.n_layers, model.facts.n_heads, choice.spec)
+    for text in url_state.notes(title):  # what a link held that was ignored (until another page is opened)
+        st.warning(text)
+    url_state.to_url()  # the address bar: this run's app state (sidebar forms, widget callbacks, the link's checks)
     if model is None:
         st.stop()
     model_facts_sidebar(model)

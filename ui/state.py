@@ -6,17 +6,28 @@ own entries below are never widget keys; each widget that edits one is *bound* t
 seeded from the app entry when it (re)appears, and its ``on_change`` writes back.
 
 * ``prompt``          -- the typed prompt every page analyses (widget ``typed_prompt``, Prompt lab);
-* ``prompt_set``      -- the sidebar's prompt set (``ui.session.prompt_set_choice``);
-* ``model_choice``    -- the sidebar's model (``ui.session.model_choice``);
+* ``prompt_set``      -- the sidebar's prompt set (``ui.session.prompt_set_choice``; a dict, see
+  :func:`default_prompt_set`);
+* ``model_choice``    -- the sidebar's model (``ui.session.model_choice``; a :class:`ModelChoice`);
 * ``selected_head``   -- the selected component, ``(layer, head)``; ``head == -1`` is the layer's MLP;
 * ``ko_heads`` / ``ko_mlps`` -- the knockout set (widgets ``knockout_heads`` / ``knockout_mlps``).
 
 The selection and the knockout set belong to one model: when the model changes they are cleared and
 a note says so (:func:`follow_model`), so one model's heads are never applied to another.
+
+The address bar mirrors these entries (``ui.url_state``), so that a page's URL is a shareable link: the
+first run of a session (the router's) reads the link's query parameters (``model=``/``device=``/``dtype=``/
+``backend=``, ``ops=``/``families=``/``n=``/``seed=``/``balance=``, ``prompt=``, ``head=3.1`` or
+``head=4.mlp``, ``ko=3.1,5.0``, ``ko_mlp=4``) into the entries above; from then on the entries are the source
+of truth, and every run writes their non-default values into the URL and removes the keys at their default.
+A link's selection and knockouts belong to the link's model (:func:`adopt`), so :func:`follow_model` keeps
+them; they are checked against that model's layers and heads once it is loaded, and each bad value is
+dropped with a note that names the parameter (the rest of the link is kept).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import streamlit as st
@@ -29,6 +40,30 @@ KO_MLPS = "ko_mlps"
 OWNER = "picks_model"     # the model spec the selection and the knockout set belong to
 NOTE = "model_note"       # the note shown after a model change cleared them
 MLP = -1                  # ``head`` of a selected MLP
+
+MULTI_GPU = "all GPUs"  # device choice: accelerate's device_map="auto" over every visible GPU
+DEVICES = ("auto", "cpu", "cuda", MULTI_GPU)
+BACKEND_CHOICES = {"bridge": "TransformerBridge (transformer-lens)", "nnsight": "nnsight (plain HF model)"}
+FAMILY_CHOICES = {"paper (Fig. 8, 32 templates)": "paper", "word problems (Fig. 10)": "word",
+                  "all (paper, word, extended, power)": "all",
+                  "notation (untaught: 7 × 8 =)": "notation"}
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The ``model_choice`` entry."""
+    spec: str = "organism"
+    device: str = "auto"
+    dtype: str = "float32"
+    backend: str = "bridge"
+    remote: bool = False  # nnsight only: run on NDIF with $NDIF_API_KEY
+
+
+def default_prompt_set() -> dict:
+    """The ``prompt_set`` entry before the user picks a set: ops, families (a ``FAMILY_CHOICES`` label), n, seed
+    (and ``balance``, True when absent)."""
+    from engine.prompts.templates import PAPER_OPS
+    return {"ops": list(PAPER_OPS), "families": "paper (Fig. 8, 32 templates)", "n": 40, "seed": 0}
 
 
 def get(key: str, default: Any = None) -> Any:
@@ -114,6 +149,11 @@ def follow_model(spec: str) -> None:
     if cleared:
         st.session_state[NOTE] = (f"The model changed from `{owner}` to `{spec}`: cleared the {'; '.join(cleared)} "
                                   f"(they were picked on `{owner}` and do not apply to `{spec}`).")
+
+
+def adopt(spec: str) -> None:
+    """The selection and the knockout set now belong to model ``spec`` (a link's picks, made on its model)."""
+    st.session_state[OWNER] = spec
 
 
 def model_note() -> str | None:

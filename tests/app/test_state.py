@@ -135,3 +135,165 @@ def test_smollm2_tokens_are_readable_and_bundled_heads_are_not_carried_over():
     assert any(t.startswith("␣") for t in shown)
     _go(at, "6_Knockout.py")
     assert list(at.multiselect(key="knockout_heads").value) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the URL (ui.url_state): a link opens the same view; the state is written back into the URL
+# ---------------------------------------------------------------------------------------------
+
+LINK = {"prompt": PROMPT, "head": "1.2", "ko": "0.1,1.3", "ko_mlp": "1"}
+
+
+def _link(params: dict) -> AppTest:
+    """A fresh session opened with a link's query parameters (AppTest starts on the default page)."""
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=300)
+    at.session_state["prompt_set"] = dict(SET)
+    at.query_params.update(params)
+    return at.run()
+
+
+def _notes(at: AppTest) -> list[str]:
+    return [w.value for w in at.warning if "Link parameter" in w.value]
+
+
+def _click_cell(at: AppTest, layer: int, head: int) -> AppTest:
+    """What a click on a cell of the Path patching heatmap (metric effect, all operations) sends."""
+    from streamlit.elements.vega_charts import VegaLiteState
+    from streamlit.util import AttributeDictionary
+
+    from views.charts import HEAD_SELECTION
+    at.session_state["heatmap_effect_*"] = VegaLiteState(
+        {"selection": AttributeDictionary({HEAD_SELECTION: [{"layer": layer, "head": head}]})})
+    return at.run()
+
+
+def test_a_link_sets_the_prompt_selection_and_knockouts_every_page_shows():
+    at = _link({**LINK, "job": "kept"})
+    assert not at.exception, at.exception
+    assert not errors(at) and not at.warning, (errors(at), [w.value for w in at.warning])
+    assert at.session_state["prompt"] == PROMPT and at.session_state["selected_head"] == (1, 2)
+    _go(at, "6_Knockout.py")
+    assert list(at.multiselect(key="knockout_heads").value) == ["0.1", "1.3"]
+    assert list(at.multiselect(key="knockout_mlps").value) == [1]
+    assert f"`{PROMPT}`" in _text(at)
+    _go(at, "4_Patching_heatmap.py")
+    assert "Head 1.2" in [h.value for h in at.subheader]
+    assert at.button(key="add_to_knockout").label == "Add head 1.2 to the knockout set"
+    _go(at, "3_Prompt_lab.py")
+    assert at.text_input(key="typed_prompt").value == PROMPT and "7 * 8 = 56" in _text(at)
+    assert not at.warning, [w.value for w in at.warning]
+    # the address bar still holds the link (plus the prompt set's non-default fields); other keys are kept
+    assert at.query_params == {"ops": "add,mul", "n": "8", **LINK, "job": "kept"}
+
+
+def test_a_links_selection_for_its_own_model_is_not_cleared():
+    """follow_model clears picks made on another model; a link's picks were made on the link's model."""
+    from engine.models.spec import ORGANISM_DIR
+    at = _link({"model": str(ORGANISM_DIR), "head": "2.mlp", "ko": "0.1"})
+    assert not at.exception and not errors(at), errors(at)
+    assert at.session_state["model_choice"].spec == str(ORGANISM_DIR)
+    assert at.sidebar.text_input(key="model_spec_input").value == str(ORGANISM_DIR)
+    _go(at, "4_Patching_heatmap.py")
+    assert not any("The model changed" in w.value for w in at.warning), [w.value for w in at.warning]
+    assert "MLP 2" in [h.value for h in at.subheader]
+    assert at.session_state["ko_heads"] == ["0.1"]
+    assert at.query_params["model"] == str(ORGANISM_DIR) and at.query_params["head"] == "2.mlp"
+
+
+def test_state_changes_are_written_into_the_url_and_defaults_removed():
+    at = _link({"job": "kept"})
+    assert at.query_params == {"ops": "add,mul", "n": "8", "job": "kept"}  # the test's prompt set, nothing else
+    _go(at, "3_Prompt_lab.py")
+    at.text_input(key="typed_prompt").set_value(PROMPT).run()
+    assert at.query_params["prompt"] == PROMPT
+    at.sidebar.number_input(key="ps_seed").set_value(3)
+    next(b for b in at.button if b.label == "Use this set").click().run()
+    assert not at.exception, at.exception
+    assert at.query_params["seed"] == "3"
+    at.sidebar.number_input(key="ps_seed").set_value(0)
+    next(b for b in at.button if b.label == "Use this set").click().run()
+    assert "seed" not in at.query_params  # back at its default
+    _go(at, "6_Knockout.py")
+    at.multiselect(key="knockout_heads").set_value(["1.3", "0.1"]).run()
+    at.multiselect(key="knockout_mlps").set_value([2]).run()
+    assert at.query_params["ko"] == "0.1,1.3" and at.query_params["ko_mlp"] == "2"
+    _go(at, "4_Patching_heatmap.py")
+    _click_cell(at, 2, -1)  # the page selects the MLP while it runs, then stops after the MLP view
+    assert not at.exception, at.exception
+    assert "MLP 2" in [h.value for h in at.subheader]
+    assert at.query_params["head"] == "2.mlp"
+    _go(at, "3_Prompt_lab.py")
+    at.text_input(key="typed_prompt").set_value(state_default_prompt()).run()
+    assert "prompt" not in at.query_params
+    _go(at, "6_Knockout.py")
+    at.multiselect(key="knockout_heads").set_value([]).run()
+    at.multiselect(key="knockout_mlps").set_value([]).run()
+    assert "ko" not in at.query_params and "ko_mlp" not in at.query_params
+    assert at.query_params == {"ops": "add,mul", "n": "8", "head": "2.mlp", "job": "kept"}
+    # another model: it is written, and the selection made on the old one is cleared from the URL too
+    from engine.models.spec import ORGANISM_DIR
+    at.sidebar.text_input(key="model_spec_input").set_value(str(ORGANISM_DIR))
+    next(b for b in at.button if b.label == "Load model").click().run()
+    assert not at.exception, at.exception
+    assert at.query_params == {"model": str(ORGANISM_DIR), "ops": "add,mul", "n": "8", "job": "kept"}
+
+
+def state_default_prompt() -> str:
+    from ui.state import DEFAULT_PROMPT
+    return DEFAULT_PROMPT
+
+
+# parameter -> (bad value, phrase of its note, the app state afterwards: its default or what was valid)
+BAD_LINKS = {
+    "head": ("99.99", "`organism` has layers 0-7 and heads 0-7", lambda ss: "selected_head" not in ss),
+    "ko": ("0.1,9.0", "no head 9.0", lambda ss: ss["ko_heads"] == ["0.1"]),
+    "ko_mlp": ("1,x", "x not a layer number", lambda ss: "ko_mlps" not in ss or ss["ko_mlps"] == []),
+    "ops": ("add,root", "unknown operation root", lambda ss: ss["prompt_set"]["ops"] == SET["ops"]),
+    "n": ("many", "not a whole number from 1 to 1000", lambda ss: ss["prompt_set"]["n"] == SET["n"]),
+    "families": ("poems", "choose from paper, word, all, notation", lambda ss: ss["prompt_set"]["families"]
+                 == SET["families"]),
+    "device": ("tpu", "choose from auto, cpu, cuda", lambda ss: ss["model_choice"].device == "auto"),
+}
+
+
+def test_bad_link_values_give_a_note_each_and_their_defaults_nothing_else_is_lost():
+    at = _link({"prompt": PROMPT, **{k: v for k, (v, _, _) in BAD_LINKS.items()}})
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+    assert [t.value for t in at.title] == ["Arithmetic-circuits lab"]  # the page is drawn
+    notes = _notes(at)
+    assert len(notes) == len(BAD_LINKS), notes
+    for key, (value, phrase, check) in BAD_LINKS.items():
+        note = next((n for n in notes if n.startswith(f"Link parameter `{key}={value}` ignored")), None)
+        assert note is not None and phrase in note, (key, notes)
+        assert check(at.session_state), key
+    assert at.session_state["prompt"] == PROMPT  # the good part of the link is kept
+    assert at.query_params == {"ops": "add,mul", "n": "8", "prompt": PROMPT, "ko": "0.1"}  # bad values are gone
+    _go(at, "6_Knockout.py")  # the notes are for the page the link opened
+    assert not _notes(at) and list(at.multiselect(key="knockout_heads").value) == ["0.1"]
+
+
+@pytest.mark.parametrize("link", [{"head": "x.y"}, {"head": "-1.0"}, {"ko": "3"}, {"balance": "maybe"},
+                                  {"seed": "-4"}, {"dtype": "int3"}, {"model": " "}],
+                         ids=lambda link: "=".join(*link.items()))
+def test_malformed_link_values(link):
+    at = _link({**link, "prompt": PROMPT})
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+    (key, value), = link.items()
+    assert [n for n in _notes(at) if n.startswith(f"Link parameter `{key}={value}` ignored")], _notes(at)
+    assert key not in at.query_params and at.query_params["prompt"] == PROMPT
+
+
+def test_a_link_whose_model_cannot_be_loaded_falls_back_to_the_default_model(tmp_path):
+    at = _link({**LINK, "model": str(tmp_path / "missing"), "dtype": "float16"})
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)  # the default model is loaded: no "Cannot load model" error
+    notes = _notes(at)
+    assert len(notes) == 1 and notes[0].startswith(f"Link parameter `model={tmp_path / 'missing'}` ignored")
+    assert "does not exist" in notes[0] and "`dtype=float16`" in notes[0] and "default model `organism`" in notes[0]
+    assert at.session_state["model_choice"].spec == "organism"
+    _go(at, "4_Patching_heatmap.py")  # the rest of the link is kept, on the default model
+    assert "Head 1.2" in [h.value for h in at.subheader] and at.session_state["ko_heads"] == ["0.1", "1.3"]
+    assert "model" not in at.query_params and "dtype" not in at.query_params
+    assert at.query_params["head"] == "1.2" and at.query_params["prompt"] == PROMPT
