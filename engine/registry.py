@@ -144,6 +144,14 @@ TECHNIQUES: tuple[Technique, ...] = (
         (out("output .csv, one row per sender"), opt("--metric", choices=("effect", "logit_diff"), default="effect"),
          opt("--no-total", action="store_true",
              help="skip the activation-patching pair (exact_total, atp_total): one forward per sender"))),
+    Technique(
+        "numbers", "Numbers", "probes, Fourier spectrum, helix fit and causal check of A, B, C per layer -> CSV",
+        "numbers", "Numbers",
+        (out("output .csv, one row per layer, position, target and method"),
+         opt("--layers", default=None, help="layers, -1 = embedding, e.g. --layers=-1,0,5 (default: all)"),
+         opt("--spectrum-out", type=Path, default=None, help="also write the number tokens' DFT rows here"),
+         opt("--no-causal", action="store_true", help="skip the causal check (its forward passes)")),
+        step="numbers", page_script="pages/10_Numbers.py", icon=":material/pin:"),
 )
 
 

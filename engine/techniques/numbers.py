@@ -1,0 +1,626 @@
+"""Number representations: how the residual stream holds A, B and the answer C, layer by layer.
+
+The paper stops at "heads move the operands to END, MLPs write the answer".  Later work reads the
+numbers themselves: linear probes of operands and result (Stolfo et al., 2023; Nikankin et al., 2025),
+Fourier features of number tokens (Zhou et al., 2024: periods 2, 5, 10) and a generalized helix
+(Kantamneni & Tegmark, 2025: cos/sin at periods 2, 5, 10, 100 plus a linear part).  What is computed,
+exactly (``P`` prompt pairs, reference prompts only):
+
+**Activations.**  x[l, pos, i] is the residual stream of prompt i at layer l: ``resid_post[l]`` for
+l = 0..L-1 and ``resid_pre[0]`` (the embedding, positional part included) as layer -1, at three
+positions: ``END`` (the last prompt token, where the answer's first token is predicted), ``A`` (the last
+token of operand A) and ``B`` (the last token of operand B) -- the operand positions are the last
+positions with the roles "operand A" / "operand B" of :func:`engine.techniques.attention.token_roles`.
+Targets are the numbers A, B and C of each prompt (C = the answer, not its first token).
+
+**1. Probes** (scikit-learn, features standardized per training fold: ``StandardScaler``), for every
+layer, position and target y, ``FOLDS``-fold cross-validation with shuffled folds seeded by ``seed``;
+the score is computed over the pooled held-out predictions (every prompt predicted once):
+
+* ``logistic``: ``LogisticRegression(C=LOGREG_C, solver="newton-cg")`` (multinomial) over the values of y, folds
+  ``StratifiedKFold``; only prompts whose value occurs at least ``FOLDS`` times are kept (the rest are
+  dropped, and counted in ``n_prompts``); fewer than two such values is a ValueError.
+  score = accuracy = #{i : ŷ_i = y_i} / n;
+* ``ridge``: ``Ridge(alpha=RIDGE_ALPHA)`` on the scalar value, folds ``KFold``, all prompts;
+  score = R² = 1 - Σ(y_i - ŷ_i)² / Σ(y_i - ȳ)² over the pooled held-out predictions;
+* ``baseline``: the same estimator, folds and score with the labels permuted once
+  (``numpy.random.default_rng(seed).permutation``) -- what a probe of this size reads from nothing.
+
+**2. Fourier view.**  The numbers 0..99 when each is one token of its own under the answer-token rule,
+else the digits 0..9 (else a ValueError: no number tokens).  E[n] is the number token's embedding
+(``hook_embed``) and U[n] = W_U[:, token(n)] its unembedding, n = 0..N-1.  The DFT over the number
+axis, F[k] = Σ_n E[n] e^{-2πikn/N} (a vector of d_model complex numbers, numpy.fft.fft along n), gives
+magnitude(k) = ||F[k]||₂ for k = 1..N//2 (period N/k), and share(k) = magnitude(k)² / Σ_{k'=1..N//2}
+magnitude(k')².  The three k with the largest magnitude are marked ``dominant``.
+
+**3. Helix.**  For the same layers, positions and targets, an ordinary least-squares fit (no probe,
+in-sample) of the P x d matrix X = x[l, pos] on the basis of the target number n:
+helix = [cos(2πn/T), sin(2πn/T) for T in PERIODS] + [n, 1], linear = [n, 1],
+means = one indicator column per distinct value of n (the best any function of n can do).
+R²(basis) = 1 - ||X - B Ŵ||²_F / ||X - X̄||²_F with Ŵ = lstsq(B, X).  Rows: method ``helix``
+(score = R²(helix), baseline = R²(linear)) and ``means`` (score = R²(means), baseline = R²(means) of the
+permuted labels).  With few distinct values (operands 1..9) the helix basis spans every function of n
+and R²(helix) = R²(means): the helix is only tested where n takes more values than the basis has columns.
+The circle: for one (layer, position, target), the period T* whose two columns explain the most of the
+fit, ||B_T Ŵ_T - mean||²_F; the rows of X (centred) projected onto an orthonormal basis (QR) of the
+fitted directions Ŵ_cos(T*), Ŵ_sin(T*).
+
+**4. Causal check.**  At the layer l* where C first decodes at END (logistic score ≥ ``DECODE_THRESHOLD``;
+the best layer when none reaches it; never the embedding), with μ_c the mean of x[l*, END] over the
+prompts whose C = c (values kept by the probe): for each prompt i (C_i = c), a target c' drawn (seeded)
+among the kept values whose first answer token differs from c's, the END residual leaving layer l* is
+replaced by x + (μ_c' - μ_c) (a hook on ``resid_post[l*]`` at END only), and the rest of the model runs.
+success = fraction of prompts whose top next token is c's' first answer token; stays = fraction whose
+top token is still C's first token.  Control (``random``): the same norm ||μ_c' - μ_c|| along a random
+Gaussian direction (seeded).  relative_norm = mean ||μ_c' - μ_c|| / ||x[l*, END]||.  A probe can read
+C from directions the model does not use; a shift that moves the answer shows a direction it does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn
+from engine.prompts.pairs import PromptError, PromptPair, answer_tokens
+from engine.prompts.templates import TEMPLATES_BY_ID
+from engine.techniques.attention import token_roles
+from engine.techniques.batching import batches, check_pairs, pad, pad_id
+
+METHOD = "numbers"
+VERSION = 1  # bumped when a quantity of the docstring changes (part of every cache key below)
+POSITIONS: tuple[str, ...] = ("END", "A", "B")
+TARGETS: tuple[str, ...] = ("A", "B", "C")
+ROLE_OF = {"A": "operand A", "B": "operand B"}
+FOLDS = 5
+LOGREG_C = 1.0
+RIDGE_ALPHA = 1.0
+PERIODS: tuple[int, ...] = (2, 5, 10, 100)
+DECODE_THRESHOLD = 0.9
+N_DOMINANT = 3
+
+
+# ---------------------------------------------------------------------------------------------
+# activations
+# ---------------------------------------------------------------------------------------------
+
+def positions(backend: ModelBackend, pair: PromptPair) -> dict[str, int]:
+    """{"END": last token, "A": A's last token, "B": B's last token} of ``pair.ref_ids``."""
+    roles = token_roles(backend, pair)
+    out = {"END": len(pair.ref_ids) - 1}
+    for name, role in ROLE_OF.items():
+        at = [i for i, r in enumerate(roles) if r == role]
+        if not at:
+            raise ValueError(f"no {role} token in {pair.ref_text!r}: the operands must be written in digits")
+        out[name] = at[-1]
+    return out
+
+
+def target_values(pairs: Sequence[PromptPair]) -> dict[str, np.ndarray]:
+    """{"A": [P], "B": [P], "C": [P]} as float64."""
+    return {"A": np.array([float(p.a) for p in pairs]), "B": np.array([float(p.b) for p in pairs]),
+            "C": np.array([float(p.answer) for p in pairs])}
+
+
+def all_layers(backend: ModelBackend) -> list[int]:
+    return list(range(-1, backend.facts.n_layers))
+
+
+def check_layers(layers: Sequence[int], n_layers: int) -> list[int]:
+    bad = [x for x in layers if not -1 <= x < n_layers]
+    if bad or not layers:
+        raise ValueError(f"layers {bad or '(none)'} do not exist: give -1 (embedding) .. {n_layers - 1}")
+    return sorted(set(int(x) for x in layers))
+
+
+@torch.no_grad()
+def residuals(backend: ModelBackend, pairs: Sequence[PromptPair], layers: Sequence[int], *, batch_size: int = 64,
+              progress: ProgressFn | None = None, total: int | None = None) -> np.ndarray:
+    """x[layer, position, prompt, d_model] (float64) for ``layers`` (-1 = resid_pre[0]) and POSITIONS."""
+    check_pairs(pairs, backend.facts.vocab_size)
+    layers = check_layers(layers, backend.facts.n_layers)
+    names = [hooks.resid_pre(0) if x < 0 else hooks.resid_post(x) for x in layers]
+    at = [positions(backend, p) for p in pairs]
+    pos = torch.tensor([[a[n] for n in POSITIONS] for a in at])  # [P, 3]
+    out = np.zeros((len(layers), len(POSITIONS), len(pairs), backend.facts.d_model))
+    chunks = batches(len(pairs), batch_size)
+    for ci, idx in enumerate(chunks):
+        ids, mask, _ = pad([pairs[i].ref_ids for i in idx], pad_id(backend))
+        _, c = backend.run_with_cache(ids, mask, names)
+        rows = torch.arange(len(idx))[:, None]
+        for j, name in enumerate(names):
+            act = c[name][rows, pos[list(idx)].to(c[name].device)]  # [b, 3, d_model]
+            out[j][:, list(idx)] = act.double().cpu().numpy().transpose(1, 0, 2)
+        if progress is not None:
+            progress(ci + 1, total or len(chunks))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. probes
+# ---------------------------------------------------------------------------------------------
+
+def kept_values(y: np.ndarray, folds: int = FOLDS) -> np.ndarray:
+    """Boolean mask of the prompts whose value occurs at least ``folds`` times (ValueError below two values)."""
+    vals, counts = np.unique(y, return_counts=True)
+    ok = vals[counts >= folds]
+    if len(ok) < 2:
+        raise ValueError(f"the probe needs at least {folds} prompts per value for two values or more "
+                         f"(here: {dict(zip(vals.tolist(), counts.tolist()))}): raise --n or add operations")
+    return np.isin(y, ok)
+
+
+def shuffled(y: np.ndarray, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).permutation(y)
+
+
+def logistic_accuracy(X: np.ndarray, y: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
+    """Held-out accuracy of the logistic probe (pooled over StratifiedKFold folds)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    labels = np.unique(y, return_inverse=True)[1]
+    est = make_pipeline(StandardScaler(), LogisticRegression(C=LOGREG_C, solver="newton-cg", max_iter=1000))
+    pred = cross_val_predict(est, X, labels, cv=StratifiedKFold(folds, shuffle=True, random_state=seed))
+    return float((pred == labels).mean())
+
+
+def ridge_r2(X: np.ndarray, y: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
+    """Held-out R² of the scalar ridge probe (pooled over KFold folds)."""
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import KFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    est = make_pipeline(StandardScaler(), Ridge(alpha=RIDGE_ALPHA))
+    pred = cross_val_predict(est, X, y, cv=KFold(folds, shuffle=True, random_state=seed))
+    return r2(y, pred)
+
+
+def r2(y: np.ndarray, pred: np.ndarray) -> float:
+    ss = float(((y - y.mean()) ** 2).sum())
+    return float("nan") if ss == 0 else 1.0 - float(((y - pred) ** 2).sum()) / ss
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. helix fit
+# ---------------------------------------------------------------------------------------------
+
+def helix_basis(n: np.ndarray) -> np.ndarray:
+    """[P, 2 len(PERIODS) + 2]: cos, sin of 2πn/T per period, then n and 1."""
+    cols = [f(2 * np.pi * n / T) for T in PERIODS for f in (np.cos, np.sin)]
+    return np.stack(cols + [n, np.ones_like(n)], 1)
+
+
+def linear_basis(n: np.ndarray) -> np.ndarray:
+    return np.stack([n, np.ones_like(n)], 1)
+
+
+def means_basis(n: np.ndarray) -> np.ndarray:
+    return (n[:, None] == np.unique(n)[None, :]).astype(float)
+
+
+def fit_r2(B: np.ndarray, X: np.ndarray) -> float:
+    """In-sample R² of the least-squares fit X ≈ B W over all of X's columns."""
+    W = np.linalg.lstsq(B, X, rcond=None)[0]
+    ss = float(((X - X.mean(0)) ** 2).sum())
+    return float("nan") if ss == 0 else 1.0 - float(((X - B @ W) ** 2).sum()) / ss
+
+
+# ---------------------------------------------------------------------------------------------
+# probes + helix, per layer / position / target: the CSV rows
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NumberRow:
+    layer: int          # -1 = embedding
+    position: str       # END, A, B
+    target: str         # A, B, C
+    method: str         # logistic (accuracy) | ridge (R²) | helix (R², baseline linear R²) | means (R²)
+    score: float
+    baseline: float     # probes and means: permuted labels; helix: the linear fit [n, 1]
+    n_prompts: int
+    n_classes: int
+
+
+def layer_rows(layer: int, X: np.ndarray, values: dict[str, np.ndarray], seed: int) -> list[NumberRow]:
+    """Every row of one layer; X [3, P, d] (POSITIONS)."""
+    out = []
+    for pi, pos in enumerate(POSITIONS):
+        for t in TARGETS:
+            y, x = values[t], X[pi]
+            keep = kept_values(y)
+            yk, xk = y[keep], x[keep]
+            nk = len(np.unique(yk))
+            out.append(NumberRow(layer, pos, t, "logistic", logistic_accuracy(xk, yk, seed),
+                                 logistic_accuracy(xk, shuffled(yk, seed), seed), int(keep.sum()), nk))
+            nv = len(np.unique(y))
+            out.append(NumberRow(layer, pos, t, "ridge", ridge_r2(x, y, seed), ridge_r2(x, shuffled(y, seed), seed),
+                                 len(y), nv))
+            out.append(NumberRow(layer, pos, t, "helix", fit_r2(helix_basis(y), x), fit_r2(linear_basis(y), x),
+                                 len(y), nv))
+            out.append(NumberRow(layer, pos, t, "means", fit_r2(means_basis(y), x),
+                                 fit_r2(means_basis(shuffled(y, seed)), x), len(y), nv))
+    return out
+
+
+def number_probes(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers: Sequence[int] | None = None,
+                  seed: int = 0, progress: ProgressFn | None = None) -> list[NumberRow]:
+    """The probe and helix rows of the module docstring for ``layers`` (default: -1 .. L-1)."""
+    layers = check_layers(all_layers(backend) if layers is None else layers, backend.facts.n_layers)
+    values = target_values(pairs)
+    for t in TARGETS:
+        kept_values(values[t])  # the user error before any forward pass
+    n_batches = len(batches(len(pairs), 64))
+    total = n_batches + len(layers)
+    X = residuals(backend, pairs, layers, progress=progress, total=total)
+    from threadpoolctl import threadpool_limits
+    out = []
+    with threadpool_limits(1):  # small matrices: BLAS threads (beside torch's) only oversubscribe the cores
+        for j, layer in enumerate(layers):
+            out.extend(layer_rows(layer, X[j], values, seed))
+            if progress is not None:
+                progress(n_batches + j + 1, total)
+    return out
+
+
+def layers_param(layers: Sequence[int] | None) -> str | list[int]:
+    return "all" if layers is None else sorted(set(int(x) for x in layers))
+
+
+def cached_number_probes(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers: Sequence[int] | None = None,
+                         seed: int = 0, cache=None, progress: ProgressFn | None = None
+                         ) -> tuple[list[NumberRow], bool]:
+    """:func:`number_probes` through the result cache: (rows, computed)."""
+    from engine.results import run_cached_rows
+    params = {"version": VERSION, "dtype": backend.facts.dtype, "layers": layers_param(layers), "seed": seed,
+              "folds": FOLDS, "logreg_C": LOGREG_C, "ridge_alpha": RIDGE_ALPHA, "periods": list(PERIODS)}
+    rows, _, computed = run_cached_rows(
+        backend, pairs, METHOD, params,
+        lambda: (number_probes(backend, pairs, layers=layers, seed=seed, progress=progress), None),
+        NumberRow, ("score", "baseline"), cache)
+    return rows, computed
+
+
+def first_decode_layer(rows: Sequence[NumberRow], target: str = "C", position: str = "END",
+                       threshold: float = DECODE_THRESHOLD) -> int | None:
+    """The first layer whose logistic probe of ``target`` at ``position`` scores ≥ ``threshold``."""
+    mine = sorted((r for r in rows if r.method == "logistic" and r.target == target and r.position == position),
+                  key=lambda r: r.layer)
+    return next((r.layer for r in mine if r.score >= threshold), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Fourier view of the number tokens
+# ---------------------------------------------------------------------------------------------
+
+def number_range(backend: ModelBackend, prompt: str) -> tuple[list[int], list[int]]:
+    """(numbers, their token ids): 0..99 when each is a single token of its own, else 0..9; ValueError if neither."""
+    for upto in (99, 9):
+        ids = []
+        for n in range(upto + 1):
+            try:
+                t = answer_tokens(backend.tokenizer, prompt, n)
+            except PromptError:
+                break
+            if len(t.answer_ids) != 1:
+                break
+            ids.append(t.answer_id)
+        if len(ids) == upto + 1 and len(set(ids)) == len(ids):
+            return list(range(upto + 1)), ids
+    raise ValueError("this model's tokenizer has no single tokens for the digits 0-9: the Fourier view needs "
+                     "number tokens (pick another model)")
+
+
+@torch.no_grad()
+def number_vectors(backend: ModelBackend, token_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """{"embedding": E [N, d], "unembedding": U [N, d]} of the number tokens."""
+    _, c = backend.run_with_cache(torch.tensor(list(token_ids))[:, None], None, [hooks.embed()])
+    E = c[hooks.embed()][:, 0].double().cpu().numpy()
+    W_U, _ = backend.unembed()
+    U = W_U[:, list(token_ids)].T.double().cpu().numpy()
+    return {"embedding": E, "unembedding": U}
+
+
+@dataclass(frozen=True)
+class SpectrumRow:
+    space: str        # embedding | unembedding
+    k: int            # frequency (cycles over the N numbers)
+    period: float     # N / k
+    dominant: bool    # among the N_DOMINANT largest magnitudes
+    magnitude: float  # ||F[k]||₂
+    share: float      # magnitude² / Σ_k' magnitude²  (k' = 1..N//2)
+
+
+def spectrum(V: np.ndarray, space: str) -> list[SpectrumRow]:
+    """The DFT magnitudes of V [N, d] along the number axis (module docstring, 2)."""
+    N = V.shape[0]
+    F = np.fft.fft(V, axis=0)  # [N, d]
+    ks = np.arange(1, N // 2 + 1)
+    mag = np.linalg.norm(F[ks], axis=1)
+    energy = float((mag ** 2).sum())
+    top = set(ks[np.argsort(-mag, kind="stable")[:N_DOMINANT]].tolist())
+    return [SpectrumRow(space, int(k), N / int(k), int(k) in top, float(m), float(m * m / energy) if energy else 0.0)
+            for k, m in zip(ks, mag)]
+
+
+def number_spectrum(backend: ModelBackend, pairs: Sequence[PromptPair]) -> list[SpectrumRow]:
+    if not pairs:
+        raise ValueError("no prompt pairs")
+    _, ids = number_range(backend, pairs[0].ref_text)
+    vecs = number_vectors(backend, ids)
+    return spectrum(vecs["embedding"], "embedding") + spectrum(vecs["unembedding"], "unembedding")
+
+
+def cached_number_spectrum(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None
+                           ) -> tuple[list[SpectrumRow], bool]:
+    from engine.results import run_cached_rows
+    params = {"version": VERSION, "dtype": backend.facts.dtype, "n_dominant": N_DOMINANT}
+    rows, _, computed = run_cached_rows(backend, pairs, METHOD + "_spectrum", params,
+                                        lambda: (number_spectrum(backend, pairs), None), SpectrumRow,
+                                        ("magnitude", "share"), cache)
+    return rows, computed
+
+
+def dominant_periods(rows: Sequence[SpectrumRow], space: str) -> list[float]:
+    mine = sorted((r for r in rows if r.space == space and r.dominant), key=lambda r: -r.magnitude)
+    return [round(r.period, 3) for r in mine]
+
+
+# ---------------------------------------------------------------------------------------------
+# 3'. the helix circle of one (layer, position, target)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CirclePoint:
+    layer: int
+    position: str
+    target: str
+    period: int       # T*: the period whose cos/sin columns explain most of the helix fit
+    prompt: int       # index in the prompt set
+    value: float      # the target number n
+    x: float          # coordinates in the plane of the fitted cos / sin directions
+    y: float
+
+
+def circle(X: np.ndarray, n: np.ndarray) -> tuple[int, np.ndarray]:
+    """(T*, [P, 2] coordinates) of the module docstring's circle for X [P, d] and numbers n [P]."""
+    B = helix_basis(n)
+    W = np.linalg.lstsq(B, X, rcond=None)[0]  # [2 |PERIODS| + 2, d]
+    strength = []
+    for j in range(len(PERIODS)):
+        part = B[:, 2 * j:2 * j + 2] @ W[2 * j:2 * j + 2]  # [P, d]
+        strength.append(float(((part - part.mean(0)) ** 2).sum()))
+    j = int(np.argmax(strength))
+    D = W[2 * j:2 * j + 2].T  # [d, 2]: the fitted cos and sin directions
+    Q, R = np.linalg.qr(D)
+    Xc = X - X.mean(0)
+    coords = Xc @ Q
+    if abs(R[1, 1]) < 1e-9 * max(abs(R[0, 0]), 1e-30):  # sin column is zero (T = 2): one direction only
+        coords[:, 1] = 0.0
+    return PERIODS[j], coords
+
+
+def helix_circle(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, position: str,
+                 target: str) -> list[CirclePoint]:
+    if position not in POSITIONS or target not in TARGETS:
+        raise ValueError(f"position must be one of {POSITIONS} and target one of {TARGETS}")
+    X = residuals(backend, pairs, [layer])[0, POSITIONS.index(position)]
+    n = target_values(pairs)[target]
+    T, xy = circle(X, n)
+    return [CirclePoint(layer, position, target, T, i, float(n[i]), float(xy[i, 0]), float(xy[i, 1]))
+            for i in range(len(pairs))]
+
+
+def cached_helix_circle(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, position: str = "END",
+                        target: str = "C", *, cache=None) -> tuple[list[CirclePoint], bool]:
+    from engine.results import run_cached_rows
+    params = {"version": VERSION, "dtype": backend.facts.dtype, "layer": layer, "position": position,
+              "target": target, "periods": list(PERIODS)}
+    rows, _, computed = run_cached_rows(backend, pairs, METHOD + "_circle", params,
+                                        lambda: (helix_circle(backend, pairs, layer, position, target), None),
+                                        CirclePoint, ("x", "y"), cache)
+    return rows, computed
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. causal check
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CausalRow:
+    layer: int
+    method: str          # class-means (μ_c' - μ_c) | random (same norm, random direction)
+    n_prompts: int
+    success: float       # top token becomes C''s first token
+    stays: float         # top token stays C's first token
+    relative_norm: float  # mean ||shift|| / ||x[l*, END]||
+
+
+def value_token(backend: ModelBackend, pair: PromptPair, value: float) -> int:
+    """The first token of ``value`` as the answer of ``pair``'s prompt (the answer-token rule)."""
+    tpl = TEMPLATES_BY_ID.get(pair.template)
+    v = int(value) if float(value).is_integer() else value
+    return answer_tokens(backend.tokenizer, pair.ref_text, v, getattr(tpl, "answer_sep", " ")).answer_id
+
+
+@dataclass
+class CausalPlan:
+    """Which prompts are moved where: prompt indices, their C' and token ids, and the shifts [n, d]."""
+
+    idx: list[int]
+    target: list[float]
+    target_token: list[int]
+    shift: np.ndarray   # [n, d] class-mean shift
+    random: np.ndarray  # [n, d] same norms, random directions
+
+
+def causal_plan(backend: ModelBackend, pairs: Sequence[PromptPair], X: np.ndarray, seed: int = 0) -> CausalPlan:
+    """X [P, d]: the END residual at l*.  C' per prompt and the shifts (module docstring, 4)."""
+    c = target_values(pairs)["C"]
+    keep = kept_values(c)
+    vals = np.unique(c[keep])
+    mu = {float(v): X[c == v].mean(0) for v in vals}
+    tok = {float(v): value_token(backend, pairs[int(np.flatnonzero(c == v)[0])], float(v)) for v in vals}
+    rng = np.random.default_rng(seed)
+    idx, tgt, ttok, shift = [], [], [], []
+    for i in np.flatnonzero(keep):
+        ci = float(c[i])
+        cand = [float(v) for v in vals if float(v) != ci and tok[float(v)] != pairs[i].answer_id]
+        if not cand:
+            continue
+        cp = cand[int(rng.integers(len(cand)))]
+        idx.append(int(i))
+        tgt.append(cp)
+        ttok.append(value_token(backend, pairs[i], cp))
+        shift.append(mu[cp] - mu[ci])
+    if not idx:
+        raise ValueError("no prompt has another answer value with a different first token: the causal check "
+                         "needs answers that start with different tokens (raise --n or add operations)")
+    S = np.stack(shift)
+    G = rng.standard_normal(S.shape)
+    G *= (np.linalg.norm(S, axis=1) / np.linalg.norm(G, axis=1))[:, None]
+    return CausalPlan(idx, tgt, ttok, S, G)
+
+
+@torch.no_grad()
+def shifted_top_tokens(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, shift: np.ndarray,
+                       batch_size: int = 64) -> np.ndarray:
+    """Top next token at END of each prompt with ``shift[i]`` added to resid_post[layer] at its END. [P]"""
+    out = []
+    for idx in batches(len(pairs), batch_size):
+        ids, mask, end = pad([pairs[i].ref_ids for i in idx], pad_id(backend))
+        delta = torch.tensor(shift[list(idx)])
+
+        def add(act: torch.Tensor, end=end, delta=delta) -> torch.Tensor:  # [b, pos, d_model]
+            act = act.clone()
+            rows = torch.arange(act.shape[0], device=act.device)
+            act[rows, end.to(act.device)] += delta.to(act.device, act.dtype)
+            return act
+
+        with backend.hooks([(hooks.resid_post(layer), add)]):
+            logits = backend.end_logits(ids, mask, end)  # [b, vocab]
+        out.append(logits.argmax(-1).cpu().numpy())
+    return np.concatenate(out)
+
+
+def causal_check(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, *, seed: int = 0,
+                 progress: ProgressFn | None = None) -> list[CausalRow]:
+    """The causal check of the module docstring at ``layer`` (≥ 0)."""
+    hooks.validate_layer(layer, backend.facts.n_layers)
+    X = residuals(backend, pairs, [layer])[0, POSITIONS.index("END")]  # [P, d]
+    plan = causal_plan(backend, pairs, X, seed)
+    moved = [pairs[i] for i in plan.idx]
+    clean = np.array([p.answer_id for p in moved])
+    want = np.array(plan.target_token)
+    rel = float((np.linalg.norm(plan.shift, axis=1) / np.linalg.norm(X[plan.idx], axis=1)).mean())
+    out = []
+    for k, (name, S) in enumerate((("class-means", plan.shift), ("random", plan.random))):
+        top = shifted_top_tokens(backend, moved, layer, S)
+        out.append(CausalRow(layer, name, len(moved), float((top == want).mean()), float((top == clean).mean()), rel))
+        if progress is not None:
+            progress(k + 1, 2)
+    return out
+
+
+def causal_layer(rows: Sequence[NumberRow]) -> int:
+    """l*: the first layer ≥ 0 where C decodes at END, else the best such layer."""
+    mine = [r for r in rows if r.method == "logistic" and r.target == "C" and r.position == "END" and r.layer >= 0]
+    if not mine:
+        raise ValueError("the causal check needs the probe of C at END on at least one layer >= 0")
+    first = first_decode_layer(mine)
+    return first if first is not None else max(mine, key=lambda r: (r.score, -r.layer)).layer
+
+
+def cached_causal_check(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, *, seed: int = 0,
+                        cache=None, progress: ProgressFn | None = None) -> tuple[list[CausalRow], bool]:
+    from engine.results import run_cached_rows
+    params = {"version": VERSION, "dtype": backend.facts.dtype, "layer": layer, "seed": seed, "folds": FOLDS}
+    rows, _, computed = run_cached_rows(backend, pairs, METHOD + "_causal", params,
+                                        lambda: (causal_check(backend, pairs, layer, seed=seed, progress=progress),
+                                                 None),
+                                        CausalRow, ("success", "stays", "relative_norm"), cache)
+    return rows, computed
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine numbers``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def parse_layers(text: str | None, n_layers: int) -> list[int] | None:
+    """--layers: None / "all" -> None (every layer), else a comma list such as -1,0,5."""
+    if text is None or text.strip() == "all":
+        return None
+    try:
+        layers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--layers {text!r} is not a comma list of layer numbers, e.g. -1,0,5") from None
+    return check_layers(layers, n_layers)
+
+
+def cli(args, ctx) -> dict:
+    """Probe + helix rows -> CSV (``--spectrum-out``: the DFT rows); prints l*, the causal check, the periods."""
+    model, pairs = ctx.model, ctx.pairs
+    layers = parse_layers(args.layers, model.facts.n_layers)
+    with ctx.progress("number probes") as bar:
+        rows, computed = cached_number_probes(model, pairs, layers=layers, cache=ctx.cache,
+                                              progress=bar)
+    ctx.write_csv(args.out, [r.__dict__ for r in rows])
+    res: dict = {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
+                 "answer_tokens": ctx.answer_tokens(pairs), "decode_threshold": DECODE_THRESHOLD}
+    res["first_layer_C_decodes_at_END"] = first_decode_layer(rows)
+    res["first_layer_A_decodes_at_A"] = first_decode_layer(rows, "A", "A")
+    res["first_layer_B_decodes_at_B"] = first_decode_layer(rows, "B", "B")
+    last = max(r.layer for r in rows)
+    res["last_layer"] = {f"{r.target}@{r.position}": {"accuracy": round(r.score, 4), "shuffled": round(r.baseline, 4),
+                                                      "n_prompts": r.n_prompts, "n_classes": r.n_classes}
+                         for r in rows if r.layer == last and r.method == "logistic"}
+    spec, _ = cached_number_spectrum(model, pairs, cache=ctx.cache)
+    if args.spectrum_out is not None:
+        ctx.write_csv(args.spectrum_out, [r.__dict__ for r in spec])
+        res["spectrum_out"] = str(args.spectrum_out)
+    res["number_tokens"] = max(r.k for r in spec) * 2 if spec else 0
+    res["dominant_periods"] = {s: dominant_periods(spec, s) for s in ("embedding", "unembedding")}
+    if not args.no_causal:
+        layer = causal_layer(rows)
+        with ctx.progress("causal check") as bar:
+            causal, _ = cached_causal_check(model, pairs, layer, cache=ctx.cache, progress=bar)
+        res["causal_check"] = [r.__dict__ for r in causal]
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# its sentence of the circuit summary (cached results only; registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def finding(model, pairs, cache, table) -> str | None:
+    """Where C decodes from the END residual (the probe), and whether the model uses that direction."""
+    from engine.results import NotCached
+    try:
+        rows, _ = cached_number_probes(model, pairs, cache=cache)
+    except NotCached:
+        return None
+    first = first_decode_layer(rows)
+    end_c = {r.layer: r for r in rows if r.method == "logistic" and r.target == "C" and r.position == "END"}
+    if first is None:
+        best = max(end_c.values(), key=lambda r: r.score)
+        return (f"A linear probe never reads C from the last token's residual stream at accuracy "
+                f"{DECODE_THRESHOLD:.0%} (best: {best.score:.0%} after layer {best.layer}, "
+                f"shuffled {best.baseline:.0%}).")
+    r = end_c[first]
+    text = (f"A linear probe reads C from the last token's residual stream from "
+            f"{'the embedding' if first < 0 else f'layer {first}'} on (held-out accuracy {r.score:.0%}, "
+            f"shuffled labels {r.baseline:.0%}, {r.n_classes} values).")
+    try:
+        causal, _ = cached_causal_check(model, pairs, causal_layer(rows), seed=0, cache=cache)
+    except (NotCached, ValueError):
+        return text
+    moved = next(c for c in causal if c.method == "class-means")
+    rand = next(c for c in causal if c.method == "random")
+    return text + (f" Moving it there by the difference of the class means turns the answer into the new value for "
+                   f"{moved.success:.0%} of the prompts (a random direction of the same norm: {rand.success:.0%}).")

@@ -1,0 +1,98 @@
+"""Numbers: how the model holds A, B and the answer, layer by layer (probes, Fourier, helix, causal check)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine.techniques.numbers import (
+    DECODE_THRESHOLD,
+    POSITIONS,
+    TARGETS,
+    cached_causal_check,
+    cached_helix_circle,
+    cached_number_probes,
+    cached_number_spectrum,
+    causal_layer,
+    dominant_periods,
+    first_decode_layer,
+)
+from ui.progress import USER_ERRORS, run_with_progress
+from ui.session import analysed_pairs, result_cache, setup_page
+from views.numbers import causal_bars, circle_scatter, helix_lines, probe_lines, spectrum_bars
+
+model, spec = setup_page(
+    "Numbers",
+    "How the residual stream holds the operands A, B and the answer C, layer by layer, at the last token (END) and "
+    "at each operand's last token: held-out linear probes (dashed: the same probe on shuffled labels), the Fourier "
+    "spectrum of the number tokens, a helix fit (cos/sin at periods 2, 5, 10, 100 plus a line), and a causal check "
+    "that moves the last token's residual stream from C towards another answer.")
+
+cache = result_cache()
+pairs, _ = analysed_pairs(model, spec, cache)
+
+st.subheader("Linear probes")
+out = run_with_progress("Number probes", "run the number probes",
+                        lambda cb: cached_number_probes(model, pairs, cache=cache, progress=cb))
+if out is None:
+    st.stop()
+rows, computed = out
+df = pd.DataFrame([r.__dict__ for r in rows])
+first = first_decode_layer(rows)
+st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache") + " · "
+           + (f"C decodes from the last token (accuracy ≥ {DECODE_THRESHOLD:.0%}) from layer {first} on"
+              if first is not None else f"C never decodes from the last token at accuracy ≥ {DECODE_THRESHOLD:.0%}")
+           + ". Classification keeps the values with at least 5 prompts (n_prompts, n_classes in the tooltip).")
+st.altair_chart(probe_lines(df, "logistic", DECODE_THRESHOLD), width="stretch")
+st.caption("The number as a scalar: a ridge probe's held-out R².")
+st.altair_chart(probe_lines(df, "ridge"), width="stretch")
+st.download_button("Probe and helix rows (CSV)", df.to_csv(index=False).encode(), "numbers.csv", "text/csv")
+
+st.subheader("Fourier view of the number tokens")
+sp = run_with_progress("Number-token spectrum", "compute the number tokens' spectrum",
+                       lambda cb: cached_number_spectrum(model, pairs, cache=cache))
+if sp is not None:
+    sdf = pd.DataFrame([r.__dict__ for r in sp[0]])
+    N = 2 * int(sdf["k"].max())
+    st.caption(f"The DFT over the numbers 0..{N - 1} of their token embeddings and unembeddings: ‖F[k]‖ per frequency "
+               f"k (period {N}/k). Dominant periods: embedding "
+               f"{', '.join(f'{p:g}' for p in dominant_periods(sp[0], 'embedding'))}; unembedding "
+               f"{', '.join(f'{p:g}' for p in dominant_periods(sp[0], 'unembedding'))}.")
+    st.altair_chart(spectrum_bars(sdf), width="stretch")
+
+st.subheader("Helix fit")
+st.caption("In-sample least squares of the residual stream on the target number's helix basis, against a line and "
+           "against one mean per value (the most any function of n can explain). With few distinct values the helix "
+           "already spans every function of n and equals the class means.")
+c1, c2, c3 = st.columns(3)
+position = c1.selectbox("Position", POSITIONS, key="numbers_position")
+target = c2.selectbox("Target", TARGETS, index=TARGETS.index("C"), key="numbers_target")
+layers = sorted(df["layer"].unique().tolist())
+default = first if first is not None else layers[-1]
+layer = c3.selectbox("Layer of the circle", layers, index=layers.index(default), key="numbers_layer")
+st.altair_chart(helix_lines(df, position, target), width="stretch")
+circ = run_with_progress("Helix circle", "fit the helix",
+                         lambda cb: cached_helix_circle(model, pairs, int(layer), position, target, cache=cache))
+if circ is not None and circ[0]:
+    cdf = pd.DataFrame([r.__dict__ for r in circ[0]])
+    st.caption(f"Layer {layer}, position {position}, target {target}: each prompt projected onto the fitted cos/sin "
+               f"directions of the strongest period, T = {int(cdf['period'].iloc[0])}; labels at each value's mean.")
+    st.altair_chart(circle_scatter(cdf), width="stretch")
+
+st.subheader("Causal check")
+try:
+    at_layer = causal_layer(rows)
+except USER_ERRORS as e:
+    st.error(f"Cannot run the causal check: {e}")
+else:
+    cc = run_with_progress("Causal check", "run the causal check",
+                           lambda cb: cached_causal_check(model, pairs, at_layer, cache=cache, progress=cb))
+    if cc is not None:
+        cdf = pd.DataFrame([r.__dict__ for r in cc[0]])
+        moved = cdf[cdf["method"] == "class-means"].iloc[0]
+        why = "where C first decodes" if first == at_layer else "the best layer for C"
+        st.caption(f"At layer {at_layer} ({why}), the last token's residual stream moved by the "
+                   f"difference of the class means μ(C') − μ(C) (mean norm {moved['relative_norm']:.0%} of the "
+                   f"residual), for {int(moved['n_prompts'])} prompts; the control moves it as far along a random "
+                   f"direction. The probe's direction is one the model uses when the answer follows it.")
+        st.altair_chart(causal_bars(cdf), width="stretch")

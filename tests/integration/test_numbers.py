@@ -1,0 +1,385 @@
+"""Number representations (engine.techniques.numbers): every quantity against a plain reference.
+
+Probe scores vs a hand-written fold loop (the same sklearn estimator on the same folds; ridge in numpy),
+the DFT vs an explicit sum, the helix R² vs the normal equations, the causal check vs a per-prompt loop;
+activations vs one unpadded forward per prompt; positions checked by their decoded tokens; cached ==
+uncached; the CLI's output and its bad inputs.  On the bundled model and on SmolLM2 (few prompts, few layers).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backends import hooks
+from engine.prompts.pairs import answer_tokens
+from engine.prompts.promptsets import PromptSetSpec
+from engine.techniques import numbers as N
+from engine.techniques.accuracy import kept_pairs
+from tests.integration.test_cli import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def organism():
+    from engine.backends import open_model
+    return open_model("organism", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def add_pairs(organism):
+    pairs, _ = kept_pairs(organism, PromptSetSpec(ops=("add",), n=100, seed=0))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def plain(organism, add_pairs):
+    """The reference activations of layers -1 and 4 (embedding, and where C first decodes)."""
+    return plain_residuals(organism, add_pairs, [-1, 4])
+
+
+# ---------------------------------------------------------------------------------------------
+# plain references
+# ---------------------------------------------------------------------------------------------
+
+def digits_of(token: str) -> str:
+    return token.lstrip("▁Ġ#").strip()
+
+
+def check_positions(backend, pairs) -> None:
+    """END is the last prompt token, right before the answer; A and B are the operands' last digits."""
+    tok = backend.tokenizer
+    for p in pairs:
+        at = N.positions(backend, p)
+        toks = [str(t) for t in tok.convert_ids_to_tokens(p.ref_ids)]
+        assert at["END"] == len(p.ref_ids) - 1
+        assert not any(c.isdigit() for c in toks[at["END"]]), (p.ref_text, toks)
+        assert answer_tokens(tok, p.ref_text, p.answer).prompt_ids == p.ref_ids  # the answer starts after END
+        assert digits_of(toks[at["A"]]) == str(p.a)[-1], (p.ref_text, toks, at)
+        assert digits_of(toks[at["B"]]) == str(p.b)[-1], (p.ref_text, toks, at)
+        assert p.ref_text.rstrip().endswith(tok.convert_tokens_to_string([toks[-1]]).strip())
+
+
+@torch.no_grad()
+def plain_residuals(backend, pairs, layers) -> dict[int, np.ndarray]:
+    """{layer: [3, P, d]}: one unpadded forward per prompt, at the positions of :func:`check_positions`."""
+    names = {layer: hooks.resid_pre(0) if layer < 0 else hooks.resid_post(layer) for layer in layers}
+    out = {layer: np.zeros((3, len(pairs), backend.facts.d_model)) for layer in layers}
+    for i, p in enumerate(pairs):
+        _, c = backend.run_with_cache(torch.tensor([p.ref_ids]), None, list(names.values()))
+        at = N.positions(backend, p)
+        for layer, name in names.items():
+            for j, pos in enumerate(N.POSITIONS):
+                out[layer][j, i] = c[name][0, at[pos]].double().cpu().numpy()
+    return out
+
+
+def hand_logistic(X, y, seed=0, folds=N.FOLDS) -> float:
+    from sklearn.base import clone
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    labels = np.unique(y, return_inverse=True)[1]
+    proto = make_pipeline(StandardScaler(), LogisticRegression(C=N.LOGREG_C, solver="newton-cg", max_iter=1000))
+    right = 0
+    for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(X, labels):
+        est = clone(proto).fit(X[train], labels[train])
+        right += int((est.predict(X[test]) == labels[test]).sum())
+    return right / len(y)
+
+
+def hand_ridge(X, y, seed=0, folds=N.FOLDS) -> float:
+    """Pooled held-out R² of ridge in plain numpy: standardize on the training fold, closed form, intercept."""
+    from sklearn.model_selection import KFold
+    pred = np.zeros_like(y)
+    for train, test in KFold(folds, shuffle=True, random_state=seed).split(X):
+        mu, sd = X[train].mean(0), X[train].std(0)
+        sd[sd == 0] = 1.0
+        A, B = (X[train] - mu) / sd, (X[test] - mu) / sd
+        ym = y[train].mean()
+        w = np.linalg.solve(A.T @ A + N.RIDGE_ALPHA * np.eye(A.shape[1]), A.T @ (y[train] - ym))
+        pred[test] = B @ w + ym
+    return 1 - ((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+
+
+def normal_eq_r2(B, X) -> float:
+    W = np.linalg.pinv(B) @ X
+    return 1 - ((X - B @ W) ** 2).sum() / ((X - X.mean(0)) ** 2).sum()
+
+
+def explicit_dft_magnitude(V: np.ndarray) -> np.ndarray:
+    """||Σ_n V[n] e^{-2πikn/N}|| for k = 1..N//2, as a plain sum."""
+    Nn = V.shape[0]
+    out = []
+    for k in range(1, Nn // 2 + 1):
+        acc = np.zeros(V.shape[1], dtype=complex)
+        for n in range(Nn):
+            acc += V[n] * np.exp(-2j * np.pi * k * n / Nn)
+        out.append(np.sqrt((np.abs(acc) ** 2).sum()))
+    return np.array(out)
+
+
+@torch.no_grad()
+def per_prompt_top(backend, pairs, layer, shift) -> np.ndarray:
+    """Top next token of each prompt run alone with shift[i] added to resid_post[layer] at its last position."""
+    out = []
+    for p, s in zip(pairs, shift):
+        def add(act, s=s):
+            act = act.clone()
+            act[0, -1] += torch.tensor(s, dtype=act.dtype, device=act.device)
+            return act
+        with backend.hooks([(hooks.resid_post(layer), add)]):
+            logits = backend.logits(torch.tensor([p.ref_ids]))
+        out.append(int(logits[0, -1].argmax()))
+    return np.array(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the bundled model
+# ---------------------------------------------------------------------------------------------
+
+def test_positions_are_end_and_the_operands_last_digits(organism, add_pairs):
+    check_positions(organism, add_pairs[:40])
+    toks = organism.tokenizer.convert_ids_to_tokens(add_pairs[0].ref_ids)
+    at = N.positions(organism, add_pairs[0])
+    assert add_pairs[0].ref_text == "Q: How much is 2 plus 2? A:"
+    assert (toks[at["A"]], toks[at["B"]], toks[at["END"]]) == ("2", "2", ":")
+
+
+def test_activations_equal_one_plain_forward_per_prompt(organism, add_pairs, plain):
+    X = N.residuals(organism, add_pairs, [-1, 4])
+    for j, layer in enumerate((-1, 4)):
+        np.testing.assert_allclose(X[j], plain[layer], atol=1e-4, rtol=1e-4)
+
+
+def test_probe_scores_equal_a_hand_written_fold_loop(organism, add_pairs, plain):
+    layer = 4
+    rows = N.number_probes(organism, add_pairs, layers=[layer])
+    X = plain[layer]
+    vals = N.target_values(add_pairs)
+    got = {(r.position, r.target, r.method): r for r in rows}
+    assert len(rows) == len(N.POSITIONS) * len(N.TARGETS) * 4
+    for pi, pos in enumerate(N.POSITIONS):
+        for t in N.TARGETS:
+            y = vals[t]
+            counts = {v: int((y == v).sum()) for v in np.unique(y)}
+            keep = np.array([counts[v] >= N.FOLDS for v in y])
+            yk, xk = y[keep], X[pi][keep]
+            r = got[(pos, t, "logistic")]
+            assert (r.n_prompts, r.n_classes) == (int(keep.sum()), len(np.unique(yk)))
+            assert r.score == pytest.approx(hand_logistic(xk, yk), abs=0.02)
+            perm = np.random.default_rng(0).permutation(yk)
+            assert r.baseline == pytest.approx(hand_logistic(xk, perm), abs=0.02)
+            r = got[(pos, t, "ridge")]
+            assert r.score == pytest.approx(hand_ridge(X[pi], y), abs=1e-4)
+            assert r.baseline == pytest.approx(hand_ridge(X[pi], np.random.default_rng(0).permutation(y)), abs=1e-4)
+            r = got[(pos, t, "helix")]
+            helix = np.stack([f(2 * np.pi * y / T) for T in (2, 5, 10, 100) for f in (np.cos, np.sin)]
+                             + [y, np.ones_like(y)], 1)
+            assert r.score == pytest.approx(normal_eq_r2(helix, X[pi]), abs=1e-6)
+            assert r.baseline == pytest.approx(normal_eq_r2(np.stack([y, np.ones_like(y)], 1), X[pi]), abs=1e-6)
+            assert r.score >= r.baseline - 1e-9
+            means = got[(pos, t, "means")]
+            onehot = (y[:, None] == np.unique(y)[None]).astype(float)
+            assert means.score == pytest.approx(normal_eq_r2(onehot, X[pi]), abs=1e-6)
+            if len(np.unique(y)) <= 9:  # the helix basis (rank 9 on integers) spans every function of n
+                assert r.score == pytest.approx(means.score, abs=1e-6)
+
+
+def test_acceptance_on_the_bundled_model(organism, add_pairs):
+    rows = N.number_probes(organism, add_pairs, layers=[-1, 0, organism.facts.n_layers - 1])
+    get = {(r.layer, r.position, r.target, r.method): r for r in rows}
+    last = get[(organism.facts.n_layers - 1, "END", "C", "logistic")]
+    assert last.score >= 0.9 and last.baseline <= 0.35
+    assert get[(0, "A", "A", "logistic")].score >= 0.9
+    assert get[(0, "A", "B", "logistic")].score < 0.5  # B comes after A: nothing of it at A's position
+
+
+def test_spectrum_equals_the_explicit_dft(organism, add_pairs):
+    nums, ids = N.number_range(organism, add_pairs[0].ref_text)
+    assert nums == list(range(10))  # the bundled tokenizer writes numbers digit by digit
+    assert [digits_of(t) for t in organism.tokenizer.convert_ids_to_tokens(ids)] == [str(n) for n in nums]
+    vecs = N.number_vectors(organism, ids)
+    with torch.no_grad():
+        _, c = organism.run_with_cache(torch.tensor([ids]), None, [hooks.resid_pre(0)])
+    np.testing.assert_allclose(vecs["embedding"], c[hooks.resid_pre(0)][0].double().numpy(), atol=1e-6)
+    W_U, _ = organism.unembed()
+    np.testing.assert_allclose(vecs["unembedding"], W_U[:, ids].T.double().numpy(), atol=1e-7)
+    rows = N.number_spectrum(organism, add_pairs)
+    for space in ("embedding", "unembedding"):
+        mine = [r for r in rows if r.space == space]
+        ref = explicit_dft_magnitude(vecs[space])
+        np.testing.assert_allclose([r.magnitude for r in mine], ref, rtol=1e-9)
+        np.testing.assert_allclose([r.period for r in mine], [10 / k for k in range(1, 6)])
+        assert sum(r.share for r in mine) == pytest.approx(1.0)
+        top = set(np.argsort(-ref)[:N.N_DOMINANT] + 1)
+        assert {r.k for r in mine if r.dominant} == top
+
+
+def test_circle_is_the_projection_on_the_fitted_directions(organism, add_pairs, plain):
+    pts = N.helix_circle(organism, add_pairs, 4, "END", "C")
+    X = plain[4][0]
+    y = N.target_values(add_pairs)["C"]
+    T = pts[0].period
+    B = N.helix_basis(y)
+    W = np.linalg.pinv(B) @ X
+    j = list(N.PERIODS).index(T)
+    Q, _ = np.linalg.qr(W[2 * j:2 * j + 2].T)
+    xy = (X - X.mean(0)) @ Q
+    np.testing.assert_allclose([[p.x, p.y] for p in pts], xy, rtol=1e-4, atol=1e-3 * np.abs(xy).max())
+    parts = [((B[:, 2 * i:2 * i + 2] @ W[2 * i:2 * i + 2]) - (B[:, 2 * i:2 * i + 2] @ W[2 * i:2 * i + 2]).mean(0))
+             for i in range(len(N.PERIODS))]
+    assert T == N.PERIODS[int(np.argmax([(p ** 2).sum() for p in parts]))]
+
+
+def test_causal_check_equals_a_per_prompt_loop(organism, add_pairs, plain):
+    layer = 4
+    rows = N.causal_check(organism, add_pairs, layer)
+    X = plain[layer][0]
+    plan = N.causal_plan(organism, add_pairs, X)
+    moved = [add_pairs[i] for i in plan.idx]
+    for p, cp, t in zip(moved, plan.target, plan.target_token):  # C' is another value with another first token
+        assert cp != p.answer and t != p.answer_id
+        assert t == answer_tokens(organism.tokenizer, p.ref_text, int(cp)).answer_id
+    # the shift is the difference of the class means
+    c = N.target_values(add_pairs)["C"]
+    i0 = plan.idx[0]
+    ref_shift = X[c == plan.target[0]].mean(0) - X[c == c[i0]].mean(0)
+    np.testing.assert_allclose(plan.shift[0], ref_shift, atol=1e-3)
+    got = {r.method: r for r in rows}
+    for method, S in (("class-means", plan.shift), ("random", plan.random)):
+        top = per_prompt_top(organism, moved, layer, S)
+        assert got[method].n_prompts == len(moved)
+        assert got[method].success == pytest.approx((top == np.array(plan.target_token)).mean())
+        assert got[method].stays == pytest.approx((top == np.array([p.answer_id for p in moved])).mean())
+    np.testing.assert_allclose(np.linalg.norm(plan.random, axis=1), np.linalg.norm(plan.shift, axis=1))
+    assert got["class-means"].success > got["random"].success
+
+
+def test_cached_equals_uncached_and_the_finding(organism, add_pairs, tmp_path):
+    from cache import ResultCache
+    cache = ResultCache(tmp_path / "c.duckdb")
+    fresh, computed = N.cached_number_probes(organism, add_pairs, cache=cache)
+    again, computed2 = N.cached_number_probes(organism, add_pairs, cache=cache)
+    assert computed and not computed2 and fresh == again
+    plain, _ = N.cached_number_probes(organism, add_pairs, layers=[0, 7])
+    assert plain == [r for r in fresh if r.layer in (0, 7)]
+    spec1, _ = N.cached_number_spectrum(organism, add_pairs, cache=cache)
+    spec2, c2 = N.cached_number_spectrum(organism, add_pairs, cache=cache)
+    assert spec1 == spec2 == N.cached_number_spectrum(organism, add_pairs)[0] and not c2
+    layer = N.causal_layer(fresh)
+    assert layer == N.first_decode_layer(fresh)
+    assert N.finding(organism, add_pairs, cache, None).startswith(
+        f"A linear probe reads C from the last token's residual stream from layer {layer} on")
+    cc1, _ = N.cached_causal_check(organism, add_pairs, layer, cache=cache)
+    cc2, c3 = N.cached_causal_check(organism, add_pairs, layer, cache=cache)
+    assert cc1 == cc2 == N.cached_causal_check(organism, add_pairs, layer)[0] and not c3
+    assert "Moving it there" in N.finding(organism, add_pairs, cache, None)
+    ci1, _ = N.cached_helix_circle(organism, add_pairs, layer, cache=cache)
+    assert ci1 == N.cached_helix_circle(organism, add_pairs, layer, cache=cache)[0] == \
+        N.cached_helix_circle(organism, add_pairs, layer)[0]
+
+
+def test_too_few_prompts_per_value_is_a_clear_error(organism):
+    pairs, _ = kept_pairs(organism, PromptSetSpec(ops=("add",), n=4, seed=0))
+    with pytest.raises(ValueError, match="prompts per value"):
+        N.number_probes(organism, pairs, layers=[0])
+
+
+def test_cli_csv_json_and_bad_inputs(tmp_path):
+    out = tmp_path / "n.csv"
+    cache = tmp_path / "c.duckdb"
+    r = run_cli("numbers", "--op", "add", "--n", "100", "--layers=-1,0,7", "--out", str(out),
+                "--spectrum-out", str(tmp_path / "s.csv"), cache=cache)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0])[:6] == ["layer", "position", "target", "method", "score", "baseline"]
+    assert {x["layer"] for x in rows} == {"-1", "0", "7"} and len(rows) == 3 * 9 * 4
+    assert res["first_layer_C_decodes_at_END"] == 7 and res["last_layer"]["C@END"]["accuracy"] >= 0.9
+    assert res["dominant_periods"]["embedding"] and {c["method"] for c in res["causal_check"]} == {
+        "class-means", "random"}
+    assert len(list(csv.DictReader((tmp_path / "s.csv").open()))) == 10
+    for args, phrase in ((("--layers", "99"), "do not exist"), (("--layers", "x"), "comma list"),
+                         (("--n", "2"), "prompts per value")):
+        r = run_cli("numbers", "--op", "add", "--out", str(out), *args, cache=cache)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and phrase in lines[0], r.stderr
+
+
+def test_page_renders_its_charts_and_a_bad_prompt_set_is_an_error(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.app.conftest import REPO
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "page.duckdb"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for n, charts in ((40, 6), (2, 0)):
+        at = AppTest.from_file(str(REPO / "pages" / "10_Numbers.py"), default_timeout=300)
+        at.session_state["prompt_set"] = {"ops": ["add"], "families": "paper (Fig. 8, 32 templates)", "n": n,
+                                          "seed": 0}
+        at.run()
+        assert not at.exception, at.exception
+        assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == charts
+        errors = [e.value for e in at.error]
+        assert (errors == []) if charts else any("prompts per value" in e for e in errors), errors
+
+
+# ---------------------------------------------------------------------------------------------
+# SmolLM2 (few prompts, few layers)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smol():
+    from tests.helpers.smollm2 import open_smollm2
+    return open_smollm2()
+
+
+@pytest.fixture(scope="module")
+def smol_pairs(smol):
+    pairs, _ = kept_pairs(smol, PromptSetSpec(ops=("add",), n=160, seed=0))
+    return pairs
+
+
+@pytest.mark.realmodel
+def test_smollm2_positions_probes_spectrum_and_causal_check(smol, smol_pairs):
+    check_positions(smol, smol_pairs[:20])
+    p = smol_pairs[0]
+    toks = [str(t) for t in smol.tokenizer.convert_ids_to_tokens(p.ref_ids)]
+    at = N.positions(smol, p)
+    assert digits_of(toks[at["A"]]) == str(p.a) and digits_of(toks[at["B"]]) == str(p.b)
+    layer, last = smol.facts.n_layers // 2, smol.facts.n_layers - 1
+    rows = N.number_probes(smol, smol_pairs, layers=[layer])
+    both = N.residuals(smol, smol_pairs, [layer, last])
+    plain = plain_residuals(smol, smol_pairs[:8], [layer, last])  # the batched activations, 8 prompts alone
+    for j, at in enumerate((layer, last)):
+        np.testing.assert_allclose(both[j][:, :8], plain[at], rtol=1e-3, atol=1e-3 * np.abs(plain[at]).max())
+    X = both[0]
+    vals = N.target_values(smol_pairs)
+    got = {(r.position, r.target, r.method): r for r in rows}
+    for pi, pos in ((0, "END"), (1, "A")):
+        y = vals["A"]
+        keep = N.kept_values(y)
+        assert got[(pos, "A", "logistic")].score == pytest.approx(hand_logistic(X[pi][keep], y[keep]), abs=0.03)
+        assert got[(pos, "A", "ridge")].score == pytest.approx(hand_ridge(X[pi], y), abs=1e-3)
+        helix = N.helix_basis(vals["C"])
+        assert got[(pos, "C", "helix")].score == pytest.approx(normal_eq_r2(helix, X[pi]), abs=1e-5)
+    assert got[("A", "A", "logistic")].score >= 0.9
+    nums, ids = N.number_range(smol, p.ref_text)
+    assert len(nums) in (10, 100)
+    vecs = N.number_vectors(smol, ids)
+    spec = [r for r in N.number_spectrum(smol, smol_pairs) if r.space == "unembedding"]
+    np.testing.assert_allclose([r.magnitude for r in spec], explicit_dft_magnitude(vecs["unembedding"]), rtol=1e-8)
+    # the causal check: its batched, padded hook vs one prompt at a time (8 prompts)
+    rows = {r.method: r for r in N.causal_check(smol, smol_pairs, last)}
+    plan = N.causal_plan(smol, smol_pairs, both[1][0])
+    moved = [smol_pairs[i] for i in plan.idx]
+    assert rows["class-means"].n_prompts == len(moved)
+    batched = N.shifted_top_tokens(smol, moved[:8], last, plan.shift[:8])
+    np.testing.assert_array_equal(batched, per_prompt_top(smol, moved[:8], last, plan.shift[:8]))
+    assert rows["class-means"].success > rows["random"].success

@@ -1,0 +1,100 @@
+"""Charts of the Numbers page (engine.techniques.numbers): probes, DFT spectrum, helix fit, circle, causal check.
+
+Data in (DataFrames of the technique's rows), Altair chart out; no Streamlit, no engine calls."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from views.charts import LINE_LEGEND, PALETTE
+
+POSITION_ORDER = ("END", "A", "B")
+TARGET_COLORS = alt.Scale(domain=["A", "B", "C"], range=[PALETTE[1], PALETTE[2], PALETTE[0]])
+
+
+def probe_frame(df: pd.DataFrame, method: str) -> pd.DataFrame:
+    """The rows of one probe method, long: one row per layer, position, target and kind (probe | shuffled)."""
+    mine = df[df["method"] == method]
+    long = mine.melt(id_vars=["layer", "position", "target", "n_prompts", "n_classes"],
+                     value_vars=["score", "baseline"], var_name="kind", value_name="value")
+    long["kind"] = long["kind"].map({"score": "probe", "baseline": "shuffled labels"})
+    return long
+
+
+def probe_lines(df: pd.DataFrame, method: str = "logistic", threshold: float | None = None) -> alt.LayerChart:
+    """Held-out score per layer (x; -1 = embedding), one panel per position, colour = target, dashed = shuffled."""
+    long = probe_frame(df, method)
+    title = "held-out accuracy" if method == "logistic" else "held-out R²"
+    base = alt.Chart().mark_line(point=True).encode(
+        x=alt.X("layer:O", title="layer (-1 = embedding)"),
+        y=alt.Y("value:Q", title=title, scale=alt.Scale(domain=[0, 1], clamp=True)),
+        color=alt.Color("target:N", scale=TARGET_COLORS, legend=LINE_LEGEND),
+        strokeDash=alt.StrokeDash("kind:N", legend=alt.Legend(orient="bottom", title=None)),
+        tooltip=["layer", "position", "target", "kind", alt.Tooltip("value:Q", format=".3f"), "n_prompts",
+                 "n_classes"])
+    layers = [base]
+    if threshold is not None:
+        layers.append(alt.Chart().mark_rule(color="grey", strokeDash=[2, 2]).encode(y=alt.datum(threshold)))
+    return alt.layer(*layers, data=long).properties(width=260, height=220).facet(
+        column=alt.Column("position:N", sort=list(POSITION_ORDER), title="position"))
+
+
+def spectrum_bars(df: pd.DataFrame) -> alt.FacetChart:
+    """|DFT| over the number axis per frequency (labelled by its period), dominant periods in the strong colour."""
+    d = df.copy()
+    d["period_label"] = d["period"].map(lambda p: f"{p:g}")
+    return alt.Chart(d).mark_bar().encode(
+        x=alt.X("k:O", title="frequency k (period N/k below each bar in the tooltip)"),
+        y=alt.Y("magnitude:Q", title="‖F[k]‖"),
+        color=alt.condition("datum.dominant", alt.value(PALETTE[0]), alt.value("#bbbbbb")),
+        tooltip=["space", "k", "period_label", alt.Tooltip("magnitude:Q", format=".3f"),
+                 alt.Tooltip("share:Q", format=".1%"), "dominant"],
+    ).properties(width=320, height=200).facet(column=alt.Column("space:N", title=None))
+
+
+def helix_lines(df: pd.DataFrame, position: str, target: str) -> alt.Chart:
+    """R² per layer of the helix, the linear [n, 1] and the class-means fits of one position and target."""
+    mine = df[(df["position"] == position) & (df["target"] == target)]
+    helix = mine[mine["method"] == "helix"]
+    means = mine[mine["method"] == "means"]
+    long = pd.concat([
+        pd.DataFrame({"layer": helix["layer"], "fit": "helix (periods 2, 5, 10, 100 + linear)", "R2": helix["score"]}),
+        pd.DataFrame({"layer": helix["layer"], "fit": "linear (n, 1)", "R2": helix["baseline"]}),
+        pd.DataFrame({"layer": means["layer"], "fit": "class means (any function of n)", "R2": means["score"]}),
+        pd.DataFrame({"layer": means["layer"], "fit": "class means, shuffled labels", "R2": means["baseline"]}),
+    ])
+    return alt.Chart(long).mark_line(point=True).encode(
+        x=alt.X("layer:O", title="layer (-1 = embedding)"),
+        y=alt.Y("R2:Q", title="R² of the residual stream (in-sample)", scale=alt.Scale(domain=[0, 1], clamp=True)),
+        color=alt.Color("fit:N", scale=alt.Scale(range=list(PALETTE[:4])), legend=LINE_LEGEND),
+        tooltip=["layer", "fit", alt.Tooltip("R2:Q", format=".3f")],
+    ).properties(height=260)
+
+
+def circle_scatter(df: pd.DataFrame) -> alt.LayerChart:
+    """Prompts in the plane of the fitted cos/sin directions of the strongest period; labels at the class means."""
+    means = df.groupby("value", as_index=False)[["x", "y"]].mean()
+    means["label"] = means["value"].map(lambda v: f"{v:g}")
+    color = alt.Color("value:Q", scale=alt.Scale(scheme="viridis"), title="n")
+    points = alt.Chart(df).mark_circle(size=40, opacity=0.6).encode(
+        x=alt.X("x:Q", title="fitted cos direction"), y=alt.Y("y:Q", title="fitted sin direction"), color=color,
+        tooltip=["prompt", "value", alt.Tooltip("x:Q", format=".2f"), alt.Tooltip("y:Q", format=".2f")])
+    path = alt.Chart(means).mark_line(color="grey", opacity=0.5).encode(x="x:Q", y="y:Q", order="value:Q")
+    labels = alt.Chart(means).mark_text(fontSize=14, fontWeight="bold", dy=-10).encode(
+        x="x:Q", y="y:Q", text="label:N", color=color)
+    return alt.layer(path, points, labels).properties(height=360)
+
+
+def causal_bars(df: pd.DataFrame) -> alt.Chart:
+    """Success (top token becomes C') and stays (still C) of the class-mean shift and the random control."""
+    long = df.melt(id_vars=["method", "layer", "n_prompts"], value_vars=["success", "stays"], var_name="outcome",
+                   value_name="rate")
+    long["outcome"] = long["outcome"].map({"success": "top token becomes C'", "stays": "top token stays C"})
+    return alt.Chart(long).mark_bar().encode(
+        x=alt.X("rate:Q", title="fraction of prompts", scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("method:N", title=None),
+        color=alt.Color("outcome:N", scale=alt.Scale(range=[PALETTE[0], PALETTE[1]]), legend=LINE_LEGEND),
+        yOffset="outcome:N",
+        tooltip=["method", "outcome", alt.Tooltip("rate:Q", format=".1%"), "n_prompts", "layer"],
+    ).properties(height=140)
