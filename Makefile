@@ -25,7 +25,7 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(PY) -m streamlit run app.py --server.address $(HOST) --server.port $(PORT) \
+	$(PY) -m ui.serve app.py --server.address $(HOST) --server.port $(PORT) \
 	  --server.headless true --browser.gatherUsageStats false
 
 # Debian's chromium drives the browser tests (Playwright with executable_path=/usr/bin/chromium).

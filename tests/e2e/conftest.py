@@ -31,13 +31,14 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def streamlit_server(env: Mapping[str, str], *, port: int | None = None, log: Path | None = None,
                      args: Sequence[str] = ("--server.address", "127.0.0.1")) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``streamlit run app.py`` (cwd = repo root, so ``.streamlit/config.toml`` applies) until it answers
+    """``python -m ui.serve app.py`` (``streamlit run``, see ui/serve.py; cwd = repo root, so
+    ``.streamlit/config.toml`` applies) until it answers
     its health check; yields (url, process) and stops it afterwards.  Output goes to ``log`` (or a pipe
     read only on a failed start)."""
     port = port or _free_port()
     out = open(log, "wb") if log is not None else subprocess.PIPE
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), *args, "--server.port", str(port),
+        [sys.executable, "-m", "ui.serve", str(REPO / "app.py"), *args, "--server.port", str(port),
          "--server.headless", "true", "--browser.gatherUsageStats", "false"],
         cwd=REPO, env=dict(env), stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -72,9 +72,9 @@ def test_make_run_binds_loopback_unless_told_otherwise():
     told = subprocess.run(["make", "-n", "run", "HOST=0.0.0.0"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert default.returncode == 0 and told.returncode == 0, default.stderr + told.stderr
-    [cmd] = [x for x in default.stdout.splitlines() if "streamlit run" in x]
+    [cmd] = [x for x in default.stdout.splitlines() if "ui.serve app.py" in x]
     assert "--server.address 127.0.0.1" in cmd
-    assert "--server.address 0.0.0.0" in [x for x in told.stdout.splitlines() if "streamlit run" in x][0]
+    assert "--server.address 0.0.0.0" in [x for x in told.stdout.splitlines() if "ui.serve app.py" in x][0]
 
 
 # ---------------------------------------------------------------------------------------------
