@@ -4,7 +4,7 @@ Prints one table per model: each technique's seconds and **forward-equivalents**
 by the seconds of one batched forward pass of the same reference prompts, median of 3), so the
 figures survive a busy machine.  Targets (issue "Beyond path patching"): AtP for every head and MLP
 <= 4 forward-equivalents per batch; exact path patching <= 15 on the Qwen2.5-0.5B shape; head -> head
-for one receiver <= one path-patching run (the table shows where it is not yet).
+for one receiver at its floor (the END token alone per row) beside its textbook loop.
 
     .venv/bin/python bench/attribution.py                     # bundled model, SmolLM2-135M, Qwen2.5-0.5B shape
     .venv/bin/python bench/attribution.py --models organism   # one model
@@ -32,7 +32,7 @@ from engine.techniques.attribution import (
     total_atp,
 )
 from engine.techniques.batching import pad, pad_id
-from engine.techniques.head_patching import Receiver, head_path_patching
+from engine.techniques.head_patching import Receiver, head_path_patching, head_path_patching_reference
 from engine.techniques.logit_lens import logit_lens
 from engine.techniques.patching import path_patching
 from engine.techniques.position_patching import layer_position_patching
@@ -75,8 +75,11 @@ def bench(name: str, spec: str, per_op: int, with_total: bool, with_h2h: bool) -
         raw.exact_total, raw.atp_total = ex_t, at_t
     if with_h2h:
         rec = Receiver(model.facts.n_layers // 2, 0, "q")
+        n_send = rec.layer * (model.facts.n_heads + 1)
         _, t = timed(head_path_patching, model, pairs, rec)
-        rows.append((f"head -> head, receiver {rec} ({rec.layer * (model.facts.n_heads + 1)} senders)", t))
+        rows.append((f"head -> head, receiver {rec} ({n_send} senders), END token alone per row", t))
+        _, t = timed(head_path_patching_reference, model, pairs, rec)
+        rows.append((f"head -> head, receiver {rec}, textbook loop (whole prompts per row)", t))
     _, t = timed(layer_position_patching, model, pairs)
     rows.append(("layer x position patching (exact)", t))
     _, t = timed(logit_lens, model, pairs, batch_size=P)

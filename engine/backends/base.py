@@ -128,6 +128,24 @@ class ModelBackend(ABC):
         """Next-token logits at each row's END position only.  end: [batch] -> [batch, vocab]"""
         return self.logits_at(input_ids, attention_mask, end.reshape(-1, 1))[:, 0]
 
+    # -- continuing the reference run: only the positions a patch changes -----------------------
+    @property
+    def continues(self) -> bool:
+        """Whether :meth:`prefix` / :meth:`continue_end_logits` run here (a local model; NDIF: no)."""
+        return False
+
+    def prefix(self, input_ids: torch.Tensor) -> object:
+        """The keys and values of unpadded prompts: the model's own KV cache, opaque.  # [batch, pos]"""
+        raise NotImplementedError(f"the {self.name} backend cannot keep a prefix's keys and values")
+
+    def continue_end_logits(self, prefix: object, rows: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """Next-token logits after ``input_ids`` [n, m], row i continuing prompt ``rows[i]`` of ``prefix``.
+
+        Only the m new positions run (active ``hooks`` see ``[n, m, ...]``); they attend to the
+        prefix's cached keys and values, so the result equals the last position's logits of the
+        whole sequence.  -> [n, vocab]"""
+        raise NotImplementedError(f"the {self.name} backend cannot continue a prefix")
+
     # -- components for exact END-position chains ------------------------------------------------
     @property
     @abstractmethod
@@ -165,3 +183,11 @@ class ModelBackend(ABC):
     @property
     def device(self) -> torch.device:
         return torch.device(self.facts.device)
+
+
+def select_rows(cache, rows: torch.Tensor):
+    """A copy of a Hugging Face KV cache holding prompt ``rows[i]`` in row i (the original is left as it is)."""
+    import copy
+    out = copy.deepcopy(cache)
+    out.batch_select_indices(rows.to(torch.long))
+    return out

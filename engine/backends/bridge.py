@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-from engine.backends.base import HookFn, ModelBackend
+from engine.backends.base import HookFn, ModelBackend, select_rows
 from engine.models.load import LoadedModel
 
 
@@ -55,6 +55,23 @@ class BridgeBackend(ModelBackend):
             return hook
         with self._lock, self.bridge.hooks(fwd_hooks=[(n, wrap(fn)) for n, fn in edits]):
             yield
+
+    @property
+    def continues(self) -> bool:
+        return True
+
+    def prefix(self, input_ids: torch.Tensor) -> object:
+        with self._lock:
+            lg, cache = self.bridge(input_ids.to(self.device), return_type="logits_and_cache", use_cache=True)
+        self.meter.record(input_ids, lg)
+        return cache
+
+    def continue_end_logits(self, prefix, rows, input_ids):
+        cache = select_rows(prefix, rows)
+        with self._lock:
+            lg = self.bridge(input_ids.to(self.device), return_type="logits", past_key_values=cache)
+        self.meter.record(input_ids, lg)
+        return lg[:, -1].to(self.device)  # [n, vocab]
 
     @property
     def parallel_attn_mlp(self) -> bool:

@@ -62,7 +62,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from engine.backends.base import HookFn, ModelBackend
+from engine.backends.base import HookFn, ModelBackend, select_rows
 from engine.backends.hooks import HookName
 from engine.backends.layouts import Layout, layout_for
 from engine.models.facts import ModelFacts
@@ -328,12 +328,15 @@ class NnsightBackend(ModelBackend):
         return [_site(n, self.layout, self.facts, self._norm, self._parallel) for n in names]
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 names: Sequence[HookName]) -> dict[str, Any]:
-        """One traced forward pass with the active edits; returns {"logits": ..., name: act}."""
+                 names: Sequence[HookName], past: Any = None) -> dict[str, Any]:
+        """One traced forward pass with the active edits; returns {"logits": ..., name: act}.
+        ``past``: a KV cache the new positions continue (:meth:`continue_end_logits`)."""
         reads = self._sites(names)
         edits = [e for block in self._active for e in block]
         plan = _plan(reads, edits)
         ids, kwargs = self._inputs(input_ids, attention_mask)
+        if past is not None:
+            kwargs["past_key_values"] = past
         model = self.model
         res: dict[str, Any] = {}
         with self._lock:
@@ -383,6 +386,25 @@ class NnsightBackend(ModelBackend):
                 yield
             finally:
                 self._active.remove(block)
+
+    @property
+    def continues(self) -> bool:
+        return not self.remote
+
+    def prefix(self, input_ids: torch.Tensor) -> object:
+        if self.remote:
+            return super().prefix(input_ids)
+        ids, _ = self._inputs(input_ids, None)
+        with self._lock, torch.no_grad():
+            out = self.hf_model(ids, use_cache=True)
+        self.meter.record(ids, out.logits)
+        return out.past_key_values
+
+    def continue_end_logits(self, prefix, rows, input_ids):
+        if self.remote:
+            return super().continue_end_logits(prefix, rows, input_ids)
+        lg = self._forward(input_ids, None, [], past=select_rows(prefix, rows))["logits"]
+        return lg[:, -1].to(self.device)  # [n, vocab]
 
     @property
     def parallel_attn_mlp(self) -> bool:

@@ -20,7 +20,6 @@ knocking out k random heads (many draws: mean and spread), k = 0..K.
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -31,7 +30,7 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn, current_check
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import pad, pad_id
+from engine.techniques.batching import length_chunks, pad, pad_id
 
 ALL = "*"
 
@@ -250,19 +249,6 @@ def _padding_pays(backend: ModelBackend, pairs: Sequence[PromptPair], n_sets: in
 def distinct_knockouts(kos: Sequence[Knockout], n_layers: int, n_heads: int) -> list[Knockout]:
     """The distinct knockout sets among ``kos`` (validated, so order and repeats do not matter)."""
     return list(dict.fromkeys(ko.validate(n_layers, n_heads) for ko in kos))
-
-
-def length_chunks(pairs: Sequence[PromptPair], tokens_per_pass: int) -> list[list[int]]:
-    """Indices of ``pairs`` in chunks of equal prompt length (so no padding), each chunk at most
-    ``tokens_per_pass`` tokens (one prompt at least)."""
-    by_len: dict[int, list[int]] = defaultdict(list)
-    for i, p in enumerate(pairs):
-        by_len[len(p.ref_ids)].append(i)
-    out = []
-    for length, idx in sorted(by_len.items()):
-        cap = max(1, tokens_per_pass // max(length, 1))
-        out += [idx[j:j + cap] for j in range(0, len(idx), cap)]
-    return out
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@ continuations left-pad instead (``left=True``), so every row's last real token i
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -102,4 +103,17 @@ def pair_batches(backend, pairs: Sequence[PromptPair], batch_size: int) -> list[
         ref, mask, end = pad([p.ref_ids for p in chunk], pid)
         cf, _, _ = pad([p.cf_ids for p in chunk], pid)
         out.append(PairBatch(chunk, ref, cf, mask, end, torch.tensor([p.answer_id for p in chunk])))
+    return out
+
+
+def length_chunks(pairs: Sequence[PromptPair], tokens_per_pass: int) -> list[list[int]]:
+    """Indices of ``pairs`` in chunks of equal prompt length (so no padding), each chunk at most
+    ``tokens_per_pass`` tokens (one prompt at least)."""
+    by_len: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(pairs):
+        by_len[len(p.ref_ids)].append(i)
+    out = []
+    for length, idx in sorted(by_len.items()):
+        cap = max(1, tokens_per_pass // max(length, 1))
+        out += [idx[j:j + cap] for j in range(0, len(idx), cap)]
     return out

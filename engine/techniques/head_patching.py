@@ -21,10 +21,14 @@ A sender that matters only through this receiver's query shows a strongly negati
 what the key head looks up the operands with.  With every head frozen, a patch at END changes only
 the END residual, so only the receiver's END query (or END key / value) moves.
 
-Cost: the senders are batched as rows (one row per prompt and sender), one hooked forward pass of
-the model per batch -- the textbook loop on the patching core (:mod:`engine.techniques.patch_rows`),
-exact.  (An END-chain shortcut like path patching's would need the receiver's attention as a
-single-position component of the backend; not done yet.)
+Cost -- the floor.  With every head frozen and the sender patched at END, no position before END
+differs from X_r's run: the receiver's queries, keys and values there are X_r's.  So X_r's keys and
+values up to END are kept once per prompt length, and each (sender, prompt) row runs **the END token
+alone** against them (:func:`engine.techniques.patch_rows.at_end`): one position per row, through the
+model's own layers (its rotary embedding, grouped-query attention, norms), instead of the whole
+prompt.  :func:`head_path_patching_reference` -- whole prompts, one row per sender and prompt, on the
+patching core -- is the textbook loop; the two agree to float rounding (``tests/integration/
+test_head_patching.py``).  A backend that cannot keep keys and values (NDIF) runs the reference.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
-from engine.progress import ProgressFn
+from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
-from engine.techniques.patch_rows import patch_rows, prepare, replace
+from engine.techniques.batching import check_pairs, length_chunks
+from engine.techniques.patch_rows import PatchRun, at_end, patch_rows, prepare, replace
 from engine.techniques.patching import PatchingRaw, Sender, SenderValue, sender_edits, sender_hooks, summarize
 from engine.techniques.patching import cli as patching_cli
 
@@ -80,33 +85,80 @@ def senders_before(receiver: Receiver, n_heads: int) -> list[Sender]:
 
 
 def head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver, *,
-                       rows_per_pass: int = 128, progress: ProgressFn | None = None) -> PatchingRaw:
+                       rows_per_pass: int | None = None, progress: ProgressFn | None = None) -> PatchingRaw:
     """Effect of every earlier sender on the answer logit through ``receiver``'s input only (exact).
 
-    Returns a PatchingRaw over the receiver's layers (layers >= receiver.layer hold nan)."""
-    f = backend.facts
-    L, H = f.n_layers, f.n_heads
+    Each sender x prompt row runs the END token alone against X_r's cached keys and values, the
+    prompts grouped by length (module docstring); ``rows_per_pass`` rows per forward pass (default:
+    as many as hold ``TOKENS_PER_PASS`` cached positions).  Returns a PatchingRaw over the
+    receiver's layers (layers >= receiver.layer hold nan)."""
+    if not backend.continues:
+        return head_path_patching_reference(backend, pairs, receiver, progress=progress)
+    _check_receiver(backend, receiver)
+    check_pairs(pairs, backend.facts.vocab_size)
+    chunks = length_chunks(pairs, TOKENS_PER_PASS)
+    senders = senders_before(receiver, backend.facts.n_heads)
+    patched = torch.empty(len(senders), len(pairs))  # [S, P]
+    logit_o = torch.empty(len(pairs))
+    steps = Stages(progress, [len(idx) for idx in chunks])  # sized by prompts
+    for ci, idx in enumerate(chunks):
+        chunk = [pairs[i] for i in idx]
+        run, edits = _prepared(backend, chunk, receiver)
+        end_run = at_end(backend, run)
+        rows = rows_per_pass or max(len(chunk), TOKENS_PER_PASS // len(chunk[0].ref_ids))
+        patched[:, idx] = patch_rows(backend, end_run, senders, lambda grp, r=end_run, e=edits: e(r, grp),
+                                     rows_per_pass=rows, progress=steps.stage(ci))
+        logit_o[idx] = run.logit_o
+    return _raw(backend, pairs, receiver, senders, patched, logit_o)
+
+
+def head_path_patching_reference(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver, *,
+                                 rows_per_pass: int = 128, progress: ProgressFn | None = None) -> PatchingRaw:
+    """The textbook loop: whole (padded) prompts, one row per sender and prompt, one hooked pass per group."""
+    _check_receiver(backend, receiver)
+    run, edits = _prepared(backend, pairs, receiver)
+    senders = senders_before(receiver, backend.facts.n_heads)
+    patched = patch_rows(backend, run, senders, lambda grp: edits(run, grp), rows_per_pass=rows_per_pass,
+                         progress=progress)  # [S, P]
+    return _raw(backend, pairs, receiver, senders, patched, run.logit_o)
+
+
+#: cached positions x rows of one END-only pass (the keys and values each row attends to)
+TOKENS_PER_PASS = 4096
+
+
+def _check_receiver(backend: ModelBackend, receiver: Receiver) -> None:
+    L, H = backend.facts.n_layers, backend.facts.n_heads
     if not 0 < receiver.layer < L or not 0 <= receiver.head < H or receiver.input not in INPUTS:
         raise ValueError(f"receiver {receiver} is not a head of this model with earlier senders")
-    lr = receiver.layer
+
+
+def _prepared(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver):
+    """Step 1 (X_r and X_c cached) and the hooks of a group of senders: every head frozen at X_r but
+    the receiver, the sender's END output from X_c, the receiver's other two inputs frozen at X_r."""
+    L, lr = backend.facts.n_layers, receiver.layer
     qkv = {"q": hooks.attn_q(lr), "k": hooks.attn_k(lr), "v": hooks.attn_v(lr)}
     frozen_inputs = [qkv[i] for i in INPUTS if i != receiver.input]  # only the chosen input is recomputed
     run = prepare(backend, pairs, sender_hooks(L) + frozen_inputs, sender_hooks(L))
 
-    def edits(group: Sequence[Sender]):
-        return (sender_edits(run, group, L, keep=(lr, receiver.head))
-                + [(name, replace(run.stacked(run.ref_cache[name], len(group)))) for name in frozen_inputs])
+    def edits(r: PatchRun, group: Sequence[Sender]):
+        return (sender_edits(r, group, L, keep=(lr, receiver.head))
+                + [(name, replace(r.stacked(r.ref_cache[name], len(group)))) for name in frozen_inputs])
+    return run, edits
 
-    senders = senders_before(receiver, H)
-    patched = patch_rows(backend, run, senders, edits, rows_per_pass=rows_per_pass, progress=progress)  # [S, P]
-    head_logit = torch.full((run.n, L, H), float("nan"))
-    mlp_logit = torch.full((run.n, L), float("nan"))
+
+def _raw(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver, senders: Sequence[Sender],
+         patched: torch.Tensor, logit_o: torch.Tensor) -> PatchingRaw:
+    """``patched`` [S, P] laid out as a PatchingRaw (layers >= the receiver's: nan)."""
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    head_logit = torch.full((len(pairs), L, H), float("nan"))
+    mlp_logit = torch.full((len(pairs), L), float("nan"))
     for i, snd in enumerate(senders):
         if snd.component == "head":
             head_logit[:, snd.layer, snd.head] = patched[i]
         else:
             mlp_logit[:, snd.layer] = patched[i]
-    return PatchingRaw(list(pairs), run.logit_o, head_logit, mlp_logit)
+    return PatchingRaw(list(pairs), logit_o, head_logit, mlp_logit)
 
 
 def cached_head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver, *,

@@ -15,6 +15,12 @@ reference / counterfactual pairs (X_r, X_c):
    answer token's logit of every row is read: ``[S, P]`` patched logits, beside ``logit_o`` (and
    ``logit_c``) of the unpatched runs.
 
+**At END only** (:func:`at_end`).  When every variant leaves the positions before END exactly as in
+X_r (every head frozen, the patch at END), the rows need not run those positions: X_r's keys and
+values up to END are kept once (``backend.prefix``, the model's own KV cache) and each row runs the
+END token alone against them (``backend.continue_end_logits``) -- one position per row instead of
+the whole prompt, the same numbers.
+
 :func:`patch_rows` is exact: each row is computed exactly as if its variant were run alone
 (rows do not interact in a transformer's forward pass).
 """
@@ -50,6 +56,7 @@ class PatchRun:
     cf_cache: dict         # hook name -> [P, pos, ...] on X_c
     logit_o: torch.Tensor  # [P]  answer logit on X_r
     logit_c: torch.Tensor  # [P]  answer logit on X_c
+    prefix: object = None  # X_r's keys and values before ``ref`` (at_end), or None: rows run whole prompts
 
     @property
     def n(self) -> int:
@@ -88,6 +95,21 @@ def prepare(backend: ModelBackend, pairs: Sequence[PromptPair], ref_names: Seque
 
 
 @torch.no_grad()
+def at_end(backend: ModelBackend, run: PatchRun) -> PatchRun:
+    """``run`` seen from END: ids, mask and caches of the END position alone, X_r's keys and values of
+    the positions before it kept (``backend.prefix``).  The pairs must share one length (no padding)."""
+    T = run.ref.shape[1]
+    if T < 2 or not bool(run.mask.all()):
+        raise ValueError("at_end needs prompts of one length, two tokens at least (see batching.length_chunks)")
+
+    def last(cache: dict) -> dict:
+        return {n: v[:, T - 1:] for n, v in cache.items()}  # [P, 1, ...]
+    return PatchRun(run.pairs, run.ref[:, T - 1:], run.mask[:, T - 1:], torch.zeros_like(run.end), run.answer,
+                    last(run.ref_cache), last(run.cf_cache), run.logit_o, run.logit_c,
+                    prefix=backend.prefix(run.ref[:, :T - 1]))
+
+
+@torch.no_grad()
 def patch_rows(backend: ModelBackend, run: PatchRun, variants: Sequence[V],
                edits: Callable[[Sequence[V]], list[Edit]], *, rows_per_pass: int = 128,
                progress: ProgressFn | None = None) -> torch.Tensor:
@@ -103,7 +125,10 @@ def patch_rows(backend: ModelBackend, run: PatchRun, variants: Sequence[V],
         S = len(group)
         ends = run.end.repeat(S)  # [S * P]
         with backend.hooks(edits(group)):
-            lg = backend.end_logits(run.stacked(run.ref, S), run.stacked(run.mask, S), ends)  # [S * P, vocab]
+            if run.prefix is None:
+                lg = backend.end_logits(run.stacked(run.ref, S), run.stacked(run.mask, S), ends)  # [S * P, vocab]
+            else:
+                lg = backend.continue_end_logits(run.prefix, run.rows.repeat(S), run.stacked(run.ref, S))
         ans = run.answer.repeat(S).to(lg.device)
         out[list(grp)] = lg[torch.arange(S * P, device=lg.device), ans].float().cpu().reshape(S, P)
         if progress is not None:

@@ -82,6 +82,25 @@ def check_activations_and_components(bridge, nns, vocab_ids: list[int]) -> None:
         assert close(nns.final_norm(x), bridge.final_norm(x))
     (wn, bn), (wb, bb) = nns.unembed(), bridge.unembed()
     assert close(wn, wb) and (bn is None) == (bb is None)
+    check_continuation(bridge, nns, vocab_ids)
+
+
+def check_continuation(bridge, nns, vocab_ids: list[int]) -> None:
+    """A prefix's keys and values, continued by the last token (rows picked and repeated), give the whole
+    sequence's last logits on both backends; a hook sees only the new position."""
+    ids = torch.tensor([vocab_ids, vocab_ids[::-1]])  # [2, pos]
+    rows = torch.tensor([1, 0, 1])
+    seen = []
+    with torch.no_grad():
+        want = bridge.logits(ids)[rows, -1]  # [3, vocab]
+        for backend in (bridge, nns):
+            assert backend.continues
+            prefix = backend.prefix(ids[:, :-1])
+            with backend.hooks([(H.attn_z(0), lambda act: seen.append(tuple(act.shape)))]):
+                got = backend.continue_end_logits(prefix, rows, ids[rows, -1:])
+            assert close(got, want), backend.name
+            assert close(backend.continue_end_logits(prefix, rows, ids[rows, -1:]), want)  # prefix unchanged
+    assert seen == [(3, 1, bridge.facts.n_heads, bridge.facts.d_head)] * 2
 
 
 def check_patching(bridge, nns, pairs, senders, full: bool = True) -> None:

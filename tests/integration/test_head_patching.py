@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from engine.backends import hooks, open_model
+from engine.backends.base import WorkMeter
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.head_patching import (
     Receiver,
     cached_head_path_patching,
     head_path_patching,
+    head_path_patching_reference,
     parse_receiver,
     senders_before,
 )
@@ -92,6 +94,27 @@ def test_head_to_head_on_smollm2():
     pairs, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add",), n=1, seed=0))
     assert smol.tokenizer.decode([pairs[0].answer_id]).strip().isdigit()
     _check(smol, pairs, Receiver(3, 2, "q"), every=5)
+
+
+@pytest.mark.parametrize("backend", ("bridge", "nnsight"))
+def test_each_row_runs_the_end_token_alone(backend):
+    """The floor: besides X_r, X_c and one prefix per prompt length, the forward passes carry one
+    position per (sender, prompt) row -- and give the textbook loop's numbers on either backend."""
+    model = open_model("organism", device="cpu", backend=backend)
+    pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=("add", "sub"), n=3, seed=4))
+    lengths = {len(p.ref_ids) for p in pairs}
+    assert len(lengths) > 1  # several prompt lengths: several chunks
+    receiver = Receiver(4, 2, "k")
+    model.meter = WorkMeter()
+    raw = head_path_patching(model, pairs, receiver)
+    rows = len(senders_before(receiver, model.facts.n_heads)) * len(pairs)
+    whole = sum(3 * len(p.ref_ids) - 1 for p in pairs)  # X_r, X_c and the prefix before END
+    assert model.meter.body_tokens == whole + rows
+    want = head_path_patching_reference(model, pairs, receiver)
+    done = ~torch.isnan(want.head_logit)
+    assert torch.allclose(raw.head_logit[done], want.head_logit[done], atol=1e-4)
+    assert torch.allclose(raw.mlp_logit[:, :4], want.mlp_logit[:, :4], atol=1e-4)
+    assert torch.allclose(raw.logit_o, want.logit_o, atol=1e-4)
 
 
 def test_parse_receiver_and_cache(organism, tmp_path):

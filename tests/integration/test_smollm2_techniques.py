@@ -155,8 +155,9 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
     import torch
 
     from engine.backends.base import WorkMeter
-    from engine.techniques.ablation import DEFAULT_TOKENS_PER_PASS, curve_knockouts, knockout_curve, length_chunks
+    from engine.techniques.ablation import DEFAULT_TOKENS_PER_PASS, curve_knockouts, knockout_curve
     from engine.techniques.accuracy import score_pairs
+    from engine.techniques.batching import length_chunks
     ps, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add", "mul"), n=4, seed=1))
     for p in ps:  # the digit position: END is the last prompt token, the answer starts with a digit token
         answer = smol.tokenizer.decode(p.answer_ids).strip()

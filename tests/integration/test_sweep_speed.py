@@ -27,11 +27,10 @@ from engine.techniques.ablation import (
     curve_knockouts,
     knockout_accuracies,
     knockout_curve,
-    length_chunks,
     mean_activations,
 )
 from engine.techniques.accuracy import keep_correct, score_pairs
-from engine.techniques.batching import pad, pad_id
+from engine.techniques.batching import length_chunks, pad, pad_id
 from tests.helpers.references import knockout_accuracy_full_logits, knockout_curve_full_logits
 
 
