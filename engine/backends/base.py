@@ -25,7 +25,7 @@ embedding's device either way.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -138,13 +138,22 @@ class ModelBackend(ABC):
         """The keys and values of unpadded prompts: the model's own KV cache, opaque.  # [batch, pos]"""
         raise NotImplementedError(f"the {self.name} backend cannot keep a prefix's keys and values")
 
-    def continue_end_logits(self, prefix: object, rows: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """Next-token logits after ``input_ids`` [n, m], row i continuing prompt ``rows[i]`` of ``prefix``.
+    def continue_end_logits(self, prefix: object, rows: torch.Tensor, input_ids: torch.Tensor, *,
+                            start: int | None = None) -> torch.Tensor:
+        """Next-token logits after ``input_ids`` [n, m], row i continuing prompt ``rows[i]`` of ``prefix``
+        (its first ``start`` positions; default all).
 
         Only the m new positions run (active ``hooks`` see ``[n, m, ...]``); they attend to the
         prefix's cached keys and values, so the result equals the last position's logits of the
         whole sequence.  -> [n, vocab]"""
         raise NotImplementedError(f"the {self.name} backend cannot continue a prefix")
+
+    def last_position_only(self, m: int) -> AbstractContextManager[None]:
+        """Within the block, the final norm and the unembedding see only the last of ``m`` new positions
+        (where the architecture allows it, see :func:`final_norm_takes_rows`)."""
+        if m <= 1 or not final_norm_takes_rows(self.facts.model_type):
+            return nullcontext()
+        return self.hooks([(hook_names.ln_final_in(), lambda act: act[:, -1:])])  # [n, m, d] -> [n, 1, d]
 
     # -- components for exact END-position chains ------------------------------------------------
     @property
@@ -185,9 +194,12 @@ class ModelBackend(ABC):
         return torch.device(self.facts.device)
 
 
-def select_rows(cache, rows: torch.Tensor):
-    """A copy of a Hugging Face KV cache holding prompt ``rows[i]`` in row i (the original is left as it is)."""
+def select_rows(cache, rows: torch.Tensor, start: int | None = None):
+    """A copy of a Hugging Face KV cache holding the first ``start`` positions (default all) of prompt
+    ``rows[i]`` in row i (the original is left as it is)."""
     import copy
     out = copy.deepcopy(cache)
+    if start is not None and start < out.get_seq_length():
+        out.crop(start - out.get_seq_length())  # a negative count: the tokens to remove
     out.batch_select_indices(rows.to(torch.long))
     return out

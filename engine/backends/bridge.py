@@ -61,14 +61,14 @@ class BridgeBackend(ModelBackend):
         return True
 
     def prefix(self, input_ids: torch.Tensor) -> object:
-        with self._lock:
+        with self._lock, torch.no_grad():
             lg, cache = self.bridge(input_ids.to(self.device), return_type="logits_and_cache", use_cache=True)
         self.meter.record(input_ids, lg)
         return cache
 
-    def continue_end_logits(self, prefix, rows, input_ids):
-        cache = select_rows(prefix, rows)
-        with self._lock:
+    def continue_end_logits(self, prefix, rows, input_ids, *, start=None):
+        cache = select_rows(prefix, rows, start)
+        with self._lock, self.last_position_only(input_ids.shape[1]):
             lg = self.bridge(input_ids.to(self.device), return_type="logits", past_key_values=cache)
         self.meter.record(input_ids, lg)
         return lg[:, -1].to(self.device)  # [n, vocab]

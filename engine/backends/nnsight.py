@@ -400,10 +400,11 @@ class NnsightBackend(ModelBackend):
         self.meter.record(ids, out.logits)
         return out.past_key_values
 
-    def continue_end_logits(self, prefix, rows, input_ids):
+    def continue_end_logits(self, prefix, rows, input_ids, *, start=None):
         if self.remote:
-            return super().continue_end_logits(prefix, rows, input_ids)
-        lg = self._forward(input_ids, None, [], past=select_rows(prefix, rows))["logits"]
+            return super().continue_end_logits(prefix, rows, input_ids, start=start)
+        with self.last_position_only(input_ids.shape[1]):
+            lg = self._forward(input_ids, None, [], past=select_rows(prefix, rows, start))["logits"]
         return lg[:, -1].to(self.device)  # [n, vocab]
 
     @property

@@ -15,11 +15,11 @@ reference / counterfactual pairs (X_r, X_c):
    answer token's logit of every row is read: ``[S, P]`` patched logits, beside ``logit_o`` (and
    ``logit_c``) of the unpatched runs.
 
-**At END only** (:func:`at_end`).  When every variant leaves the positions before END exactly as in
-X_r (every head frozen, the patch at END), the rows need not run those positions: X_r's keys and
-values up to END are kept once (``backend.prefix``, the model's own KV cache) and each row runs the
-END token alone against them (``backend.continue_end_logits``) -- one position per row instead of
-the whole prompt, the same numbers.
+**From the first patched position** (:func:`from_position`, :func:`at_end`).  When every variant of a
+group leaves the positions before p exactly as in X_r (a patch at p or later, every head frozen at
+X_r), the rows need not run those positions: X_r's keys and values are kept once per prompt length
+(``backend.prefix``, the model's own KV cache) and each row runs positions p .. END alone against
+them (``backend.continue_end_logits``) -- the END token alone for a patch at END -- the same numbers.
 
 :func:`patch_rows` is exact: each row is computed exactly as if its variant were run alone
 (rows do not interact in a transformer's forward pass).
@@ -56,7 +56,8 @@ class PatchRun:
     cf_cache: dict         # hook name -> [P, pos, ...] on X_c
     logit_o: torch.Tensor  # [P]  answer logit on X_r
     logit_c: torch.Tensor  # [P]  answer logit on X_c
-    prefix: object = None  # X_r's keys and values before ``ref`` (at_end), or None: rows run whole prompts
+    prefix: object = None  # X_r's keys and values (from_position), or None: rows run whole prompts
+    start: int = 0         # with a prefix: ``ref`` continues its first ``start`` positions
 
     @property
     def n(self) -> int:
@@ -95,18 +96,26 @@ def prepare(backend: ModelBackend, pairs: Sequence[PromptPair], ref_names: Seque
 
 
 @torch.no_grad()
-def at_end(backend: ModelBackend, run: PatchRun) -> PatchRun:
-    """``run`` seen from END: ids, mask and caches of the END position alone, X_r's keys and values of
-    the positions before it kept (``backend.prefix``).  The pairs must share one length (no padding)."""
+def from_position(backend: ModelBackend, run: PatchRun, start: int, prefix: object = None) -> PatchRun:
+    """``run`` seen from position ``start`` on: ids, mask and caches of positions ``start ..`` END, X_r's keys
+    and values of the positions before (``prefix``: ``backend.prefix`` of X_r without its END token, computed
+    when not given).  The pairs must share one length (no padding); 1 <= start < length."""
     T = run.ref.shape[1]
-    if T < 2 or not bool(run.mask.all()):
-        raise ValueError("at_end needs prompts of one length, two tokens at least (see batching.length_chunks)")
+    if not 1 <= start < T or not bool(run.mask.all()):
+        raise ValueError("from_position needs prompts of one length (see batching.length_chunks) and "
+                         f"1 <= start < {T}, got start={start}")
 
-    def last(cache: dict) -> dict:
-        return {n: v[:, T - 1:] for n, v in cache.items()}  # [P, 1, ...]
-    return PatchRun(run.pairs, run.ref[:, T - 1:], run.mask[:, T - 1:], torch.zeros_like(run.end), run.answer,
-                    last(run.ref_cache), last(run.cf_cache), run.logit_o, run.logit_c,
-                    prefix=backend.prefix(run.ref[:, :T - 1]))
+    def tail(cache: dict) -> dict:
+        return {n: v[:, start:] for n, v in cache.items()}  # [P, T - start, ...]
+    if prefix is None:
+        prefix = backend.prefix(run.ref[:, :T - 1])
+    return PatchRun(run.pairs, run.ref[:, start:], run.mask[:, start:], run.end - start, run.answer,
+                    tail(run.ref_cache), tail(run.cf_cache), run.logit_o, run.logit_c, prefix=prefix, start=start)
+
+
+def at_end(backend: ModelBackend, run: PatchRun) -> PatchRun:
+    """``run`` seen from END alone (:func:`from_position` at the last position)."""
+    return from_position(backend, run, run.ref.shape[1] - 1)
 
 
 @torch.no_grad()
@@ -128,7 +137,8 @@ def patch_rows(backend: ModelBackend, run: PatchRun, variants: Sequence[V],
             if run.prefix is None:
                 lg = backend.end_logits(run.stacked(run.ref, S), run.stacked(run.mask, S), ends)  # [S * P, vocab]
             else:
-                lg = backend.continue_end_logits(run.prefix, run.rows.repeat(S), run.stacked(run.ref, S))
+                lg = backend.continue_end_logits(run.prefix, run.rows.repeat(S), run.stacked(run.ref, S),
+                                                 start=run.start)
         ans = run.answer.repeat(S).to(lg.device)
         out[list(grp)] = lg[torch.arange(S * P, device=lg.device), ans].float().cpu().reshape(S, P)
         if progress is not None:

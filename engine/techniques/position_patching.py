@@ -19,6 +19,8 @@ lengths line up; a template's cells are labelled with its first prompt's tokens,
 the same residual vector for every prompt (every position before the first differing token, in
 every layer) are exactly 0 and need no forward pass; the others are batched on the patching core
 (:mod:`engine.techniques.patch_rows`), several (l, p) cells per pass, one row per prompt and cell.
+A patch at position p leaves every position before p as in X_r's run, so (prompts grouped by length)
+a cell's rows run positions p .. END alone against X_r's cached keys and values.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
-from engine.progress import ProgressFn
+from engine.backends.hooks import HookName
+from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
-from engine.techniques.patch_rows import Slot, patch_rows, prepare, take
+from engine.techniques.batching import check_pairs, length_chunks
+from engine.techniques.patch_rows import PatchRun, Slot, from_position, patch_rows, prepare, take
 
 METHOD = "layer_position_patching"
 RESTORED_MIN_GAP = 1e-3
@@ -59,38 +63,71 @@ class PositionRaw:
         raise ValueError(f"unknown metric {name!r}: choose logit_diff or restored")
 
 
+@torch.no_grad()
 def layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 128,
                             progress: ProgressFn | None = None) -> PositionRaw:
-    """Patch resid_pre[l] at every END-relative position p from X_c, for every layer l (exact)."""
+    """Patch resid_pre[l] at every END-relative position p from X_c, for every layer l (exact).
+
+    The prompts go by length; a cell at position p runs positions p .. END alone, against X_r's keys and
+    values of the positions before p (:func:`engine.techniques.patch_rows.from_position`: nothing
+    before p differs from X_r's run).  A backend that cannot keep keys and values runs whole prompts."""
+    check_pairs(pairs, backend.facts.vocab_size)
     L = backend.facts.n_layers
     names = [hooks.resid_pre(layer) for layer in range(L)]
-    run = prepare(backend, pairs, names, names)
-    P, end, rows = run.n, run.end, run.rows
-    W = int(end.max()) + 1
-    patched = torch.full((P, L, W), float("nan"))
-    cells = []  # (layer, rel) where some prompt's X_r and X_c residuals differ
-    for layer in range(L):
-        r, c = run.ref_cache[names[layer]], run.cf_cache[names[layer]]
-        for rel in range(W):
+    chunks = length_chunks(pairs, TOKENS_PER_PASS) if backend.continues else [list(range(len(pairs)))]
+    W = max(len(p.ref_ids) for p in pairs)
+    patched = torch.full((len(pairs), L, W), float("nan"))  # [P, L, W]
+    logit_o, logit_c = torch.empty(len(pairs)), torch.empty(len(pairs))
+    steps = Stages(progress, [len(idx) for idx in chunks])
+    for ci, idx in enumerate(chunks):
+        run = prepare(backend, [pairs[i] for i in idx], names, names)
+        logit_o[idx], logit_c[idx] = run.logit_o, run.logit_c
+        cells = _cells(run, names, patched, idx)
+        by_start: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        T = run.ref.shape[1]
+        for layer, rel in cells:  # one length: a cell's position is T - 1 - rel for every prompt
+            by_start[T - 1 - rel if backend.continues else 0].append((layer, rel))
+        prefix = backend.prefix(run.ref[:, :T - 1]) if any(st > 0 for st in by_start) else None
+        parts = Stages(steps.stage(ci), [len(c) for c in by_start.values()])
+        for si, (start, group_cells) in enumerate(sorted(by_start.items())):
+            sub = from_position(backend, run, start, prefix) if start > 0 else run
+            vals = patch_rows(backend, sub, group_cells, _edits(sub, names), rows_per_pass=rows_per_pass,
+                              progress=parts.stage(si))  # [cells, P]
+            for (layer, rel), v in zip(group_cells, vals):
+                valid = run.end - rel >= 0
+                patched[torch.tensor(idx)[valid], layer, rel] = v[valid]
+    return PositionRaw(list(pairs), logit_o, logit_c, patched)
+
+
+#: cached positions x rows of one pass when cells continue X_r's keys and values
+TOKENS_PER_PASS = 4096
+
+
+def _cells(run: PatchRun, names: Sequence[HookName], patched: torch.Tensor, idx: list[int]) -> list[tuple[int, int]]:
+    """The (layer, rel) cells where some prompt's X_r and X_c residuals differ; the others are exactly the
+    unpatched logit (written into ``patched`` at the prompts ``idx``)."""
+    end, rows = run.end, run.rows
+    cells = []
+    for layer, name in enumerate(names):
+        r, c = run.ref_cache[name], run.cf_cache[name]
+        for rel in range(int(end.max()) + 1):
             valid = end - rel >= 0  # [P]
-            if not bool(valid.any()):
-                continue
             pos = (end - rel)[valid]
             if torch.equal(r[rows[valid], pos], c[rows[valid], pos]):  # nothing to patch: the unpatched logit
-                patched[valid, layer, rel] = run.logit_o[valid]
+                patched[torch.tensor(idx)[valid], layer, rel] = run.logit_o[valid]
             else:
                 cells.append((layer, rel))
+    return cells
 
+
+def _edits(run: PatchRun, names: Sequence[HookName]):
+    """Hooks of a group of (layer, rel) cells: row block s takes X_c's resid_pre[layer] at END - rel."""
     def edits(group: Sequence[tuple[int, int]]):
         return [(names[layer], take(run.cf_cache[names[layer]],
-                                    [Slot(s, end - rel) for s, (lyr, rel) in enumerate(group) if lyr == layer], P))
+                                    [Slot(s, run.end - rel) for s, (lyr, rel) in enumerate(group) if lyr == layer],
+                                    run.n))
                 for layer in sorted({lyr for lyr, _ in group})]
-
-    vals = patch_rows(backend, run, cells, edits, rows_per_pass=rows_per_pass, progress=progress)  # [cells, P]
-    for (layer, rel), v in zip(cells, vals):
-        valid = end - rel >= 0
-        patched[valid, layer, rel] = v[valid]
-    return PositionRaw(list(pairs), run.logit_o, run.logit_c, patched)
+    return edits
 
 
 @dataclass(frozen=True)

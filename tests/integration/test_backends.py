@@ -86,8 +86,8 @@ def check_activations_and_components(bridge, nns, vocab_ids: list[int]) -> None:
 
 
 def check_continuation(bridge, nns, vocab_ids: list[int]) -> None:
-    """A prefix's keys and values, continued by the last token (rows picked and repeated), give the whole
-    sequence's last logits on both backends; a hook sees only the new position."""
+    """A prefix's keys and values, continued by the last token or from position 2 (rows picked and repeated),
+    give the whole sequence's last logits on both backends; a hook sees only the new positions."""
     ids = torch.tensor([vocab_ids, vocab_ids[::-1]])  # [2, pos]
     rows = torch.tensor([1, 0, 1])
     seen = []
@@ -100,6 +100,7 @@ def check_continuation(bridge, nns, vocab_ids: list[int]) -> None:
                 got = backend.continue_end_logits(prefix, rows, ids[rows, -1:])
             assert close(got, want), backend.name
             assert close(backend.continue_end_logits(prefix, rows, ids[rows, -1:]), want)  # prefix unchanged
+            assert close(backend.continue_end_logits(prefix, rows, ids[rows, 2:], start=2), want)  # from position 2
     assert seen == [(3, 1, bridge.facts.n_heads, bridge.facts.d_head)] * 2
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.backends import hooks, open_model
+from engine.backends.base import WorkMeter
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.batching import pad, pad_id
 from engine.techniques.logit_lens import cached_logit_lens, logit_lens
@@ -64,6 +65,25 @@ def test_layer_position_patching_equals_plain_reference_on_bundled_model(organis
     # value; not exactly, since the last layer's own heads still read the unpatched positions (up to ~10 %)
     restored = raw.metric("restored")[:, -1, 0]
     assert float((restored - 1).abs().max()) < 0.15
+
+
+def test_cells_run_from_their_position_on_either_backend():
+    """A cell at position p runs positions p .. END only: both backends give the same cells, and the forward
+    passes carry fewer positions than whole prompts would (X_r, X_c and the prefix included)."""
+    pairs, _ = generate(open_model("organism", device="cpu").tokenizer,
+                        PromptSetSpec(ops=("add", "mul"), n=3, seed=5))
+    got, tokens = {}, {}
+    for name in ("bridge", "nnsight"):
+        model = open_model("organism", device="cpu", backend=name)
+        model.meter = WorkMeter()
+        got[name] = layer_position_patching(model, pairs).patched
+        tokens[name] = model.meter.body_tokens
+    a, b = got["bridge"], got["nnsight"]
+    assert torch.equal(torch.isnan(a), torch.isnan(b)) and torch.allclose(a.nan_to_num(), b.nan_to_num(), atol=1e-4)
+    L = a.shape[1]
+    cells = int((~torch.isnan(a)).sum())  # an upper bound of the patched (prompt, cell) rows
+    whole = cells * sum(len(p.ref_ids) for p in pairs) / len(pairs)
+    assert tokens["bridge"] == tokens["nnsight"] < 0.6 * whole, (tokens, whole, L)
 
 
 @pytest.mark.parametrize("arch", ("llama", "qwen2", "gpt2"))
