@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -79,14 +79,6 @@ def weights_fingerprint(model: Any, *, length: int = 16) -> str:
     (name, dtype, shape, raw bytes); tied tensors are hashed once and recorded as aliases.  Any
     change to any weight element changes the fingerprint.
     """
-    return fingerprint_job(model, length=length)()
-
-
-def fingerprint_job(model: Any, *, length: int = 16) -> Callable[[], str]:
-    """:func:`weights_fingerprint` in two steps: the tensors are gathered now (the module tree as it is),
-    hashed when the returned function is called.  The hashing reads only those tensors' data, so it may
-    run in another thread while the model is wrapped or moved (``engine.models.load`` overlaps it with
-    the bridge).  With offloaded weights everything is done now."""
     if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= 64:
         raise ValueError(f"length must be an int in 1..64, got {length!r}")
     model = getattr(model, "hf_model", model)  # a LoadedModel or a PlainModel
@@ -99,37 +91,29 @@ def fingerprint_job(model: Any, *, length: int = 16) -> Callable[[], str]:
     tensors: dict[str, torch.Tensor] = {}
     canonical_tensors(model, "", tensors)
     offloaded = _offloaded_owners(model)
-    config = canonical_config_json(getattr(model, "config", None))
-
-    def digest() -> str:
-        h = hashlib.sha256()
-        h.update(b"arith-lab-fingerprint-v1\0")
-        h.update(config.encode())
-        seen: dict[tuple[Any, ...], str] = {}
-        with torch.no_grad(), OffloadReader(offloaded) as reader:
-            for name in sorted(tensors):
-                t = tensors[name].detach()
-                if t.device.type == "meta":  # accelerate offload (device_map with "cpu"/"disk" targets)
-                    key: tuple[Any, ...] = ("meta", id(tensors[name]))  # tied weights are one Parameter
-                else:
-                    key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                           t.stride(), t.dtype)
-                h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-                if key in seen:
-                    h.update(f"alias-of\0{seen[key]}".encode())
-                    continue
-                seen[key] = name
-                if t.device.type == "meta":
-                    t = reader.value(name)
-                flat = t.to("cpu").contiguous().reshape(-1)
-                if flat.numel():
-                    h.update(flat.view(torch.uint8).numpy())  # raw bytes; bf16 etc. are viewed, not cast
-        return h.hexdigest()[:length]
-
-    if offloaded:
-        done = digest()
-        return lambda: done
-    return digest
+    h = hashlib.sha256()
+    h.update(b"arith-lab-fingerprint-v1\0")
+    h.update(canonical_config_json(getattr(model, "config", None)).encode())
+    seen: dict[tuple[Any, ...], str] = {}
+    with torch.no_grad(), OffloadReader(offloaded) as reader:
+        for name in sorted(tensors):
+            t = tensors[name].detach()
+            if t.device.type == "meta":  # accelerate offload (device_map with "cpu"/"disk" targets)
+                key: tuple[Any, ...] = ("meta", id(tensors[name]))  # tied weights are one Parameter
+            else:
+                key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                       t.stride(), t.dtype)
+            h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+            if key in seen:
+                h.update(f"alias-of\0{seen[key]}".encode())
+                continue
+            seen[key] = name
+            if t.device.type == "meta":
+                t = reader.value(name)
+            flat = t.to("cpu").contiguous().reshape(-1)
+            if flat.numel():
+                h.update(flat.view(torch.uint8).numpy())  # raw bytes; bf16 etc. are viewed, not cast
+    return h.hexdigest()[:length]
 
 
 def _offloaded_owners(model: torch.nn.Module) -> dict[str, torch.nn.Module]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -43,7 +42,7 @@ if TYPE_CHECKING:  # transformers / transformer_lens are imported lazily, inside
 
 from engine.models import DTYPE_NAMES
 from engine.models.facts import ModelFacts, facts_from_config
-from engine.models.fingerprint import canonical_tensors, fingerprint_job, weights_fingerprint
+from engine.models.fingerprint import canonical_tensors, weights_fingerprint
 from engine.models.placement import DevicePlacement, parse_placement, place
 from engine.models.spec import (
     ORGANISM_SPEC,
@@ -256,20 +255,12 @@ def load_model(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None =
     placement = parse_placement(device, device_map, max_memory, offload_folder)
     resolved = resolve_spec(spec)
     config = load_config(resolved)  # hub ids while offline: local HF cache only, else a clear error
+    architecture = check_architecture(config)
     tokenizer = load_tokenizer(resolved)
-    try:
-        hf_model = _load_hf_model(resolved, config, torch_dtype, placement)
-    except ModelLoadError:
-        check_architecture(config)  # an architecture the lab cannot study says so, not "could not load"
-        raise
-    # The weights' fingerprint (reading every weight: its first touch of a memory-mapped checkpoint) runs in a
-    # thread while transformer-lens is imported and the bridge boots: opening costs little more than a plain load.
+    hf_model = _load_hf_model(resolved, config, torch_dtype, placement)
     dev = place(hf_model, placement)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fingerprint") as pool:
-        fingerprint = pool.submit(fingerprint_job(hf_model))
-        architecture = check_architecture(config)
-        bridge = _boot_bridge(resolved, hf_model, tokenizer, dev, torch_dtype)
-        facts = model_facts(resolved, architecture, hf_model, dtype_name, dev, fingerprint=fingerprint.result())
+    facts = model_facts(resolved, architecture, hf_model, dtype_name, dev)
+    bridge = _boot_bridge(resolved, hf_model, tokenizer, dev, torch_dtype)
     return LoadedModel(bridge=bridge, hf_model=hf_model, tokenizer=tokenizer, facts=facts)
 
 
@@ -332,12 +323,12 @@ def plain_facts(plain: PlainModel) -> ModelFacts:
 
 
 def model_facts(resolved: ResolvedSpec, architecture: str, hf_model: "PreTrainedModel", dtype_name: str,
-                device: Any, *, fingerprint: str | None = None) -> ModelFacts:
-    """The facts of a loaded HF model: sizes from its config, unique parameters (``parameters()`` counts
-    tied weights once), the embedding's row count and the fingerprint (computed unless given)."""
+                device: Any) -> ModelFacts:
+    """The facts of a loaded (not yet bridged) HF model: sizes from its config, unique parameters
+    (``parameters()`` counts tied weights once), the embedding's row count and the fingerprint."""
     n_params = sum(p.numel() for p in hf_model.parameters())
     return facts_from_config(resolved, architecture, hf_model.config, dtype_name, device, n_params,
-                             fingerprint or weights_fingerprint(hf_model),
+                             weights_fingerprint(hf_model),
                              vocab_size=int(hf_model.get_input_embeddings().weight.shape[0]))
 
 
