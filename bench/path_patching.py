@@ -5,6 +5,8 @@ difference (|logit_p fast - logit_p reference| / |logit_o|, over every sender th
 
 On models too large to run the reference for every sender on a CPU, the reference is timed on a
 spread sample of senders (``--ref-senders``) and its time scaled to all senders -- the table says so.
+End to end: both sides plus the seconds of a whole ``python -m engine info`` process (interpreter,
+imports, the model opened), as a command-line run of either would pay them.
 
     .venv/bin/python bench/path_patching.py            # bundled model + Qwen2.5-0.5B-shaped random init
     .venv/bin/python bench/path_patching.py --quick    # smaller second model (for a smoke run)
@@ -13,6 +15,8 @@ spread sample of senders (``--ref-senders``) and its time scaled to all senders 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,6 +61,14 @@ def spread(senders: list[Sender], k: int) -> list[Sender]:
     return [senders[int(i * step)] for i in range(k)]
 
 
+def open_seconds(spec: str) -> float:
+    """Seconds of a whole ``python -m engine info`` process: interpreter start, imports, the model opened."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "engine", "info", "--model", spec, "--device", "cpu"], check=True,
+                   capture_output=True)
+    return time.perf_counter() - t0
+
+
 def bench(name: str, spec: str, n_prompts: int, ref_senders: int | None) -> dict:
     torch.manual_seed(0)
     model = open_model(spec, device="cpu")
@@ -76,8 +88,10 @@ def bench(name: str, spec: str, n_prompts: int, ref_senders: int | None) -> dict
     for s, v in ref.items():
         f = fast.head_logit[:, s.layer, s.head] if s.component == "head" else fast.mlp_logit[:, s.layer]
         worst = max(worst, float(((f - v).abs() / scale).max()))
+    t_open = open_seconds(spec)
     return {"model": name, "senders": len(senders), "prompts": len(pairs), "fast_s": t_fast, "ref_s": t_ref,
-            "ratio": t_ref / t_fast, "max_rel_diff": worst,
+            "ratio": t_ref / t_fast, "max_rel_diff": worst, "open_s": t_open,
+            "e2e_ratio": (t_open + t_ref) / (t_open + t_fast),
             "note": "" if len(sample) == len(senders) else f"reference timed on {len(sample)} senders, scaled"}
 
 
@@ -95,11 +109,13 @@ def main() -> None:
                  else "random Qwen2 (6L, quick)")
         rows.append(bench(label, str(path), args.prompts, args.ref_senders))
     print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} CPU threads, float32\n")
-    print("| model | senders | prompts | fast s | reference s | ratio | max rel diff | note |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| model | senders | prompts | fast s | reference s | ratio | max rel diff | open s | end-to-end ratio "
+          "| note |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         print(f"| {r['model']} | {r['senders']} | {r['prompts']} | {r['fast_s']:.2f} | {r['ref_s']:.1f} | "
-              f"{r['ratio']:.0f}x | {r['max_rel_diff']:.1e} | {r['note']} |")
+              f"{r['ratio']:.0f}x | {r['max_rel_diff']:.1e} | {r['open_s']:.1f} | {r['e2e_ratio']:.0f}x | "
+              f"{r['note']} |")
 
 
 if __name__ == "__main__":
