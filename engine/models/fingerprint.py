@@ -1,15 +1,20 @@
 """Weights fingerprint: a hash of every parameter and persistent buffer under its plain Hugging
 Face name, plus the config, so a cached result is tied to the exact weights that produced it --
 the same for a model and its bridged self, for offloaded weights, and for a saved-and-reloaded copy.
+
+The hash is BLAKE3 on every core (a cryptographic hash like sha256, but tree-shaped, so it runs in
+parallel): a model's weights are read once at load time, and at about 11 GB/s on 2 cores against
+sha256's 1.5 GB/s the fingerprint of a 0.5B float32 model takes 0.3 s instead of 1.4 s.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import sys
 from typing import Any
 
+import blake3
 import torch
 
 # config keys that say how a model was loaded or saved, not what it computes ("architectures" is
@@ -19,6 +24,17 @@ VOLATILE_CONFIG_KEYS = frozenset({
     "use_cache", "output_attentions", "output_hidden_states", "return_dict", "attn_implementation",
 })
 
+# The process whose BLAKE3 thread pool has started.  The pool does not survive fork(): a forked
+# child that hashes on it waits forever, so a child of that process hashes on one thread.
+_THREADED_IN: int | None = None
+
+
+def _hasher() -> "blake3.blake3":
+    global _THREADED_IN
+    if _THREADED_IN not in (None, os.getpid()):
+        return blake3.blake3()
+    _THREADED_IN = os.getpid()
+    return blake3.blake3(max_threads=blake3.blake3.AUTO)
 
 
 def _is_bridge_wrapper(module: torch.nn.Module) -> bool:
@@ -72,7 +88,7 @@ def canonical_config_json(config: Any) -> str:
 
 
 def weights_fingerprint(model: Any, *, length: int = 16) -> str:
-    """sha256 (hex, first ``length`` chars) of every parameter and persistent buffer plus the config.
+    """BLAKE3 (hex, first ``length`` chars) of every parameter and persistent buffer plus the config.
 
     ``model``: a LoadedModel, a TransformerBridge or a (bridged or plain) HF model -- a model
     and its bridged self give the same fingerprint.  Tensors are hashed in name order as
@@ -91,8 +107,8 @@ def weights_fingerprint(model: Any, *, length: int = 16) -> str:
     tensors: dict[str, torch.Tensor] = {}
     canonical_tensors(model, "", tensors)
     offloaded = _offloaded_owners(model)
-    h = hashlib.sha256()
-    h.update(b"arith-lab-fingerprint-v1\0")
+    h = _hasher()
+    h.update(b"arith-lab-fingerprint-v2\0")
     h.update(canonical_config_json(getattr(model, "config", None)).encode())
     seen: dict[tuple[Any, ...], str] = {}
     with torch.no_grad(), OffloadReader(offloaded) as reader:

@@ -323,6 +323,32 @@ def test_fingerprint_stable_and_sensitive(tiny, tiny_dir, tiny_ref):
         weights_fingerprint(tiny, length=0)
 
 
+def test_fingerprint_in_a_forked_child():
+    """BLAKE3 hashes on a thread pool that does not survive fork(): a child of a process that has
+    hashed must still finish, with the same fingerprint (one thread and many give one digest)."""
+    import select
+    import signal
+
+    torch.manual_seed(0)
+    big = torch.nn.Linear(2048, 2048)  # 16 MB: large enough for BLAKE3 to use its threads
+    parent = weights_fingerprint(big)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(w, weights_fingerprint(big).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], 60)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    child = os.read(r, 64).decode() if ready else None
+    os.close(r)
+    assert child == parent, "the forked child did not finish hashing within 60 s" if child is None else child
+
+
 def test_fingerprint_bfloat16(tiny_dir, tiny):
     bf16 = load_model(str(tiny_dir), device="cpu", dtype="bfloat16")
     assert bf16.facts.dtype == "bfloat16"
