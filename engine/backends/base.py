@@ -6,7 +6,7 @@ which offers exactly what the paper's methods need --
 * ``logits`` / ``run_with_cache`` / ``hooks`` -- forward passes, cached activations by TransformerLens
   hook name (built with :mod:`engine.backends.hooks`), and interventions in a ``with`` block that always
   removes its hooks (the loaded model is shared by every browser session);
-* ``logits_at`` / ``end_logits`` -- the final norm and the unembedding at chosen positions only
+* ``logits_at`` / ``end_logits`` / ``run_with_cache_at`` -- the final norm and the unembedding at chosen positions only
   (the END row of each prompt), never the full ``[batch, pos, vocab]`` tensor: an edit of the final
   norm's input keeps those positions (``hooks.ln_final_in``), so it works on every backend;
 * per-layer *components* for exact single-position computations: the per-head output projection
@@ -110,18 +110,25 @@ class ModelBackend(ABC):
 
         positions: [batch, m] -> [batch, m, vocab].  Active ``hooks`` apply as in :meth:`logits`.
         """
-        pos = positions.to(torch.long)
-        if not final_norm_takes_rows(self.facts.model_type):  # GPT-2: full logits, then the rows
-            lg = self.logits(input_ids, attention_mask)  # [batch, pos, vocab]
-            rows = torch.arange(lg.shape[0], device=lg.device)[:, None]
-            return lg[rows, pos.to(lg.device)]
+        return self.run_with_cache_at(input_ids, attention_mask, [], positions)[0]
 
-        def keep(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model] -> [batch, m, d_model]
+    def run_with_cache_at(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                          names: Sequence[HookName], positions: torch.Tensor
+                          ) -> tuple[torch.Tensor, dict[HookName, torch.Tensor]]:
+        """:meth:`run_with_cache` with the logits at ``positions[i]`` of row i only, as in :meth:`logits_at`.
+
+        positions: [batch, m] -> ([batch, m, vocab], the named activations)."""
+        pos = positions.to(torch.long)
+
+        def rows_at(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, ...] -> [batch, m, ...]
             rows = torch.arange(act.shape[0], device=act.device)[:, None]
             return act[rows, pos.to(act.device)]
 
-        with self.hooks([(hook_names.ln_final_in(), keep)]):
-            return self.logits(input_ids, attention_mask)
+        if not final_norm_takes_rows(self.facts.model_type):  # GPT-2: full logits, then the rows
+            lg, cache = self.run_with_cache(input_ids, attention_mask, names)  # [batch, pos, vocab]
+            return rows_at(lg), cache
+        with self.hooks([(hook_names.ln_final_in(), rows_at)]):
+            return self.run_with_cache(input_ids, attention_mask, names)
 
     def end_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                    end: torch.Tensor) -> torch.Tensor:

@@ -180,12 +180,13 @@ def path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_s
     prob_o, head_prob, mlp_prob = [], [], []
     chunks = pair_batches(backend, pairs, batch_size)
     for ci, b in enumerate(chunks):
-        P, rows, end, at_end = len(b.pairs), b.rows, b.end, b.at_end
+        P, end, at_end = len(b.pairs), b.end, b.at_end
         answer = b.answer.to(backend.device)
-        lg_r, c_r = backend.run_with_cache(b.ref, b.mask, ref_names)
-        _, c_c = backend.run_with_cache(b.cf, b.mask, cf_names)
+        at = end.reshape(-1, 1)  # only END is unembedded: the chains below read the rest
+        lg_r, c_r = backend.run_with_cache_at(b.ref, b.mask, ref_names, at)
+        _, c_c = backend.run_with_cache_at(b.cf, b.mask, cf_names, at)
 
-        lo = lg_r[rows, end.to(lg_r.device)].float()  # [P, vocab]
+        lo = lg_r[:, 0].float()  # [P, vocab]
         logit_o.append(lo[torch.arange(P), answer].cpu())
         if with_prob:
             prob_o.append(torch.softmax(lo, -1)[torch.arange(P), answer].cpu())
@@ -231,10 +232,18 @@ def path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_s
                        torch.cat(mlp_prob) if with_prob else None)
 
 
+#: END vectors per MLP call on a CPU: with 1,024 rows the [rows, d_mlp] intermediates stay in cache and
+#: the MLP runs about 1.3x faster than on all of a layer's ~10,000 chains at once (GPUs take them all).
+CPU_MLP_ROWS = 1024
+
+
 def _mlp(backend: ModelBackend, layer: int, x: torch.Tensor) -> torch.Tensor:
     """MLP branch on a [P, n, d_model] stack of END residual vectors."""
     P, n, d = x.shape
-    return backend.mlp_branch(layer, x.reshape(P * n, d)).reshape(P, n, d)
+    flat = x.reshape(P * n, d)
+    step = CPU_MLP_ROWS if flat.device.type == "cpu" else max(1, flat.shape[0])
+    out = [backend.mlp_branch(layer, flat[s:s + step]) for s in range(0, flat.shape[0], step)]
+    return torch.cat(out).reshape(P, n, d)
 
 
 def _answer_probs(backend: ModelBackend, x: torch.Tensor, answer: torch.Tensor, rows: int = 512) -> torch.Tensor:
