@@ -32,6 +32,16 @@ def test_info_prints_model_facts(cache_file):
     assert len(facts["fingerprint"]) >= 16
 
 
+def test_exit_status_survives_the_early_process_end(cache_file, tmp_path):
+    """``python -m engine`` ends the process right after the exit handlers (engine/__main__.py): the
+    status is still argparse's for --help, and a file a command wrote is complete."""
+    assert run_cli("--help", cache=cache_file).returncode == 0
+    assert run_cli("patch", "--help", cache=cache_file).returncode == 0
+    out = tmp_path / "pairs.jsonl"
+    r = run_cli("prompts", "--model", "organism", "--op", "add", "--n", "20", "--out", str(out), cache=cache_file)
+    assert r.returncode == 0 and len(out.read_text().splitlines()) == json.loads(r.stdout)["kept"] > 0
+
+
 def test_prompts_jsonl_reproduces_right_answers(cache_file, tmp_path):
     out = tmp_path / "pairs.jsonl"
     r = run_cli("prompts", "--model", "organism", "--op", "all", "--n", "30", "--seed", "3",
