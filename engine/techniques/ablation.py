@@ -30,7 +30,7 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn, current_check
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import length_chunks, pad, pad_id
+from engine.techniques.batching import TOKENS_PER_PASS, length_chunks, pad, pad_id
 
 ALL = "*"
 
@@ -228,7 +228,6 @@ def knocked_out(backend: ModelBackend, ko: Knockout, means: MeanActivations,
         yield
 
 
-DEFAULT_TOKENS_PER_PASS = 4096  # rows x width of one batched knockout pass (END-only logits)
 CALL_MACS_PER_LAYER = 15e6  # a forward call's fixed cost (hook dispatch, per layer), in multiply-accumulates
 
 
@@ -254,7 +253,7 @@ def distinct_knockouts(kos: Sequence[Knockout], n_layers: int, n_heads: int) -> 
 @torch.no_grad()
 def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequence[Knockout],
                         means: MeanActivations, *, sets_per_pass: int | None = None,
-                        tokens_per_pass: int = DEFAULT_TOKENS_PER_PASS,
+                        tokens_per_pass: int = TOKENS_PER_PASS,
                         progress: ProgressFn | None = None) -> list[float]:
     """First-token accuracy of the reference prompts under each knockout of ``kos``.
 

@@ -106,6 +106,11 @@ def pair_batches(backend, pairs: Sequence[PromptPair], batch_size: int) -> list[
     return out
 
 
+#: cached positions x rows of one batched pass (END-only logits): knockouts, head -> head rows and
+#: layer x position cells all fill their passes up to this many token positions
+TOKENS_PER_PASS = 4096
+
+
 def length_chunks(pairs: Sequence[PromptPair], tokens_per_pass: int) -> list[list[int]]:
     """Indices of ``pairs`` in chunks of equal prompt length (so no padding), each chunk at most
     ``tokens_per_pass`` tokens (one prompt at least)."""

@@ -42,7 +42,7 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import check_pairs, length_chunks
+from engine.techniques.batching import TOKENS_PER_PASS, check_pairs, length_chunks
 from engine.techniques.patch_rows import PatchRun, at_end, patch_rows, prepare, replace
 from engine.techniques.patching import PatchingRaw, Sender, SenderValue, sender_edits, sender_hooks, summarize
 from engine.techniques.patching import cli as patching_cli
@@ -121,10 +121,6 @@ def head_path_patching_reference(backend: ModelBackend, pairs: Sequence[PromptPa
     patched = patch_rows(backend, run, senders, lambda grp: edits(run, grp), rows_per_pass=rows_per_pass,
                          progress=progress)  # [S, P]
     return _raw(backend, pairs, receiver, senders, patched, run.logit_o)
-
-
-#: cached positions x rows of one END-only pass (the keys and values each row attends to)
-TOKENS_PER_PASS = 4096
 
 
 def _check_receiver(backend: ModelBackend, receiver: Receiver) -> None:

@@ -36,7 +36,7 @@ from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import check_pairs, length_chunks
+from engine.techniques.batching import TOKENS_PER_PASS, check_pairs, length_chunks
 from engine.techniques.patch_rows import PatchRun, Slot, from_position, patch_rows, prepare, take
 
 METHOD = "layer_position_patching"
@@ -97,10 +97,6 @@ def layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], 
                 valid = run.end - rel >= 0
                 patched[torch.tensor(idx)[valid], layer, rel] = v[valid]
     return PositionRaw(list(pairs), logit_o, logit_c, patched)
-
-
-#: cached positions x rows of one pass when cells continue X_r's keys and values
-TOKENS_PER_PASS = 4096
 
 
 def _cells(run: PatchRun, names: Sequence[HookName], patched: torch.Tensor, idx: list[int]) -> list[tuple[int, int]]:

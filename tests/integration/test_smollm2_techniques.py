@@ -155,9 +155,9 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
     import torch
 
     from engine.backends.base import WorkMeter
-    from engine.techniques.ablation import DEFAULT_TOKENS_PER_PASS, curve_knockouts, knockout_curve
+    from engine.techniques.ablation import curve_knockouts, knockout_curve
     from engine.techniques.accuracy import score_pairs
-    from engine.techniques.batching import length_chunks
+    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
     ps, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add", "mul"), n=4, seed=1))
     for p in ps:  # the digit position: END is the last prompt token, the answer starts with a digit token
         answer = smol.tokenizer.decode(p.answer_ids).strip()
@@ -180,7 +180,7 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
     sets = [ko for _, t, r in curve_knockouts(L, H, ranked, k_max=3, draws=2) for ko in [t, *r]]
     smol.meter = WorkMeter()
     new = knockout_curve(smol, right, ranked, means, k_max=3, draws=2, sets_per_pass=1)
-    n_chunks = len(length_chunks(right, DEFAULT_TOKENS_PER_PASS))
+    n_chunks = len(length_chunks(right, TOKENS_PER_PASS))
     assert smol.meter.forward_calls == n_chunks * len({frozenset(ko.heads) for ko in sets}) == n_chunks * (3 * 3 + 1)
     from tests.helpers.references import knockout_curve_full_logits
     assert new == knockout_curve_full_logits(smol, right, ranked, means, k_max=3, draws=2)

@@ -22,7 +22,6 @@ from engine.backends import open_model
 from engine.backends.base import WorkMeter
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.ablation import (
-    DEFAULT_TOKENS_PER_PASS,
     Knockout,
     curve_knockouts,
     knockout_accuracies,
@@ -30,7 +29,7 @@ from engine.techniques.ablation import (
     mean_activations,
 )
 from engine.techniques.accuracy import keep_correct, score_pairs
-from engine.techniques.batching import length_chunks, pad, pad_id
+from engine.techniques.batching import TOKENS_PER_PASS, length_chunks, pad, pad_id
 from tests.helpers.references import knockout_accuracy_full_logits, knockout_curve_full_logits
 
 
@@ -84,7 +83,7 @@ def test_knockout_curve_forward_calls_equal_distinct_sets(organism, pairs, k_max
     finally:
         if handle is not None:
             handle.remove()
-    chunks = length_chunks(pairs, DEFAULT_TOKENS_PER_PASS)  # prompts of equal length: no padding
+    chunks = length_chunks(pairs, TOKENS_PER_PASS)  # prompts of equal length: no padding
     assert 1 < len(chunks) == len({len(p.ref_ids) for p in pairs})
     assert organism.meter.forward_calls == len(chunks) * math.ceil(distinct / per_pass)
     assert organism.meter.body_tokens == sum(len(p.ref_ids) for p in pairs) * distinct
