@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -189,6 +191,37 @@ def _drop_gguf_quantizer(model: "PreTrainedModel", resolved: ResolvedSpec) -> No
             del cfg.quantization_config
 
 
+_GGUF_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """Within the block, one parse of a GGUF file serves the config, the tokenizer and the weights.
+
+    transformers 5.23 builds a new ``gguf.GGUFReader`` for each of the three (each parses every
+    metadata field: 3.4 s apiece for SmolLM2's 49,152-token vocabulary and its merges) and a new
+    ``gguf.TensorNameMap`` for every module it maps (397 for SmolLM2: 4.6 s).  Both are read-only once
+    built, and transformers imports them from ``gguf`` at call time, so within the block it gets
+    memoized ones; the lock keeps two loads from stacking the swap."""
+    import gguf
+
+    with _GGUF_LOCK:
+        make_reader, make_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers: dict[tuple[str, str], Any] = {}
+
+        def reader(path: Any, mode: str = "r") -> Any:
+            key = (os.fspath(path), mode)
+            if key not in readers:
+                readers[key] = make_reader(path, mode)
+            return readers[key]
+
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(make_name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, make_name_map
+
+
 @contextlib.contextmanager
 def _tokenizer_used_as_is(tokenizer: "PreTrainedTokenizerBase") -> Iterator[None]:
     """Keep TransformerBridge from swapping the tokenizer.
@@ -249,19 +282,8 @@ def load_model(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None =
     with gradients enabled (fine-tuning works on ``hf_model`` / ``bridge`` directly).  Raises
     ModelLoadError on any failure.
     """
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()  # no "Loading weights" bars in the CLI's output or the server log
-    dtype_name, torch_dtype = _parse_dtype(dtype)
-    placement = parse_placement(device, device_map, max_memory, offload_folder)
-    resolved = resolve_spec(spec)
-    config = load_config(resolved)  # hub ids while offline: local HF cache only, else a clear error
-    architecture = check_architecture(config)
-    tokenizer = load_tokenizer(resolved)
-    hf_model = _load_hf_model(resolved, config, torch_dtype, placement)
-    dev = place(hf_model, placement)
-    facts = model_facts(resolved, architecture, hf_model, dtype_name, dev)
-    bridge = _boot_bridge(resolved, hf_model, tokenizer, dev, torch_dtype)
-    return LoadedModel(bridge=bridge, hf_model=hf_model, tokenizer=tokenizer, facts=facts)
+    return bridge_plain(load_plain(spec, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory,
+                                   offload_folder=offload_folder))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -291,14 +313,15 @@ def load_plain(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None =
     """Load ``spec`` as a plain HF causal LM (eval mode, on ``device`` or spread by ``device_map``,
     see ``load_model``); raises ModelLoadError."""
     from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars in the CLI's output or the server log
     dtype_name, torch_dtype = _parse_dtype(dtype)
     placement = parse_placement(device, device_map, max_memory, offload_folder)
     resolved = resolve_spec(spec)
-    config = load_config(resolved)
-    architecture = check_architecture(config)
-    tokenizer = load_tokenizer(resolved)
-    hf_model = _load_hf_model(resolved, config, torch_dtype, placement)
+    with _gguf_parsed_once() if resolved.kind is SourceKind.GGUF else contextlib.nullcontext():
+        config = load_config(resolved)  # hub ids while offline: local HF cache only, else a clear error
+        architecture = check_architecture(config)
+        tokenizer = load_tokenizer(resolved)
+        hf_model = _load_hf_model(resolved, config, torch_dtype, placement)
     dev = place(hf_model, placement)
     return PlainModel(hf_model=hf_model, tokenizer=tokenizer, resolved=resolved,
                       architecture=architecture, dtype=dtype_name, device=str(dev))

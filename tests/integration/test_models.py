@@ -512,6 +512,34 @@ def test_smollm2_fingerprint_fast_and_equal_to_plain(smollm2, smollm2_ref):
 
 @pytest.mark.realmodel
 @pytest.mark.slow
+def test_smollm2_gguf_is_parsed_once_and_gguf_restored(smollm2_file, monkeypatch):
+    """transformers parses a GGUF for the config, the tokenizer and the weights; the lab's load hands
+    it one parse (load.py ``_gguf_parsed_once``) and leaves the gguf module as it found it.  That the
+    weights are the same is ``test_smollm2_fingerprint_fast_and_equal_to_plain`` (plain transformers)."""
+    import gguf
+
+    from engine.models.load import load_plain
+
+    parses = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    name_map = gguf.get_tensor_name_map
+    plain = load_plain(str(smollm2_file), device="cpu")
+    assert len(parses) == 1
+    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is name_map
+    assert plain.tokenizer("12 + 7 =").input_ids == smollm2_helper_tokenizer(smollm2_file)("12 + 7 =").input_ids
+
+
+def smollm2_helper_tokenizer(smollm2_file):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(smollm2_file.parent, gguf_file=smollm2_file.name, local_files_only=True)
+
+
 def test_smollm2_saved_as_safetensors_keeps_fingerprint(smollm2, tmp_path):
     out = save_model(smollm2, tmp_path / "smollm2")
     start = time.perf_counter()
