@@ -4,7 +4,8 @@ Whole processes on the same model directory, alternated run by run so each pair 
 machine's state (``--runs`` pairs; the table gives medians and the median of the paired ratios):
 
 * **plain** -- ``AutoTokenizer.from_pretrained`` + ``AutoModelForCausalLM.from_pretrained(dtype=float32)``
-  + ``eval()`` (safetensors are mapped lazily: no weight is read until the first forward pass);
+  + ``eval()`` (safetensors are mapped lazily: no weight is read until the first forward pass; a
+  ``.gguf`` file is read and de-quantized, as the lab does);
 * **lab** -- ``python -m engine info``: the same load, the weights fingerprint (every weight read and
   hashed), the TransformerBridge, the facts printed as JSON.
 
@@ -28,9 +29,12 @@ import time
 from pathlib import Path
 
 PLAIN = ("import sys, torch\n"
+         "from pathlib import Path\n"
          "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-         "AutoTokenizer.from_pretrained(sys.argv[1])\n"
-         "AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()\n")
+         "p = Path(sys.argv[1])\n"
+         "where, kw = (p.parent, {'gguf_file': p.name}) if p.suffix == '.gguf' else (p, {})\n"
+         "AutoTokenizer.from_pretrained(where, **kw)\n"
+         "AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).eval()\n")
 
 
 def timed(cmd: list[str]) -> float:
@@ -59,7 +63,7 @@ def phases(spec: str) -> dict[str, float]:
     from engine.techniques.batching import pad, pad_id
     t = time.perf_counter()
     plain = load_plain(spec, device="cpu")
-    out["plain load (config, tokenizer, mapped weights)"] = time.perf_counter() - t
+    out["plain load (config, tokenizer, weights: mapped, or read and de-quantized)"] = time.perf_counter() - t
     t = time.perf_counter()
     weights_fingerprint(plain.hf_model)
     out["weights fingerprint (BLAKE3)"] = time.perf_counter() - t
