@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.peers import timed
+
 PLAIN = ("import sys, torch\n"
          "from pathlib import Path\n"
          "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
@@ -35,14 +37,6 @@ PLAIN = ("import sys, torch\n"
          "where, kw = (p.parent, {'gguf_file': p.name}) if p.suffix == '.gguf' else (p, {})\n"
          "AutoTokenizer.from_pretrained(where, **kw)\n"
          "AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw).eval()\n")
-
-
-def timed(cmd: list[str]) -> float:
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[:5])} ... failed:\n{r.stderr[-2000:]}")
-    return time.perf_counter() - t0
 
 
 def phases(spec: str) -> dict[str, float]:
