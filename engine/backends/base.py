@@ -201,6 +201,20 @@ class ModelBackend(ABC):
         return torch.device(self.facts.device)
 
 
+#: Rows per call of a component on a CPU: with 1,024 END vectors the MLP's [rows, d_mlp] intermediates stay
+#: in cache, about 1.3x faster than a layer's ~10,000 path-patching chains at once (a GPU takes them all).
+CPU_COMPONENT_ROWS = 1024
+
+
+def in_cpu_chunks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``fn`` over the rows of ``x`` [n, d_model], ``CPU_COMPONENT_ROWS`` at a time when it runs on a CPU
+    (``device``: where the component's weights are), all at once elsewhere."""
+    step = CPU_COMPONENT_ROWS
+    if device.type != "cpu" or x.shape[0] <= step:
+        return fn(x)
+    return torch.cat([fn(x[s:s + step]) for s in range(0, x.shape[0], step)])
+
+
 def select_rows(cache, rows: torch.Tensor, start: int | None = None):
     """A copy of a Hugging Face KV cache holding the first ``start`` positions (default all) of prompt
     ``rows[i]`` in row i (the original is left as it is)."""

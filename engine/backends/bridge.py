@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-from engine.backends.base import HookFn, ModelBackend, select_rows
+from engine.backends.base import HookFn, ModelBackend, in_cpu_chunks, select_rows
 from engine.models.load import LoadedModel
 
 
@@ -84,9 +84,13 @@ class BridgeBackend(ModelBackend):
 
     def mlp_branch(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         block = self.bridge.blocks[layer]
+        dev = _module_device(block.ln2, x.device)
+
+        def branch(rows: torch.Tensor) -> torch.Tensor:  # [n, d_model] -> [n, d_model]
+            return block.mlp(block.ln2(rows[:, None, :].to(dev)))[:, 0, :].to(x.device)
+
         with self._lock:  # the components carry hook points too
-            h = x[:, None, :].to(_module_device(block.ln2, x.device))
-            return block.mlp(block.ln2(h))[:, 0, :].to(x.device)
+            return in_cpu_chunks(branch, x, dev)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         with self._lock:

@@ -62,7 +62,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from engine.backends.base import HookFn, ModelBackend, select_rows
+from engine.backends.base import HookFn, ModelBackend, in_cpu_chunks, select_rows
 from engine.backends.hooks import HookName
 from engine.backends.layouts import Layout, layout_for
 from engine.models.facts import ModelFacts
@@ -456,15 +456,18 @@ class NnsightBackend(ModelBackend):
         """x -> module_n(...module_1(x)) for residual vectors x [n, d_model] (shape [n, 1, d] inside)."""
         if self.remote:
             return self._remote_apply(paths, x)
-        h = x[:, None, :]
-        with self._lock:
+
+        def apply(rows: torch.Tensor) -> torch.Tensor:  # [n, d_model] -> [n, d_model]
+            h = rows[:, None, :]
             for path in paths:
                 module = self.hf_model.get_submodule(path)
                 with _materialized(self.hf_model, path):
-                    dev = _execution_device(self.hf_model, path)
-                    h = module(h.to(dev))
+                    h = module(h.to(_execution_device(self.hf_model, path)))
                 h = h[0] if isinstance(h, tuple) else h
-        return h[:, 0, :].to(x.device)
+            return h[:, 0, :].to(x.device)
+
+        with self._lock:
+            return in_cpu_chunks(apply, x, _execution_device(self.hf_model, paths[0]))
 
     def _dummy(self) -> torch.Tensor:
         tok = self.tokenizer

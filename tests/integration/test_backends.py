@@ -24,6 +24,7 @@ import torch
 
 from engine.backends import hooks as H
 from engine.backends import open_model
+from engine.backends.base import CPU_COMPONENT_ROWS
 from engine.models.fingerprint import weights_fingerprint
 from engine.models.spec import ModelLoadError
 from engine.prompts.promptsets import PromptSetSpec, generate
@@ -80,6 +81,12 @@ def check_activations_and_components(bridge, nns, vocab_ids: list[int]) -> None:
             assert close(nns.W_O(layer), bridge.W_O(layer)), layer
             assert close(nns.mlp_branch(layer, x), bridge.mlp_branch(layer, x)), layer
         assert close(nns.final_norm(x), bridge.final_norm(x))
+        # more rows than one CPU call takes: the chunks come back whole and in order
+        big = torch.randn(2 * CPU_COMPONENT_ROWS + 7, bridge.facts.d_model, generator=torch.Generator().manual_seed(1))
+        for backend in (bridge, nns):
+            whole = backend.mlp_branch(0, big)
+            parts = torch.cat([backend.mlp_branch(0, big[s:s + 500]) for s in range(0, len(big), 500)])
+            assert whole.shape == big.shape and close(whole, parts), backend.name
     (wn, bn), (wb, bb) = nns.unembed(), bridge.unembed()
     assert close(wn, wb) and (bn is None) == (bb is None)
     check_continuation(bridge, nns, vocab_ids)
