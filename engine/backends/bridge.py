@@ -93,9 +93,10 @@ class BridgeBackend(ModelBackend):
             return in_cpu_chunks(branch, x, dev)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.bridge.ln_final
+        dev = _module_device(norm, x.device)
         with self._lock:
-            h = x[:, None, :].to(_module_device(self.bridge.ln_final, x.device))
-            return self.bridge.ln_final(h)[:, 0, :].to(x.device)
+            return in_cpu_chunks(lambda rows: norm(rows[:, None, :].to(dev))[:, 0, :].to(x.device), x, dev)
 
     def unembed(self):
         with _aligned(self.bridge.unembed):
