@@ -532,14 +532,13 @@ def test_smollm2_gguf_is_parsed_once_and_gguf_restored(smollm2_file, monkeypatch
     plain = load_plain(str(smollm2_file), device="cpu")
     assert len(parses) == 1
     assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is name_map
-    assert plain.tokenizer("12 + 7 =").input_ids == smollm2_helper_tokenizer(smollm2_file)("12 + 7 =").input_ids
-
-
-def smollm2_helper_tokenizer(smollm2_file):
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(smollm2_file.parent, gguf_file=smollm2_file.name, local_files_only=True)
+    reference = AutoTokenizer.from_pretrained(smollm2_file.parent, gguf_file=smollm2_file.name, local_files_only=True)
+    assert plain.tokenizer("12 + 7 =").input_ids == reference("12 + 7 =").input_ids
 
 
+@pytest.mark.realmodel
+@pytest.mark.slow
 def test_smollm2_saved_as_safetensors_keeps_fingerprint(smollm2, tmp_path):
     out = save_model(smollm2, tmp_path / "smollm2")
     start = time.perf_counter()
