@@ -33,7 +33,12 @@ def open_model(spec: str = "organism", *, device: str | None = None, dtype: str 
             if device is not None or device_map is not None:
                 raise ModelLoadError("a remote model runs on NDIF's GPUs: drop --device / --device-map")
             return nnsight_backend.open_remote(spec, host=ndif_host)  # NDIF picks the dtype; facts say which
-        return nnsight_backend.open_local(spec, device=device, dtype=dtype, device_map=device_map,
-                                          max_memory=max_memory, offload_folder=offload_folder, remote=remote)
-    return BridgeBackend(load_model(spec, device=device, dtype=dtype, device_map=device_map,
-                                    max_memory=max_memory, offload_folder=offload_folder))
+        opened: ModelBackend = nnsight_backend.open_local(spec, device=device, dtype=dtype, device_map=device_map,
+                                                          max_memory=max_memory, offload_folder=offload_folder,
+                                                          remote=remote)
+    else:
+        opened = BridgeBackend(load_model(spec, device=device, dtype=dtype, device_map=device_map,
+                                          max_memory=max_memory, offload_folder=offload_folder))
+    opened.check_end_rows()  # also: a model the backend cannot run at all is refused here, in one line
+    opened.check_shapes()
+    return opened

@@ -9,9 +9,11 @@ which offers exactly what the paper's methods need --
 * ``logits_at`` / ``end_logits`` / ``run_with_cache_at`` -- the final norm and the unembedding at chosen positions only
   (the END row of each prompt), never the full ``[batch, pos, vocab]`` tensor: an edit of the final
   norm's input keeps those positions (``hooks.ln_final_in``), so it works on every backend;
-* per-layer *components* for exact single-position computations: the per-head output projection
-  W_O, the MLP branch (its norm included) and the final norm + unembedding.  Fast path patching
-  (:mod:`engine.techniques.patching`) chains these at the END position only.
+* per-layer *components* for exact single-position computations, after the block model of
+  :mod:`engine.backends.layouts`: the per-head output projection W_O, the attention branch (a post-attention
+  norm and a residual scale, the identity on most models), the MLP branch (its norms and scale included),
+  the final norm, the unembedding and the transform a model applies to its logits (a soft cap, a scale).
+  The exact END chains (:mod:`engine.techniques.end_chain`) compose these at the END position only.
 
 ``open_model(spec, backend="bridge" | "nnsight")`` is the one entry point the CLI and pages use:
 ``bridge`` is TransformerBridge (transformer-lens 4), ``nnsight`` the nnsight wrapper of the plain
@@ -33,10 +35,19 @@ import torch
 
 from engine.backends import hooks as hook_names
 from engine.backends.hooks import HookName
-from engine.backends.layouts import final_norm_takes_rows
+from engine.backends.layouts import LogitTransform, final_norm_takes_rows
 from engine.models.facts import ModelFacts
 
 HookFn = Callable[[torch.Tensor], torch.Tensor | None]
+
+
+class MissingActivation(KeyError, ValueError):
+    """A technique asked for an activation this model (or this backend) does not have: the message says which.
+
+    A ValueError too, so the CLI and the pages report it in one line like any other bad request."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
 
 BACKENDS: tuple[str, ...] = ("bridge", "nnsight")
 
@@ -124,11 +135,75 @@ class ModelBackend(ABC):
             rows = torch.arange(act.shape[0], device=act.device)[:, None]
             return act[rows, pos.to(act.device)]
 
-        if not final_norm_takes_rows(self.facts.model_type):  # GPT-2: full logits, then the rows
+        if not self.end_rows_ok():  # GPT-2, GPT-J: full logits, then the rows
             lg, cache = self.run_with_cache(input_ids, attention_mask, names)  # [batch, pos, vocab]
             return rows_at(lg), cache
         with self.hooks([(hook_names.ln_final_in(), rows_at)]):
             return self.run_with_cache(input_ids, attention_mask, names)
+
+    def end_rows_ok(self) -> bool:
+        """Whether the final norm and the unembedding may run on a few positions of each row.
+
+        The table says no for the architectures known to reshape the final norm's output to the input's
+        length (GPT-2, GPT-J); any other is checked once when it is opened (:meth:`check_end_rows`)."""
+        if not final_norm_takes_rows(self.facts.model_type):
+            return False
+        return bool(self.__dict__.get("_end_rows", True))
+
+    @torch.no_grad()
+    def check_shapes(self) -> None:
+        """ModelLoadError unless the activations the techniques read and patch have the shapes of
+        :mod:`engine.backends.hooks` on a short batch (a model whose hooks merge positions or heads cannot be
+        patched at a position), and unless the model is causal (an encoder's earlier positions see later ones)."""
+        from engine.models.spec import ModelLoadError
+        f = self.facts
+        ids = (torch.arange(10) * 5 + 2).remainder(max(1, f.vocab_size)).reshape(2, 5)  # [2, 5]
+        want = {hook_names.resid_pre(0): (2, 5, f.d_model), hook_names.attn_z(0): (2, 5, f.n_heads, f.d_head),
+                hook_names.attn_proj_out(0): (2, 5, f.d_model), hook_names.attn_out(0): (2, 5, f.d_model),
+                hook_names.mlp_out(0): (2, 5, f.d_model), hook_names.resid_post(0): (2, 5, f.d_model),
+                hook_names.attn_pattern(0): (2, f.n_heads, 5, 5)}
+        try:
+            _, cache = self.run_with_cache(ids, None, list(want))
+        except KeyError as e:  # a hook point the adapter declares but the model never reaches
+            raise ModelLoadError(f"{e} -- the lab reads every layer's residual stream, heads and MLP, so it cannot "
+                                 f"study this architecture exactly") from None
+        late = ids.clone()
+        late[:, -1] = (late[:, -1] + 1).remainder(max(1, f.vocab_size))  # only the last token differs
+        if not torch.allclose(self.logits(late)[:, :-1], self.logits(ids)[:, :-1], rtol=1e-4, atol=1e-5):
+            raise ModelLoadError(f"{f.architecture} cannot be studied here: its attention is not causal (a later token "
+                                 f"changes the logits of earlier positions) -- the lab reads a causal LM's next-token "
+                                 f"prediction at the last position")
+        bad = {str(n): tuple(cache[n].shape) for n, shape in want.items() if tuple(cache[n].shape) != shape}
+        if bad:
+            name, shape = next(iter(bad.items()))
+            raise ModelLoadError(f"{f.architecture} cannot be studied exactly here: its activation {name} has shape "
+                                 f"{shape} on a [2, 5] batch, not {want[hook_names.HookName(name)]} -- the lab places "
+                                 f"its patches by (prompt, position), and this model's layers do not keep them apart")
+
+    @torch.no_grad()
+    def check_end_rows(self) -> bool:
+        """The END-only logits checked on a short input: the last position's logits computed that way must
+        equal a full forward pass's, else (or if the model fails on it) every later call computes full
+        logits.  Run once, with no hooks active (``open_model`` does)."""
+        if not final_norm_takes_rows(self.facts.model_type):
+            return False
+        ids = (torch.arange(6) * 7 + 3).remainder(max(1, self.facts.vocab_size))[None]  # [1, 6]
+        try:
+            want = self.logits(ids)[0, -1].float()
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as e:
+            from engine.models.spec import ModelLoadError
+            raise ModelLoadError(f"{self.facts.architecture} cannot be studied here: the {self.name} backend cannot "
+                                 f"run a forward pass of it ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                                 ) from None
+        try:  # (a model without a final norm: no hook to cut at, full logits)
+            with self.hooks([(hook_names.ln_final_in(), lambda act: act[:, -1:])]):
+                got = self.logits(ids)
+            ok = got.shape[1] == 1 and bool(torch.allclose(got[0, 0].float(), want, rtol=1e-4,
+                                                           atol=1e-5 * float(want.abs().max()) + 1e-6))
+        except (RuntimeError, ValueError, IndexError, KeyError):  # no final norm hook, a reshape of its output
+            ok = False
+        self._end_rows = ok
+        return ok
 
     def end_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                    end: torch.Tensor) -> torch.Tensor:
@@ -157,8 +232,8 @@ class ModelBackend(ABC):
 
     def last_position_only(self, m: int) -> AbstractContextManager[None]:
         """Within the block, the final norm and the unembedding see only the last of ``m`` new positions
-        (where the architecture allows it, see :func:`final_norm_takes_rows`)."""
-        if m <= 1 or not final_norm_takes_rows(self.facts.model_type):
+        (where the architecture allows it, see :meth:`end_rows_ok`)."""
+        if m <= 1 or not self.end_rows_ok():
             return nullcontext()
         return self.hooks([(hook_names.ln_final_in(), lambda act: act[:, -1:])])  # [n, m, d] -> [n, 1, d]
 
@@ -173,8 +248,20 @@ class ModelBackend(ABC):
         """Per-head output projection. # [head, d_head, d_model]"""
 
     @abstractmethod
+    def attn_branch(self, layer: int, a: torch.Tensor) -> torch.Tensor:
+        """The attention's contribution to the residual stream from its module output ``a`` = o_proj(z)
+        (:func:`engine.backends.hooks.attn_proj_out`): the post-attention norm and the residual scale where
+        the block has them, else ``a`` itself.  # [n, d_model] -> [n, d_model]"""
+
+    @property
+    def attn_branch_is_identity(self) -> bool:
+        """True when :meth:`attn_branch` returns its input (no post-attention norm, no residual scale)."""
+        return False
+
+    @abstractmethod
     def mlp_branch(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        """MLP(norm2(x)) for residual vectors x. # [n, d_model] -> [n, d_model]"""
+        """The MLP's contribution to the residual stream for residual vectors x (the stream it reads):
+        its pre-norm (if any), the MLP, its post-norm (if any), the residual scale.  # [n, d_model] -> [n, d_model]"""
 
     @abstractmethod
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,6 +270,11 @@ class ModelBackend(ABC):
     @abstractmethod
     def unembed(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(W_U # [d_model, vocab], b_U # [vocab] or None)."""
+
+    @property
+    @abstractmethod
+    def logit_transform(self) -> LogitTransform:
+        """What the model does to ``final_norm(x) @ W_U + b_U`` before returning logits (elementwise)."""
 
     def answer_logits(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """Logit of ``token_ids[i]`` for residual vector ``x[i]`` (only those columns are computed).
@@ -194,7 +286,35 @@ class ModelBackend(ABC):
         out = (h * W_U[:, token_ids].T).sum(-1)
         if b_U is not None:
             out = out + b_U[token_ids]
-        return out
+        return self.logit_transform(out)
+
+    def final_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits the model gives for residual vectors ``x`` as its last stream.  # [n, d_model] -> [n, vocab]"""
+        W_U, b_U = self.unembed()
+        lg = self.final_norm(x) @ W_U
+        if b_U is not None:
+            lg = lg + b_U
+        return self.logit_transform(lg)
+
+    def components_fail(self) -> str | None:
+        """None when the exact components run on this model, else why not: W_O, the attention and MLP branches,
+        the final norm and the unembedding are tried once, on a zero vector at layer 0 (a block whose MLP is
+        not a module of its own, or that takes the residual as an argument, cannot be run piece by piece)."""
+        if "_components_fail" not in self.__dict__:
+            f = self.facts
+            try:
+                W_O = self.W_O(0)
+                if tuple(W_O.shape) != (f.n_heads, f.d_head, f.d_model):
+                    raise ValueError(f"W_O has shape {tuple(W_O.shape)}, not (heads, d_head, d_model)")
+                x = torch.zeros(1, f.d_model, dtype=W_O.dtype, device=self.device)
+                for out in (self.attn_branch(0, x), self.mlp_branch(0, x), self.final_norm(x)):
+                    if tuple(out.shape) != (1, f.d_model):
+                        raise ValueError(f"a component returned shape {tuple(out.shape)}")
+                self.unembed()
+                self._components_fail = None
+            except Exception as e:  # noqa: BLE001 - any failure means: not piece by piece
+                self._components_fail = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        return self._components_fail
 
     @property
     def device(self) -> torch.device:

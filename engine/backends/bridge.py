@@ -1,4 +1,10 @@
-"""The TransformerBridge backend (transformer-lens 4): hooks by TransformerLens name on the bridged model."""
+"""The TransformerBridge backend (transformer-lens 4): hooks by TransformerLens name on the bridged model.
+
+Its exact components follow the block model of :mod:`engine.backends.layouts`, read off the bridge's own
+blocks -- TransformerLens's adapter of the architecture names each block's ``ln1_post`` (a post-attention
+norm), ``ln2`` (the MLP's pre-norm; in a parallel block without one the MLP reads ``ln1``), ``ln2_post``
+(a post-MLP norm), its parallel flag, its residual scale (``residual_contribution_scale``, Granite) and the
+transform of the output logits (``adapter.apply_output_logits_transform``)."""
 
 from __future__ import annotations
 
@@ -7,7 +13,9 @@ from contextlib import contextmanager
 
 import torch
 
-from engine.backends.base import HookFn, ModelBackend, in_cpu_chunks, select_rows
+from engine.backends import hooks as hook_names
+from engine.backends.base import HookFn, MissingActivation, ModelBackend, in_cpu_chunks, select_rows
+from engine.backends.layouts import LogitTransform
 from engine.models.load import LoadedModel
 
 
@@ -21,6 +29,7 @@ class BridgeBackend(ModelBackend):
         self.bridge = loaded.bridge
         self.facts = loaded.facts
         self.tokenizer = loaded.tokenizer
+        check_hooks(self.bridge, self.facts)
         # One model object serves every browser session: hooks are global to it, so any forward
         # pass and any hooked block holds this (re-entrant) lock.
         self._lock = threading.RLock()
@@ -34,7 +43,9 @@ class BridgeBackend(ModelBackend):
 
     def run_with_cache(self, input_ids, attention_mask, names):
         kwargs = {} if attention_mask is None else {"attention_mask": attention_mask.to(self.device)}
-        wanted = set(names)
+        asked = list(names)
+        read = [self._alias(n) for n in asked]
+        wanted = set(read)
         with self._lock:
             logits, cache = self.bridge.run_with_cache(input_ids.to(self.device),
                                                        names_filter=lambda n: n in wanted,
@@ -42,9 +53,16 @@ class BridgeBackend(ModelBackend):
         self.meter.record(input_ids, logits)
         missing = wanted - set(cache.keys())
         if missing:
-            raise KeyError(f"the model exposes no activation(s) {sorted(missing)}")
+            raise MissingActivation(f"{self.facts.architecture} exposes no activation(s) {sorted(missing)} (its "
+                                    f"TransformerBridge adapter has no such hook point on this model)")
         # under a device_map each layer's activations sit on its own GPU: gather them
-        return logits.to(self.device), {n: cache[n].detach().to(self.device) for n in names}
+        return logits.to(self.device), {a: cache[n].detach().to(self.device) for a, n in zip(asked, read)}
+
+    def _alias(self, name):
+        """A parallel block's MLP reads the block input: there ``hooks.mlp_in(l)`` is ``hooks.resid_pre(l)``."""
+        if self.parallel_attn_mlp and str(name).endswith(".hook_mlp_in"):
+            return hook_names.resid_pre(int(str(name).split(".")[1]))
+        return name
 
     @contextmanager
     def hooks(self, edits):
@@ -82,15 +100,59 @@ class BridgeBackend(ModelBackend):
         with _aligned(attn):  # offloaded (device_map "cpu"/"disk") weights are meta until aligned
             return attn.W_O.detach().to(self.device)
 
-    def mlp_branch(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+    def block_parts(self, layer: int) -> dict[str, object]:
+        """The block's pieces of the block model: ``attn_post_norm``, ``mlp_pre_norm``, ``mlp_post_norm``
+        (bridge components or None), ``mlp`` and ``scale`` (the residual multiplier)."""
         block = self.bridge.blocks[layer]
-        dev = _module_device(block.ln2, x.device)
+        sub = getattr(block, "submodules", None) or {}
+        pre = sub.get("ln2")
+        if pre is None and self.parallel_attn_mlp:
+            pre = sub.get("ln1")  # GPT-J, Cohere, Phi: one norm feeds the attention and the MLP
+        return {"attn_post_norm": sub.get("ln1_post"), "mlp_pre_norm": pre, "mlp_post_norm": sub.get("ln2_post"),
+                "mlp": sub.get("mlp"), "scale": float(getattr(block, "residual_contribution_scale", 1.0))}
+
+    @property
+    def attn_branch_is_identity(self) -> bool:
+        if "_identity" not in self.__dict__:
+            parts = [self.block_parts(layer) for layer in range(self.facts.n_layers)]
+            self._identity = all(p["attn_post_norm"] is None and p["scale"] == 1.0 for p in parts)
+        return self._identity
+
+    def attn_branch(self, layer: int, a: torch.Tensor) -> torch.Tensor:
+        parts = self.block_parts(layer)
+        norm, scale = parts["attn_post_norm"], parts["scale"]
+        if norm is None and scale == 1.0:
+            return a
+        dev = _module_device(norm, a.device) if norm is not None else a.device
 
         def branch(rows: torch.Tensor) -> torch.Tensor:  # [n, d_model] -> [n, d_model]
-            return block.mlp(block.ln2(rows[:, None, :].to(dev)))[:, 0, :].to(x.device)
+            h = rows[:, None, :].to(dev)
+            h = _first(norm(h)) if norm is not None else h
+            return (h * scale if scale != 1.0 else h)[:, 0, :].to(a.device)
+
+        with self._lock:
+            return in_cpu_chunks(branch, a, dev)
+
+    def mlp_branch(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        parts = self.block_parts(layer)
+        pre, mlp, post, scale = parts["mlp_pre_norm"], parts["mlp"], parts["mlp_post_norm"], parts["scale"]
+        dev = _module_device(pre if pre is not None else mlp, x.device)
+
+        def branch(rows: torch.Tensor) -> torch.Tensor:  # [n, d_model] -> [n, d_model]
+            h = rows[:, None, :].to(dev)
+            if pre is not None:
+                h = _first(pre(h))
+            h = _first(mlp(h))
+            if post is not None:
+                h = _first(post(h))
+            return (h * scale if scale != 1.0 else h)[:, 0, :].to(x.device)
 
         with self._lock:  # the components carry hook points too
             return in_cpu_chunks(branch, x, dev)
+
+    @property
+    def logit_transform(self) -> LogitTransform:
+        return _AdapterTransform(self.bridge.adapter)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         norm = self.bridge.ln_final
@@ -105,6 +167,42 @@ class BridgeBackend(ModelBackend):
             if b_U is not None and not bool(b_U.any()):
                 b_U = None
             return W_U, (None if b_U is None else b_U.detach().to(self.device))
+
+
+#: what every layer must expose for the lab's techniques to be exact: (hook name builder, what it is)
+REQUIRED_HOOKS = ((hook_names.attn_z, "per-head attention outputs"), (hook_names.attn_proj_out, "attention output"),
+                  (hook_names.attn_out, "attention contribution to the residual stream"),
+                  (hook_names.mlp_out, "MLP contribution to the residual stream"),
+                  (hook_names.resid_pre, "residual stream"), (hook_names.attn_pattern, "attention pattern"))
+
+
+def check_hooks(bridge, facts) -> None:
+    """ModelLoadError, up front, unless every layer of the bridged model exposes :data:`REQUIRED_HOOKS`
+    (a state-space or hybrid layer has no heads; some adapters expose no per-head output)."""
+    from engine.models.spec import ModelLoadError
+    have = set(getattr(bridge, "hook_dict", {}))
+    for build, what in REQUIRED_HOOKS:
+        missing = [layer for layer in range(facts.n_layers) if build(layer) not in have]
+        if missing:
+            layers = ", ".join(map(str, missing[:6])) + (" ..." if len(missing) > 6 else "")
+            raise ModelLoadError(f"{facts.architecture} cannot be studied exactly here: TransformerBridge exposes no "
+                                 f"{what} ({build(missing[0])}) in layer(s) {layers} -- the lab patches attention "
+                                 f"heads and MLPs, and not all of this architecture's layers have them")
+
+
+class _AdapterTransform(LogitTransform):
+    """The bridge adapter's ``apply_output_logits_transform`` (its own account of the architecture)."""
+
+    def __init__(self, adapter) -> None:
+        object.__setattr__(self, "adapter", adapter)
+
+    def __call__(self, lg):
+        return self.adapter.apply_output_logits_transform(lg)
+
+
+def _first(out):
+    """A module's tensor output (MoE MLPs return (hidden, router logits))."""
+    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 def _original(module: torch.nn.Module) -> torch.nn.Module:

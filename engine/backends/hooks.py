@@ -18,7 +18,8 @@ Shapes (``n_kv_heads < n_heads`` for grouped-query attention)::
     attn_pattern(l)         # [batch, head, q_pos, k_pos]     post-softmax
     attn_z(l)               # [batch, pos, head, d_head]      per-head output before W_O
     attn_result(l)          # [batch, pos, head, d_model]     per-head output after W_O   (flag)
-    attn_out(l)             # [batch, pos, d_model]           attention output (sum over heads)
+    attn_proj_out(l)        # [batch, pos, d_model]           the attention module's output: o_proj(z)
+    attn_out(l)             # [batch, pos, d_model]           the attention's contribution to the stream
     q_input(l)              # [batch, pos, head, d_model]     per-head query input        (flag)
     k_input(l), v_input(l)  # [batch, pos, kv_head, d_model]  per-kv-head key/value input (flag)
     mlp_in(l)               # [batch, pos, d_model]      MLP-branch input (pre-ln2)
@@ -47,7 +48,7 @@ from typing import Mapping, NewType
 HookName = NewType("HookName", str)
 
 __all__ = [
-    "HookName", "REQUIRES_FLAG", "attn_k", "attn_out", "attn_pattern", "attn_q", "attn_result",
+    "HookName", "REQUIRES_FLAG", "attn_k", "attn_out", "attn_pattern", "attn_proj_out", "attn_q", "attn_result",
     "attn_scores", "attn_v", "attn_z", "embed", "k_input", "ln_final_in", "ln_final_out", "mlp_in", "mlp_out",
     "mlp_post", "mlp_pre", "q_input", "resid_mid", "resid_post", "resid_pre", "unembed_out",
     "v_input", "validate_layer",
@@ -130,8 +131,15 @@ def attn_result(layer: int) -> HookName:
     return _block(layer, "attn.hook_result")
 
 
+def attn_proj_out(layer: int) -> HookName:
+    """The attention module's output: every head's output through W_O, summed (+ b_O), before a
+    post-attention norm or a residual scale (Gemma 2/3, OLMo 2/3, Granite).  # [batch, pos, d_model]"""
+    return _block(layer, "attn.hook_out")
+
+
 def attn_out(layer: int) -> HookName:
-    """Attention-layer output added to the residual stream.  # [batch, pos, d_model]"""
+    """What the attention adds to the residual stream: :func:`attn_proj_out` after the block's post-attention
+    norm and residual scale, where it has them (equal to it otherwise).  # [batch, pos, d_model]"""
     return _block(layer, "hook_attn_out")
 
 
@@ -153,7 +161,8 @@ def v_input(layer: int) -> HookName:
 # --- MLP -------------------------------------------------------------------------------------
 
 def mlp_in(layer: int) -> HookName:
-    """MLP-branch input, before ln2 (needs ``set_use_hook_mlp_in(True)``).  # [batch, pos, d_model]"""
+    """The residual stream the MLP branch reads, before its norm: the mid-block stream, or the block input in a
+    parallel block (needs ``set_use_hook_mlp_in(True)``).  # [batch, pos, d_model]"""
     return _block(layer, "hook_mlp_in")
 
 
@@ -168,7 +177,8 @@ def mlp_post(layer: int) -> HookName:
 
 
 def mlp_out(layer: int) -> HookName:
-    """MLP output added to the residual stream.  # [batch, pos, d_model]"""
+    """What the MLP adds to the residual stream (after a post-MLP norm and a residual scale, where the
+    block has them).  # [batch, pos, d_model]"""
     return _block(layer, "hook_mlp_out")
 
 

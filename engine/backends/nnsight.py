@@ -6,27 +6,32 @@ talk to: they name activations with the TransformerLens hook names of :mod:`engi
 module maps each name onto a module of the un-bridged model -- its input or output, reshaped to
 the bridge's shape -- through the per-architecture table :data:`engine.backends.layouts.LAYOUTS`::
 
-    hook name               Llama/Mistral/Qwen2/Qwen3/Gemma      GPT-2                 GPT-NeoX (Pythia)
-    hook_embed              model.embed_tokens.output            transformer.wte.output gpt_neox.embed_in.output
-    blocks.L.hook_resid_pre layers[L].input                      h[L].input             layers[L].input
-    attn.hook_q / _k / _v   q_proj / k_proj / v_proj .output     c_attn.output (split)  query_key_value.output (split)
-    attn.hook_z             self_attn.o_proj.input               attn.c_proj.input      attention.dense.input
-    attn.hook_pattern       self_attn.output[1] (eager weights)  attn.output[1]         attention.output[1]
-    hook_attn_out           self_attn.output[0]                  attn.output[0]         attention.output[0]
-    hook_resid_mid, _mlp_in post_attention_layernorm.input       ln_2.input             post_attention_layernorm.input
-    mlp.hook_pre            mlp.gate_proj.output                 mlp.c_fc.output        mlp.dense_h_to_4h.output
-    mlp.hook_post           mlp.down_proj.input                  mlp.c_proj.input       mlp.dense_4h_to_h.input
-    hook_mlp_out            mlp.output                           mlp.output             mlp.output
-    hook_resid_post         layers[L].output                     h[L].output            layers[L].output
-    ln_final.hook_in        model.norm.input                     ln_f.input             final_layer_norm.input
-    ln_final.hook_normalized model.norm.input, normalised        ln_f.input, idem       final_layer_norm.input, idem
-    hook_unembed            lm_head.output                       lm_head.output         lm_head.output
+    hook name                Llama/Mistral/Qwen/Gemma        Gemma 2/3 (post-norms)             GPT-2 / GPT-J
+    hook_embed               model.embed_tokens.output        model.embed_tokens.output          wte.output
+    blocks.L.hook_resid_pre  layers[L].input                  layers[L].input                    h[L].input
+    attn.hook_q / _k / _v    q_proj / k_proj / v_proj .output idem                               c_attn split / q_proj
+    attn.hook_z              self_attn.o_proj.input           self_attn.o_proj.input             c_proj / out_proj .in
+    attn.hook_out            self_attn.output[0]              self_attn.output[0]                attn.output[0]
+    attn.hook_pattern        self_attn.output[1] (eager)      self_attn.output[1]                attn.output[1]
+    hook_attn_out            self_attn.output[0]              post_attention_layernorm.output    attn.output[0]
+    hook_mlp_in (_resid_mid) post_attention_layernorm.input   pre_feedforward_layernorm.input    ln_2.in / h[L].in
+    mlp.hook_pre / _post     gate_proj.output, down_proj.input idem                              c_fc.out, c_proj.in
+    hook_mlp_out             mlp.output                       post_feedforward_layernorm.output  mlp.output
+    hook_resid_post          layers[L].output                 layers[L].output                   h[L].output
+    ln_final.hook_in         model.norm.input                 model.norm.input                   ln_f.input
+    hook_unembed             lm_head.output                   lm_head.output (before soft-cap)   lm_head.output
+
+The columns are rows of the block model's table (:class:`engine.backends.layouts.Block`): where a
+block normalises a branch before the residual add (Gemma 2/3, OLMo 2/3), ``hook_attn_out`` and
+``hook_mlp_out`` are the branch's contribution *after* that norm -- what the block adds to the stream,
+the same definition as the bridge's -- while ``attn.hook_z`` stays the input of the output projection; a
+parallel block (GPT-J, GPT-NeoX) has its MLP read the block's input.
 
 (per-head tensors are ``[batch, pos, head, d_head]``, exactly as the bridge gives them; the
 integration test ``tests/integration/test_backends.py`` checks every name against
 :class:`engine.backends.bridge.BridgeBackend` to 1e-4).  ``attn.hook_attn_scores``, ``attn.hook_result`` and
 the split q/k/v *inputs* are not mapped (no technique uses them), nor ``hook_resid_mid`` of a
-parallel attention + MLP block (the bridge has none either): asking for them raises a ``KeyError``
+parallel attention + MLP block (the bridge has none either): asking for them raises a ``MissingActivation`` (a KeyError)
 that says to use the bridge backend.  ``attn.hook_pattern`` and ``ln_final.hook_normalized`` (the
 final norm's input normalised, before its weight -- transformer-lens' definition) can be read, not
 edited.
@@ -62,9 +67,9 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from engine.backends.base import HookFn, ModelBackend, in_cpu_chunks, select_rows
+from engine.backends.base import HookFn, MissingActivation, ModelBackend, in_cpu_chunks, select_rows
 from engine.backends.hooks import HookName
-from engine.backends.layouts import Layout, layout_for
+from engine.backends.layouts import Layout, LogitTransform, layout_for
 from engine.models.facts import ModelFacts
 from engine.models.spec import ModelLoadError
 
@@ -89,21 +94,40 @@ DEFAULT_NDIF_HOST = "https://api.ndif.us"
 
 # (execution rank within a layer, module key, "input" | "output", tuple index, reshape)
 # reshape: None | "heads" | "kv_heads" | "q" | "k" | "v" (fused projections split per head)
+# key: a Layout field, "layer", "q"/"k"/"v", or a part of the block model (:func:`_part` resolves it)
 _LAYER_SITES: dict[str, tuple[int, str, str, Any, str | None]] = {
     "hook_resid_pre": (0, "layer", "input", None, None),
     "attn.hook_q": (1, "q", "output", None, "q"),
     "attn.hook_k": (2, "k", "output", None, "k"),
     "attn.hook_v": (3, "v", "output", None, "v"),
     "attn.hook_z": (4, "o_proj", "input", None, "heads"),
-    "hook_attn_out": (5, "attn", "output", 0, None),
+    "attn.hook_out": (5, "attn", "output", 0, None),
     "attn.hook_pattern": (5, "attn", "output", 1, None),
-    "hook_resid_mid": (6, "ln2", "input", None, None),
-    "hook_mlp_in": (6, "ln2", "input", None, None),
-    "mlp.hook_pre": (7, "mlp_up", "output", None, None),
-    "mlp.hook_post": (8, "mlp_down", "input", None, None),
-    "hook_mlp_out": (9, "mlp", "output", "first", None),
-    "hook_resid_post": (10, "layer", "output", "first", None),
+    "hook_attn_out": (6, "attn_contribution", "", None, None),
+    "hook_resid_mid": (7, "mlp_entry", "", None, None),
+    "hook_mlp_in": (7, "mlp_entry", "", None, None),
+    "mlp.hook_pre": (8, "mlp_up", "output", None, None),
+    "mlp.hook_post": (9, "mlp_down", "input", None, None),
+    "hook_mlp_out": (10, "mlp_contribution", "", None, None),
+    "hook_resid_post": (11, "layer", "output", "first", None),
 }
+_PARTS = ("attn_contribution", "mlp_entry", "mlp_contribution")
+
+
+def _part(key: str, layout: Layout, parallel: bool, rank: int) -> tuple[str, str, Any, int]:
+    """A part of the block model (:mod:`engine.backends.layouts`) as (path relative to the layer, "" for the
+    layer itself; "input" | "output"; tuple index; execution rank)."""
+    block = layout.block
+    if key == "attn_contribution":  # what the attention adds to the stream
+        return (block.attn_post_norm, "output", None, rank) if block.attn_post_norm else (layout.attn, "output", 0, 5)
+    if key == "mlp_entry":  # the stream the MLP branch reads (a parallel block's: the block input)
+        if parallel:
+            return "", "input", None, 0
+        return (block.mlp_pre_norm or layout.mlp), "input", None, rank
+    # mlp_contribution: what the MLP adds to the stream
+    return (block.mlp_post_norm, "output", None, rank) if block.mlp_post_norm else (layout.mlp, "output", "first", rank)
+
+
 _GLOBAL_SITES: dict[str, tuple[int, str, str, Any, str | None]] = {
     "hook_embed": (-1, "embed", "output", None, None),
     "ln_final.hook_in": (10**6, "final_norm", "input", None, None),
@@ -142,10 +166,10 @@ def _site(name: HookName, layout: Layout, facts: ModelFacts, norm: tuple[str, fl
     if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in _LAYER_SITES:
         layer = int(parts[1])
         if layer >= facts.n_layers:
-            raise KeyError(f"{text}: layer {layer} is out of range (the model has {facts.n_layers} layers)")
+            raise MissingActivation(f"{text}: layer {layer} is out of range (the model has {facts.n_layers} layers)")
         rank, key, attr, index, reshape = _LAYER_SITES[parts[2]]
         if parts[2] == "hook_resid_mid" and parallel:
-            raise KeyError(f"{text}: a parallel attention + MLP block has no mid-block residual stream")
+            raise MissingActivation(f"{text}: a parallel attention + MLP block has no mid-block residual stream")
         base = f"{layout.layers}.{layer}"
         if key == "layer":
             path = base
@@ -154,12 +178,15 @@ def _site(name: HookName, layout: Layout, facts: ModelFacts, norm: tuple[str, fl
             path = f"{base}.{layout.qkv if fused else layout.qkv['qkv'.index(key)]}"
             if fused:
                 rank = 1  # one module output serves q, k and v
+        elif key in _PARTS:
+            rel, attr, index, rank = _part(key, layout, parallel, rank)
+            path = f"{base}.{rel}" if rel else base
         else:
             path = f"{base}.{getattr(layout, key)}"
         heads = facts.n_kv_heads if key in ("k", "v") else facts.n_heads
         return Site(text, (layer, rank), path, attr, index, reshape, heads, facts.n_heads, facts.d_head,
                     layout.qkv_style)
-    raise KeyError(f"the nnsight backend does not map the hook {text!r}; it maps "
+    raise MissingActivation(f"the nnsight backend does not map the hook {text!r}; it maps "
                    f"{', '.join(sorted(set(_LAYER_SITES) | set(_GLOBAL_SITES)))} -- use --backend bridge "
                    f"for the others")
 
@@ -273,8 +300,7 @@ class NnsightBackend(ModelBackend):
         self.remote = remote
         self.host = host
         config = model._module.config
-        self._parallel = bool(getattr(config, self.layout.parallel_attr, False)) if self.layout.parallel_attr \
-            else False
+        self._parallel = self.layout.block.is_parallel(config)
         norm = self.hf_model.get_submodule(self.layout.final_norm)
         eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or 1e-5
         self._norm = ("layer" if isinstance(norm, torch.nn.LayerNorm) else "rms", float(eps))
@@ -418,9 +444,23 @@ class NnsightBackend(ModelBackend):
             w = w.T
         return w.reshape(f.n_heads, f.d_head, f.d_model)
 
+    @property
+    def attn_branch_is_identity(self) -> bool:
+        return self.layout.block.attn_post_norm is None
+
+    def attn_branch(self, layer: int, a: torch.Tensor) -> torch.Tensor:
+        norm = self.layout.block.attn_post_norm
+        return a if norm is None else self._apply([f"{self.layout.layers}.{layer}.{norm}"], a)
+
     def mlp_branch(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         base = f"{self.layout.layers}.{layer}"
-        return self._apply([f"{base}.{self.layout.ln2}", f"{base}.{self.layout.mlp}"], x)
+        block = self.layout.block
+        parts = [block.mlp_pre_norm, self.layout.mlp, block.mlp_post_norm]
+        return self._apply([f"{base}.{p}" for p in parts if p], x)
+
+    @property
+    def logit_transform(self) -> LogitTransform:
+        return self.layout.logits.transform(self.hf_model.config)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self._apply([self.layout.final_norm], x)

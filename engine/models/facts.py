@@ -49,8 +49,13 @@ def facts_from_config(resolved: ResolvedSpec, architecture: str, config: Any, dt
                 return value
         return default
 
+    heads = first("num_attention_heads", "n_head", "num_heads")
+    if not heads:
+        from engine.models.spec import ModelLoadError
+        raise ModelLoadError(f"{architecture} cannot be studied here: its config names no attention heads "
+                             f"(num_attention_heads) -- the lab patches attention heads, and this model has none")
     d_model = int(first("hidden_size", "n_embd", "d_model"))
-    n_heads = int(first("num_attention_heads", "n_head", "num_heads"))
+    n_heads = int(heads)
     n_kv = int(first("num_key_value_heads", "num_kv_heads", default=n_heads))
     d_head = int(first("head_dim", default=d_model // n_heads))
     d_mlp = int(first("intermediate_size", "n_inner", "ffn_dim", default=4 * d_model))

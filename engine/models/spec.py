@@ -232,15 +232,22 @@ def _check_safetensors_file(path: Path) -> None:
                              f"has {size}; re-download or re-save the model")
 
 
+#: architectures the TransformerBridge opens but whose blocks hold a mixer beside attention and MLP: the
+#: lab's components (heads, MLPs) would not account for the residual stream, so it refuses them up front
+NOT_STUDIED: dict[str, str] = {
+    "FalconH1ForCausalLM": "every block adds a Mamba-2 mixer in parallel with attention",
+}
+
+
 def supported_architectures() -> tuple[str, ...]:
-    """Causal-LM architectures that both transformers and the TransformerBridge support."""
+    """Causal-LM architectures that both transformers and the TransformerBridge support (less NOT_STUDIED)."""
     from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     causal: set[str] = set()
     for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
         causal.update([value] if isinstance(value, str) else value)
-    return tuple(sorted(a for a in SUPPORTED_ARCHITECTURES if a in causal))
+    return tuple(sorted(a for a in SUPPORTED_ARCHITECTURES if a in causal and a not in NOT_STUDIED))
 
 
 def unsupported_architecture(what: str) -> ModelLoadError:
@@ -249,17 +256,32 @@ def unsupported_architecture(what: str) -> ModelLoadError:
                           f"{', '.join(supported_architectures())}")
 
 
+def causal_lm_class(model_type: str | None) -> str | None:
+    """The causal-LM class transformers builds for ``model_type`` (``gemma3_text`` -> ``Gemma3ForCausalLM``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(model_type)) if model_type else None
+    return name if isinstance(name, str) else None
+
+
 def check_architecture(config: Any) -> str:
-    """The TransformerBridge architecture name for ``config``, or ModelLoadError."""
+    """The TransformerBridge architecture name for ``config``, or ModelLoadError.
+
+    A config without ``architectures`` (a GGUF file's, some saved configs) is given the causal-LM class of
+    its ``model_type`` first, so it is judged by the same table as any other."""
     from transformer_lens.model_bridge.sources.transformers import determine_architecture_from_hf_config
 
     model_type = getattr(config, "model_type", None)
+    if not getattr(config, "architectures", None) and causal_lm_class(model_type):
+        config.architectures = [causal_lm_class(model_type)]
     declared = getattr(config, "architectures", None) or []
     try:
         arch = determine_architecture_from_hf_config(config)
     except ValueError:
         raise unsupported_architecture(f"model_type {model_type!r} / architectures {declared} is not supported "
                            f"by the transformer-lens TransformerBridge") from None
+    if arch in NOT_STUDIED:
+        raise ModelLoadError(f"{arch} cannot be studied exactly here: {NOT_STUDIED[arch]} -- the lab patches "
+                             f"attention heads and MLPs, and they do not make up this model's residual stream")
     if arch not in supported_architectures():
         raise unsupported_architecture(f"{arch} (model_type {model_type!r}) is not a causal language model the "
                            f"TransformerBridge and AutoModelForCausalLM both support")
