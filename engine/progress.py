@@ -6,6 +6,8 @@ pass); a caller that wants to stop a computation raises from the callback (the d
 
 * :func:`cancel_check` installs a check that techniques call *inside* their forward passes (every
   layer), so a stop does not wait for the end of a long batched pass;
+* :func:`collect_notes` / :func:`note` carry what the user must read beside a result (a fallback)
+  from the technique to the CLI's stderr or the page;
 * :class:`Stages` turns a computation made of several stages (e.g. path patching of two prompt
   sets, then their knockouts) into one ``(done, total)`` count;
 * :func:`cli_bar` is the command line's bar: ``tqdm`` on stderr with counts and ETA, silent when
@@ -42,6 +44,27 @@ def current_check() -> Callable[[], None] | None:
     """The innermost ``cancel_check`` of this thread, or None."""
     stack = getattr(_LOCAL, "checks", None)
     return stack[-1] if stack else None
+
+
+@contextmanager
+def collect_notes() -> Iterator[list[str]]:
+    """Within the block (this thread), what a technique must tell the user beside its numbers -- a fast path
+    that did not reproduce the model and gave way to its textbook loop -- is gathered into the yielded list
+    (each text once); the CLI prints each as one line, a page shows each as a note."""
+    stack = _LOCAL.__dict__.setdefault("notes", [])
+    notes: list[str] = []
+    stack.append(notes)
+    try:
+        yield notes
+    finally:
+        stack.pop()
+
+
+def note(text: str) -> None:
+    """Tell the user ``text`` (through the innermost :func:`collect_notes` of this thread; dropped without one)."""
+    stack = getattr(_LOCAL, "notes", None)
+    if stack and text and text not in stack[-1]:
+        stack[-1].append(text)
 
 
 class Stages:

@@ -41,6 +41,8 @@ try:
 except USER_ERRORS as e:
     st.error(f"Cannot run path patching: {e}")
     st.stop()
+if table.fallback:  # the fast path did not reproduce this model: the textbook loop computed the heatmap
+    st.info(table.fallback, icon=":material/info:")
 
 groups = ["*"] + sorted(g for g in table.groups() if g.startswith("op:"))
 group = c2.selectbox("Operation", groups, format_func=lambda g: "all operations" if g == "*" else g[3:])

@@ -187,9 +187,10 @@ def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], 
                       stop: bool = False, on_demand: bool = False) -> T | None:
     """``compute(progress)`` under a progress bar with Stop (``on_demand``: see :func:`progress_bar`); a user
     error is one ``st.error`` ("Cannot {failure}: ...") and then None, or the end of the page when ``stop``."""
+    from engine.progress import collect_notes
     bar, cb = progress_bar(text, key, on_demand=on_demand)
     try:
-        with cancellable(bar):
+        with cancellable(bar), collect_notes() as notes:
             out = compute(cb)
     except USER_ERRORS as e:
         st.error(f"Cannot {failure}: {e}")
@@ -197,4 +198,6 @@ def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], 
             st.stop()
         return None
     bar.empty()
+    for text_ in notes:  # a fast path that gave way to its textbook loop says so beside the numbers
+        st.info(text_, icon=":material/info:")
     return out

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 from engine.cli.commands import AFTER, BEFORE
 from engine.cli.context import CliError, Context, Parser, model_args, set_args
+from engine.progress import collect_notes
 from engine.registry import TECHNIQUES
 
 Command = Callable[[argparse.Namespace, Context], int]
@@ -74,7 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser, commands = build_parser()
         args = parser.parse_args(argv)
         ctx = Context(args)
-        status = commands[args.cmd](args, ctx)
+        with collect_notes() as notes:
+            status = commands[args.cmd](args, ctx)
+        for text in notes:  # what the user must read beside the numbers (a fast path's fallback)
+            print(_one_line(f"note: {text}"), file=sys.stderr)
         cache = ctx.result_cache
         warning = cache.last_warning if cache is not None else None
         if status == 0 and warning:

@@ -12,18 +12,22 @@ quantities are estimated, each beside its exact value:
 
 **Path AtP -- the estimate of path patching (Algorithm 1, every other head frozen).**  With every
 other head frozen at X_r, a change of head (l, h)'s END output reaches the logit only through the
-END position's MLPs and norms (the fast exact path of :mod:`engine.techniques.patching`).  So the gradient is
-that of the frozen END chain, taken once at the X_r residual stream::
+END position's MLPs and norms: the exact END chain of :mod:`engine.techniques.end_chain`, the fast path of
+path patching.  So the gradient is that of the frozen END chain, taken once at the X_r residual stream::
 
-    g_l  = d logit / d x_l      x_l: END residual where layer l's heads write (resid_mid[l];
-                                resid_post[l] for parallel attention/MLP blocks), through
-                                x -> x + MLP_l(x) -> + attn_out_r[l+1] -> ... -> LN_final -> W_U[:, answer]
+    g_l  = d logit / d a_l      a_l: the attention module's END output at layer l (o_proj(z), before
+                                the block's post-attention norm, if any), through the chain
+                                a -> attn_branch_l -> + MLP_l -> + attn_out_r[l+1] -> ... -> the logits
     g'_l = d logit / d resid_post[l]  (END)
     AtP(head l, h) = g_l  . ((z_c - z_r)[l, END, h] @ W_O[l, h])
     AtP(MLP l)     = g'_l . (mlp_c - mlp_r)[l, END]
 
 Cost per batch: the 2 forward passes of path patching (X_r, X_c) plus one backward pass through
-the END chain (L single-position MLP evaluations) -- for every head and MLP at once.
+the END chain (L single-position MLP evaluations) -- for every head and MLP at once.  The chain checks
+itself first (its own answer logit must be the model's, and the block model must hold:
+:func:`engine.techniques.end_chain.check_block_model`); where it does not, the same gradient is taken
+through the model itself, every head frozen at X_r by hooks (one forward and backward pass per batch),
+and the result says so (``fallback``).
 
 **Total AtP -- the estimate of plain activation patching (nothing frozen).**  Only the sender's
 END output comes from X_c; every later head and MLP is recomputed::
@@ -50,11 +54,13 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
-from engine.progress import ProgressFn
+from engine.progress import ProgressFn, note
 from engine.prompts.pairs import PromptPair
+from engine.techniques import end_chain
 from engine.techniques.batching import pair_batches
 from engine.techniques.patch_rows import patch_rows, prepare
-from engine.techniques.patching import PatchingRaw, Sender, end_chain_hooks, path_patching, sender_edits, sender_hooks
+from engine.techniques.patching import PatchingRaw, Sender, path_patching, sender_edits, sender_hooks
+from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 
 METHOD = "attribution_patching"
 #: the four estimates, as (name, what it is)
@@ -89,30 +95,39 @@ class AttributionRaw:
 
 def path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
              progress: ProgressFn | None = None) -> PatchingRaw:
-    """AtP estimate of path patching for every head and MLP (patched logit = logit_o + grad . delta)."""
-    f = backend.facts
-    L, H = f.n_layers, f.n_heads
-    W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
-    parallel = backend.parallel_attn_mlp
-    ref_names, cf_names = end_chain_hooks(L)
+    """AtP estimate of path patching for every head and MLP (patched logit = logit_o + grad . delta): the END
+    chain's gradient where the chain checks out, else the same gradient through the hooked model."""
+    L = backend.facts.n_layers
+    try:
+        end_chain.check_components(backend)
+        return _path_atp(backend, pairs, batch_size, progress, end_chain.chain_hooks(L), _chain_gradients)
+    except ShortcutMismatch as e:
+        raw = _path_atp(backend, pairs, batch_size, progress, (sender_hooks(L), sender_hooks(L)), _hooked_gradients)
+        raw.fallback = fallback_note("path attribution patching", str(e))
+        return raw
+
+
+def _path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], batch_size: int, progress: ProgressFn | None,
+              names, gradients) -> PatchingRaw:
+    L, H = backend.facts.n_layers, backend.facts.n_heads
     logit_o, head_logit, mlp_logit = [], [], []
     chunks = pair_batches(backend, pairs, batch_size)
     for ci, b in enumerate(chunks):
-        P, at_end = len(b.pairs), b.at_end
+        P = len(b.pairs)
         answer = b.answer.to(backend.device)
         with torch.no_grad():
-            _, c_r = backend.run_with_cache(b.ref, b.mask, ref_names)
-            _, c_c = backend.run_with_cache(b.cf, b.mask, cf_names)
-        g_head, g_mlp, lo = _end_chain_gradients(backend, c_r, at_end, answer, L, parallel)
-        logit_o.append(lo.cpu())
+            lg_r, c_r = backend.run_with_cache_at(b.ref, b.mask, names[0], b.end.reshape(-1, 1))
+            _, c_c = backend.run_with_cache_at(b.cf, b.mask, names[1], b.end.reshape(-1, 1))
+        lo = lg_r[torch.arange(P), 0, answer].float()  # [P] the model's answer logit
+        head_dot, g_mlp = gradients(backend, b, c_r, c_c, lo, logit_scale(lg_r[:, 0]))
+        lo = lo.cpu()
+        logit_o.append(lo)
         hl = torch.empty(P, L, H)
         ml = torch.empty(P, L)
         for j in range(L):
-            delta = torch.einsum("phd,hdm->phm", at_end(c_c[hooks.attn_z(j)]) - at_end(c_r[hooks.attn_z(j)]),
-                                 W_O[j])  # [P, H, d_model]
-            hl[:, j] = (lo[:, None] + torch.einsum("phm,pm->ph", delta.float(), g_head[j])).cpu()
-            dm = (at_end(c_c[hooks.mlp_out(j)]) - at_end(c_r[hooks.mlp_out(j)])).float()  # [P, d_model]
-            ml[:, j] = (lo + (dm * g_mlp[j]).sum(-1)).cpu()
+            hl[:, j] = lo[:, None] + head_dot[j].float().cpu()
+            dm = (b.at_end(c_c[hooks.mlp_out(j)]) - b.at_end(c_r[hooks.mlp_out(j)])).float()  # [P, d_model]
+            ml[:, j] = lo + (dm * g_mlp[j].float().to(dm.device)).sum(-1).cpu()
         head_logit.append(hl)
         mlp_logit.append(ml)
         if progress is not None:
@@ -120,35 +135,49 @@ def path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: 
     return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit))
 
 
-def _end_chain_gradients(backend: ModelBackend, c_r: dict, at_end, answer: torch.Tensor, L: int,
-                         parallel: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    """(g_head [L] of [P, d_model], g_mlp [L] of [P, d_model], logit_o [P]) of the frozen END chain.
-
-    The chain is rebuilt from the X_r residual stream with a zero probe added where each layer's
-    heads write and where its MLP has written; one backward pass gives every probe's gradient.
-    """
-    with torch.enable_grad():
-        x = at_end(c_r[hooks.resid_pre(0)]).float()  # [P, d_model]
-        probes_head, probes_mlp = [], []
-        for j in range(L):
-            attn_r = at_end(c_r[hooks.attn_out(j)]).float()
-            p_head = torch.zeros_like(x, requires_grad=True)
-            p_mlp = torch.zeros_like(x, requires_grad=True)
-            if parallel:  # the MLP reads the block input; heads and MLP write to resid_post together
-                m = backend.mlp_branch(j, x.to(_dtype(backend)))
-                x = x + attn_r + m.float() + p_head + p_mlp
-            else:
-                x = x + attn_r + p_head
-                x = x + backend.mlp_branch(j, x.to(_dtype(backend))).float() + p_mlp
-            probes_head.append(p_head)
-            probes_mlp.append(p_mlp)
-        lo = backend.answer_logits(x.to(_dtype(backend)), answer).float()  # [P]
-        grads = torch.autograd.grad(lo.sum(), probes_head + probes_mlp)
-    return [g.detach() for g in grads[:L]], [g.detach() for g in grads[L:]], lo.detach()
+def _chain_gradients(backend: ModelBackend, b, c_r: dict, c_c: dict, lo: torch.Tensor, scale: torch.Tensor):
+    """Per layer, (grad . delta of each head [P, H], d logit / d MLP contribution [P, d_model]) from the END chain,
+    after its self-check (ShortcutMismatch)."""
+    f = backend.facts
+    W_O = [backend.W_O(layer) for layer in range(f.n_layers)]  # [H, d_head, d_model] each
+    acts = end_chain.EndActs.of(c_r, c_c, b.at_end, f.n_layers)
+    end_chain.check_block_model(backend, acts, W_O, f.dtype)
+    g_head, g_mlp, chain_lo = end_chain.chain_gradients(backend, acts, b.answer.to(backend.device))
+    check_reproduces("the unchanged END chain", chain_lo, lo, scale, f.dtype)
+    head_dot = [torch.einsum("phm,pm->ph", acts.head_deltas(j, W_O[j]).float(), g_head[j].float())
+                for j in range(f.n_layers)]
+    return head_dot, g_mlp
 
 
-def _dtype(backend: ModelBackend) -> torch.dtype:
-    return backend.W_O(0).dtype
+def _hooked_gradients(backend: ModelBackend, b, c_r: dict, c_c: dict, lo: torch.Tensor, scale: torch.Tensor):
+    """The same through the model itself: every head's output replaced by its X_r value (so a change at END
+    reaches the logit only along the END chain), zero probes added at END to every head's output and every
+    MLP's contribution; one forward and backward pass."""
+    f = backend.facts
+    L, H = f.n_layers, f.n_heads
+    P, rows, end = len(b.pairs), b.rows, b.end
+    z_probe = [torch.zeros(P, H, f.d_head, requires_grad=True) for _ in range(L)]
+    m_probe = [torch.zeros(P, f.d_model, requires_grad=True) for _ in range(L)]
+    edits = []
+    for layer in range(L):
+        frozen = c_r[hooks.attn_z(layer)].detach()
+        edits.append((hooks.attn_z(layer), _frozen_plus_probe(frozen, z_probe[layer], rows, end)))
+        edits.append((hooks.mlp_out(layer), _add_at_end(m_probe[layer], rows, end)))
+    with torch.enable_grad(), backend.hooks(edits):
+        lg = backend.logits(b.ref, b.mask)
+        got = lg[rows.to(lg.device), end.to(lg.device), b.answer.to(lg.device)].float()  # [P]
+        grads = torch.autograd.grad(got.sum(), z_probe + m_probe)
+    # d logit / d z_h . (z_c - z_r)_h  ==  g_a . ((z_c - z_r)_h @ W_O[h]): the same estimate
+    dz = [(b.at_end(c_c[hooks.attn_z(j)]) - b.at_end(c_r[hooks.attn_z(j)])).float().cpu() for j in range(L)]
+    head_dot = [(grads[j].float() * dz[j]).sum(-1) for j in range(L)]
+    return head_dot, [g.detach().float() for g in grads[L:]]
+
+
+def _frozen_plus_probe(frozen: torch.Tensor, probe: torch.Tensor, rows: torch.Tensor, end: torch.Tensor):
+    """Hook replacing the activation with ``frozen`` (X_r's) plus ``probe[i]`` at row i's END."""
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        return _add_at_end(probe, rows, end)(frozen.to(act.device, act.dtype))
+    return fn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,7 +189,7 @@ def total_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size:
     """AtP estimate of activation patching each head's / MLP's END output (one forward + backward per batch)."""
     f = backend.facts
     L, H = f.n_layers, f.n_heads
-    _, cf_names = end_chain_hooks(L)
+    cf_names = sender_hooks(L)
     logit_o, head_logit, mlp_logit = [], [], []
     chunks = pair_batches(backend, pairs, batch_size)
     for ci, b in enumerate(chunks):
@@ -374,10 +403,13 @@ def cached_attribution(backend: ModelBackend, pairs: Sequence[PromptPair], *, ca
         raw = attribution(backend, pairs, total=total, progress=progress)
         out = [KindValue(r.component, r.layer, r.head, kind, metric, v)
                for metric in metrics for r in sender_rows(raw, metric) for kind, v in r.values.items()]
+        fallbacks = [r.fallback for r in raw.kinds().values() if r.fallback]
         return out, {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs),
-                     "seconds": raw.seconds}
+                     "seconds": raw.seconds, "fallback": " ".join(fallbacks)}
 
     stored, art, computed = run_cached_rows(backend, pairs, METHOD, params, compute, KindValue, cache=cache)
+    if art.get("fallback"):
+        note(art["fallback"])
     collected: dict[tuple[str, str, int, int], dict[str, float]] = {}
     for v in stored:
         collected.setdefault((v.metric, v.component, v.layer, v.head), {})[v.kind] = v.value

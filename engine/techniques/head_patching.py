@@ -28,7 +28,9 @@ alone** against them (:func:`engine.techniques.patch_rows.at_end`): one position
 model's own layers (its rotary embedding, grouped-query attention, norms), instead of the whole
 prompt.  :func:`head_path_patching_reference` -- whole prompts, one row per sender and prompt, on the
 patching core -- is the textbook loop; the two agree to float rounding (``tests/integration/
-test_head_patching.py``).  A backend that cannot keep keys and values (NDIF) runs the reference.
+test_head_patching.py``).  A backend that cannot keep keys and values (NDIF) runs the reference, and
+so does a model whose keys and values do not give back its own logits (the self-check of
+:func:`engine.techniques.patch_rows.patch_rows`; the result's ``fallback`` says so).
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
-from engine.progress import ProgressFn, Stages
+from engine.progress import ProgressFn, Stages, note
 from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import TOKENS_PER_PASS, check_pairs, length_chunks
 from engine.techniques.patch_rows import PatchRun, at_end, patch_rows, prepare, replace
 from engine.techniques.patching import PatchingRaw, Sender, SenderValue, sender_edits, sender_hooks, summarize
 from engine.techniques.patching import cli as patching_cli
+from engine.techniques.shortcut import ShortcutMismatch, fallback_note
 
 Input = Literal["q", "k", "v"]
 INPUTS: tuple[str, ...] = ("q", "k", "v")
@@ -94,6 +97,16 @@ def head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], recei
     receiver's layers (layers >= receiver.layer hold nan)."""
     if not backend.continues:
         return head_path_patching_reference(backend, pairs, receiver, progress=progress)
+    try:
+        return _head_path_patching_at_end(backend, pairs, receiver, rows_per_pass, progress)
+    except ShortcutMismatch as e:
+        raw = head_path_patching_reference(backend, pairs, receiver, progress=progress)
+        raw.fallback = fallback_note("head -> head path patching", str(e))
+        return raw
+
+
+def _head_path_patching_at_end(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver,
+                               rows_per_pass: int | None, progress: ProgressFn | None) -> PatchingRaw:
     _check_receiver(backend, receiver)
     check_pairs(pairs, backend.facts.vocab_size)
     chunks = length_chunks(pairs, TOKENS_PER_PASS)
@@ -168,9 +181,11 @@ def cached_head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair]
     def compute():
         raw = head_path_patching(backend, pairs, receiver, progress=progress)
         return [v for v in summarize(raw) if v.component in ("head", "mlp") and v.layer < receiver.layer
-                and v.metric in ("effect", "logit_diff")], {"receiver": str(receiver)}
+                and v.metric in ("effect", "logit_diff")], {"receiver": str(receiver), "fallback": raw.fallback or ""}
 
-    out, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, SenderValue, cache=cache)
+    out, art, computed = run_cached_rows(backend, pairs, METHOD, params, compute, SenderValue, cache=cache)
+    if art.get("fallback"):
+        note(art["fallback"])
     return out, computed
 
 # ---------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 The logit lens (nostalgebraist 2020) reads an intermediate residual stream as if it were the last
 one: for every layer l, the END position's ``resid_post[l]`` goes through the model's final norm and
-unembedding, and we read the answer token's probability and rank among the whole vocabulary::
+unembedding (and whatever the model does to its logits after that: Gemma 2's soft cap, Cohere's
+scale), and we read the answer token's probability and rank among the whole vocabulary::
 
-    p_l(C)    = softmax(LN_final(resid_post[l, END]) @ W_U + b_U)[C]
+    p_l(C)    = softmax(transform(LN_final(resid_post[l, END]) @ W_U + b_U))[C]
     rank_l(C) = 1 + #{tokens t : logit_l(t) > logit_l(C)}
 
 It is the residual-stream counterpart of the paper's Figure 6 (MLP projections on the number
@@ -23,9 +24,10 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
-from engine.progress import ProgressFn
+from engine.progress import ProgressFn, note
 from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
+from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 
 METHOD = "logit_lens"
 
@@ -39,30 +41,60 @@ class LensRaw:
     prob: torch.Tensor   # [P, L + 1]
     rank: torch.Tensor   # [P, L + 1]  (1 = top token)
     top_id: torch.Tensor  # [P, L + 1]  the top token's id
+    fallback: str | None = None  # why the model's own last steps computed it (None: the backend's components)
 
 
 @torch.no_grad()
 def logit_lens_ids(backend: ModelBackend, seqs: Sequence[Sequence[int]], answers: Sequence[int]
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(prob, rank, top_id), each [n, L + 1], of ``answers[i]`` at the last position of ``seqs[i]``."""
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str | None]:
+    """(prob, rank, top_id), each [n, L + 1], of ``answers[i]`` at the last position of ``seqs[i]``, and the
+    fallback note (None when the backend's final components reproduce the model's own last logits)."""
     L = backend.facts.n_layers
     names = [hooks.resid_pre(0)] + [hooks.resid_post(layer) for layer in range(L)]
     ids, mask, end = pad(seqs, pad_id(backend))
     rows = torch.arange(len(seqs))
-    _, cache = backend.run_with_cache(ids, mask, names)
-    W_U, b_U = backend.unembed()
-    answer = torch.tensor(list(answers), device=W_U.device)
+    lg_model, cache = backend.run_with_cache(ids, mask, names)
+    model_end = lg_model[rows.to(lg_model.device), end.to(lg_model.device)].float()  # [n, vocab]
+    del lg_model
+    xs = [cache[name][rows.to(cache[name].device), end.to(cache[name].device)] for name in names]  # [n, d_model]
+    answer = torch.tensor(list(answers), device=backend.device)
+    fallback = None
+    try:  # the final norm, the unembedding, its soft cap / scale -- checked on the last stream
+        lens = [backend.final_logits(x).float() for x in xs]
+        check_reproduces("the final norm and unembedding on the last residual stream",
+                         lens[-1][torch.arange(len(seqs)), answer.to(lens[-1].device)],
+                         model_end[torch.arange(len(seqs)), answer.to(model_end.device)], logit_scale(model_end),
+                         backend.facts.dtype)
+    except ShortcutMismatch as e:
+        lens = _hooked_lens(backend, ids, mask, end, xs)
+        fallback = fallback_note("logit lens", str(e))
     prob, rank, top = [], [], []
-    for name in names:
-        x = cache[name][rows.to(cache[name].device), end.to(cache[name].device)]  # [n, d_model]
-        lg = (backend.final_norm(x) @ W_U).float()  # [n, vocab]
-        if b_U is not None:
-            lg = lg + b_U.float()
-        a = lg.gather(1, answer[:, None])  # [n, 1]
-        prob.append(torch.softmax(lg, -1).gather(1, answer[:, None])[:, 0].cpu())
+    for lg in lens:  # [n, vocab]
+        a = lg.gather(1, answer[:, None].to(lg.device))  # [n, 1]
+        prob.append(torch.softmax(lg, -1).gather(1, answer[:, None].to(lg.device))[:, 0].cpu())
         rank.append(((lg > a).sum(-1) + 1).cpu())
         top.append(lg.argmax(-1).cpu())
-    return torch.stack(prob, 1), torch.stack(rank, 1), torch.stack(top, 1)
+    return torch.stack(prob, 1), torch.stack(rank, 1), torch.stack(top, 1), fallback
+
+
+def _hooked_lens(backend: ModelBackend, ids: torch.Tensor, mask: torch.Tensor, end: torch.Tensor,
+                 xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The lens through the model's own last steps: one row per (stream, prompt) whose final norm reads that
+    stream at END (``hooks.ln_final_in`` replaced), the logits at END.  # S of [n, vocab]"""
+    S, n = len(xs), ids.shape[0]
+    stacked = torch.cat(list(xs))  # [S * n, d_model]
+    ends = end.repeat(S)
+
+    def put(act: torch.Tensor) -> torch.Tensor:  # [S * n, pos, d_model]
+        act[torch.arange(S * n, device=act.device), ends.to(act.device)] = stacked.to(act.device, act.dtype)
+        return act
+    try:
+        with backend.hooks([(hooks.ln_final_in(), put)]):
+            lg = backend.end_logits(ids.repeat(S, 1), mask.repeat(S, 1), ends).float()  # [S * n, vocab]
+    except KeyError as e:
+        raise ValueError(f"the logit lens needs the model's final norm as a hook point, and this model has none "
+                         f"({e})") from None
+    return list(lg.reshape(S, n, -1))
 
 
 def logit_lens(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
@@ -70,17 +102,19 @@ def logit_lens(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size
     """The answer's probability and rank at END after every layer, for every reference prompt."""
     check_pairs(pairs, backend.facts.vocab_size)
     prob, rank, top = [], [], []
+    fallback = None
     chunks = batches(len(pairs), batch_size)
     for ci, idx in enumerate(chunks):
         chunk = [pairs[i] for i in idx]
-        p, r, t = logit_lens_ids(backend, [c.ref_ids for c in chunk], [c.answer_id for c in chunk])
+        p, r, t, why = logit_lens_ids(backend, [c.ref_ids for c in chunk], [c.answer_id for c in chunk])
+        fallback = fallback or why
         prob.append(p)
         rank.append(r)
         top.append(t)
         if progress is not None:
             progress(ci + 1, len(chunks))
     L = backend.facts.n_layers
-    return LensRaw(list(pairs), list(range(-1, L)), torch.cat(prob), torch.cat(rank), torch.cat(top))
+    return LensRaw(list(pairs), list(range(-1, L)), torch.cat(prob), torch.cat(rank), torch.cat(top), fallback)
 
 
 @dataclass(frozen=True)
@@ -114,10 +148,13 @@ def cached_logit_lens(backend: ModelBackend, pairs: Sequence[PromptPair], *, cac
     params = {"dtype": backend.facts.dtype, "position": "END", "stream": "resid_post"}
 
     def compute():
-        return summarize(logit_lens(backend, pairs, progress=progress)), {"n_layers": backend.facts.n_layers}
+        raw = logit_lens(backend, pairs, progress=progress)
+        return summarize(raw), {"n_layers": backend.facts.n_layers, "fallback": raw.fallback or ""}
 
-    rows, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, LensRow,
-                                        ("mean_prob", "median_rank", "top1"), cache)
+    rows, art, computed = run_cached_rows(backend, pairs, METHOD, params, compute, LensRow,
+                                          ("mean_prob", "median_rank", "top1"), cache)
+    if art.get("fallback"):
+        note(art["fallback"])
     return sorted(rows, key=lambda r: (r.group != "*", r.group, r.layer)), computed
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,10 @@ group leaves the positions before p exactly as in X_r (a patch at p or later, ev
 X_r), the rows need not run those positions: X_r's keys and values are kept once per prompt length
 (``backend.prefix``, the model's own KV cache) and each row runs positions p .. END alone against
 them (``backend.continue_end_logits``) -- the END token alone for a patch at END -- the same numbers.
+That rests on the model's KV cache giving back what a whole forward pass gives, so :func:`patch_rows`
+checks it first (:mod:`engine.techniques.shortcut`): the prompts continued with no edit at all must
+give back the model's answer logits, else it raises ``ShortcutMismatch`` and the technique runs whole
+prompts instead (:func:`whole_prompts`).
 
 :func:`patch_rows` is exact: each row is computed exactly as if its variant were run alone
 (rows do not interact in a transformer's forward pass).
@@ -37,6 +41,7 @@ from engine.backends.hooks import HookName
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
+from engine.techniques.shortcut import check_reproduces, logit_scale
 
 V = TypeVar("V")
 HookFn = Callable[[torch.Tensor], torch.Tensor]
@@ -58,6 +63,9 @@ class PatchRun:
     logit_c: torch.Tensor  # [P]  answer logit on X_c
     prefix: object = None  # X_r's keys and values (from_position), or None: rows run whole prompts
     start: int = 0         # with a prefix: ``ref`` continues its first ``start`` positions
+    scale: torch.Tensor | None = None   # [P]  largest |logit| at END on X_r (the self-check's scale)
+    prob_o: torch.Tensor | None = None  # [P]  answer probability on X_r
+    whole: "PatchRun | None" = None     # with a prefix: the same run over whole prompts (the fallback)
 
     @property
     def n(self) -> int:
@@ -89,10 +97,13 @@ def prepare(backend: ModelBackend, pairs: Sequence[PromptPair], ref_names: Seque
     answer = torch.tensor([p.answer_id for p in pairs])
     lg_r, c_r = backend.run_with_cache(ref, mask, list(ref_names))
     logit_o = _answer_at_end(lg_r, end, answer)
-    del lg_r
+    end_r = lg_r[torch.arange(len(pairs), device=lg_r.device), end.to(lg_r.device)].float()  # [P, vocab]
+    prob_o = torch.softmax(end_r, -1)[torch.arange(len(pairs)), answer.to(end_r.device)].cpu()
+    scale = logit_scale(end_r).cpu()
+    del lg_r, end_r
     lg_c, c_c = backend.run_with_cache(cf, mask, list(cf_names))
     logit_c = _answer_at_end(lg_c, end, answer)
-    return PatchRun(list(pairs), ref, mask, end, answer, c_r, c_c, logit_o, logit_c)
+    return PatchRun(list(pairs), ref, mask, end, answer, c_r, c_c, logit_o, logit_c, scale=scale, prob_o=prob_o)
 
 
 @torch.no_grad()
@@ -110,7 +121,8 @@ def from_position(backend: ModelBackend, run: PatchRun, start: int, prefix: obje
     if prefix is None:
         prefix = backend.prefix(run.ref[:, :T - 1])
     return PatchRun(run.pairs, run.ref[:, start:], run.mask[:, start:], run.end - start, run.answer,
-                    tail(run.ref_cache), tail(run.cf_cache), run.logit_o, run.logit_c, prefix=prefix, start=start)
+                    tail(run.ref_cache), tail(run.cf_cache), run.logit_o, run.logit_c, prefix=prefix, start=start,
+                    scale=run.scale, prob_o=run.prob_o, whole=run)
 
 
 def at_end(backend: ModelBackend, run: PatchRun) -> PatchRun:
@@ -121,29 +133,55 @@ def at_end(backend: ModelBackend, run: PatchRun) -> PatchRun:
 @torch.no_grad()
 def patch_rows(backend: ModelBackend, run: PatchRun, variants: Sequence[V],
                edits: Callable[[Sequence[V]], list[Edit]], *, rows_per_pass: int = 128,
-               progress: ProgressFn | None = None) -> torch.Tensor:
-    """Steps 2-4: the answer logit at END under every variant, ``[S, P]`` (exact).
+               progress: ProgressFn | None = None, with_prob: bool = False
+               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Steps 2-4: the answer logit at END under every variant, ``[S, P]`` (exact); with ``with_prob`` also
+    the answer's probability ``[S, P]`` (softmax over the vocabulary).
 
     ``edits(group)`` returns the hooks of one group of variants, whose rows are ``s * P + i`` with s
-    the variant's index in the group; at most ``rows_per_pass`` rows (at least one variant) per pass."""
+    the variant's index in the group; at most ``rows_per_pass`` rows (at least one variant) per pass.
+    A run continued from a prefix is checked first (module docstring; ShortcutMismatch)."""
+    if run.prefix is not None:
+        check_continuation(backend, run)
     P = run.n
     out = torch.empty(len(variants), P)
+    probs = torch.empty(len(variants), P) if with_prob else None
     groups = batches(len(variants), max(1, rows_per_pass // max(1, P)))
     for gi, grp in enumerate(groups):
         group = [variants[i] for i in grp]
         S = len(group)
-        ends = run.end.repeat(S)  # [S * P]
         with backend.hooks(edits(group)):
-            if run.prefix is None:
-                lg = backend.end_logits(run.stacked(run.ref, S), run.stacked(run.mask, S), ends)  # [S * P, vocab]
-            else:
-                lg = backend.continue_end_logits(run.prefix, run.rows.repeat(S), run.stacked(run.ref, S),
-                                                 start=run.start)
+            lg = _end_logits(backend, run, S)  # [S * P, vocab]
         ans = run.answer.repeat(S).to(lg.device)
-        out[list(grp)] = lg[torch.arange(S * P, device=lg.device), ans].float().cpu().reshape(S, P)
+        rows = torch.arange(S * P, device=lg.device)
+        out[list(grp)] = lg[rows, ans].float().cpu().reshape(S, P)
+        if probs is not None:
+            probs[list(grp)] = torch.softmax(lg.float(), -1)[rows, ans].cpu().reshape(S, P)
         if progress is not None:
             progress(gi + 1, len(groups))
-    return out
+    return out if probs is None else (out, probs)
+
+
+def _end_logits(backend: ModelBackend, run: PatchRun, S: int) -> torch.Tensor:
+    """END logits of S stacked copies of the run's rows (under whatever hooks are active).  # [S * P, vocab]"""
+    if run.prefix is None:
+        return backend.end_logits(run.stacked(run.ref, S), run.stacked(run.mask, S), run.end.repeat(S))
+    return backend.continue_end_logits(run.prefix, run.rows.repeat(S), run.stacked(run.ref, S), start=run.start)
+
+
+def check_continuation(backend: ModelBackend, run: PatchRun) -> None:
+    """The self-check of a continued run: its prompts, continued from X_r's keys and values with no edit at all,
+    must give back the model's answer logits (ShortcutMismatch otherwise)."""
+    lg = _end_logits(backend, run, 1)
+    got = lg[torch.arange(run.n, device=lg.device), run.answer.to(lg.device)]
+    scale = run.scale if run.scale is not None else run.logit_o.abs()
+    check_reproduces(f"continuing the prompts from position {run.start} with the model's keys and values",
+                     got, run.logit_o, scale, backend.facts.dtype)
+
+
+def whole_prompts(run: PatchRun) -> PatchRun:
+    """The run over whole prompts (itself when it is not continued from a prefix): the fallback."""
+    return run.whole if run.whole is not None else run
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,20 +28,24 @@ left out of the effect's mean (its logit_diff still counts); the number left out
 **Exact fast path.**  With all other heads frozen, the patch at END can reach the logits only
 through the END position's MLPs and norms: attention outputs are frozen everywhere, and no later
 position exists.  So after one X_r and one X_c forward pass per batch, each sender needs only a
-chain of END-position MLP evaluations from its layer to the top::
+chain of END-position evaluations from its layer to the top, after the block model of the
+architecture (:mod:`engine.techniques.end_chain` -- pre- and post-norms, parallel blocks, residual
+scales, the logits' soft cap)::
 
-    x = resid_mid[l] + (z_c[l,h] - z_r[l,h]) @ W_O[l,h]      # head sender (l, h)
-    x = resid_post[l] + (mlp_c[l] - mlp_r[l])                  # MLP sender l (skips its own MLP)
-    x = x + MLP_l(x)                                           # head senders only
+    a_l  = o_proj(z_r)[l, END] + (z_c - z_r)[l, END, h] @ W_O[l, h]   # head sender (l, h)
+    x    = resid_pre[l] + attn_branch_l(a_l);  x = x + MLP_l(x)       # (a parallel block: + mlp_r[l])
+    x    = resid_post[l] + (mlp_c[l] - mlp_r[l])                      # MLP sender l (skips its own MLP)
     for j in l+1 .. L-1:  x = x + attn_out_r[j];  x = x + MLP_j(x)
-    logit_p = LN_final(x) . W_U[:, answer] (+ b_U[answer])
+    logit_p = transform(LN_final(x) . W_U[:, answer] (+ b_U[answer]))
 
-(MLP_j includes its pre-norm; for parallel attention/MLP blocks, GPT-J/NeoX style, MLP_j reads the
-block input instead, and MLP_l is untouched by a head at layer l.)  All senders of all layers are
-advanced together, one batched MLP call per layer, and only the answer token's unembedding column
-is computed.  :func:`path_patching_reference` is the textbook version -- one hooked forward pass
-per sender, on the patching core (:mod:`engine.techniques.patch_rows`) -- kept for verification and
-benchmarks; the two agree to float rounding.
+All senders of all layers are advanced together, one batched MLP call per layer, and only the answer
+token's unembedding column is computed.  Each batch first checks the block model against the model
+itself (the heads' outputs reach the attention output linearly; one unchanged chain gives back the
+model's answer logit); where it does not hold, the technique runs the textbook loop instead and says so
+(``PatchingRaw.fallback``, the table's ``fallback``, one line in the CLI, a note on the page).
+:func:`path_patching_reference` is the textbook version -- one hooked forward pass per sender, on the
+patching core (:mod:`engine.techniques.patch_rows`) -- kept for verification and benchmarks; the two
+agree to float rounding.
 """
 
 from __future__ import annotations
@@ -55,8 +59,9 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
-from engine.progress import ProgressFn
+from engine.progress import ProgressFn, note
 from engine.prompts.pairs import PromptPair
+from engine.techniques import end_chain
 from engine.techniques.batching import batches, pair_batches
 from engine.techniques.patch_rows import (
     Edit,
@@ -69,6 +74,7 @@ from engine.techniques.patch_rows import (
     replace_except_head,
     take,
 )
+from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 
 METHOD = "path_patching"
 METRICS: tuple[str, ...] = ("effect", "logit_diff", "prob_diff")
@@ -90,6 +96,7 @@ class PatchingRaw:
     prob_o: torch.Tensor | None = None      # [P]
     head_prob: torch.Tensor | None = None   # [P, L, H]
     mlp_prob: torch.Tensor | None = None    # [P, L]
+    fallback: str | None = None             # why the textbook loop computed this (None: the fast path)
 
     def per_pair(self, metric: str) -> tuple[torch.Tensor, torch.Tensor]:
         """([P, L, H], [P, L]) values of ``metric`` for each pair."""
@@ -158,62 +165,47 @@ def summarize(raw: PatchingRaw) -> list[SenderValue]:
 # fast exact path patching
 # ---------------------------------------------------------------------------------------------
 
-def end_chain_hooks(n_layers: int) -> tuple[list[HookName], list[HookName]]:
-    """(X_r, X_c) activations the END chains read: per layer z, attention out, resid_pre and MLP out of
-    X_r; z and MLP out of X_c."""
-    ref = [n for layer in range(n_layers) for n in (hooks.attn_z(layer), hooks.attn_out(layer),
-                                                    hooks.resid_pre(layer), hooks.mlp_out(layer))]
-    cf = [n for layer in range(n_layers) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
-    return ref, cf
-
-
 @torch.no_grad()
 def path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
                   with_prob: bool = False, progress: ProgressFn | None = None) -> PatchingRaw:
-    """Every head and MLP as sender, answer logit as receiver -- exact, END-position chains."""
+    """Every head and MLP as sender, answer logit as receiver -- exact: the END chains where the model's block
+    model checks out (module docstring), the textbook loop where it does not (``fallback`` says why)."""
+    try:
+        return _path_patching_chains(backend, pairs, batch_size=batch_size, with_prob=with_prob, progress=progress)
+    except ShortcutMismatch as e:
+        raw = path_patching_loop(backend, pairs, with_prob=with_prob, progress=progress)
+        raw.fallback = fallback_note("path patching", str(e))
+        return raw
+
+
+def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int,
+                          with_prob: bool, progress: ProgressFn | None) -> PatchingRaw:
     f = backend.facts
     L, H = f.n_layers, f.n_heads
+    end_chain.check_components(backend)
     W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
-    parallel = backend.parallel_attn_mlp
-    ref_names, cf_names = end_chain_hooks(L)
+    ref_names, cf_names = end_chain.chain_hooks(L)
     logit_o, head_logit, mlp_logit = [], [], []
     prob_o, head_prob, mlp_prob = [], [], []
     chunks = pair_batches(backend, pairs, batch_size)
     for ci, b in enumerate(chunks):
-        P, end, at_end = len(b.pairs), b.end, b.at_end
+        P, end = len(b.pairs), b.end
         answer = b.answer.to(backend.device)
         at = end.reshape(-1, 1)  # only END is unembedded: the chains below read the rest
         lg_r, c_r = backend.run_with_cache_at(b.ref, b.mask, ref_names, at)
         _, c_c = backend.run_with_cache_at(b.cf, b.mask, cf_names, at)
+        acts = end_chain.EndActs.of(c_r, c_c, b.at_end, L)
+        del c_r, c_c
 
         lo = lg_r[:, 0].float()  # [P, vocab]
-        logit_o.append(lo[torch.arange(P), answer].cpu())
+        model_logit = lo[torch.arange(P), answer]
+        end_chain.check_block_model(backend, acts, W_O, f.dtype)
+        x, check = end_chain.run_chains(backend, acts, W_O)  # [P, L * (H + 1), d_model], [P, d_model]
+        check_reproduces("the unchanged END chain", backend.answer_logits(check, answer), model_logit,
+                         logit_scale(lo), f.dtype)
+        logit_o.append(model_logit.cpu())
         if with_prob:
             prob_o.append(torch.softmax(lo, -1)[torch.arange(P), answer].cpu())
-
-        x: torch.Tensor | None = None  # [P, n_chains, d_model]: all senders started so far
-        for j in range(L):
-            z_r = at_end(c_r[hooks.attn_z(j)])          # [P, H, d_head]
-            z_c = at_end(c_c[hooks.attn_z(j)])          # [P, H, d_head]
-            attn_r = at_end(c_r[hooks.attn_out(j)])     # [P, d_model]
-            pre_r = at_end(c_r[hooks.resid_pre(j)])     # [P, d_model]
-            mlp_r = at_end(c_r[hooks.mlp_out(j)])       # [P, d_model]
-            mlp_c = at_end(c_c[hooks.mlp_out(j)])       # [P, d_model]
-            if x is not None:  # advance chains started below layer j
-                if parallel:
-                    x = x + attn_r[:, None] + _mlp(backend, j, x)
-                else:
-                    x = x + attn_r[:, None]
-                    x = x + _mlp(backend, j, x)
-            delta = torch.einsum("phd,hdm->phm", z_c - z_r, W_O[j])  # [P, H, d_model]
-            if parallel:
-                hx = (pre_r + attn_r + mlp_r)[:, None] + delta
-            else:
-                hx = (pre_r + attn_r)[:, None] + delta
-                hx = hx + _mlp(backend, j, hx)
-            mx = (pre_r + attn_r + mlp_r + (mlp_c - mlp_r))[:, None]  # MLP sender: its output from X_c
-            new = torch.cat([hx, mx], dim=1)  # [P, H + 1, d_model]
-            x = new if x is None else torch.cat([x, new], dim=1)
         n_chains = x.shape[1]  # L * (H + 1), layer-major: heads 0..H-1 then the MLP
         flat = x.reshape(P * n_chains, -1)
         ans = answer.repeat_interleave(n_chains)
@@ -232,20 +224,11 @@ def path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_s
                        torch.cat(mlp_prob) if with_prob else None)
 
 
-def _mlp(backend: ModelBackend, layer: int, x: torch.Tensor) -> torch.Tensor:
-    """MLP branch on a [P, n, d_model] stack of END residual vectors."""
-    P, n, d = x.shape
-    return backend.mlp_branch(layer, x.reshape(P * n, d)).reshape(P, n, d)
-
-
 def _answer_probs(backend: ModelBackend, x: torch.Tensor, answer: torch.Tensor, rows: int = 512) -> torch.Tensor:
     """Softmax probability of ``answer[i]`` for residual ``x[i]`` (full vocabulary, in row chunks)."""
-    W_U, b_U = backend.unembed()
     out = []
     for s in range(0, x.shape[0], rows):
-        lg = backend.final_norm(x[s:s + rows]) @ W_U
-        if b_U is not None:
-            lg = lg + b_U
+        lg = backend.final_logits(x[s:s + rows])
         out.append(torch.softmax(lg.float(), -1).gather(1, answer[s:s + rows, None])[:, 0])
     return torch.cat(out)
 
@@ -297,6 +280,38 @@ def sender_hooks(n_layers: int) -> list[HookName]:
     return [n for layer in range(n_layers) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
 
 
+@torch.no_grad()
+def path_patching_loop(backend: ModelBackend, pairs: Sequence[PromptPair], *, with_prob: bool = False,
+                       batch_size: int = 32, rows_per_pass: int = 128,
+                       progress: ProgressFn | None = None) -> PatchingRaw:
+    """Algorithm 1 as written, every sender's own hooked forward pass (senders stacked as rows): the fallback
+    of :func:`path_patching` where the END chains do not reproduce the model.  Exact on any architecture."""
+    f = backend.facts
+    L, H = f.n_layers, f.n_heads
+    senders = all_senders(L, H)
+    logit_o, head_logit, mlp_logit, prob_o, head_prob, mlp_prob = [], [], [], [], [], []
+    chunks = batches(len(pairs), batch_size)
+    for ci, idx in enumerate(chunks):
+        run = prepare(backend, [pairs[i] for i in idx], sender_hooks(L), sender_hooks(L))
+        got = patch_rows(backend, run, senders, lambda grp, run=run: sender_edits(run, grp, L),
+                         rows_per_pass=rows_per_pass, with_prob=with_prob)
+        lg, pr = got if with_prob else (got, None)
+        for values, heads, mlps in ((lg, head_logit, mlp_logit), (pr, head_prob, mlp_prob)):
+            if values is None:
+                continue
+            per = values.T.reshape(len(idx), L, H + 1)  # [P, L, H + 1]: senders are layer-major, MLP last
+            heads.append(per[:, :, :H])
+            mlps.append(per[:, :, H])
+        logit_o.append(run.logit_o)
+        prob_o.append(run.prob_o)
+        if progress is not None:
+            progress(ci + 1, len(chunks))
+    return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit),
+                       torch.cat(prob_o) if with_prob else None,
+                       torch.cat(head_prob) if with_prob else None,
+                       torch.cat(mlp_prob) if with_prob else None)
+
+
 def path_patching_reference(backend: ModelBackend, pairs: Sequence[PromptPair],
                             senders: Sequence[Sender] | None = None, *, batch_size: int = 32
                             ) -> dict[Sender, torch.Tensor]:
@@ -326,6 +341,7 @@ class PatchingTable:
     n_heads: int
     n_pairs: int
     values: list[SenderValue] = field(default_factory=list)
+    fallback: str | None = None  # why the textbook loop computed it (None: the fast path, checked)
 
     def groups(self) -> list[str]:
         return sorted({v.group for v in self.values})
@@ -386,10 +402,14 @@ def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
 
     def compute():
         raw = path_patching(backend, pairs, batch_size=batch_size, with_prob=with_prob, progress=progress)
-        return summarize(raw), {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs)}
+        return summarize(raw), {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs),
+                                "fallback": raw.fallback or ""}
 
     values, art, computed = run_cached_rows(backend, pairs, METHOD, params, compute, SenderValue, cache=cache)
-    return PatchingTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]), values), computed
+    if art.get("fallback"):
+        note(art["fallback"])
+    return PatchingTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]), values,
+                         art.get("fallback") or None), computed
 
 # ---------------------------------------------------------------------------------------------
 # the command line (``python -m engine patch``, registered in engine.registry)
@@ -422,7 +442,7 @@ def cli(args, ctx) -> dict:
     top = table.top_heads(5, ranking)
     excluded, _ = table.guard_counts()
     return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "senders": len(out),
-            "answer_tokens": ctx.answer_tokens(pairs),
+            "answer_tokens": ctx.answer_tokens(pairs), "fallback": table.fallback,
             "effect_guard": {"excluded_pairs": excluded, "ranked_by": ranking, "note": table.effect_note()},
             "top_heads": [{"layer": layer, "head": h, ranking: e} for layer, h, e in top]}
 

@@ -34,10 +34,11 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
-from engine.progress import ProgressFn, Stages
+from engine.progress import ProgressFn, Stages, note
 from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import TOKENS_PER_PASS, check_pairs, length_chunks
 from engine.techniques.patch_rows import PatchRun, Slot, from_position, patch_rows, prepare, take
+from engine.techniques.shortcut import ShortcutMismatch, fallback_note
 
 METHOD = "layer_position_patching"
 RESTORED_MIN_GAP = 1e-3
@@ -51,6 +52,7 @@ class PositionRaw:
     logit_o: torch.Tensor   # [P]
     logit_c: torch.Tensor   # [P]
     patched: torch.Tensor   # [P, L, W]  (nan where the prompt is shorter than p + 1)
+    fallback: str | None = None  # why whole prompts were run (None: continued from X_r's keys and values)
 
     def metric(self, name: str) -> torch.Tensor:
         """[P, L, W] values of ``logit_diff`` or ``restored``."""
@@ -72,9 +74,21 @@ def layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], 
     values of the positions before p (:func:`engine.techniques.patch_rows.from_position`: nothing
     before p differs from X_r's run).  A backend that cannot keep keys and values runs whole prompts."""
     check_pairs(pairs, backend.facts.vocab_size)
+    if backend.continues:
+        try:
+            return _layer_position_patching(backend, pairs, True, rows_per_pass, progress)
+        except ShortcutMismatch as e:
+            raw = _layer_position_patching(backend, pairs, False, rows_per_pass, progress)
+            raw.fallback = fallback_note("layer x position patching", str(e))
+            return raw
+    return _layer_position_patching(backend, pairs, False, rows_per_pass, progress)
+
+
+def _layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], continues: bool,
+                             rows_per_pass: int, progress: ProgressFn | None) -> PositionRaw:
     L = backend.facts.n_layers
     names = [hooks.resid_pre(layer) for layer in range(L)]
-    chunks = length_chunks(pairs, TOKENS_PER_PASS) if backend.continues else [list(range(len(pairs)))]
+    chunks = length_chunks(pairs, TOKENS_PER_PASS) if continues else [list(range(len(pairs)))]
     W = max(len(p.ref_ids) for p in pairs)
     patched = torch.full((len(pairs), L, W), float("nan"))  # [P, L, W]
     logit_o, logit_c = torch.empty(len(pairs)), torch.empty(len(pairs))
@@ -86,7 +100,7 @@ def layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], 
         by_start: dict[int, list[tuple[int, int]]] = defaultdict(list)
         T = run.ref.shape[1]
         for layer, rel in cells:  # one length: a cell's position is T - 1 - rel for every prompt
-            by_start[T - 1 - rel if backend.continues else 0].append((layer, rel))
+            by_start[T - 1 - rel if continues else 0].append((layer, rel))
         prefix = backend.prefix(run.ref[:, :T - 1]) if any(st > 0 for st in by_start) else None
         parts = Stages(steps.stage(ci), [len(c) for c in by_start.values()])
         for si, (start, group_cells) in enumerate(sorted(by_start.items())):
@@ -202,10 +216,13 @@ def cached_layer_position_patching(backend: ModelBackend, pairs: Sequence[Prompt
     mine = list(pairs) if group in (None, "*") else group_pairs(pairs, group)
 
     def compute():
-        return summarize(layer_position_patching(backend, mine, progress=progress), tokens), None
+        raw = layer_position_patching(backend, mine, progress=progress)
+        return summarize(raw, tokens), {"fallback": raw.fallback or ""}
 
-    cells, _, computed = run_cached_rows(backend, mine, METHOD, params, compute, PositionCell,
-                                         ("logit_diff", "restored"), cache)
+    cells, art, computed = run_cached_rows(backend, mine, METHOD, params, compute, PositionCell,
+                                           ("logit_diff", "restored"), cache)
+    if art.get("fallback"):
+        note(art["fallback"])
     if group is not None:
         cells = [c for c in cells if c.group == group]
     return sorted(cells, key=lambda c: (c.group, c.layer, c.rel)), computed

@@ -109,7 +109,9 @@ def test_each_row_runs_the_end_token_alone(backend):
     raw = head_path_patching(model, pairs, receiver)
     rows = len(senders_before(receiver, model.facts.n_heads)) * len(pairs)
     whole = sum(3 * len(p.ref_ids) - 1 for p in pairs)  # X_r, X_c and the prefix before END
-    assert model.meter.body_tokens == whole + rows
+    checks = len(pairs)  # the self-check: every prompt's END token continued once with no edit
+    assert model.meter.body_tokens == whole + rows + checks
+    assert raw.fallback is None
     want = head_path_patching_reference(model, pairs, receiver)
     done = ~torch.isnan(want.head_logit)
     assert torch.allclose(raw.head_logit[done], want.head_logit[done], atol=1e-4)
