@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import json
 import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
@@ -60,9 +61,34 @@ def cache_only() -> Iterator[None]:
         _CACHE_ONLY.reset(token)
 
 
+#: the libraries whose versions are part of every cache key: a new version can change the numbers
+KEYED_LIBRARIES = ("torch", "transformers", "transformer-lens", "nnsight")
+
+
+@functools.lru_cache(maxsize=1)
+def library_versions() -> dict[str, str]:
+    """The installed versions of :data:`KEYED_LIBRARIES` (``"-"`` for one that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+    out = {}
+    for name in KEYED_LIBRARIES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "-"
+    return out
+
+
+def keyed(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` as stored and keyed: with the versions of what computed the result (``computed_by``)."""
+    return {**params, "computed_by": library_versions()}
+
+
 def run_cached(model, pairs: Sequence[PromptPair], method: str, params: Mapping[str, Any], compute: Compute,
                cache=None) -> tuple[list[Any], dict[str, Any], bool]:
-    """(rows, artifacts, computed) of ``method`` on ``pairs``, from the cache or ``compute()``."""
+    """(rows, artifacts, computed) of ``method`` on ``pairs``, from the cache or ``compute()``.
+
+    The key and the stored parameters include :func:`library_versions`: a result says what computed it."""
+    params = keyed(params)
     if _CACHE_ONLY.get():
         hit = stored(model, pairs, method, params, cache)
         if hit is None:
@@ -87,7 +113,7 @@ def stored(model, pairs: Sequence[PromptPair], method: str, params: Mapping[str,
         return None
     from cache import make_key
     f = model.facts
-    run = cache.get(make_key(f.fingerprint, prompt_set_hash(pairs), method, params))
+    run = cache.get(make_key(f.fingerprint, prompt_set_hash(pairs), method, keyed(params)))
     return None if run is None else (list(run.rows), dict(run.artifacts or {}))
 
 

@@ -407,8 +407,10 @@ def evaluate_cached(model, bench: str, *, data_dir: str | Path | None = None, sp
         computed = True
     else:
         from cache import make_key
+        from engine.results import keyed
         fp = model.facts.fingerprint
         psh = _item_set_hash(items, prompts)
+        params = keyed(params)
         run, computed = cache.get_or_compute(make_key(fp, psh, METHOD, params), compute, model_fingerprint=fp,
                                              prompt_set_hash=psh, method=METHOD, params=params)
         art = dict(run.artifacts or {})

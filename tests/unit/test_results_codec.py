@@ -201,3 +201,30 @@ def test_fields_with_init_false_are_not_stored():
 
     got = decode_rows(Derived, encode_rows([Derived(1, 2.0)]))
     assert got[0].double == 4.0 and got[0].layer == 1
+
+
+def test_a_result_says_what_computed_it_and_a_new_version_misses(tmp_path, monkeypatch):
+    """Issue 31: the key and the stored params hold the versions of torch, transformers, transformer-lens and
+    nnsight; a result computed under other versions is not served."""
+    import engine.results as results
+    model = SimpleNamespace(facts=SimpleNamespace(fingerprint="fp"))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return [Long("head", 0, 0, "*", "effect", 1.0)], {}
+
+    cache = ResultCache(tmp_path / "c.duckdb")
+    run_cached_rows(model, [], "m", {"a": 1}, compute, Long, cache=cache)
+    (summary,) = cache.list_runs("m")
+    stored_by = cache.get(summary.run_id).params["computed_by"]
+    assert set(stored_by) == {"torch", "transformers", "transformer-lens", "nnsight"}
+    assert stored_by == results.library_versions() and all(v not in ("", "-") for v in stored_by.values())
+    run_cached_rows(model, [], "m", {"a": 1}, compute, Long, cache=cache)
+    assert len(calls) == 1  # same versions: served
+    newer = dict(results.library_versions(), transformers="99.0.0")
+    monkeypatch.setattr(results, "library_versions", lambda: newer)
+    assert results.stored(model, [], "m", {"a": 1}, cache) is None
+    run_cached_rows(model, [], "m", {"a": 1}, compute, Long, cache=cache)
+    assert len(calls) == 2  # another transformers: computed again, beside the old result
+    assert len(cache.list_runs("m")) == 2
