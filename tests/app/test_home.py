@@ -59,6 +59,18 @@ def test_directory_that_is_not_a_model(tmp_path):
     assert at.error and "Cannot load model" in at.error[0].value
 
 
+def test_an_architecture_the_lab_cannot_study_gives_one_error(tmp_path):
+    """Issue 31: a model whose blocks hold a Mamba mixer is refused with the reason, not a traceback."""
+    from tests.integration.tiny_models import build_tiny
+    model_dir = build_tiny("falcon_h1", tmp_path / "falcon_h1")
+    at = _run()
+    at.sidebar.text_input(key="model_spec_input").set_value(str(model_dir))
+    next(b for b in at.button if b.label == "Load model").click().run()
+    assert not at.exception
+    assert len(at.error) == 1 and "FalconH1ForCausalLM" in at.error[0].value and "Mamba" in at.error[0].value
+    assert "Traceback" not in at.error[0].value
+
+
 def test_no_operation_selected():
     at = _run()
     next(m for m in at.multiselect if m.label == "Operations").set_value([])
