@@ -151,7 +151,8 @@ def kept_values(y: np.ndarray, folds: int = FOLDS) -> np.ndarray:
     ok = vals[counts >= folds]
     if len(ok) < 2:
         raise ValueError(f"the probe needs at least {folds} prompts per value for two values or more "
-                         f"(here: {dict(zip(vals.tolist(), counts.tolist()))}): raise --n or add operations")
+                         f"(here: {dict(zip(vals.tolist(), counts.tolist()))}): use more prompts per operation "
+                         f"or add operations")
     return np.isin(y, ok)
 
 
@@ -481,7 +482,8 @@ def causal_plan(backend: ModelBackend, pairs: Sequence[PromptPair], X: np.ndarra
         shift.append(mu[cp] - mu[ci])
     if not idx:
         raise ValueError("no prompt has another answer value with a different first token: the causal check "
-                         "needs answers that start with different tokens (raise --n or add operations)")
+                         "needs answers that start with different tokens (use more prompts per operation or add "
+                         "operations)")
     S = np.stack(shift)
     G = rng.standard_normal(S.shape)
     G *= (np.linalg.norm(S, axis=1) / np.linalg.norm(G, axis=1))[:, None]

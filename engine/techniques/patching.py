@@ -218,10 +218,14 @@ def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *,
             mlp_prob.append(pp[:, :, H])
         if progress is not None:
             progress(ci + 1, len(chunks))
-    return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit),
-                       torch.cat(prob_o) if with_prob else None,
-                       torch.cat(head_prob) if with_prob else None,
-                       torch.cat(mlp_prob) if with_prob else None)
+    return _joined(pairs, (logit_o, head_logit, mlp_logit), (prob_o, head_prob, mlp_prob) if with_prob else None)
+
+
+def _joined(pairs: Sequence[PromptPair], logits: tuple[list, list, list], probs: tuple[list, list, list] | None
+            ) -> PatchingRaw:
+    """PatchingRaw of per-batch (logit_o, head, mlp) lists, and of the probabilities' where computed."""
+    p = [torch.cat(x) for x in probs] if probs is not None else [None, None, None]
+    return PatchingRaw(list(pairs), *[torch.cat(x) for x in logits], *p)
 
 
 def _answer_probs(backend: ModelBackend, x: torch.Tensor, answer: torch.Tensor, rows: int = 512) -> torch.Tensor:
@@ -306,10 +310,7 @@ def path_patching_loop(backend: ModelBackend, pairs: Sequence[PromptPair], *, wi
         prob_o.append(run.prob_o)
         if progress is not None:
             progress(ci + 1, len(chunks))
-    return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit),
-                       torch.cat(prob_o) if with_prob else None,
-                       torch.cat(head_prob) if with_prob else None,
-                       torch.cat(mlp_prob) if with_prob else None)
+    return _joined(pairs, (logit_o, head_logit, mlp_logit), (prob_o, head_prob, mlp_prob) if with_prob else None)
 
 
 def path_patching_reference(backend: ModelBackend, pairs: Sequence[PromptPair],

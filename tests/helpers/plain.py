@@ -208,23 +208,29 @@ def path_patching(plain: Plain, pairs) -> tuple[torch.Tensor, torch.Tensor, torc
                 x[rows, end, sender_head] = c["z"][layer][rows, end, sender_head]
             return x.reshape(*x.shape[:2], -1)
         return fn
-    for sl in range(L):
-        for sh in list(range(H)) + [None]:
-            pre = {plain.o_proj(j): frozen(j, sh if j == sl else None) for j in range(L)}
-            post = {}
+    each_sender(plain, ref, c["mlp"], end, answer, L, frozen, dict, head, mlp)
+    return logit_o, head, mlp
+
+
+def each_sender(plain: Plain, ref, cf_mlp, end, answer, n_layers: int, frozen, post, head, mlp) -> None:
+    """One forward pass per sender of layers < ``n_layers``: o_proj inputs from ``frozen(layer, sender_head)``,
+    an MLP sender's END output from ``cf_mlp``, ``post()``'s hooks besides; answer logits into head / mlp."""
+    rows = torch.arange(len(ref))
+    for sl in range(n_layers):
+        for sh in list(range(plain.H)) + [None]:
+            pre = {plain.o_proj(j): frozen(j, sh if j == sl else None) for j in range(plain.L)}
+            hooks = post()
             if sh is None:
                 def put(x, sl=sl):
                     x = x.clone()
-                    x[rows, end] = c["mlp"][sl][rows, end].to(x.dtype)
+                    x[rows, end] = cf_mlp[sl][rows, end].to(x.dtype)
                     return x
-                post[plain.mlp_out(sl)] = put
-            got, _ = plain.run(ref, pre, post)
-            v = got[rows, end, answer]
+                hooks[plain.mlp_out(sl)] = put
+            v = plain.run(ref, pre, hooks)[0][rows, end, answer]
             if sh is None:
                 mlp[:, sl] = v
             else:
                 head[:, sl, sh] = v
-    return logit_o, head, mlp
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,22 +314,7 @@ def head_to_head(plain: Plain, pairs, receiver: tuple[int, int, str]
             new[..., split[which]] = x[..., split[which]]
             return new
         return {proj["qkv"]: fn}
-    for sl in range(lr):
-        for sh in list(range(H)) + [None]:
-            pre = {plain.o_proj(j): frozen(j, sh if j == sl else None) for j in range(L)}
-            post = frozen_inputs()
-            if sh is None:
-                def put(x, sl=sl):
-                    x = x.clone()
-                    x[rows, end] = c["mlp"][sl][rows, end].to(x.dtype)
-                    return x
-                post[plain.mlp_out(sl)] = put
-            got, _ = plain.run(ref, pre, post)
-            v = got[rows, end, answer]
-            if sh is None:
-                mlp[:, sl] = v
-            else:
-                head[:, sl, sh] = v
+    each_sender(plain, ref, c["mlp"], end, answer, lr, frozen, frozen_inputs, head, mlp)
     return logit_o, head, mlp
 
 
