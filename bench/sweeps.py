@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,8 +30,8 @@ import torch
 
 from bench.path_patching import organism_label
 from bench.path_patching import qwen_shaped as build_qwen_shaped
+from bench.work import Counter, fe
 from engine.backends import open_model
-from engine.backends.base import macs_per_position
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.ablation import (
     Knockout,
@@ -43,49 +43,6 @@ from engine.techniques.ablation import (
 )
 from engine.techniques.accuracy import score_pairs
 from engine.techniques.patching import cached_path_patching
-
-
-@dataclass
-class Counter:
-    """Counts the work of every forward call and END chain of one backend (wrapping its methods)."""
-
-    body: int = 0
-    unembed: int = 0
-    mlp_rows: int = 0
-    calls: int = 0
-    log: list = field(default_factory=list)
-
-    def attach(self, backend) -> None:
-        logits, rwc, mlp = backend.logits, backend.run_with_cache, backend.mlp_branch
-
-        def count(ids, out):
-            self.calls += 1
-            self.body += int(ids.numel())
-            self.unembed += int(out.shape[:-1].numel())
-
-        def logits_w(ids, mask=None):
-            out = logits(ids, mask)
-            count(ids, out)
-            return out
-
-        def rwc_w(ids, mask, names):
-            out = rwc(ids, mask, names)
-            count(ids, out[0])
-            return out
-
-        def mlp_w(layer, x):
-            self.mlp_rows += int(x.shape[0])
-            return mlp(layer, x)
-        backend.logits, backend.run_with_cache, backend.mlp_branch = logits_w, rwc_w, mlp_w
-
-    def snapshot(self) -> tuple[int, int, int, int]:
-        return self.body, self.unembed, self.mlp_rows, self.calls
-
-
-def fe(facts, unit_tokens: int, body: float, unembed: float, mlp_rows: float = 0) -> float:
-    """Forward-equivalents of counted work; ``unit_tokens`` = positions of one padded pass of the set."""
-    c_body, c_unembed, c_mlp = macs_per_position(facts)
-    return (body * c_body + unembed * c_unembed + mlp_rows * c_mlp) / (unit_tokens * (c_body + c_unembed))
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""Counting a benchmark's work in forward-equivalents (shared by ``bench/sweeps.py`` and ``bench/path_patching.py``).
+
+Forward-equivalent (FE): one batched forward pass of the prompt set (right-padded, full logits) = 1.  The work of
+every forward call is *counted* (positions through the blocks, positions through the final norm + unembedding,
+MLP-branch rows of the exact END chains) by wrapping the backend's methods, and weighted by multiply-accumulates
+per position from the model's shape (:func:`engine.backends.base.macs_per_position`); attention scores are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.backends.base import macs_per_position
+
+
+@dataclass
+class Counter:
+    """Counts the work of every forward call and END chain of one backend (wrapping its methods)."""
+
+    body: int = 0
+    unembed: int = 0
+    mlp_rows: int = 0
+    calls: int = 0
+    log: list = field(default_factory=list)
+
+    def attach(self, backend) -> None:
+        logits, rwc, mlp = backend.logits, backend.run_with_cache, backend.mlp_branch
+
+        def count(ids, out):
+            self.calls += 1
+            self.body += int(ids.numel())
+            self.unembed += int(out.shape[:-1].numel())
+
+        def logits_w(ids, mask=None):
+            out = logits(ids, mask)
+            count(ids, out)
+            return out
+
+        def rwc_w(ids, mask, names):
+            out = rwc(ids, mask, names)
+            count(ids, out[0])
+            return out
+
+        def mlp_w(layer, x):
+            self.mlp_rows += int(x.shape[0])
+            return mlp(layer, x)
+        backend.logits, backend.run_with_cache, backend.mlp_branch = logits_w, rwc_w, mlp_w
+
+    def snapshot(self) -> tuple[int, int, int, int]:
+        return self.body, self.unembed, self.mlp_rows, self.calls
+
+
+def fe(facts, unit_tokens: int, body: float, unembed: float, mlp_rows: float = 0) -> float:
+    """Forward-equivalents of counted work; ``unit_tokens`` = positions of one padded pass of the set."""
+    c_body, c_unembed, c_mlp = macs_per_position(facts)
+    return (body * c_body + unembed * c_unembed + mlp_rows * c_mlp) / (unit_tokens * (c_body + c_unembed))
