@@ -41,8 +41,8 @@ class AttnLayout:
     modules: Layout
 
     @property
-    def fused_qkv(self) -> bool:  # GPT-2: one Conv1D c_attn producing [q | k | v]
-        return self.modules.qkv_style == "gpt2"
+    def fused_qkv(self) -> bool:  # one projection producing q, k and v (GPT-2, GPT-NeoX): see fused_rows
+        return self.modules.qkv_style != "separate"
 
     def attn(self, model: nn.Module, layer: int) -> nn.Module:
         return model.get_submodule(f"{self.modules.layers}.{layer}.{self.modules.attn}")
@@ -67,23 +67,34 @@ class AttnLayout:
 
 
 def attn_layout(model: nn.Module) -> AttnLayout:
-    """The attention layout of a plain HF model: GPT-2, or any Llama-style q/k/v/o_proj model."""
+    """The attention layout of a plain HF model: its row of the layout table (Llama-style q/k/v/o_proj where
+    the table has none) and its sizes from the config; FinetuneError where the modules are not there."""
     cfg = model.config
     mt = getattr(cfg, "model_type", "")
-    if mt == "gpt2":
-        n_heads = int(cfg.n_head)
-        return AttnLayout(int(cfg.n_layer), n_heads, n_heads, int(cfg.n_embd) // n_heads, int(cfg.n_embd),
-                          LAYOUTS["gpt2"])
     modules = LAYOUTS.get(mt, LLAMA)
-    layers = model.get_submodule(modules.layers) if modules.qkv_style == "separate" and \
-        _has_module(model, modules.layers) else None
-    if layers is not None and len(layers) and all(_has_module(layers[0], p) for p in (*modules.qkv, modules.o_proj)):
-        n_heads = int(cfg.num_attention_heads)
+    projections = (modules.qkv,) if isinstance(modules.qkv, str) else tuple(modules.qkv)
+    layers = model.get_submodule(modules.layers) if _has_module(model, modules.layers) else None
+    if layers is not None and len(layers) and all(_has_module(layers[0], p) for p in (*projections, modules.o_proj)):
+        n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+        d_model = int(getattr(cfg, "hidden_size", None) or cfg.n_embd)
         n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
-        d_head = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads)
-        return AttnLayout(len(layers), n_heads, n_kv, d_head, int(cfg.hidden_size), modules)
+        d_head = int(getattr(cfg, "head_dim", None) or d_model // n_heads)
+        return AttnLayout(len(layers), n_heads, n_kv, d_head, d_model, modules)
     raise FinetuneError(f"precise SFT does not know the attention layout of model type {mt!r}; "
-                        f"supported: Llama-style q/k/v/o_proj (Llama, Mistral, Qwen2, Gemma ...) and GPT-2")
+                        f"supported: Llama-style q/k/v/o_proj (Llama, Mistral, Qwen2, Gemma ...), GPT-2, GPT-J "
+                        f"and GPT-NeoX")
+
+
+def fused_rows(layout: AttnLayout, heads: Sequence[int], kv: Sequence[int]) -> torch.Tensor:
+    """Output rows of a fused q/k/v projection for ``heads``' queries and the KV groups ``kv``' keys and values:
+    GPT-2 stacks the blocks [q (H d_head) | k (KV d_head) | v (KV d_head)], GPT-NeoX interleaves them per head
+    [q_0 k_0 v_0 | q_1 k_1 v_1 | ...]."""
+    dh = layout.d_head
+    if layout.modules.qkv_style == "neox":
+        return torch.cat([torch.arange((3 * h + part) * dh, (3 * h + part + 1) * dh, dtype=torch.long)
+                          for part, hs in ((0, heads), (1, kv), (2, kv)) for h in hs])
+    q_size, kv_size = layout.n_heads * dh, layout.n_kv_heads * dh
+    return torch.cat([_rows(heads, dh), _rows(kv, dh, q_size), _rows(kv, dh, q_size + kv_size)])
 
 
 def _has_module(model: nn.Module, path: str) -> bool:
@@ -249,7 +260,7 @@ class HeadSlices:
             kv_rows = _rows(spec.kv, lay.d_head)
             if lay.fused_qkv:
                 qkv, o = lay.projection_names()
-                rows = torch.cat([q_rows, kv_rows + lay.d_model, kv_rows + 2 * lay.d_model])
+                rows = fused_rows(lay, spec.heads, spec.kv)
                 fused, out = getattr(attn, qkv), getattr(attn, o)
                 self._swap(attn, qkv, _RowSliced(fused, rows.to(fused.weight.device)), spec)
                 self._swap(attn, o, _ColSliced(out, q_rows.to(out.weight.device)), spec)

@@ -254,9 +254,10 @@ def trainable(model: nn.Module, config: TrainConfig) -> Iterator[tuple[nn.Module
     else:
         from peft import LoraConfig, get_peft_model
 
+        layout = attn_layout(model)
         lcfg = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
-                          target_modules=attn_layout(model).lora_targets(), task_type="CAUSAL_LM",
-                          fan_in_fan_out=getattr(model.config, "model_type", "") == "gpt2")
+                          target_modules=layout.lora_targets(), task_type="CAUSAL_LM",
+                          fan_in_fan_out=layout.modules.conv1d)  # GPT-2's Conv1D stores [in, out]
         peft_model = get_peft_model(model, lcfg)
         try:
             yield peft_model, [p for p in peft_model.parameters() if p.requires_grad], None

@@ -270,8 +270,9 @@ def sft_cell(model_dir: Path, refs: References) -> Cell:
     outside = [k for k, old in before.items()
                if not torch.equal(after[k][~masks[k]] if k in masks else after[k],
                                   old[~masks[k]] if k in masks else old)]
-    moved = [k for k, m in masks.items() if not k.endswith(("k_proj.bias", "attn.bias"))
-             and bool((after[k][m] == before[k][m]).any())]  # a key bias shifts every score of a query alike
+    # a key bias shifts every score of a query alike (no gradient): biases holding keys are not asked to move
+    moved = [k for k, m in masks.items() if not k.endswith(("k_proj.bias", "attn.bias", "query_key_value.bias"))
+             and bool((after[k][m] == before[k][m]).any())]
     if outside or moved:
         return Cell("WRONG", float("inf"), f"changed outside the slices: {outside[:3]}; slice entries that did "
                                           f"not move: {moved[:3]}")
