@@ -80,7 +80,7 @@ def library_versions() -> dict[str, str]:
 
 def keyed(params: Mapping[str, Any]) -> dict[str, Any]:
     """``params`` as stored and keyed: with the versions of what computed the result (``computed_by``)."""
-    return {**params, "computed_by": library_versions()}
+    return {**params, "computed_by": dict(library_versions())}
 
 
 def run_cached(model, pairs: Sequence[PromptPair], method: str, params: Mapping[str, Any], compute: Compute,

@@ -11,6 +11,7 @@ import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException, StopException
 
 from cache import CacheError
+from engine.progress import cancel_check, collect_notes
 from engine.prompts.pairs import PromptError
 
 T = TypeVar("T")
@@ -175,7 +176,6 @@ def progress_bar(text: str, key: str | None = None, *, on_demand: bool = False
 
 def cancellable(bar: ProgressBar):
     """``with cancellable(bar):`` -- forward passes inside check ``bar`` at every layer."""
-    from engine.progress import cancel_check
     return cancel_check(bar.check)
 
 
@@ -187,7 +187,6 @@ def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], 
                       stop: bool = False, on_demand: bool = False) -> T | None:
     """``compute(progress)`` under a progress bar with Stop (``on_demand``: see :func:`progress_bar`); a user
     error is one ``st.error`` ("Cannot {failure}: ...") and then None, or the end of the page when ``stop``."""
-    from engine.progress import collect_notes
     bar, cb = progress_bar(text, key, on_demand=on_demand)
     try:
         with cancellable(bar), collect_notes() as notes:

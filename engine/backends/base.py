@@ -35,7 +35,7 @@ import torch
 
 from engine.backends import hooks as hook_names
 from engine.backends.hooks import HookName
-from engine.backends.layouts import LogitTransform, final_norm_takes_rows
+from engine.backends.layouts import final_norm_takes_rows
 from engine.models.facts import ModelFacts
 
 HookFn = Callable[[torch.Tensor], torch.Tensor | None]
@@ -273,7 +273,7 @@ class ModelBackend(ABC):
 
     @property
     @abstractmethod
-    def logit_transform(self) -> LogitTransform:
+    def logit_transform(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """What the model does to ``final_norm(x) @ W_U + b_U`` before returning logits (elementwise)."""
 
     def answer_logits(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:

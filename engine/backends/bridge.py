@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 
 from engine.backends import hooks as hook_names
 from engine.backends.base import HookFn, MissingActivation, ModelBackend, in_cpu_chunks, select_rows
-from engine.backends.layouts import LogitTransform
 from engine.models.load import LoadedModel
 
 
@@ -151,8 +151,8 @@ class BridgeBackend(ModelBackend):
             return in_cpu_chunks(branch, x, dev)
 
     @property
-    def logit_transform(self) -> LogitTransform:
-        return _AdapterTransform(self.bridge.adapter)
+    def logit_transform(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.bridge.adapter.apply_output_logits_transform  # the adapter's own account of the architecture
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         norm = self.bridge.ln_final
@@ -188,16 +188,6 @@ def check_hooks(bridge, facts) -> None:
             raise ModelLoadError(f"{facts.architecture} cannot be studied exactly here: TransformerBridge exposes no "
                                  f"{what} ({build(missing[0])}) in layer(s) {layers} -- the lab patches attention "
                                  f"heads and MLPs, and not all of this architecture's layers have them")
-
-
-class _AdapterTransform(LogitTransform):
-    """The bridge adapter's ``apply_output_logits_transform`` (its own account of the architecture)."""
-
-    def __init__(self, adapter) -> None:
-        object.__setattr__(self, "adapter", adapter)
-
-    def __call__(self, lg):
-        return self.adapter.apply_output_logits_transform(lg)
 
 
 def _first(out):

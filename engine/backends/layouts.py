@@ -9,7 +9,7 @@ components, its parallel flag, its residual scale and its output-logits transfor
 ``tests/integration/test_architectures.py`` checks that the two agree on every architecture both map.
 
 **The block model** (:class:`Block`), what the exact END chains of fast path patching and attribution
-compute (docs/methods.md, "What a head's and an MLP's output are")::
+compute (docs/methods.md, "Components on any block")::
 
     a    = o_proj(z)                          the heads' outputs through W_O (+ b_O)        hooks.attn_proj_out
     attn = s * post_attn_norm(a)              the attention's contribution to the stream    hooks.attn_out

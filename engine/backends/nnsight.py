@@ -187,8 +187,8 @@ def _site(name: HookName, layout: Layout, facts: ModelFacts, norm: tuple[str, fl
         return Site(text, (layer, rank), path, attr, index, reshape, heads, facts.n_heads, facts.d_head,
                     layout.qkv_style)
     raise MissingActivation(f"the nnsight backend does not map the hook {text!r}; it maps "
-                   f"{', '.join(sorted(set(_LAYER_SITES) | set(_GLOBAL_SITES)))} -- use --backend bridge "
-                   f"for the others")
+                            f"{', '.join(sorted(set(_LAYER_SITES) | set(_GLOBAL_SITES)))} -- use --backend bridge "
+                            f"for the others")
 
 
 # These two run inside nnsight trace blocks, possibly on the NDIF server (nnsight ships them by

@@ -150,9 +150,21 @@ def _chain_gradients(backend: ModelBackend, b, c_r: dict, c_c: dict, lo: torch.T
 
 
 def _hooked_gradients(backend: ModelBackend, b, c_r: dict, c_c: dict, lo: torch.Tensor, scale: torch.Tensor):
-    """The same through the model itself: every head's output replaced by its X_r value (so a change at END
-    reaches the logit only along the END chain), zero probes added at END to every head's output and every
-    MLP's contribution; one forward and backward pass."""
+    """The same through the model itself, every head's output frozen at X_r (so a change at END reaches the
+    logit only along the END chain): :func:`probe_gradients`, one forward and backward pass."""
+    L = backend.facts.n_layers
+    _, g_z, g_mlp = probe_gradients(backend, b, c_r, frozen=True)
+    # d logit / d z_h . (z_c - z_r)_h  ==  g_a . ((z_c - z_r)_h @ W_O[h]): the same estimate
+    dz = [(b.at_end(c_c[hooks.attn_z(j)]) - b.at_end(c_r[hooks.attn_z(j)])).float().cpu() for j in range(L)]
+    return [(g_z[j] * dz[j]).sum(-1) for j in range(L)], g_mlp
+
+
+def probe_gradients(backend: ModelBackend, b, c_r: dict, *, frozen: bool
+                    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """(answer logit [P], d logit / d z at END [L] of [P, H, d_head], d logit / d MLP contribution at END [L] of
+    [P, d_model]) of batch ``b``'s X_r: zero probes added at each row's END to every head's output and every MLP's
+    contribution, one forward and one backward pass.  ``frozen``: every head's output is first replaced by its
+    X_r value from ``c_r`` (Algorithm 1's freezing: path AtP), else recomputed (total AtP)."""
     f = backend.facts
     L, H = f.n_layers, f.n_heads
     P, rows, end = len(b.pairs), b.rows, b.end
@@ -160,23 +172,23 @@ def _hooked_gradients(backend: ModelBackend, b, c_r: dict, c_c: dict, lo: torch.
     m_probe = [torch.zeros(P, f.d_model, requires_grad=True) for _ in range(L)]
     edits = []
     for layer in range(L):
-        frozen = c_r[hooks.attn_z(layer)].detach()
-        edits.append((hooks.attn_z(layer), _frozen_plus_probe(frozen, z_probe[layer], rows, end)))
+        add = _add_at_end(z_probe[layer], rows, end)
+        if frozen:
+            edits.append((hooks.attn_z(layer), _frozen_plus_probe(c_r[hooks.attn_z(layer)].detach(), add)))
+        else:
+            edits.append((hooks.attn_z(layer), add))
         edits.append((hooks.mlp_out(layer), _add_at_end(m_probe[layer], rows, end)))
     with torch.enable_grad(), backend.hooks(edits):
         lg = backend.logits(b.ref, b.mask)
-        got = lg[rows.to(lg.device), end.to(lg.device), b.answer.to(lg.device)].float()  # [P]
-        grads = torch.autograd.grad(got.sum(), z_probe + m_probe)
-    # d logit / d z_h . (z_c - z_r)_h  ==  g_a . ((z_c - z_r)_h @ W_O[h]): the same estimate
-    dz = [(b.at_end(c_c[hooks.attn_z(j)]) - b.at_end(c_r[hooks.attn_z(j)])).float().cpu() for j in range(L)]
-    head_dot = [(grads[j].float() * dz[j]).sum(-1) for j in range(L)]
-    return head_dot, [g.detach().float() for g in grads[L:]]
+        lo = lg[rows.to(lg.device), end.to(lg.device), b.answer.to(lg.device)].float()  # [P]
+        grads = torch.autograd.grad(lo.sum(), z_probe + m_probe)
+    return lo.detach(), [g.float().cpu() for g in grads[:L]], [g.float().cpu() for g in grads[L:]]
 
 
-def _frozen_plus_probe(frozen: torch.Tensor, probe: torch.Tensor, rows: torch.Tensor, end: torch.Tensor):
-    """Hook replacing the activation with ``frozen`` (X_r's) plus ``probe[i]`` at row i's END."""
+def _frozen_plus_probe(frozen: torch.Tensor, add):
+    """Hook replacing the activation with ``frozen`` (X_r's), then ``add`` (the probe) applied to it."""
     def fn(act: torch.Tensor) -> torch.Tensor:
-        return _add_at_end(probe, rows, end)(frozen.to(act.device, act.dtype))
+        return add(frozen.to(act.device, act.dtype))
     return fn
 
 
@@ -193,30 +205,19 @@ def total_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size:
     logit_o, head_logit, mlp_logit = [], [], []
     chunks = pair_batches(backend, pairs, batch_size)
     for ci, b in enumerate(chunks):
-        P, rows, end, answer = len(b.pairs), b.rows, b.end, b.answer
-        ref, mask = b.ref, b.mask
+        P, rows, end = len(b.pairs), b.rows, b.end
         with torch.no_grad():
-            _, c_r = backend.run_with_cache(ref, mask, cf_names)
-            _, c_c = backend.run_with_cache(b.cf, mask, cf_names)
-        # zero probes added at END: their gradients are d logit / d activation at END
-        z_probe = [torch.zeros(P, H, f.d_head, requires_grad=True) for _ in range(L)]
-        m_probe = [torch.zeros(P, f.d_model, requires_grad=True) for _ in range(L)]
-        edits = []
-        for layer in range(L):
-            edits.append((hooks.attn_z(layer), _add_at_end(z_probe[layer], rows, end)))
-            edits.append((hooks.mlp_out(layer), _add_at_end(m_probe[layer], rows, end)))
-        with torch.enable_grad(), backend.hooks(edits):
-            lg = backend.logits(ref, mask)
-            lo = lg[rows.to(lg.device), end.to(lg.device), answer.to(lg.device)].float()  # [P]
-            grads = torch.autograd.grad(lo.sum(), z_probe + m_probe)
-        lo = lo.detach().cpu()
+            _, c_r = backend.run_with_cache(b.ref, b.mask, cf_names)
+            _, c_c = backend.run_with_cache(b.cf, b.mask, cf_names)
+        lo, g_z, g_mlp = probe_gradients(backend, b, c_r, frozen=False)
+        lo = lo.cpu()
         hl = torch.empty(P, L, H)
         ml = torch.empty(P, L)
         for layer in range(L):
             dz = (c_c[hooks.attn_z(layer)] - c_r[hooks.attn_z(layer)])[rows, end].float().cpu()  # [P, H, d_head]
-            hl[:, layer] = lo[:, None] + (grads[layer].float().cpu() * dz).sum(-1)
+            hl[:, layer] = lo[:, None] + (g_z[layer] * dz).sum(-1)
             dm = (c_c[hooks.mlp_out(layer)] - c_r[hooks.mlp_out(layer)])[rows, end].float().cpu()  # [P, d_model]
-            ml[:, layer] = lo + (grads[L + layer].float().cpu() * dm).sum(-1)
+            ml[:, layer] = lo + (g_mlp[layer] * dm).sum(-1)
         logit_o.append(lo)
         head_logit.append(hl)
         mlp_logit.append(ml)
