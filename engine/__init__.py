@@ -11,8 +11,9 @@ them (the tests run it).  The subpackages by concern:
   THE per-architecture table of module names (``layouts``)
 * ``engine.prompts``     -- the paper's templates, prompt pairs and the answer-token rule, prompt sets
 * ``engine.techniques``  -- one module per technique (patching, ablation, attention, projections,
-  attribution, head/position patching, logit lens, transfer, summary) + batching
+  attribution, head/position patching, logit lens, numbers, transfer) + batching
 * ``engine.results``     -- every technique through the DuckDB result cache
+* ``engine.findings``    -- the paper's argument, one step per finding: summary, verdicts, report
 * ``engine.evaluation``, ``engine.finetune``, ``engine.organism``, ``engine.cli``
 """
 
@@ -52,7 +53,10 @@ API: dict[str, str] = {
     "logit_lens": "engine.techniques.logit_lens",
     "attribution": "engine.techniques.attribution",
     "transfer": "engine.techniques.transfer",
-    "circuit_summary": "engine.techniques.summary",
+    # the paper's argument
+    "circuit_summary": "engine.findings.summary",
+    "paper_findings": "engine.findings.paper",
+    "reproduce": "engine.findings.paper",
     # the result cache
     "ResultCache": "cache",
 }

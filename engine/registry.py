@@ -9,14 +9,14 @@ rest of the lab needs:
 * ``name``     -- the CLI subcommand, ``python -m engine NAME`` (:mod:`engine.cli.main` adds one per entry);
 * ``title``, ``help`` -- how the report, the docs and ``--help`` call it;
 * ``module``   -- the technique's module;
-* ``page``     -- the URL path of the dashboard page that shows it (a new page: ``page_script``,
-  ``icon``; :mod:`ui.nav` adds it to the menu);
 * ``options``  -- its CLI arguments beyond the model and prompt-set ones;
-* ``step``     -- its label in the circuit summary (Home, Story, report), when it has a ``finding``;
-* ``cli``, ``finding`` -- the module's functions above (``cli`` may name another: ``"cli_curve"``, or
-  another technique module's: ``"head_patching:cli_patch"``).
+* ``cli``      -- the module's command function (it may name another: ``"cli_curve"``, or another technique
+  module's: ``"head_patching:cli_patch"``).
 
-Adding a technique is its module, its chart in ``views/``, its page, its test and one entry below
+The registry is plain data: it imports no technique (``load`` does, on use) and knows nothing of the
+dashboard -- ``ui/nav.py`` maps each name to the page that shows it.  A technique that belongs to the
+paper's argument also has a step in :data:`engine.findings.steps.STEPS` (its ``finding`` sentence, its
+check).  Adding a technique is its module, its chart in ``views/``, its page, its test and one entry below
 (docs/architecture.md, "Adding a technique").
 """
 
@@ -26,11 +26,30 @@ import argparse
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from engine.cli.context import nonneg_int, positive_int
 
 MODULES = "engine.techniques."
+
+
+def whole_number(text: str, least: int) -> int:
+    """An argparse type: ``text`` as a whole number of at least ``least``."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < least:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {v}" if least == 1 else
+                                         f"must be >= {least}, got {v}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    return whole_number(text, 1)
+
+
+def nonneg_int(text: str) -> int:
+    return whole_number(text, 0)
 
 
 @dataclass(frozen=True)
@@ -55,14 +74,10 @@ class Technique:
     title: str
     help: str
     module: str                 # under engine/techniques/
-    page: str                   # URL path of its page
     options: tuple[Option, ...] = ()
-    step: str = ""              # its circuit-summary label ("" = not in the summary)
     cli: str = "cli"            # the module's command function
     families: str = "paper"     # the prompt families the command defaults to
     prompts_file: bool = True   # the command also takes --prompts FILE
-    page_script: str = ""       # a page of its own not in ui.nav's core menu: its script ...
-    icon: str = ""              # ... and Material icon
 
     def load(self):
         """The technique's module (imported on use: ``--help`` and the dashboard's start stay fast)."""
@@ -73,10 +88,6 @@ class Technique:
         mod, _, fn = self.cli.rpartition(":")
         return getattr(importlib.import_module(MODULES + mod) if mod else self.load(), fn)(args, ctx)
 
-    @property
-    def finding(self) -> Callable | None:
-        return self.load().finding if self.step else None
-
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         for o in self.options:
             p.add_argument(*o.flags, **o.kwargs)
@@ -84,7 +95,7 @@ class Technique:
 
 TECHNIQUES: tuple[Technique, ...] = (
     Technique(
-        "patch", "Path patching", "path patching of every head and MLP -> CSV", "patching", "Patching_heatmap",
+        "patch", "Path patching", "path patching of every head and MLP -> CSV", "patching",
         (out("output .csv"),
          opt("--by", choices=("all", "op", "template"), default="all",
              help="one row per sender (all) or per sender and op / template"),
@@ -93,24 +104,22 @@ TECHNIQUES: tuple[Technique, ...] = (
          opt("--receiver", default=None, metavar="LAYER.HEAD[:q|k|v]",
              help="instead of the answer logit, a head as receiver: every earlier sender's effect carried only "
                   "through that head's query (default), key or value at END, e.g. 3.1:q (head -> head)")),
-        step="key heads", cli="head_patching:cli_patch"),
+        cli="head_patching:cli_patch"),
     Technique(
         "attention", "Attention by token role", "END-row attention per token role (all heads) -> CSV",
-        "attention", "Patching_heatmap",
+        "attention",
         (out("output .csv"),
          opt("--text", help="instead: one prompt's END row of --layer/--head, token by token"),
-         opt("--layer", type=nonneg_int), opt("--head", type=nonneg_int)),
-        step="attention"),
+         opt("--layer", type=nonneg_int), opt("--head", type=nonneg_int))),
     Technique(
         "mlp-projection", "MLP projections", "MLP in/out cosines with W_U of A, B, C per layer -> CSV",
-        "projections", "MLP_projections",
-        (out("output .csv"), opt("--text", help="also: this prompt's top number tokens per layer (Fig. 6c)")),
-        step="MLPs"),
+        "projections",
+        (out("output .csv"), opt("--text", help="also: this prompt's top number tokens per layer (Fig. 6c)"))),
     Technique(
         "logit-lens", "Logit lens", "the answer's probability and rank at END after every layer -> CSV",
-        "logit_lens", "MLP_projections", (out("output .csv, one row per group and layer"),), step="logit lens"),
+        "logit_lens", (out("output .csv, one row per group and layer"),)),
     Technique(
-        "knockout", "Knockout", "accuracy before/after mean-ablating heads / MLPs -> JSON", "ablation", "Knockout",
+        "knockout", "Knockout", "accuracy before/after mean-ablating heads / MLPs -> JSON", "ablation",
         (opt("--heads", default="", help="LAYER.HEAD list, e.g. 3.1,5.0"),
          opt("--mlps", default="", help="MLP layers, e.g. 4,5"),
          opt("--text", help="also show this prompt's top-5 next tokens before/after"),
@@ -118,13 +127,12 @@ TECHNIQUES: tuple[Technique, ...] = (
         cli="cli_knockout"),
     Technique(
         "knockout-curve", "Knockout curve (Fig. 3)", "Fig. 3: top-k (effect rank) vs k random heads -> CSV",
-        "ablation", "Knockout",
+        "ablation",
         (opt("--k-max", type=nonneg_int, default=10), opt("--draws", type=positive_int, default=10),
-         out("output .csv")),
-        step="knockout", cli="cli_curve"),
+         out("output .csv")), cli="cli_curve"),
     Technique(
         "transfer", "Transfer (Table 4)", "Table 4: key-head overlap and cross knockouts of two sets -> JSON",
-        "transfer", "Transfer",
+        "transfer",
         (opt("--b-families", default="word", help="families of the second set (default word)"),
          opt("--b-bench", choices=("svamp", "gsm8k", "addsub", "singleeq"),
              help="second set from a math benchmark instead (needs --data-dir)"),
@@ -134,24 +142,21 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique(
         "position-patch", "Layer x position patching",
         "layer x position activation patching of the residual stream -> CSV", "position_patching",
-        "Information_flow",
         (out("output .csv, one row per group, layer and position"),
          opt("--group", default=None, help="only this group: '*', op:add, template:<id> (default: every group)"))),
     Technique(
         "attribution", "Attribution patching (AtP)",
         "attribution patching (AtP) beside exact path / activation patching -> CSV", "attribution",
-        "Patching_heatmap",
         (out("output .csv, one row per sender"), opt("--metric", choices=("effect", "logit_diff"), default="effect"),
          opt("--no-total", action="store_true",
              help="skip the activation-patching pair (exact_total, atp_total): one forward per sender"))),
     Technique(
         "numbers", "Numbers", "probes, Fourier spectrum, helix fit and causal check of A, B, C per layer -> CSV",
-        "numbers", "Numbers",
+        "numbers",
         (out("output .csv, one row per layer, position, target and method"),
          opt("--layers", default=None, help="layers, -1 = embedding, e.g. --layers=-1,0,5 (default: all)"),
          opt("--spectrum-out", type=Path, default=None, help="also write the number tokens' DFT rows here"),
-         opt("--no-causal", action="store_true", help="skip the causal check (its forward passes)")),
-        step="numbers", page_script="pages/10_Numbers.py", icon=":material/pin:"),
+         opt("--no-causal", action="store_true", help="skip the causal check (its forward passes)"))),
 )
 
 

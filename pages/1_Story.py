@@ -6,7 +6,7 @@ import streamlit as st
 
 from ui import state
 from ui.session import prompt_caption, result_cache, setup_page
-from ui.story import RENDER, STEPS
+from ui.story import screens
 
 model, spec = setup_page(
     "Story",
@@ -21,12 +21,13 @@ st.markdown(f"<style>.story-sentence {{font-size: {1.25 * size}rem; line-height:
             + "</style>", unsafe_allow_html=True)
 prompt_caption()
 
-step = min(max(int(state.get("story_step", 0)), 0), len(STEPS) - 1)
-st.progress((step + 1) / len(STEPS), text=f"Step {step + 1} of {len(STEPS)}")
-st.header(f"{step + 1} · {STEPS[step]}")
+SCREENS = screens()
+step = min(max(int(state.get("story_step", 0)), 0), len(SCREENS) - 1)
+st.progress((step + 1) / len(SCREENS), text=f"Step {step + 1} of {len(SCREENS)}")
+st.header(f"{step + 1} · {SCREENS[step][0]}")
 back, _, nxt = st.columns([1, 4, 1])
 back.button("← back", key="story_back", disabled=step == 0, on_click=state.put, args=("story_step", step - 1),
             width="stretch")
-nxt.button("next →", key="story_next", disabled=step == len(STEPS) - 1, type="primary",
+nxt.button("next →", key="story_next", disabled=step == len(SCREENS) - 1, type="primary",
            on_click=state.put, args=("story_step", step + 1), width="stretch")
-RENDER[step](model, spec, result_cache())
+SCREENS[step][1](model, spec, result_cache())

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import state
-from ui.nav import page_def, page_link
+from ui.nav import page_link, page_of
 from ui.progress import USER_ERRORS, run_with_progress
 from ui.session import ModelChoice, loaded_model, result_cache, setup_page
 from views.charts import heatmap, heatmap_frame, heatmap_limit
@@ -32,14 +32,19 @@ cache = result_cache()
 
 
 def compute(progress):
-    from engine.techniques.paper import reproduce
+    from engine.findings.paper import reproduce
     return reproduce(model, spec, cache, second=second, progress=progress)
 
 
 rows = run_with_progress("The paper's findings", "check the paper's findings", compute, stop=True)
 verdict = {True: "holds", False: "does not hold", None: "not computed"}  # words: no emoji font needed
+# what to do where a finding has no number yet, in this dashboard's words
+GO_TO = {"models": "type a second model above", "power": "the Improve page can teach it",
+         "sft": "start precise and full SFT on the Improve page"}
 df = pd.DataFrame([{"finding": r.figure, "verdict": verdict[r.holds], "this model": r.lab or "–", "paper": r.paper,
-                    "claim": r.claim, "how judged": r.note} for r in rows])
+                    "claim": r.claim,
+                    "how judged": r.note + (f" ({GO_TO[r.key]})" if r.holds is None and r.key in GO_TO else "")}
+                   for r in rows])
 n_holds = sum(r.holds is True for r in rows)
 n_computed = sum(r.holds is not None for r in rows)
 st.markdown(f"**{n_holds} of {n_computed}** findings computed on `{model.facts.spec}` hold "
@@ -54,9 +59,8 @@ st.download_button("Findings (CSV)", df.to_csv(index=False).encode(), "paper_fin
                    on_click="ignore")
 
 st.subheader("Where each finding is shown")
-for page in dict.fromkeys(r.page for r in rows):
-    p = page_def(page)
-    page_link(p.script, f"{p.title}: " + ", ".join(r.figure for r in rows if r.page == page), p.icon)
+for p in dict.fromkeys(page_of(r.technique) for r in rows):
+    page_link(p.script, f"{p.title}: " + ", ".join(r.figure for r in rows if page_of(r.technique) == p), p.icon)
 
 if second is not None:
     from engine.techniques.accuracy import kept_pairs

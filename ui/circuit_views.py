@@ -14,7 +14,7 @@ from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
 from engine.techniques.position_patching import cached_layer_position_patching, groups_of
-from ui.nav import PAGES, page_def, page_link
+from ui.nav import link_to, page_link, page_of
 from ui.progress import USER_ERRORS, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap
 from views.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
@@ -202,8 +202,7 @@ def circuit_summary_view(model, spec, cache) -> None:
     """Home: the circuit summary of the sidebar's prompt set, from cached results only, with page links."""
     from engine.results import NotCached, cache_only
     from engine.techniques.accuracy import kept_pairs
-    from engine.techniques.summary import circuit_summary
-    pages = {p.url_path: p.script for p in PAGES}
+    from engine.findings.summary import circuit_summary
     try:
         with cache_only():
             pairs, _ = kept_pairs(model, spec, cache=cache)
@@ -216,7 +215,7 @@ def circuit_summary_view(model, spec, cache) -> None:
     if not findings or not findings[0].computed:
         st.info("No path-patching result for this model and prompt set yet: open **Path patching** to compute it; "
                 "the summary then appears here.")
-        page_link(pages["Patching_heatmap"], page_def("Patching_heatmap").title, page_def("Patching_heatmap").icon)
+        link_to("patch")
         return
     for f in findings:
         c1, c2 = st.columns([5, 1])
@@ -225,18 +224,19 @@ def circuit_summary_view(model, spec, cache) -> None:
             c1.markdown(f"**{step}.** {f.text}")
         else:
             c1.markdown(f"**{step}.** _not computed yet for this set: open the page to compute it._")
-        page_link(pages[f.page], page_def(f.page).title, where=c2)
+        page = page_of(f.technique)
+        page_link(page.script, page.title, where=c2)
 
 
 def report_section(model, spec, cache) -> None:
     """Build the shareable HTML report of the sidebar's prompt set (computing what is missing), then offer it."""
-    from engine.report import STEPS, build_report
+    from engine.findings.report import PHASES, build_report
     from views.report import render_html
     key = f"report:{model.facts.fingerprint}:{sorted(spec.to_params().items())}"
     if st.button("Build the report of this prompt set", key="report_build",
                  help="Accuracy, path patching, the top heads' attention, MLP projections, logit lens and the "
                       "knockout curve, with the model fingerprint, the prompt-set definition and the versions, "
-                      f"as one HTML file that opens offline ({len(STEPS)} steps; cached results are reused)."):
+                      f"as one HTML file that opens offline ({len(PHASES)} steps; cached results are reused)."):
         html = run_with_progress("Building the report, step", "build the report",
                                  lambda cb: render_html(build_report(model, spec, cache, progress=cb)), on_demand=True)
         if html is None:

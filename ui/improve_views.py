@@ -10,8 +10,8 @@ from ui.progress import USER_ERRORS  # FinetuneError is a ValueError
 
 
 def comparison_rows(model, tuned, cache):
-    """Base vs tuned accuracy per task (``engine.organism.skill_demo.compare``), or None after an ``st.error``."""
-    from engine.organism.skill_demo import compare
+    """Base vs tuned accuracy per task (``engine.finetune.skill_demo.compare``), or None after an ``st.error``."""
+    from engine.finetune.skill_demo import compare
     try:
         return compare(model, tuned, cache=cache)
     except USER_ERRORS as e:

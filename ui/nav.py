@@ -1,14 +1,12 @@
-"""The dashboard's pages: script, title, icon and URL path (the router in app.py and the screenshots use it).
-
-The core pages are listed here; a technique with a page of its own adds it through its registry entry."""
+"""The dashboard's pages: script, title, icon and URL path (the router in app.py and the screenshots use it),
+in menu order; and which page shows each technique (the engine names techniques by their registry name and
+knows no page)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import streamlit as st
-
-from engine.registry import TECHNIQUES
 
 
 @dataclass(frozen=True)
@@ -30,13 +28,31 @@ PAGES = (
     PageDef("pages/7_Transfer.py", "Transfer", ":material/compare_arrows:", "Transfer"),
     PageDef("pages/8_Information_flow.py", "Information flow", ":material/account_tree:", "Information_flow"),
     PageDef("pages/9_Improve.py", "Improve", ":material/tune:", "Improve"),
-    # a technique with a page of its own declares it in engine.registry (page_script, title, icon, page)
-    *(PageDef(t.page_script, t.title, t.icon, t.page) for t in TECHNIQUES if t.page_script),
+    PageDef("pages/10_Numbers.py", "Numbers", ":material/pin:", "Numbers"),
 )
+
+#: registry name (``engine.registry``; ``finetune``: the CLI's fine-tuning) -> URL path of the page that shows it
+PAGE_OF: dict[str, str] = {
+    "patch": "Patching_heatmap", "attention": "Patching_heatmap", "attribution": "Patching_heatmap",
+    "mlp-projection": "MLP_projections", "logit-lens": "MLP_projections",
+    "knockout": "Knockout", "knockout-curve": "Knockout", "transfer": "Transfer",
+    "position-patch": "Information_flow", "numbers": "Numbers", "finetune": "Improve",
+}
 
 
 def page_def(url_path: str) -> PageDef:
     return next(p for p in PAGES if p.url_path == url_path)
+
+
+def page_of(technique: str) -> PageDef:
+    """The page that shows the technique registered as ``technique``."""
+    return page_def(PAGE_OF[technique])
+
+
+def link_to(technique: str, label: str | None = None, where=None) -> None:
+    """A link to the page that shows ``technique`` ("go to" hint), labelled with the page's title by default."""
+    p = page_of(technique)
+    page_link(p.script, label or p.title, p.icon, where)
 
 
 ROUTED = "_routed"  # set by the router (app.py) while it runs a page

@@ -1,8 +1,10 @@
-"""The Story page's steps: the paper's argument on the current model, one screen each.
+"""The Story page's screens: the paper's argument on the current model, one screen per step.
 
-Each step renders one chart (built by the shared ui chart functions) and one sentence whose number is
-measured on this model: the circuit summary's sentence (``engine.techniques.summary.circuit_summary``) once the
-step's result is in the cache.  A missing result is computed here with the usual progress bar.
+The screens are the model's answer, then one per distinct ``story`` title of
+:data:`engine.findings.steps.STEPS`, in that table's order.  Each renders one chart and the circuit summary's
+sentences of its steps (``engine.findings.summary.circuit_summary``), measured on this model, once their
+results are in the cache; a missing result is computed here with the usual progress bar.  A step with no
+chart of its own here gets its sentences and a link to the page that shows it.
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.findings import steps as argument
 from engine.prompts.pairs import PromptError
-from ui.nav import page_def, page_link
+from ui.nav import link_to
 from ui.progress import USER_ERRORS, run_with_progress
 from ui.session import analysed_pairs, current_prompt
 from views.charts import display_token, heatmap, heatmap_frame, ranked_bars, token_bars
 
-STEPS = ("The model answers", "A few key heads", "What the top head reads", "The MLPs write the answer",
-         "Knock out the key heads", "Improve with precise SFT")
+ANSWERS = "The model answers"
 
 
 def sentence(text: str, where=None) -> None:
@@ -28,15 +30,17 @@ def sentence(text: str, where=None) -> None:
     (where or st).markdown(f"<p class='story-sentence'>{body}</p>", unsafe_allow_html=True)
 
 
-def findings(model, pairs, cache, *steps: str) -> str:
-    """The circuit summary's sentences for ``steps`` (cached results only, one read), joined; "" when none."""
-    from engine.techniques.summary import circuit_summary
+def findings(model, pairs, cache, title: str) -> str:
+    """The circuit summary's sentences of the steps told on screen ``title`` (cached results only, one read),
+    joined; "" when none."""
+    from engine.findings.summary import circuit_summary
     try:
         found = {f.step: f for f in circuit_summary(model, pairs, cache)}
     except USER_ERRORS as e:
         st.error(f"Cannot read the cached results: {e}")
         return ""
-    return " ".join(f.text for f in (found.get(s) for s in steps) if f is not None and f.computed)
+    keys = [s.key for s in argument.STEPS if s.story == title]
+    return " ".join(f.text for f in (found.get(k) for k in keys) if f is not None and f.computed)
 
 
 def path_patching(model, pairs, cache):
@@ -78,7 +82,7 @@ def step_answers(model, spec, cache) -> None:
 def step_heads(model, spec, cache) -> None:
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)
-    sentence(findings(model, pairs, cache, "key heads") or "Path patching found no result.")
+    sentence(findings(model, pairs, cache, HEADS) or "Path patching found no result.")
     heads, mlps = table.heatmap("effect", "*")
     st.altair_chart(heatmap(heatmap_frame(heads, mlps), "effect"), width="stretch", key="story_heatmap")
 
@@ -98,7 +102,7 @@ def step_attention(model, spec, cache) -> None:
     except USER_ERRORS as e:
         st.error(f"Cannot show the top head's attention: {e}")
         return
-    sentence(findings(model, pairs, cache, "attention"))
+    sentence(findings(model, pairs, cache, ATTENTION))
     row["label"] = [f"{i}:{display_token(t)}" for i, t in zip(row.position, row.token)]
     st.caption(f"Head {layer}.{head}: attention of the last token of `{current_prompt()}`")
     st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
@@ -116,7 +120,7 @@ def step_mlps(model, spec, cache) -> None:
     with right:
         st.caption("Logit lens of the answer")
         logit_lens_view(model, pairs, cache)
-    sentence(findings(model, pairs, cache, "MLPs", "logit lens"), slot)
+    sentence(findings(model, pairs, cache, MLPS), slot)
 
 
 def step_knockout(model, spec, cache) -> None:
@@ -133,7 +137,7 @@ def step_knockout(model, spec, cache) -> None:
     if out is None:
         return
     pts, _ = out
-    sentence(findings(model, pairs, cache, "knockout"))
+    sentence(findings(model, pairs, cache, KNOCKOUT))
     st.altair_chart(knockout_curve_chart(pd.DataFrame([p.__dict__ for p in pts])), width="stretch")
 
 
@@ -146,7 +150,7 @@ def step_improve(model, spec, cache) -> None:
         st.info("No fine-tuning job has finished on this model yet. On the **Improve** page, start precise SFT of "
                 "the heatmap's top-k heads (a background job with a live loss curve); its base vs tuned comparison "
                 "then appears here.")
-        page_link(page_def("Improve").script, page_def("Improve").title, page_def("Improve").icon)
+        link_to("finetune")
         return
     job, record = jobs[0]
     choice = st.session_state.get("model_choice", ModelChoice())
@@ -163,4 +167,25 @@ def step_improve(model, spec, cache) -> None:
     st.altair_chart(comparison_chart(rows), width="stretch")
 
 
-RENDER = (step_answers, step_heads, step_attention, step_mlps, step_knockout, step_improve)
+def step_told(title: str):
+    """A screen with no chart of its own: its steps' sentences (when cached) and a link to each one's page."""
+    def render(model, spec, cache) -> None:
+        pairs, _ = analysed_pairs(model, spec, cache)
+        told = [s for s in argument.STEPS if s.story == title]
+        text = findings(model, pairs, cache, title)
+        sentence(text or "Not computed yet for this prompt set: open the page below to compute it.")
+        for s in told:
+            link_to(s.technique, f"{s.figure}: {s.claim}" if s.figure else s.claim)
+    return render
+
+
+HEADS, KNOCKOUT, ATTENTION, MLPS, IMPROVE = (
+    argument.step(k).story for k in ("key heads", "knockout", "attention", "MLPs", "sft"))
+CHARTS = {ANSWERS: step_answers, HEADS: step_heads, KNOCKOUT: step_knockout, ATTENTION: step_attention,
+          MLPS: step_mlps, IMPROVE: step_improve}
+
+
+def screens() -> list[tuple[str, object]]:
+    """(title, render) of every screen, in order: the model's answer, then the argument's steps."""
+    titles = [ANSWERS, *dict.fromkeys(s.story for s in argument.STEPS if s.story)]
+    return [(t, CHARTS.get(t) or step_told(t)) for t in titles]

@@ -15,7 +15,7 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from engine.report import Report
+from engine.findings.report import Report
 from views.charts import component_frame, grouped_bars, heatmap, lines_with_band
 from views.circuit_charts import lens_lines
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from engine.models import DTYPE_NAMES
+from engine.registry import positive_int
 
 
 class CliError(Exception):
@@ -25,26 +26,6 @@ class CliError(Exception):
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one clear line, not the usage block
         raise CliError(f"{self.prog}: {message} (see --help)")
-
-
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {v}")
-    return v
-
-
-def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
 
 
 def model_args(p: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ A data source D (``finetune --data D``) is either
     (typeset operator signs "7 × 8 =", "x", "over"; exponentiation), training split only: about a
     third of the (template, A, B) combinations are held out for evaluation (``skill_split``);
   - ``notation+replay`` -- ``notation`` plus the organism's 72 control facts as replay data (so
-    that a method cannot trade the control task away; the demonstration in ``engine.organism.skill_demo``);
+    that a method cannot trade the control task away; the demonstration in ``engine.finetune.skill_demo``);
   - ``arith`` -- the paper's Figure 8 templates (32), operands 1..9 (for real models);
   - ``gsm8k``, ``csqa``, ``mmlu`` -- benchmark training splits (``engine.evaluation.benchmarks.sft_examples``)
     read from the data directory (``--data-dir`` / ``$ARITHLAB_DATA`` / ``../shared/data``).

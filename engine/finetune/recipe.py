@@ -7,7 +7,7 @@ examples).  Taken literally on a 135M-parameter model and the 400 template promp
 precise SFT not at all.  A recipe must therefore scale with the model and with the data:
 
 * **Anchors.**  Three measured recipes (:data:`ANCHORS`): the bundled model (1.22 M parameters;
-  the skill demonstration's schedule, ``engine.organism.skill_demo``), SmolLM2-135M (learning rate
+  the skill demonstration's schedule, ``engine.finetune.skill_demo``), SmolLM2-135M (learning rate
   per method picked on a validation split by ``bench/improve.py --sweep``: held-out operand pairs
   of the training templates), and the paper's 7B setting (LoRA: QLoRA's 2e-4 for 7B models).
 * **Learning rate, per method.**  Log-log interpolation in the number of parameters between the
@@ -50,7 +50,7 @@ class Anchor:
 ANCHORS: tuple[Anchor, ...] = (
     Anchor("the bundled model", 1.22e6, {"precise": 3e-3, "full": 3e-3, "lora": 3e-3},
            batch_size=32, epochs=30.0, min_steps=0, warmup=0.05, weight_decay=0.0,
-           source="the skill demonstration's schedule (engine/organism/skill_demo.py)"),
+           source="the skill demonstration's schedule (engine/finetune/skill_demo.py)"),
     Anchor("SmolLM2-135M", 1.345e8, {"precise": 1e-3, "full": 6e-5, "lora": 3e-3},
            batch_size=32, epochs=2.0, min_steps=50, warmup=0.02, weight_decay=0.1,
            source="learning rates picked on a validation split by bench/improve.py --sweep"),

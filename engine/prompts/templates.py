@@ -57,7 +57,7 @@ PAPER_FAMILIES: tuple[str, ...] = ("paper",)
 WORD_PROBLEM_FAMILIES: tuple[str, ...] = ("time_span", "object_accumulation")
 #: The project's own phrasings, trained and tested but never called the paper's.
 EXTENDED_FAMILIES: tuple[str, ...] = ("extended",)
-#: Families the bundled organism never saw: skills to teach by fine-tuning (engine/organism/skill_demo.py).
+#: Families the bundled organism never saw: skills to teach by fine-tuning (engine/finetune/skill_demo.py).
 SKILL_FAMILIES: tuple[str, ...] = ("notation", "power")
 FAMILIES: tuple[str, ...] = PAPER_FAMILIES + WORD_PROBLEM_FAMILIES + EXTENDED_FAMILIES + SKILL_FAMILIES
 

@@ -1,4 +1,4 @@
-"""The Paper page's findings (engine/techniques/paper.py): each number is the one its technique gives,
+"""The Paper page's findings (engine/findings/paper.py): each number is the one its technique gives,
 each verdict follows its stated criterion; on SmolLM2 every row is filled or explained and the Figure 10
 word problems are read at the answer's first digit."""
 
@@ -11,7 +11,7 @@ import pytest
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, format_spec, generate
 from engine.prompts.templates import TEMPLATES_BY_ID, WORD_PROBLEM_FAMILIES
-from engine.techniques import paper
+from engine.findings import checks, paper
 from engine.techniques.ablation import cached_knockout_curve
 from engine.techniques.accuracy import kept_pairs
 from engine.techniques.attention import cached_role_attention
@@ -31,16 +31,16 @@ def test_findings_are_their_techniques_numbers(organism):
     pairs, _ = kept_pairs(organism, SPEC)
     word, _ = kept_pairs(organism, replace(SPEC, ops=("add",), n=40, families=WORD_PROBLEM_FAMILIES))
     decimals, _ = kept_pairs(organism, format_spec(SPEC, "decimals"))
-    assert len(word) >= paper.MIN_PAIRS  # the bundled model does the Figure 10 word problems
-    formats = {"word": word, "decimals": decimals[:paper.MIN_PAIRS - 1]}  # too few: reported, not judged
+    assert len(word) >= checks.MIN_PAIRS  # the bundled model does the Figure 10 word problems
+    formats = {"word": word, "decimals": decimals[:checks.MIN_PAIRS - 1]}  # too few: reported, not judged
     rows = {r.key: r for r in paper.paper_findings(organism, pairs, None, format_pairs=formats, power_pairs=(),
                                                     gsm8k_pairs=None, sft=lambda: "no job")}
-    assert list(rows) == list(paper.STEPS)
+    assert list(rows) == [s.key for s in paper.checked_steps()]
     table, _ = cached_path_patching(organism, pairs)
     effects = [v.value for v in table.values if v.component == "head" and v.metric == "effect" and v.group == "*"]
     n_key = sum(e <= -0.05 for e in effects)
-    assert rows["sparsity"].lab.startswith(f"{n_key} of {len(effects)} heads")
-    assert rows["sparsity"].holds == (0 < n_key / len(effects) < 0.05)
+    assert rows["key heads"].lab.startswith(f"{n_key} of {len(effects)} heads")
+    assert rows["key heads"].holds == (0 < n_key / len(effects) < 0.05)
 
     f = organism.facts
     ranked = [(a, b) for a, b, _ in table.top_heads(10)]
@@ -62,7 +62,7 @@ def test_findings_are_their_techniques_numbers(organism):
     proj, _ = cached_mlp_projections(organism, pairs)
     cos_c = {v.layer: v.value for v in proj if v.metric == "cos_out_C"}
     best = max(cos_c, key=cos_c.get)
-    assert rows["mlps"].lab.startswith(f"MLP {best} of {f.n_layers} most aligned with C: cos {cos_c[best]:.2f}")
+    assert rows["MLPs"].lab.startswith(f"MLP {best} of {f.n_layers} most aligned with C: cos {cos_c[best]:.2f}")
 
     w_roles, _ = cached_role_attention(organism, word)
     w_share = sum(r.value for r in w_roles if (r.layer, r.head) in top5
@@ -73,7 +73,7 @@ def test_findings_are_their_techniques_numbers(organism):
     assert rows["transfer"].holds == (w_share >= 0.5) and f"decimals: only {n_dec} answered" in rows["transfer"].note
     # rows without their inputs say why
     for key, why in (("power", "exponentiation prompts right"), ("gsm8k", "not available"),
-                     ("models", "pick a second model"), ("sft", "no job")):
+                     ("models", "no second model was given"), ("sft", "no job")):
         assert rows[key].holds is None and rows[key].lab == "" and why in rows[key].note, rows[key]
 
 
@@ -110,7 +110,7 @@ def test_reproduce_on_smollm2_reads_every_format_at_the_answer_digit(tmp_path):
             assert not tok.decode(p.ref_ids).rstrip().endswith(str(p.answer)[0]), p.ref_text
     from cache import ResultCache
     rows = paper.reproduce(smol, PromptSetSpec(ops=("add",), n=6, seed=0), ResultCache(str(tmp_path / "c.duckdb")))
-    assert [r.key for r in rows] == list(paper.STEPS)
+    assert [r.key for r in rows] == [s.key for s in paper.checked_steps()]
     for r in rows:
         assert (r.lab and r.holds is not None) or (not r.lab and r.holds is None and r.note), r
     assert rows[0].lab and rows[0].holds is not None  # path patching always runs on the kept set
@@ -127,7 +127,7 @@ def test_reproduce_cli_writes_the_findings_as_one_offline_html(tmp_path):
                 cache=tmp_path / "c.duckdb")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    assert [f["figure"] for f in summary["findings"]] == [row[1] for row in paper.ROWS]
+    assert [f["figure"] for f in summary["findings"]] == [s.figure for s in paper.checked_steps()]
     html = out.read_text(encoding="utf-8")
     assert "The paper's findings on this model" in html and "vegaEmbed" in html
     assert 'src="http' not in html and "src='http" not in html  # nothing fetched: opens offline

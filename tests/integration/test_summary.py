@@ -10,7 +10,7 @@ from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.results import NotCached, cache_only
 from engine.techniques.logit_lens import cached_logit_lens
 from engine.techniques.patching import cached_path_patching
-from engine.techniques.summary import circuit_summary
+from engine.findings.summary import circuit_summary
 from tests.integration.test_patching import CountingBackend
 
 
@@ -33,7 +33,7 @@ def test_summary_reads_only_the_cache_and_quotes_its_numbers(tmp_path):
     layer, head, effect = table.top_heads(1)[0]
     assert found["key heads"].computed and f"{layer}.{head} ({effect:+.2f})" in found["key heads"].text
     assert not found["attention"].computed  # attention roles were never computed
-    assert found["MLPs"].computed and found["MLPs"].page == "MLP_projections"
+    assert found["MLPs"].computed and found["MLPs"].technique == "mlp-projection"
     assert "contribution points" not in found["MLPs"].text  # the projections were never computed
     last = [r for r in lens if r.group == "*"][-1]
     assert found["logit lens"].computed and f"P = {last.mean_prob:.2f} after the last layer" in found["logit lens"].text

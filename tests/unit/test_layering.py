@@ -1,5 +1,6 @@
-"""Layering rules: pages stay thin (no torch), the engine and cache never import Streamlit, the
-product's modules import no other module's private names and form no import cycle."""
+"""Layering rules: the drawing of docs/architecture.md (:data:`LAYERS`: every import points down or sideways),
+pages stay thin (no torch), nothing below the front ends imports Streamlit or ``ui``, the product's modules
+import no other module's private names and form no import cycle."""
 
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ def test_pages_and_ui_do_not_import_torch():
     assert not offenders, offenders
 
 
-def test_engine_and_cache_do_not_import_streamlit_or_ui():
+def test_nothing_below_the_dashboard_imports_streamlit_or_ui():
     """Imports inside functions count too: the CLI and the report reach charts through ``views``."""
-    files = [*sorted((REPO / "engine").rglob("*.py")), *sorted((REPO / "cache").glob("*.py"))]
+    files = [*sorted((REPO / "engine").rglob("*.py")), *sorted((REPO / "cache").glob("*.py")),
+             *sorted((REPO / "views").glob("*.py"))]
     assert len(files) >= 40
     offenders = [str(f.relative_to(REPO)) for f in files if {"streamlit", "ui"} & _imports(f)]
     assert not offenders, offenders
@@ -46,6 +48,78 @@ def test_views_draw_without_streamlit_or_torch():
 
 
 PRODUCT = ("engine", "cache", "ui", "views")
+
+#: docs/architecture.md's drawing, top to bottom: (layer, its paths).  A module imports only from its own
+#: layer and the layers below it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("front ends", ("app.py", "pages/", "ui/", "engine/cli/", "engine/__main__.py", "engine/__init__.py")),
+    ("views", ("views/",)),
+    ("findings", ("engine/findings/",)),
+    ("registry", ("engine/registry.py",)),
+    ("finetune", ("engine/finetune/",)),
+    ("studies", ("engine/organism/", "engine/evaluation/")),
+    ("techniques", ("engine/techniques/",)),
+    ("core", ("engine/results.py", "engine/backends/")),
+    ("base", ("engine/prompts/", "engine/models/", "engine/progress.py", "engine/paths.py", "cache/")),
+)
+
+
+def layer_of(path: Path) -> int:
+    """Index in :data:`LAYERS` (0 = top) of the file ``path``; KeyError for a file the drawing does not place."""
+    rel = path.relative_to(REPO).as_posix()
+    for i, (_, paths) in enumerate(LAYERS):
+        if any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in paths):
+            return i
+    raise KeyError(rel)
+
+
+def test_the_drawing_in_the_docs_is_this_table():
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("<!-- layers: read by tests/unit/test_layering.py -->", 1)[1].split("```")[1]
+    drawn = tuple((line[:13].strip(), tuple(line[13:].split())) for line in block.strip().splitlines())
+    assert drawn == LAYERS
+
+
+def test_every_import_points_down_the_drawing():
+    """Every product module, page and app.py: each import of a product module is of its own layer or a lower
+    one (imports inside functions count: a lazy import pointing up is still a dependency pointing up)."""
+    modules = _product_files()
+    files = {**modules, "app": REPO / "app.py", **{f"pages.{f.stem}": f for f in (REPO / "pages").glob("*.py")}}
+    assert len(files) > 100
+    offenders = upward_imports(files, modules)  # KeyError: a file the drawing does not place
+    assert not offenders, offenders
+
+
+def upward_imports(files: dict[str, Path], modules: dict[str, Path]) -> list[str]:
+    out = []
+    for me, path in sorted(files.items()):
+        mine = layer_of(path)
+        for mod, _ in _imported(path, modules):
+            theirs = layer_of(modules[mod])
+            if theirs < mine:
+                out.append(f"{me} ({LAYERS[mine][0]}) imports {mod} ({LAYERS[theirs][0]})")
+    return out
+
+
+def test_the_layer_check_finds_an_import_pointing_up(tmp_path):
+    """The checker itself: a technique importing the findings lazily, and the registry importing the CLI,
+    are reported; the findings importing a technique is not."""
+    files = {"engine.techniques.t": "def f():\n    from engine.findings import steps\n",
+             "engine.findings.steps": "from engine.techniques.t import f\n",
+             "engine.registry": "import engine.cli.context\n", "engine.cli.context": ""}
+    for name, text in files.items():
+        path = tmp_path / (name.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    global REPO
+    old, REPO = REPO, tmp_path
+    try:
+        tree = {name: tmp_path / (name.replace(".", "/") + ".py") for name in files}
+        assert upward_imports(tree, tree) == [
+            "engine.registry (registry) imports engine.cli.context (front ends)",
+            "engine.techniques.t (techniques) imports engine.findings.steps (findings)"]
+    finally:
+        REPO = old
 
 
 def _module_name(path: Path) -> str:

@@ -1,5 +1,6 @@
-"""The technique registry: every entry is wired (module, command, page, summary step), and a technique added
-by one entry reaches the CLI, the circuit summary and the menu with no other file touched."""
+"""The technique registry: every entry is wired (module, command, a page that shows it), and a technique
+added by one entry reaches the CLI with no other file touched.  (A finding added by one step reaches the
+summary, the Paper page, the report and Story: tests/integration/test_steps.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_every_entry_names_a_documented_module_a_command_and_a_page():
     from engine.cli.main import build_parser
-    from ui.nav import PAGES
+    from ui.nav import PAGE_OF, PAGES
     parser, commands = build_parser()
     urls = {p.url_path for p in PAGES}
     assert len({t.name for t in TECHNIQUES}) == len(TECHNIQUES)
@@ -29,15 +30,21 @@ def test_every_entry_names_a_documented_module_a_command_and_a_page():
         fn = t.cli.rpartition(":")[2]
         owner = registry.importlib.import_module(registry.MODULES + t.cli.rpartition(":")[0]) if ":" in t.cli else mod
         assert callable(getattr(owner, fn)), (t.name, t.cli)
-        assert t.page in urls, (t.name, t.page)
-        assert (t.finding is not None) == bool(t.step), t.name
+        assert PAGE_OF.get(t.name) in urls, (t.name, PAGE_OF.get(t.name))
 
 
-def test_the_summary_steps_follow_the_paper():
-    """The paper's argument first, in its order; techniques beyond the paper add their steps after it."""
-    steps = [t.step for t in TECHNIQUES if t.step]
-    assert steps[:5] == ["key heads", "attention", "MLPs", "logit lens", "knockout"]
-    assert len(set(steps)) == len(steps)
+def test_the_steps_follow_the_paper_and_name_registered_techniques():
+    """Identify, validate, analyse, then carry over and improve; each step's technique is registered (or is
+    the fine-tuning command) and shown on a page; each sentence function exists."""
+    from engine.findings.steps import STEPS
+    from ui.nav import PAGE_OF
+    assert [s.key for s in STEPS][:4] == ["key heads", "knockout", "attention", "MLPs"]
+    assert len({s.key for s in STEPS}) == len(STEPS)
+    names = {t.name for t in TECHNIQUES} | {"finetune"}
+    for s in STEPS:
+        assert s.technique in names and s.technique in PAGE_OF, s.key
+        assert s.sentence is None or callable(s.summary_sentence()), s.key
+        assert s.sentence is not None or s.check is not None, f"{s.key}: a step tells or checks something"
 
 
 def test_every_technique_command_parses_its_own_options():
@@ -61,14 +68,10 @@ def added(monkeypatch, tmp_path):
         ctx.write_csv(args.out, rows)
         return {"out": str(args.out), "rows": rows}
 
-    def finding(model, pairs, cache, table) -> str:
-        return f"There are {len(pairs)} pairs."
-
-    mod.cli, mod.finding = cli, finding
+    mod.cli = cli
     monkeypatch.setitem(sys.modules, "engine.techniques.fake_count", mod)
-    entry = Technique("fake-count", "Fake count", "count the pairs -> CSV", "fake_count", "Fake_count",
-                      (registry.out("output .csv"), Option(("--scale",), {"type": int, "default": 2})),
-                      step="pairs", page_script="pages/99_Fake_count.py", icon=":material/pin:")
+    entry = Technique("fake-count", "Fake count", "count the pairs -> CSV", "fake_count",
+                      (registry.out("output .csv"), Option(("--scale",), {"type": int, "default": 2})))
     monkeypatch.setattr(registry, "TECHNIQUES", (*registry.TECHNIQUES, entry))
     return entry
 
@@ -82,30 +85,3 @@ def test_one_entry_adds_a_command(added, tmp_path, capsys, monkeypatch):
     assert printed["rows"][0]["scale"] == 5 and printed["rows"][0]["n_pairs"] >= 1
     assert out.read_text().splitlines()[0] == "n_pairs,scale"
     assert cli.main(["fake-count", "--scale", "x", "--out", str(out)]) == 2  # a bad option: one line, exit 2
-
-
-def test_one_entry_adds_a_summary_sentence(added, tmp_path):
-    from cache import ResultCache
-    from engine.backends import open_model
-    from engine.prompts.promptsets import PromptSetSpec, generate
-    from engine.techniques.patching import cached_path_patching
-    from engine.techniques.summary import circuit_summary
-    model = open_model("organism", device="cpu")
-    pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=("add",), n=4, seed=0))
-    cache = ResultCache(tmp_path / "c.duckdb")
-    cached_path_patching(model, pairs, cache=cache)
-    last = circuit_summary(model, pairs, cache)[-1]
-    assert (last.step, last.text, last.page, last.computed) == ("pairs", f"There are {len(pairs)} pairs.",
-                                                                "Fake_count", True)
-
-
-def test_one_entry_adds_a_page_to_the_menu(added):
-    import importlib
-
-    import ui.nav
-    try:
-        nav = importlib.reload(ui.nav)
-        assert nav.PAGES[-1] == nav.PageDef("pages/99_Fake_count.py", "Fake count", ":material/pin:", "Fake_count")
-    finally:
-        registry.TECHNIQUES = tuple(t for t in registry.TECHNIQUES if t.name != "fake-count")
-        importlib.reload(ui.nav)

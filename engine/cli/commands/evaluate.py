@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.cli.context import model_args, nonneg_int, positive_int
+from engine.cli.context import model_args
+from engine.registry import nonneg_int, positive_int
 
 
 def register(sub) -> None:

@@ -15,7 +15,8 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from engine.cli.context import model_args, positive_int
+from engine.cli.context import model_args
+from engine.registry import positive_int
 from engine.finetune.data import BUILTIN_SETS
 
 if TYPE_CHECKING:

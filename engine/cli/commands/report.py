@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> int:
-    from engine.report import build_report
+    from engine.findings.report import build_report
     from views.report import chart_images, render_html  # the dashboard's own charts (no Streamlit there)
     if args.k_max < 1 or args.draws < 1:
         raise ValueError("--k-max and --draws must be at least 1")

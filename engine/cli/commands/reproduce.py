@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run(args, ctx) -> int:
-    from engine.report import build_report
+    from engine.findings.report import build_report
     from views.report import render_html
     second = ctx.open_model(args.compare) if args.compare else None
     rep = build_report(ctx.model, ctx.spec(), ctx.cache, paper=True, second=second)

@@ -15,7 +15,7 @@
 
 plus Δ (points).  Accuracies go through the result cache keyed by each model's fingerprint.
 
-**Demonstration** (``python -m engine.organism.skill_demo``): precise SFT of the base model's top-k path-patching
+**Demonstration** (``python -m engine.finetune.skill_demo``): precise SFT of the base model's top-k path-patching
 heads, full SFT and LoRA, on the same data and schedule, each saved as a model directory, then
 compared with the base model -- the paper's Table 1 in miniature.
 """
@@ -162,7 +162,7 @@ def run_demo(out_dir: Path, *, data: str = DEMO_DATA, k: int = DEMO_K,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.organism.skill_demo",
+    ap = argparse.ArgumentParser(prog="python -m engine.finetune.skill_demo",
                                  description="Teach the bundled model the 'notation' skill with precise SFT, "
                                              "full SFT and LoRA; print the comparison table.")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / ".cache" / "skill_demo")

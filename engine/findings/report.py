@@ -21,7 +21,8 @@ from engine.progress import ProgressFn
 from engine.prompts.pairs import prompt_set_hash
 
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
-STEPS = ("prompt set", "path patching", "attention", "MLP projections", "logit lens", "knockout curve")
+#: the phases of gathering the report's data (its progress bar); its findings come from engine.findings.steps
+PHASES = ("prompt set", "path patching", "attention", "MLP projections", "logit lens", "knockout curve")
 
 
 @dataclass
@@ -39,8 +40,8 @@ class Report:
     lens: list[dict[str, Any]]                      # layer, mean_prob, median_rank, top1
     knockout: list[dict[str, Any]]                  # k, top_accuracy, random_mean, ...
     notes: list[str] = field(default_factory=list)
-    paper: list[dict[str, Any]] = field(default_factory=list)  # the paper's findings (engine.techniques.paper)
-    summary: list[dict[str, Any]] = field(default_factory=list)  # step, text, page: the registry's findings
+    paper: list[dict[str, Any]] = field(default_factory=list)  # the paper's verdicts (engine.findings.paper)
+    summary: list[dict[str, Any]] = field(default_factory=list)  # step, text, technique: the summary's findings
 
 
 def versions() -> dict[str, str]:
@@ -62,7 +63,7 @@ def versions() -> dict[str, str]:
 def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: int = 3, paper: bool = False,
                  second=None, progress: ProgressFn | None = None) -> Report:
     """Every number of the report for ``model`` on the prompt set ``spec`` (cached where possible); with
-    ``paper``, also the paper's findings one row each (:func:`engine.techniques.paper.reproduce`, ``second``:
+    ``paper``, also the paper's findings one row each (:func:`engine.findings.paper.reproduce`, ``second``:
     a second loaded model for Fig. 12)."""
     from engine.techniques.ablation import cached_knockout_curve
     from engine.techniques.accuracy import kept_pairs
@@ -73,7 +74,7 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
 
     def step(i: int) -> None:
         if progress is not None:
-            progress(i, len(STEPS))
+            progress(i, len(PHASES))
 
     f = model.facts
     pairs, n_generated = kept_pairs(model, spec, cache=cache)
@@ -104,11 +105,11 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     for p in pairs:
         kept[p.op] = kept.get(p.op, 0) + 1
     notes = [n for n in (table.effect_note(),) if n]
-    from engine.techniques.summary import circuit_summary
+    from engine.findings.summary import circuit_summary
     summary = [f.__dict__ for f in circuit_summary(model, pairs, cache)]  # every technique's sentence, cached
     findings = []
     if paper:
-        from engine.techniques.paper import reproduce
+        from engine.findings.paper import reproduce
         findings = [r.to_json() for r in reproduce(model, spec, cache, second=second)]
     return Report(
         title=f"Arithmetic circuits of {f.spec}",

@@ -1,0 +1,155 @@
+"""The paper's findings, one row each, checked on the current model and prompt set.
+
+Zhang et al. (ICML 2024) argue in steps; each step has a number in a figure or a table.  For each,
+this module computes the lab's number on the model and prompt set at hand (through the result cache,
+computing what is missing) and says whether the finding holds by a stated criterion -- a loop over the
+checked steps of :data:`engine.findings.steps.STEPS`, each a small function of :mod:`engine.findings.checks`:
+
+* **Fig. 2 / 15 -- sparsity.**  "Only a small percentage (< 5 %) of the attention heads ... significantly
+  impact the model's performance": the share of heads whose path-patching effect moves the answer
+  logit by 5 % or more (the circuit summary's threshold).  Holds: some heads do, and fewer than 5 %
+  (no head at all is a spread effect, not a sparse one).
+* **Fig. 3 -- knockout.**  Knocking out the top-k heads by effect collapses accuracy; k random heads
+  change it by at most 2 % (Table 4: top-10 -69 %, 1 % of LLaMA2-7B's heads).  Lab: the point at k = 5 %
+  of the model's heads (at most 10: 3 of the bundled model's 64, so that "random heads" are as small a
+  share as the key heads) of the Knockout page's default curve (read from it when cached, else only
+  that point's knockout sets are evaluated).  Holds: a relative drop of at least 50 %
+  for the top heads and at most 10 % for the random ones.
+* **Fig. 5 -- what the key heads read.**  The key heads attend to the operands and the operators.  Lab:
+  the top-5 heads' mean END-row attention on the operand and operator tokens.  Holds: at least 50 %.
+* **Fig. 6 / 13 / 14 -- the MLPs write the answer.**  Later MLPs' output points to the answer's
+  unembedding.  Lab: the layer whose MLP output is most aligned with W_U[C] (cosine), against other
+  numbers.  Holds: it lies in the second half of the layers and beats the other numbers' cosine.
+* **Fig. 7 -- attention transfers to unseen formats.**  On Figure 4's unseen samples (multi-digit
+  integers, rational numbers) the key heads still attend to the numbers.  Lab: the top-5 heads (of this
+  set) on the same problems with operands 10..99, with one decimal (4.5), and as Figure 10's word
+  problems, each on the prompts the model answers right.  Holds: at least 50 % on operands and operator
+  in every format.
+* **Table 3 -- exponentiation.**  Key heads of the ``^`` / "to the power of" task, knocked out, cost
+  -66 % / -62 %.  Lab: path patching on the ``power`` family, then its top-5 heads knocked out.
+  Holds: a relative drop of at least 50 %.
+* **Table 4 -- GSM8K.**  60 % of the top-10 key heads are shared with those of GSM8K questions, whose
+  own knockout costs -65 %.  Lab: :mod:`engine.techniques.transfer` on GSM8K pairs
+  (:func:`~engine.techniques.transfer.benchmark_pairs`).  Holds: overlap of at least 50 % and a drop of
+  at least 50 %.
+* **Fig. 12 -- other models.**  Another model shows the same sparsity.  Lab: the same sparsity number
+  on a second model, when one is given.
+* **Tables 1 / 2 / 5 -- precise SFT.**  Tuning the key heads only matches full SFT.  Lab: the newest
+  finished precise and full fine-tuning jobs on this model, their gains on the
+  held-out arithmetic split.  Holds: precise gains at least 90 % of full SFT's gain.
+
+A finding that cannot be computed on this model (too few prompts answered right, no job finished)
+has no number and says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+from engine.findings import steps
+from engine.findings.checks import TASK_FOR_SFT, Evidence
+from engine.progress import ProgressFn, Stages
+from engine.prompts.pairs import PromptError, PromptPair
+
+
+@dataclass(frozen=True)
+class PaperFinding:
+    key: str
+    figure: str           # "Fig. 2 / 15"
+    claim: str            # the paper's finding, in words
+    paper: str            # the paper's number
+    lab: str              # the lab's number on this model and set ("" when not computed)
+    holds: bool | None    # None: not computed (``note`` says why)
+    note: str             # the criterion, or why there is no number
+    technique: str        # the registry name of the technique that shows it
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def checked_steps() -> list[steps.Step]:
+    """The steps of the argument that the paper states with a number (those with a ``check``)."""
+    return [s for s in steps.STEPS if s.check is not None]
+
+
+def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
+                   format_pairs: dict[str, Sequence[PromptPair]] | None = None,
+                   power_pairs: Sequence[PromptPair] = (), gsm8k_pairs: Sequence[PromptPair] | None = None,
+                   second: tuple[str, Callable[[], Any]] | None = None,
+                   sft: Callable[[], dict[str, float] | str] | None = None,
+                   progress: ProgressFn | None = None) -> list[PaperFinding]:
+    """One row per checked step of :data:`engine.findings.steps.STEPS` for ``model`` on ``pairs`` (its correctly
+    answered prompt pairs); the other arguments are :class:`~engine.findings.checks.Evidence`'s."""
+    if not pairs:
+        raise PromptError("the model answers none of these prompts right: pick other operations or another model")
+    todo = checked_steps()
+    stages = Stages(progress, [s.weight for s in todo])
+    ev = Evidence(model, pairs, cache, format_pairs or {}, power_pairs, gsm8k_pairs, second, sft)
+    out = []
+    for i, s in enumerate(todo):
+        ev.progress = stages.stage(i)
+        v = s.check(ev)
+        out.append(PaperFinding(s.key, s.figure, s.claim, s.paper, v.lab, v.holds, v.note, s.technique))
+        stages.finish(i)
+    return out
+
+
+def sft_gains(model, cache=None) -> dict[str, float] | str:
+    """{method: gain in points on TASK_FOR_SFT} of the newest finished precise and full fine-tuning jobs
+    on ``model`` (each tuned model is opened and scored, through the cache), or why there is none."""
+    from engine.backends import open_model
+    from engine.finetune.jobs import finished_jobs_of
+    from engine.finetune.skill_demo import task_accuracies
+    newest: dict[str, str] = {}
+    for job, record in finished_jobs_of(model.facts.fingerprint):
+        newest.setdefault(record.get("result", {}).get("method", ""), job.out_dir)
+    if not newest:
+        return "no fine-tuning job has finished on this model yet"
+    base = task_accuracies(model, cache=cache)
+    if TASK_FOR_SFT not in base:
+        return f"this model's tokenizer gives no {TASK_FOR_SFT} prompts"
+    out = {}
+    for method in ("precise", "full"):
+        if method in newest:
+            tuned = open_model(newest[method], device=model.facts.device)
+            out[method] = 100.0 * (task_accuracies(tuned, cache=cache)[TASK_FOR_SFT][1] - base[TASK_FOR_SFT][1])
+    return out
+
+
+def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: ProgressFn | None = None
+              ) -> list[PaperFinding]:
+    """:func:`paper_findings` with its inputs gathered: the spec's correctly answered pairs, the same
+    problems in the other formats (:data:`engine.prompts.promptsets.FORMATS`), the exponentiation prompts
+    of the same size and seed, GSM8K questions from
+    ``data_dir`` (default ``../shared/data``), ``second`` (another loaded model, or None) on the same set,
+    and the newest fine-tuning jobs on this model."""
+    from dataclasses import replace
+
+    from engine.evaluation.benchmarks import default_data_dir
+    from engine.prompts.promptsets import FORMATS, format_spec
+    from engine.techniques.accuracy import keep_correct, kept_pairs
+    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.transfer import benchmark_pairs
+
+    pairs, _ = kept_pairs(model, spec, cache=cache)
+    if not pairs:
+        raise PromptError("the model answers none of these prompts right: pick other operations or another model")
+    formats = {fmt: kept_pairs(model, format_spec(spec, fmt), cache=cache)[0] for fmt in FORMATS}
+    power, _ = kept_pairs(model, replace(spec, ops=("pow",), families=("power",)), cache=cache)
+    try:
+        gsm8k = keep_correct(model, benchmark_pairs(model.tokenizer, data_dir or default_data_dir(), "gsm8k",
+                                                    spec.n, spec.seed))
+    except PromptError:
+        gsm8k = None
+
+    second_table = None
+    if second is not None:
+        def second_table():
+            p2, _ = kept_pairs(second, spec, cache=cache)
+            if not p2:
+                raise PromptError(f"{second.facts.spec} answers none of these prompts right")
+            return cached_path_patching(second, p2, cache=cache)[0]
+    return paper_findings(model, pairs, cache, format_pairs=formats, power_pairs=power, gsm8k_pairs=gsm8k,
+                          second=None if second is None else (second.facts.spec, second_table),
+                          sft=lambda: sft_gains(model, cache), progress=progress)
