@@ -10,10 +10,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.prompts.pairs import groups_of
 from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
-from engine.techniques.position_patching import cached_layer_position_patching, groups_of
+from engine.techniques.position_patching import cached_layer_position_patching
 from ui.nav import link_to, page_link, page_of
 from ui.progress import USER_ERRORS, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap
@@ -200,9 +201,9 @@ def logit_lens_view(model, pairs, cache) -> None:
 
 def circuit_summary_view(model, spec, cache) -> None:
     """Home: the circuit summary of the sidebar's prompt set, from cached results only, with page links."""
+    from engine.findings.summary import circuit_summary
     from engine.results import NotCached, cache_only
     from engine.techniques.accuracy import kept_pairs
-    from engine.findings.summary import circuit_summary
     try:
         with cache_only():
             pairs, _ = kept_pairs(model, spec, cache=cache)

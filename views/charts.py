@@ -5,6 +5,8 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from engine.techniques.components import grid
+
 HEAD_SELECTION = "cell"
 #: Okabe-Ito, colour-blind safe; the first colour (vermillion) is the strongest and marks the main result
 PALETTE = ("#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
@@ -37,14 +39,7 @@ def heatmap_frame(heads: list[list[float]], mlps: list[float]) -> pd.DataFrame:
 
 def component_frame(cells, n_layers: int, n_heads: int) -> pd.DataFrame:
     """:func:`heatmap_frame` of ``(component, layer, head, value)`` cells ("head" or "mlp"); missing ones nan."""
-    heads = [[float("nan")] * n_heads for _ in range(n_layers)]
-    mlps = [float("nan")] * n_layers
-    for component, layer, head, value in cells:
-        if component == "head":
-            heads[layer][head] = value
-        elif component == "mlp":
-            mlps[layer] = value
-    return heatmap_frame(heads, mlps)
+    return heatmap_frame(*grid(cells, n_layers, n_heads))
 
 
 def heatmap_limit(df: pd.DataFrame) -> float:

@@ -213,5 +213,6 @@ def sft(ev: Evidence) -> Verdict:
     if p is None or full is None:
         missing = " and ".join(m for m in ("precise", "full") if got.get(m) is None)
         return Verdict("", None, f"no {missing} fine-tuning job has finished on this model")
-    return Verdict(f"{TASK_FOR_SFT}: precise {p:+.1f} vs full {full:+.1f} points", full > 0 and p >= PRECISE_SHARE * full,
+    return Verdict(f"{TASK_FOR_SFT}: precise {p:+.1f} vs full {full:+.1f} points",
+                   full > 0 and p >= PRECISE_SHARE * full,
                    f"holds when precise SFT gains at least {PRECISE_SHARE:.0%} of full SFT's gain")

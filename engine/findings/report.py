@@ -19,6 +19,7 @@ from typing import Any
 from engine.paths import REPO_ROOT
 from engine.progress import ProgressFn
 from engine.prompts.pairs import prompt_set_hash
+from engine.techniques.components import wide_rows
 
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
 #: the phases of gathering the report's data (its progress bar); its findings come from engine.findings.steps
@@ -83,11 +84,8 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     step(1)
     table, _ = cached_path_patching(model, pairs, cache=cache)
     ranking = table.ranking_metric()
-    patching: dict[tuple, dict[str, Any]] = {}
-    for v in table.values:
-        if v.group == "*" and v.component in ("head", "mlp") and v.metric in ("effect", "logit_diff"):
-            patching.setdefault((v.layer, v.component == "mlp", v.head),
-                                {"component": v.component, "layer": v.layer, "head": v.head})[v.metric] = v.value
+    patching = wide_rows(table.values, keep=lambda v: v.group == "*" and v.component in ("head", "mlp")
+                         and v.metric in ("effect", "logit_diff"))
     top = table.top_heads(max(top_k, k_max), ranking)
     step(2)
     roles, _ = cached_role_attention(model, pairs, cache=cache)
@@ -119,7 +117,7 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
                     "n_kept": len(pairs)},
         versions=versions(),
         accuracy=[{"op": op, "kept": n} for op, n in sorted(kept.items())],
-        patching=[patching[k] for k in sorted(patching)],
+        patching=patching,
         top_heads=[{"layer": layer, "head": h, ranking: e} for layer, h, e in top[:max(top_k, 5)]],
         roles=[r.__dict__ for r in roles if (r.layer, r.head) in wanted],
         projections=[v.__dict__ for v in proj],

@@ -364,6 +364,17 @@ def build_pairs(tokenizer: TokenizerLike, problems: Iterable[Problem]
     return pairs, dropped
 
 
+def groups_of(pairs: Sequence[PromptPair], by: Sequence[str] = ("op", "template")) -> dict[str, list[int]]:
+    """Pair indices of every breakdown group: ``*`` (all), then ``op:<op>`` and ``template:<id>`` (those of
+    ``by``) in order of first appearance."""
+    groups: dict[str, list[int]] = {"*": []}
+    for i, p in enumerate(pairs):
+        groups["*"].append(i)
+        for kind in by:
+            groups.setdefault(f"{kind}:{getattr(p, kind)}", []).append(i)
+    return groups
+
+
 def prompt_set_hash(pairs: Sequence[PromptPair]) -> str:
     """sha256 of the canonical JSON of the pairs' token ids and answers (the cache's prompt key)."""
     payload = [[p.ref_ids, p.cf_ids, p.answer_id, p.op, p.template] for p in pairs]

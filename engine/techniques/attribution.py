@@ -58,6 +58,7 @@ from engine.progress import ProgressFn, note
 from engine.prompts.pairs import PromptPair
 from engine.techniques import end_chain
 from engine.techniques.batching import pair_batches
+from engine.techniques.components import Component, wide_rows
 from engine.techniques.patch_rows import patch_rows, prepare
 from engine.techniques.patching import PatchingRaw, Sender, path_patching, sender_edits, sender_hooks
 from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
@@ -111,27 +112,20 @@ def _path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], batch_size: in
               names, gradients) -> PatchingRaw:
     L, H = backend.facts.n_layers, backend.facts.n_heads
     logit_o, head_logit, mlp_logit = [], [], []
-    chunks = pair_batches(backend, pairs, batch_size)
-    for ci, b in enumerate(chunks):
-        P = len(b.pairs)
-        answer = b.answer.to(backend.device)
-        with torch.no_grad():
-            lg_r, c_r = backend.run_with_cache_at(b.ref, b.mask, names[0], b.end.reshape(-1, 1))
-            _, c_c = backend.run_with_cache_at(b.cf, b.mask, names[1], b.end.reshape(-1, 1))
-        lo = lg_r[torch.arange(P), 0, answer].float()  # [P] the model's answer logit
-        head_dot, g_mlp = gradients(backend, b, c_r, c_c, lo, logit_scale(lg_r[:, 0]))
+    for eb in end_chain.end_batches(backend, pairs, batch_size, names, progress):
+        b, P = eb.batch, len(eb.batch.pairs)
+        lo = eb.model_logit  # [P] the model's answer logit
+        head_dot, g_mlp = gradients(backend, b, eb.c_r, eb.c_c, lo, logit_scale(eb.logits))
         lo = lo.cpu()
         logit_o.append(lo)
         hl = torch.empty(P, L, H)
         ml = torch.empty(P, L)
         for j in range(L):
             hl[:, j] = lo[:, None] + head_dot[j].float().cpu()
-            dm = (b.at_end(c_c[hooks.mlp_out(j)]) - b.at_end(c_r[hooks.mlp_out(j)])).float()  # [P, d_model]
+            dm = (b.at_end(eb.c_c[hooks.mlp_out(j)]) - b.at_end(eb.c_r[hooks.mlp_out(j)])).float()  # [P, d_model]
             ml[:, j] = lo + (dm * g_mlp[j].float().to(dm.device)).sum(-1).cpu()
         head_logit.append(hl)
         mlp_logit.append(ml)
-        if progress is not None:
-            progress(ci + 1, len(chunks))
     return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit))
 
 
@@ -281,15 +275,8 @@ def attribution(backend: ModelBackend, pairs: Sequence[PromptPair], *, total: bo
 
 
 @dataclass(frozen=True)
-class SenderRow:
-    component: str  # "head" | "mlp"
-    layer: int
-    head: int       # -1 for MLPs
+class SenderRow(Component):
     values: dict[str, float]  # kind -> mean metric over pairs
-
-    @property
-    def name(self) -> str:
-        return f"L{self.layer}H{self.head}" if self.component == "head" else f"MLP{self.layer}"
 
 
 def sender_rows(raw: AttributionRaw, metric: str = "effect") -> list[SenderRow]:
@@ -380,12 +367,9 @@ class AttributionTable:
 
 
 @dataclass(frozen=True)
-class KindValue:
+class KindValue(Component):
     """One stored number of an :class:`AttributionTable`: a sender's mean ``metric`` under one kind."""
 
-    component: str  # "head" | "mlp"
-    layer: int
-    head: int       # -1 for MLPs
     kind: str
     metric: str
     value: float
@@ -411,14 +395,10 @@ def cached_attribution(backend: ModelBackend, pairs: Sequence[PromptPair], *, ca
     stored, art, computed = run_cached_rows(backend, pairs, METHOD, params, compute, KindValue, cache=cache)
     if art.get("fallback"):
         note(art["fallback"])
-    collected: dict[tuple[str, str, int, int], dict[str, float]] = {}
-    for v in stored:
-        collected.setdefault((v.metric, v.component, v.layer, v.head), {})[v.kind] = v.value
     rows: dict[str, list[SenderRow]] = {}
-    for (metric, component, layer, head), values in collected.items():
-        rows.setdefault(metric, []).append(SenderRow(component, layer, head, values))
-    for metric in rows:
-        rows[metric].sort(key=lambda r: (r.layer, r.component == "mlp", r.head))
+    for r in wide_rows(stored, column="kind", first=lambda v: {"metric": v.metric}):
+        metric, component, layer, head = (r.pop(k) for k in ("metric", "component", "layer", "head"))
+        rows.setdefault(metric, []).append(SenderRow(component, layer, head, r))
     return (AttributionTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]), rows,
                              {k: float(v) for k, v in dict(art.get("seconds", {})).items()}), computed)
 

@@ -31,13 +31,16 @@ the logits' transform, must give back the model's own answer logit.  A mismatch 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
+from engine.progress import ProgressFn
+from engine.prompts.pairs import PromptPair
+from engine.techniques.batching import PairBatch, pair_batches
 from engine.techniques.shortcut import ShortcutMismatch, check_reproduces
 
 
@@ -50,6 +53,41 @@ def chain_hooks(n_layers: int) -> tuple[list[HookName], list[HookName]]:
     cf = [n for layer in range(n_layers) for n in (hooks.attn_z(layer), hooks.attn_proj_out(layer),
                                                    hooks.mlp_out(layer))]
     return ref, cf
+
+
+@dataclass
+class EndBatch:
+    """One batch of pairs run once on X_r and once on X_c: X_r's END logits and both runs' cached activations."""
+
+    batch: PairBatch
+    answer: torch.Tensor    # [P] the answer token, on the backend's device
+    logits: torch.Tensor    # [P, vocab] float: X_r's logits at END (only END is unembedded)
+    c_r: dict | None        # hook name -> X_r activation, every position
+    c_c: dict | None        # hook name -> X_c activation, every position
+
+    @property
+    def model_logit(self) -> torch.Tensor:
+        """The model's own answer logit on X_r.  # [P]"""
+        return self.logits[torch.arange(len(self.batch.pairs)), self.answer]
+
+
+def end_batches(backend: ModelBackend, pairs: Sequence[PromptPair], batch_size: int,
+                names: tuple[Sequence[HookName], Sequence[HookName]], progress: ProgressFn | None = None
+                ) -> Iterator[EndBatch]:
+    """The batches every END-chain technique walks (exact path patching, path AtP): ``pairs`` in padded batches
+    of ``batch_size``, each run on X_r caching ``names[0]`` and on X_c caching ``names[1]``; ``progress``
+    after each batch has been used."""
+    chunks = pair_batches(backend, pairs, batch_size)
+    for ci, b in enumerate(chunks):
+        at = b.end.reshape(-1, 1)  # only END is unembedded: the chains read the rest
+        with torch.no_grad():
+            lg_r, c_r = backend.run_with_cache_at(b.ref, b.mask, names[0], at)
+            _, c_c = backend.run_with_cache_at(b.cf, b.mask, names[1], at)
+        eb = EndBatch(b, b.answer.to(backend.device), lg_r[:, 0].float(), c_r, c_c)
+        del lg_r, c_r, c_c  # the batch owns them: a user may drop them (EndActs.checked)
+        yield eb
+        if progress is not None:
+            progress(ci + 1, len(chunks))
 
 
 @dataclass
@@ -72,6 +110,15 @@ class EndActs:
         return cls(end(c_r, hooks.resid_pre), end(c_r, hooks.attn_proj_out), end(c_r, hooks.attn_out),
                    end(c_r, hooks.mlp_out), end(c_r, hooks.attn_z), end(c_c, hooks.attn_z),
                    end(c_c, hooks.attn_proj_out), end(c_c, hooks.mlp_out))
+
+    @classmethod
+    def checked(cls, backend: ModelBackend, eb: EndBatch, W_O: Sequence[torch.Tensor]) -> "EndActs":
+        """The END rows of ``eb``'s activations (which it then drops), after self-check (1) of the block model
+        (:func:`check_block_model`)."""
+        acts = cls.of(eb.c_r, eb.c_c, eb.batch.at_end, len(W_O))
+        eb.c_r = eb.c_c = None
+        check_block_model(backend, acts, W_O, backend.facts.dtype)
+        return acts
 
     def head_deltas(self, j: int, W_O: torch.Tensor) -> torch.Tensor:
         """Each head's change of the attention module's END output: (z_c - z_r)[h] @ W_O[h].  # [P, H, d_model]"""

@@ -45,6 +45,7 @@ from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn, Stages, note
 from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import TOKENS_PER_PASS, check_pairs, length_chunks
+from engine.techniques.components import wide_rows
 from engine.techniques.patch_rows import PatchRun, at_end, patch_rows, prepare, replace
 from engine.techniques.patching import PatchingRaw, Sender, SenderValue, sender_edits, sender_hooks, summarize
 from engine.techniques.patching import cli as patching_cli
@@ -199,12 +200,7 @@ def cli(args, ctx) -> dict:
     pairs = ctx.pairs
     with ctx.progress("head -> head patching") as bar:
         vals, computed = cached_head_path_patching(model, pairs, receiver, cache=ctx.cache, progress=bar)
-    rows: dict[tuple[str, int, int], dict] = {}
-    for v in vals:
-        if v.group == "*" and v.component in ("head", "mlp"):
-            rows.setdefault((v.component, v.layer, v.head), {"component": v.component, "layer": v.layer,
-                                                              "head": v.head})[v.metric] = v.value
-    out = sorted(rows.values(), key=lambda r: (r["layer"], r["component"] == "mlp", r["head"]))
+    out = wide_rows(vals, keep=lambda v: v.group == "*" and v.component in ("head", "mlp"))
     ctx.write_csv(args.out, out)
     top = sorted((r for r in out if r["component"] == "head"), key=lambda r: r["logit_diff"])[:5]
     return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "receiver": str(receiver),

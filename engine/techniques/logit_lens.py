@@ -25,7 +25,7 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn, note
-from engine.prompts.pairs import PromptPair
+from engine.prompts.pairs import PromptPair, groups_of
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
 from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 
@@ -128,11 +128,8 @@ class LensRow:
 
 def summarize(raw: LensRaw) -> list[LensRow]:
     """Mean probability, median rank and top-1 rate per layer, for all pairs and per operation."""
-    groups: dict[str, list[int]] = {"*": list(range(len(raw.pairs)))}
-    for i, p in enumerate(raw.pairs):
-        groups.setdefault(f"op:{p.op}", []).append(i)
     out = []
-    for g, idx in groups.items():
+    for g, idx in groups_of(raw.pairs, by=("op",)).items():
         ix = torch.tensor(idx)
         for j, layer in enumerate(raw.layers):
             out.append(LensRow(layer, g, float(raw.prob[ix, j].double().mean()),

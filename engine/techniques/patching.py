@@ -50,7 +50,6 @@ agree to float rounding.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -60,9 +59,10 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
 from engine.progress import ProgressFn, note
-from engine.prompts.pairs import PromptPair
+from engine.prompts.pairs import PromptPair, groups_of
 from engine.techniques import end_chain
-from engine.techniques.batching import batches, pair_batches
+from engine.techniques.batching import batches
+from engine.techniques.components import Component, grid, wide_rows
 from engine.techniques.patch_rows import (
     Edit,
     PatchRun,
@@ -121,19 +121,11 @@ class PatchingRaw:
 
     def groups(self) -> dict[str, list[int]]:
         """Pair indices of each breakdown group: ``*`` (all), ``op:add``, ``template:add.qa.0`` ..."""
-        g: dict[str, list[int]] = defaultdict(list)
-        for i, p in enumerate(self.pairs):
-            g["*"].append(i)
-            g[f"op:{p.op}"].append(i)
-            g[f"template:{p.template}"].append(i)
-        return dict(g)
+        return groups_of(self.pairs)
 
 
 @dataclass(frozen=True)
-class SenderValue:
-    component: str  # "head" | "mlp"
-    layer: int
-    head: int       # -1 for MLPs
+class SenderValue(Component):
     group: str
     metric: str
     value: float
@@ -184,26 +176,15 @@ def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *,
     L, H = f.n_layers, f.n_heads
     end_chain.check_components(backend)
     W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
-    ref_names, cf_names = end_chain.chain_hooks(L)
     logit_o, head_logit, mlp_logit = [], [], []
     prob_o, head_prob, mlp_prob = [], [], []
-    chunks = pair_batches(backend, pairs, batch_size)
-    for ci, b in enumerate(chunks):
-        P, end = len(b.pairs), b.end
-        answer = b.answer.to(backend.device)
-        at = end.reshape(-1, 1)  # only END is unembedded: the chains below read the rest
-        lg_r, c_r = backend.run_with_cache_at(b.ref, b.mask, ref_names, at)
-        _, c_c = backend.run_with_cache_at(b.cf, b.mask, cf_names, at)
-        acts = end_chain.EndActs.of(c_r, c_c, b.at_end, L)
-        del c_r, c_c
-
-        lo = lg_r[:, 0].float()  # [P, vocab]
-        model_logit = lo[torch.arange(P), answer]
-        end_chain.check_block_model(backend, acts, W_O, f.dtype)
+    for eb in end_chain.end_batches(backend, pairs, batch_size, end_chain.chain_hooks(L), progress):
+        P, answer, lo = len(eb.batch.pairs), eb.answer, eb.logits  # lo: [P, vocab]
+        acts = end_chain.EndActs.checked(backend, eb, W_O)
         x, check = end_chain.run_chains(backend, acts, W_O)  # [P, L * (H + 1), d_model], [P, d_model]
-        check_reproduces("the unchanged END chain", backend.answer_logits(check, answer), model_logit,
+        check_reproduces("the unchanged END chain", backend.answer_logits(check, answer), eb.model_logit,
                          logit_scale(lo), f.dtype)
-        logit_o.append(model_logit.cpu())
+        logit_o.append(eb.model_logit.cpu())
         if with_prob:
             prob_o.append(torch.softmax(lo, -1)[torch.arange(P), answer].cpu())
         n_chains = x.shape[1]  # L * (H + 1), layer-major: heads 0..H-1 then the MLP
@@ -216,8 +197,6 @@ def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *,
             pp = _answer_probs(backend, flat, ans).reshape(P, L, H + 1).cpu()
             head_prob.append(pp[:, :, :H])
             mlp_prob.append(pp[:, :, H])
-        if progress is not None:
-            progress(ci + 1, len(chunks))
     return _joined(pairs, (logit_o, head_logit, mlp_logit), (prob_o, head_prob, mlp_prob) if with_prob else None)
 
 
@@ -349,15 +328,8 @@ class PatchingTable:
 
     def heatmap(self, metric: str = "effect", group: str = "*") -> tuple[list[list[float]], list[float]]:
         """(heads [L][H], mlps [L]) of one metric and group."""
-        heads = [[float("nan")] * self.n_heads for _ in range(self.n_layers)]
-        mlps = [float("nan")] * self.n_layers
-        for v in self.values:
-            if v.metric == metric and v.group == group:
-                if v.component == "head":
-                    heads[v.layer][v.head] = v.value
-                elif v.component == "mlp":
-                    mlps[v.layer] = v.value
-        return heads, mlps
+        return grid(((v.component, v.layer, v.head, v.value) for v in self.values
+                     if v.metric == metric and v.group == group), self.n_layers, self.n_heads)
 
     def guard_counts(self, group: str = "*") -> tuple[int, int]:
         """(pairs left out of the relative effect, pairs) of a group (module docstring: guard)."""
@@ -423,21 +395,14 @@ def cli(args, ctx) -> dict:
         table, computed = cached_path_patching(model, pairs, cache=ctx.cache, with_prob=args.with_prob,
                                                batch_size=args.batch_size, progress=bar)
     metrics = ["effect", "logit_diff"] + (["prob_diff"] if args.with_prob else [])
-    counts: dict[str, int] = {"*": len(pairs)}
-    for p in pairs:
-        counts[f"op:{p.op}"] = counts.get(f"op:{p.op}", 0) + 1
-        counts[f"template:{p.template}"] = counts.get(f"template:{p.template}", 0) + 1
+    counts = {g: len(idx) for g, idx in groups_of(pairs).items()}
     prefix = {"all": "*", "op": "op:", "template": "template:"}[args.by]
-    rows: dict[tuple, dict] = {}
-    for v in table.values:
-        if v.metric not in metrics or not (v.group == "*" if args.by == "all" else v.group.startswith(prefix)):
-            continue
-        key = (v.group, v.component, v.layer, v.head)
-        row = rows.setdefault(key, {**({} if args.by == "all" else {"group": v.group.split(":", 1)[1]}),
-                                    "component": v.component, "layer": v.layer, "head": v.head})
-        row[v.metric] = v.value
-        row["n"] = counts.get(v.group, 0)
-    out = sorted(rows.values(), key=lambda r: (r.get("group", ""), r["layer"], r["component"] == "mlp", r["head"]))
+    out = wide_rows(table.values,
+                    keep=lambda v: v.metric in metrics and (v.group == "*" if args.by == "all"
+                                                            else v.group.startswith(prefix)),
+                    first=lambda v: {} if args.by == "all" else {"group": v.group.split(":", 1)[1]})
+    for r in out:
+        r["n"] = counts.get(f"{prefix}{r['group']}" if "group" in r else "*", 0)
     ctx.write_csv(args.out, out)
     ranking = table.ranking_metric()
     top = table.top_heads(5, ranking)

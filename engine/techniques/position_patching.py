@@ -35,7 +35,7 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
 from engine.progress import ProgressFn, Stages, note
-from engine.prompts.pairs import PromptPair
+from engine.prompts.pairs import PromptPair, groups_of
 from engine.techniques.batching import TOKENS_PER_PASS, check_pairs, length_chunks
 from engine.techniques.patch_rows import PatchRun, Slot, from_position, patch_rows, prepare, take
 from engine.techniques.shortcut import ShortcutMismatch, fallback_note
@@ -148,16 +148,6 @@ class PositionCell:
     token: str     # label of that position (from the group's first prompt)
     logit_diff: float
     restored: float
-
-
-def groups_of(pairs: Sequence[PromptPair]) -> dict[str, list[int]]:
-    """Pair indices of every group: ``*`` (all), ``op:<op>``, ``template:<id>``."""
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, p in enumerate(pairs):
-        groups["*"].append(i)
-        groups[f"op:{p.op}"].append(i)
-        groups[f"template:{p.template}"].append(i)
-    return dict(groups)
 
 
 def group_pairs(pairs: Sequence[PromptPair], group: str) -> list[PromptPair]:

@@ -24,7 +24,8 @@ def test_every_finding_has_a_number_or_a_reason():
     # the bundled model does the paper's templates: the circuit rows are computed
     computed = df[df["this model"] != "–"]["finding"].tolist()
     assert {"Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14"} <= set(computed), computed
-    assert df.loc[df["finding"] == "Fig. 12", "how judged"].item() == "no second model was given to compare (type a second model above)"
+    fig12 = df.loc[df["finding"] == "Fig. 12", "how judged"].item()
+    assert fig12 == "no second model was given to compare (type a second model above)"
 
 
 def test_second_model_fills_fig_12_and_a_bad_one_is_an_error():

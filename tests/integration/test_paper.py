@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from engine.backends import open_model
+from engine.findings import checks, paper
 from engine.prompts.promptsets import PromptSetSpec, format_spec, generate
 from engine.prompts.templates import TEMPLATES_BY_ID, WORD_PROBLEM_FAMILIES
-from engine.findings import checks, paper
 from engine.techniques.ablation import cached_knockout_curve
 from engine.techniques.accuracy import kept_pairs
 from engine.techniques.attention import cached_role_attention

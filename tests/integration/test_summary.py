@@ -6,11 +6,11 @@ import pytest
 
 from cache import ResultCache
 from engine.backends import open_model
+from engine.findings.summary import circuit_summary
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.results import NotCached, cache_only
 from engine.techniques.logit_lens import cached_logit_lens
 from engine.techniques.patching import cached_path_patching
-from engine.findings.summary import circuit_summary
 from tests.integration.test_patching import CountingBackend
 
 

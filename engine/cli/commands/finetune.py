@@ -16,8 +16,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from engine.cli.context import model_args
-from engine.registry import positive_int
 from engine.finetune.data import BUILTIN_SETS
+from engine.registry import positive_int
 
 if TYPE_CHECKING:
     from engine.finetune.train import TrainConfig
