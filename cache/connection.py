@@ -1,10 +1,10 @@
 """Attaching the DuckDB file and classifying the errors DuckDB/the OS raise.
 
-Creating a DuckDB instance costs 15-25 ms (it spawns its thread pool), so
+Creating a DuckDB instance is slow (it spawns its thread pool), so
 each process keeps **one in-memory instance** and every cache operation
 ``ATTACH``es the file, works on it and ``DETACH``es it again.  DETACH closes
 the file, releases DuckDB's own file lock and checkpoints the WAL, exactly
-like closing a dedicated connection would, at about 1 ms per read.  Nothing
+like closing a dedicated connection would, and costs little per read.  Nothing
 keeps the file open between operations.  The instance is recreated after a
 ``fork`` and after DuckDB reports a fatal error.
 

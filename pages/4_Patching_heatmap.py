@@ -10,7 +10,7 @@ from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention, prompt_attention
 from engine.techniques.patching import cached_path_patching
-from engine.techniques.promptlab import analyse_prompt
+from engine.techniques.promptlab import check_typed_text, typed_pair
 from ui import state
 from ui.circuit_views import attribution_view, clicked_cell, head_to_head_section, mlp_layer_view, select_head
 from ui.progress import USER_ERRORS, progress_bar
@@ -44,11 +44,26 @@ except USER_ERRORS as e:
 if table.fallback:  # the fast path did not reproduce this model: the textbook loop computed the heatmap
     st.info(table.fallback, icon=":material/info:")
 
-groups = ["*"] + sorted(g for g in table.groups() if g.startswith("op:"))
-group = c2.selectbox("Operation", groups, format_func=lambda g: "all operations" if g == "*" else g[3:])
+TYPED = "typed"  # the typed prompt's own pair, patched alone
+groups = ["*"] + sorted(g for g in table.groups() if g.startswith("op:")) + [TYPED]
+group = c2.selectbox("Operation", groups, format_func=lambda g: "all operations" if g == "*" else
+                     "the typed prompt alone" if g == TYPED else g[3:],
+                     help="An operation's pairs, or the typed prompt (Prompt lab) and its counterfactual alone")
 k = c3.number_input("Top k", 1, table.n_layers * table.n_heads, 5)
 st.caption(f"{len(pairs)} of {n_gen} prompt pairs answered right · "
            + ("computed now, stored in the cache" if computed else "read from the cache"))
+shown, shown_group = table, group
+if group == TYPED:  # the heatmap of one pair: the typed prompt and its counterfactual
+    try:
+        one = typed_pair(model.tokenizer, current_prompt())
+        shown, _ = cached_path_patching(model, [one], cache=cache)
+    except USER_ERRORS as e:
+        st.error(f"Cannot patch the typed prompt `{current_prompt()}`: {e}. Type an arithmetic prompt such as "
+                 f"`3 + 5 =` in the Prompt lab, or pick an operation.")
+        st.stop()
+    shown_group = "*"
+    st.caption(f"The typed prompt `{current_prompt()}` against its counterfactual `{one.cf_text}`: "
+               f"one pair, so no mean -- a single prompt's circuit.")
 
 stats = answer_token_stats(model.tokenizer, pairs)
 with st.container(border=True):
@@ -61,14 +76,14 @@ with st.container(border=True):
                f"candidates are taken round-robin over their first answer token, so no token (e.g. the '1' of "
                f"every sum from 10 to 18) holds more than its share.")
 
-note = table.effect_note(group)
-if metric == "effect" and table.ranking_metric(group) == "logit_diff":
+note = shown.effect_note(shown_group)
+if metric == "effect" and shown.ranking_metric(shown_group) == "logit_diff":
     st.warning(f"{note} The heatmap shows logit_diff.")
     metric = "logit_diff"
 elif metric == "effect" and note:
     st.info(note)
 
-heads, mlps = table.heatmap(metric, group)
+heads, mlps = shown.heatmap(metric, shown_group)
 df = heatmap_frame(heads, mlps)
 tab_map, tab_atp = st.tabs(["Heatmap", "Exact vs attribution"])
 with tab_atp:
@@ -84,7 +99,7 @@ with tab_map:
         event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun",
                                 key=f"heatmap_{metric}_{group}")
         st.download_button("Heatmap data (CSV)", df.to_csv(index=False).encode(), "patching.csv", "text/csv")
-        top = pd.DataFrame(table.top_heads(int(k), metric, group), columns=["layer", "head", metric])
+        top = pd.DataFrame(shown.top_heads(int(k), metric, shown_group), columns=["layer", "head", metric])
         st.markdown("**Key heads** (most negative first)")
         st.dataframe(top, hide_index=True, width="stretch")
     select_head("heatmap_click", clicked_cell(event))  # a click selects; the knockout set is not touched
@@ -107,8 +122,8 @@ with tab_map:
                       on_click=state.add_knockout_head, args=(layer, head),
                       help="The Knockout page mean-ablates the heads of the knockout set.")
         try:
-            rep = analyse_prompt(model, current_prompt())
-            row = pd.DataFrame([t.__dict__ for t in prompt_attention(model, rep.ids, layer, head)])
+            typed = check_typed_text(model.tokenizer, current_prompt())
+            row = pd.DataFrame([t.__dict__ for t in prompt_attention(model, typed.ids, layer, head)])
             row["label"] = [f"{i}:{display_token(t)}" for i, t in zip(row.position, row.token)]
             st.caption(f"Attention of the last token of `{current_prompt()}` (change it in the Prompt lab)")
             st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")

@@ -322,7 +322,7 @@ class ModelBackend(ABC):
 
 
 #: Rows per call of a component on a CPU: with 1,024 END vectors the MLP's [rows, d_mlp] intermediates stay
-#: in cache, about 1.3x faster than a layer's ~10,000 path-patching chains at once (a GPU takes them all).
+#: in cache, faster than a layer's ~10,000 path-patching chains at once (docs/benchmarks.md; a GPU takes them all).
 CPU_COMPONENT_ROWS = 1024
 
 

@@ -3,8 +3,8 @@ Face name, plus the config, so a cached result is tied to the exact weights that
 the same for a model and its bridged self, for offloaded weights, and for a saved-and-reloaded copy.
 
 The hash is BLAKE3 on every core (a cryptographic hash like sha256, but tree-shaped, so it runs in
-parallel): a model's weights are read once at load time, and at about 11 GB/s on 2 cores against
-sha256's 1.5 GB/s the fingerprint of a 0.5B float32 model takes 0.3 s instead of 1.4 s.
+parallel): a model's weights are read once at load time, several times faster than with sha256
+(docs/benchmarks.md, opening a model).
 """
 
 from __future__ import annotations

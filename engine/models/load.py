@@ -199,8 +199,8 @@ def _gguf_parsed_once() -> Iterator[None]:
     """Within the block, one parse of a GGUF file serves the config, the tokenizer and the weights.
 
     transformers 5.23 builds a new ``gguf.GGUFReader`` for each of the three (each parses every
-    metadata field: 3.4 s apiece for SmolLM2's 49,152-token vocabulary and its merges) and a new
-    ``gguf.TensorNameMap`` for every module it maps (397 for SmolLM2: 4.6 s).  Both are read-only once
+    metadata field: seconds apiece for a large vocabulary and its merges) and a new
+    ``gguf.TensorNameMap`` for every module it maps (hundreds per model: seconds).  Both are read-only once
     built, and transformers imports them from ``gguf`` at call time, so within the block it gets
     memoized ones; the lock keeps two loads from stacking the swap.  Its "Converting and de-quantizing"
     progress bar (tqdm, which transformers' progress-bar switch does not reach) is silenced too: it

@@ -107,7 +107,7 @@ class Recipe:
     p_paper: float = 0.4
     #: "template": pick a template uniformly, then its operands (every template, the word problems
     #: with their few operand pairs included, is seen equally often); "combo": pick a (template, A, B)
-    #: uniformly, so templates with few operand pairs are rarely drawn (the 2025-11 organism)
+    #: uniformly, so templates with few operand pairs are rarely drawn (an earlier organism: CHANGELOG.md)
     sampling: str = "template"
     #: share of the addition examples drawn from the Figure 10 word problems only (0: no boost)
     p_word: float = 0.6

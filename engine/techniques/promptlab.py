@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.backends.base import ModelBackend
-from engine.prompts.pairs import PromptError, answer_tokens
-from engine.prompts.typed import MAX_TYPED_CHARS, TypedIds, TypedProblem, typed_prompt_ids
+from engine.prompts.pairs import LENGTH_MISMATCH, PromptError, PromptPair, answer_tokens
+from engine.prompts.templates import CF_SYMBOLS, CF_WORDS
+from engine.prompts.typed import MAX_TYPED_CHARS, TypedIds, TypedProblem, parse_typed_prompt, typed_prompt_ids
 from engine.techniques.ablation import Knockout, MeanActivations, TokenProb, next_token_probs, top_of
 
 
@@ -67,6 +68,23 @@ def check_typed_text(tok, text: str | None) -> TypedIds:
     typed = typed_prompt_ids(tok, text)
     _check_known(tok, typed.ids)
     return typed
+
+
+def typed_pair(tok, text: str | None) -> PromptPair:
+    """The typed prompt as one (X_r, X_c) pair (template ``typed``), its counterfactual's filler the first that
+    tokenizes to the same length; PromptError saying why when the prompt has no such counterfactual."""
+    typed = check_typed_text(tok, text)
+    if typed.parsed is None or typed.answer is None:
+        raise PromptError(f"it has no counterfactual: {typed.error}")
+    p, ref = typed.parsed, typed.answer
+    for seed in range(max(len(CF_WORDS), len(CF_SYMBOLS))):
+        cf_text = parse_typed_prompt(p.text, filler_seed=seed).cf_text.rstrip()
+        cf = answer_tokens(tok, cf_text, p.answer)
+        if len(cf.prompt_ids) == len(ref.prompt_ids):
+            return PromptPair(op=p.op, template="typed", family="typed", a=p.a, b=p.b, answer=p.answer,
+                              ref_text=p.text.rstrip(), cf_text=cf_text, ref_ids=ref.prompt_ids,
+                              cf_ids=cf.prompt_ids, answer_id=ref.answer_id, answer_ids=ref.answer_ids)
+    raise PromptError(LENGTH_MISMATCH)
 
 
 def _notes(tok, ids: list[int], parsed: TypedProblem | None) -> list[str]:

@@ -59,6 +59,30 @@ def test_patching_heatmap_and_head_selection_changes_attention_view():
     assert len(at.dataframe) >= 1 and len(at.dataframe[0].value) == 5
 
 
+def test_patching_heatmap_of_the_typed_prompt():
+    """The Operation box's last choice: the typed prompt against its counterfactual, one pair, as the heatmap
+    (the same numbers as path patching of that one pair); a prompt with no counterfactual is an st.error."""
+    from engine.backends import open_model
+    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.promptlab import typed_pair
+    at = page("4_Patching_heatmap.py").run()
+    _ok(at)
+    box = next(s for s in at.selectbox if s.label == "Operation")
+    assert box.options[-1] == "the typed prompt alone"
+    box.set_value("typed").run()
+    _ok(at)
+    model = open_model("organism", device="cpu")
+    table, _ = cached_path_patching(model, [typed_pair(model.tokenizer, "The sum of 3 and 5 is")])
+    want = [(a, b, round(e, 4)) for a, b, e in table.top_heads(5)]
+    got = at.dataframe[0].value
+    assert [(int(r.layer), int(r.head), round(float(r.effect), 4)) for r in got.itertuples()] == want
+    assert any("The sum of 3 and 5 is" in c.value and "one pair" in c.value for c in at.caption)
+    at.session_state["prompt"] = "hello there"
+    at.run()
+    assert not at.exception
+    assert any("Cannot patch the typed prompt" in e for e in errors(at)), errors(at)
+
+
 def test_mlp_projection_page():
     at = page("5_MLP_projections.py").run()
     _ok(at)

@@ -8,6 +8,10 @@ from pathlib import Path
 from engine.cli.context import model_args, set_args
 
 
+#: what to do where a finding has no number yet, in the CLI's words
+GO_TO = {"models": " (give one with --compare MODEL)", "sft": " (python -m engine finetune)"}
+
+
 def register(sub) -> None:
     p = sub.add_parser("reproduce", help="the paper's findings, one row each, on this model -> one offline HTML file")
     model_args(p)
@@ -25,5 +29,7 @@ def run(args, ctx) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render_html(rep), encoding="utf-8")
     ctx.print({"out": str(args.out), "bytes": args.out.stat().st_size,
-               "findings": [{k: r[k] for k in ("figure", "lab", "holds", "note")} for r in rep.paper]})
+               "findings": [{**{k: r[k] for k in ("figure", "lab", "holds")},
+                             "note": r["note"] + (GO_TO[r["key"]] if r["holds"] is None and r["key"] in GO_TO else "")}
+                            for r in rep.paper]})
     return 0
