@@ -7,7 +7,6 @@ from pathlib import Path
 
 from engine.cli.context import model_args, set_args
 
-
 #: what to do where a finding has no number yet, in the CLI's words
 GO_TO = {"models": " (give one with --compare MODEL)", "sft": " (python -m engine finetune)"}
 
