@@ -34,7 +34,7 @@ from engine.techniques.attribution import (
 from engine.techniques.batching import pad, pad_id
 from engine.techniques.head_patching import Receiver, head_path_patching, head_path_patching_reference
 from engine.techniques.logit_lens import logit_lens
-from engine.techniques.patching import path_patching
+from engine.techniques.path_patching import path_patching
 from engine.techniques.position_patching import layer_position_patching
 from tests.helpers.smollm2 import smollm2_gguf_path
 

@@ -32,7 +32,7 @@ from engine.backends import open_model
 from engine.models.load import load_plain
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.batching import pad as pad_ids
-from engine.techniques.patching import path_patching
+from engine.techniques.path_patching import path_patching
 
 
 def best_times(fns: dict, reps: int) -> dict:

@@ -6,7 +6,7 @@ median step time -- on a shared machine the fastest step is the least disturbed 
 loaded model* while training, trainable parameters and optimizer-state elements.
 
 * models: (a) the bundled organism, precise SFT on its top-k heads of a path-patching run
-  (``engine.techniques.patching.cached_path_patching`` on the default prompt set, filtered to correct
+  (``engine.techniques.path_patching.cached_path_patching`` on the default prompt set, filtered to correct
   answers, through the result cache unless ``--no-cache``); (b) a random-init Qwen2 shaped like
   Qwen2.5-0.5B (24 layers, 14 heads / 2 KV heads, d 896, MLP 4864, tied embeddings, vocab
   ``--vocab``), precise SFT on its first k heads in (layer, head) order -- with no circuit to find,
@@ -94,7 +94,7 @@ def organism_top_heads(k: int, device: str, use_cache: bool) -> list[tuple[int, 
     from engine.backends import open_model
     from engine.prompts.promptsets import PromptSetSpec
     from engine.techniques.accuracy import kept_pairs
-    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.path_patching import cached_path_patching
 
     cache = None
     if use_cache:

@@ -136,7 +136,7 @@ def ranking(args) -> tuple[list[tuple[int, int]], list[int], int, int]:
     from engine.backends import open_model
     from engine.prompts.promptsets import PromptSetSpec
     from engine.techniques.accuracy import kept_pairs
-    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.path_patching import cached_path_patching
 
     model = open_model(args.model)
     pairs, _ = kept_pairs(model, PromptSetSpec(), cache=ResultCache())

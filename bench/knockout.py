@@ -15,8 +15,8 @@ import time
 
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.ablation import Knockout, knockout_accuracy, mean_activations
 from engine.techniques.accuracy import keep_correct
+from engine.techniques.knockout import Knockout, knockout_accuracy, mean_activations
 from engine.techniques.promptlab import analyse_prompt
 
 

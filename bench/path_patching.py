@@ -30,7 +30,7 @@ from bench.work import Counter, fe
 from engine.backends import open_model
 from engine.organism.recipe import build_tokenizer
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.patching import Sender, all_senders, path_patching, path_patching_reference
+from engine.techniques.path_patching import Sender, all_senders, path_patching, path_patching_reference
 
 
 def organism_label(vocab: bool = False) -> str:

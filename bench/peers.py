@@ -2,10 +2,10 @@
 
 Two comparisons, each checked for equality before it is timed:
 
-* **Layer x position patching** -- the lab's ``position-patch`` against TransformerLens's own
+* **Layer x position patching** -- the lab's ``position-patching`` against TransformerLens's own
   ``patching.get_act_patch_resid_pre``: the residual stream entering block l at position p taken from
   X_c while the rest runs on X_r, the answer token's logit at the last position read out (mean over
-  the prompts).  Whole processes, side by side: ``python -m engine position-patch --prompts F`` vs a
+  the prompts).  Whole processes, side by side: ``python -m engine position-patching --prompts F`` vs a
   process that opens the same model as a TransformerBridge and calls TransformerLens's function.
   Same prompts of one template (equal lengths: no padding on either side).
 * **Per-head activation patching at END** -- the lab's ``attribution.activation_patching`` (one head's
@@ -184,7 +184,7 @@ def main() -> None:
         prompts = Path(d) / "p.jsonl"
         write_jsonl(str(prompts), pairs)
         py = sys.executable
-        t_lab = timed([py, "-m", "engine", "position-patch", "--model", args.model, "--prompts", str(prompts),
+        t_lab = timed([py, "-m", "engine", "position-patching", "--model", args.model, "--prompts", str(prompts),
                        "--out", str(Path(d) / "lab.csv"), "--no-cache", "--quiet"])
         t_tl = timed([py, __file__, "--tl-child", "--model", args.model, "--prompts", str(prompts),
                       "--out", str(Path(d) / "tl.json")])

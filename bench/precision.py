@@ -30,7 +30,7 @@ import torch
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.accuracy import keep_correct
-from engine.techniques.patching import _pad, _pad_id, path_patching
+from engine.techniques.path_patching import _pad, _pad_id, path_patching
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:

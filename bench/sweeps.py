@@ -33,16 +33,10 @@ from bench.path_patching import qwen_shaped as build_qwen_shaped
 from bench.work import Counter, fe
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.ablation import (
-    Knockout,
-    curve_knockouts,
-    distinct_knockouts,
-    knockout_accuracies,
-    knockout_curve,
-    mean_activations,
-)
 from engine.techniques.accuracy import score_pairs
-from engine.techniques.patching import cached_path_patching
+from engine.techniques.knockout import Knockout, distinct_knockouts, knockout_accuracies, mean_activations
+from engine.techniques.knockout_curve import curve_knockouts, knockout_curve
+from engine.techniques.path_patching import cached_path_patching
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Regenerate the gallery's screenshots (docs/dashboard.md): every page of the dashboard in Debian's Chromium.
 
     make screenshots                      # every page, bundled model -> docs/screenshots/<page>.png
-    .venv/bin/python docs/screenshots.py --pages Information_flow
+    .venv/bin/python docs/screenshots.py --pages Position_patching
 
 Starts the dashboard on a free local port with a fresh result cache (so the computations shown are
 real), opens each page, waits until Streamlit has finished its run, and saves a full-page PNG.

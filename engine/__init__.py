@@ -10,8 +10,8 @@ them (the tests run it).  The subpackages by concern:
 * ``engine.backends``    -- the narrow :class:`ModelBackend` (TransformerBridge / nnsight), hook names,
   THE per-architecture table of module names (``layouts``)
 * ``engine.prompts``     -- the paper's templates, prompt pairs and the answer-token rule, prompt sets
-* ``engine.techniques``  -- one module per technique (patching, ablation, attention, projections,
-  attribution, head/position patching, logit lens, numbers, transfer) + batching
+* ``engine.techniques``  -- one module per technique (path patching, knockout, knockout curve, attention,
+  MLP projections, attribution, head/position patching, logit lens, numbers, transfer) + batching
 * ``engine.results``     -- every technique through the DuckDB result cache
 * ``engine.findings``    -- the paper's argument, one step per finding: summary, verdicts, report
 * ``engine.evaluation``, ``engine.finetune``, ``engine.organism``, ``engine.cli``
@@ -39,17 +39,17 @@ API: dict[str, str] = {
     # techniques (the paper's steps)
     "kept_pairs": "engine.techniques.accuracy",
     "accuracy_report": "engine.techniques.accuracy",
-    "path_patching": "engine.techniques.patching",
-    "cached_path_patching": "engine.techniques.patching",
-    "PatchingTable": "engine.techniques.patching",
-    "Knockout": "engine.techniques.ablation",
-    "mean_activations": "engine.techniques.ablation",
-    "knockout_accuracy": "engine.techniques.ablation",
-    "knockout_curve": "engine.techniques.ablation",
-    "top_next_tokens": "engine.techniques.ablation",
+    "path_patching": "engine.techniques.path_patching",
+    "cached_path_patching": "engine.techniques.path_patching",
+    "PatchingTable": "engine.techniques.path_patching",
+    "Knockout": "engine.techniques.knockout",
+    "mean_activations": "engine.techniques.knockout",
+    "knockout_accuracy": "engine.techniques.knockout",
+    "knockout_curve": "engine.techniques.knockout_curve",
+    "top_next_tokens": "engine.techniques.knockout",
     "role_attention": "engine.techniques.attention",
     "prompt_attention": "engine.techniques.attention",
-    "mlp_projections": "engine.techniques.projections",
+    "mlp_projections": "engine.techniques.mlp_projections",
     "logit_lens": "engine.techniques.logit_lens",
     "attribution": "engine.techniques.attribution",
     "transfer": "engine.techniques.transfer",

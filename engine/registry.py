@@ -6,7 +6,9 @@ prints; it writes its CSV) and, when it belongs to the circuit summary, a ``find
 cache, table) -> str | None`` (its sentence, from cached results only).  Its entry here says what the
 rest of the lab needs:
 
-* ``name``     -- the CLI subcommand, ``python -m engine NAME`` (:mod:`engine.cli.main` adds one per entry);
+* ``name``     -- the technique's one name: its CLI subcommand, ``python -m engine NAME`` (:mod:`engine.cli.main`
+  adds one per entry), and, with ``_`` for ``-``, its module; ``aliases`` -- former command names that keep
+  working;
 * ``title``, ``help`` -- how the report, the docs and ``--help`` call it;
 * ``module``   -- the technique's module;
 * ``options``  -- its CLI arguments beyond the model and prompt-set ones;
@@ -72,11 +74,12 @@ class Technique:
     name: str
     title: str
     help: str
-    module: str                 # under engine/techniques/
+    module: str                 # under engine/techniques/: the name with "_" for "-"
     options: tuple[Option, ...] = ()
     cli: str = "cli"            # the module's command function
     families: str = "paper"     # the prompt families the command defaults to
     prompts_file: bool = True   # the command also takes --prompts FILE
+    aliases: tuple[str, ...] = ()  # former command names, still accepted
 
     def load(self):
         """The technique's module (imported on use: ``--help`` and the dashboard's start stay fast)."""
@@ -94,7 +97,7 @@ class Technique:
 
 TECHNIQUES: tuple[Technique, ...] = (
     Technique(
-        "patch", "Path patching", "path patching of every head and MLP -> CSV", "patching",
+        "path-patching", "Path patching", "path patching of every head and MLP -> CSV", "path_patching",
         (out("output .csv"),
          opt("--by", choices=("all", "op", "template"), default="all",
              help="one row per sender (all) or per sender and op / template"),
@@ -103,7 +106,7 @@ TECHNIQUES: tuple[Technique, ...] = (
          opt("--receiver", default=None, metavar="LAYER.HEAD[:q|k|v]",
              help="instead of the answer logit, a head as receiver: every earlier sender's effect carried only "
                   "through that head's query (default), key or value at END, e.g. 3.1:q (head -> head)")),
-        cli="head_patching:cli_patch"),
+        cli="head_patching:cli_patch", aliases=("patch",)),
     Technique(
         "attention", "Attention by token role", "END-row attention per token role (all heads) -> CSV",
         "attention",
@@ -111,24 +114,24 @@ TECHNIQUES: tuple[Technique, ...] = (
          opt("--text", help="instead: one prompt's END row of --layer/--head, token by token"),
          opt("--layer", type=nonneg_int), opt("--head", type=nonneg_int))),
     Technique(
-        "mlp-projection", "MLP projections", "MLP in/out cosines with W_U of A, B, C per layer -> CSV",
-        "projections",
-        (out("output .csv"), opt("--text", help="also: this prompt's top number tokens per layer (Fig. 6c)"))),
+        "mlp-projections", "MLP projections", "MLP in/out cosines with W_U of A, B, C per layer -> CSV",
+        "mlp_projections",
+        (out("output .csv"), opt("--text", help="also: this prompt's top number tokens per layer (Fig. 6c)")),
+        aliases=("mlp-projection",)),
     Technique(
         "logit-lens", "Logit lens", "the answer's probability and rank at END after every layer -> CSV",
         "logit_lens", (out("output .csv, one row per group and layer"),)),
     Technique(
-        "knockout", "Knockout", "accuracy before/after mean-ablating heads / MLPs -> JSON", "ablation",
+        "knockout", "Knockout", "accuracy before/after mean-ablating heads / MLPs -> JSON", "knockout",
         (opt("--heads", default="", help="LAYER.HEAD list, e.g. 3.1,5.0"),
          opt("--mlps", default="", help="MLP layers, e.g. 4,5"),
          opt("--text", help="also show this prompt's top-5 next tokens before/after"),
-         out("also write the JSON here", required=False)),
-        cli="cli_knockout"),
+         out("also write the JSON here", required=False))),
     Technique(
         "knockout-curve", "Knockout curve (Fig. 3)", "Fig. 3: top-k (effect rank) vs k random heads -> CSV",
-        "ablation",
+        "knockout_curve",
         (opt("--k-max", type=nonneg_int, default=10), opt("--draws", type=positive_int, default=10),
-         out("output .csv")), cli="cli_curve"),
+         out("output .csv"))),
     Technique(
         "transfer", "Transfer (Table 4)", "Table 4: key-head overlap and cross knockouts of two sets -> JSON",
         "transfer",
@@ -139,10 +142,11 @@ TECHNIQUES: tuple[Technique, ...] = (
          opt("--k", type=positive_int, default=10), out("also write the JSON here", required=False)),
         prompts_file=False),
     Technique(
-        "position-patch", "Layer x position patching",
+        "position-patching", "Position patching",
         "layer x position activation patching of the residual stream -> CSV", "position_patching",
         (out("output .csv, one row per group, layer and position"),
-         opt("--group", default=None, help="only this group: '*', op:add, template:<id> (default: every group)"))),
+         opt("--group", default=None, help="only this group: '*', op:add, template:<id> (default: every group)")),
+        aliases=("position-patch",)),
     Technique(
         "attribution", "Attribution patching (AtP)",
         "attribution patching (AtP) beside exact path / activation patching -> CSV", "attribution",

@@ -64,7 +64,7 @@ for p in dict.fromkeys(page_of(r.technique) for r in rows):
 
 if second is not None:
     from engine.techniques.accuracy import kept_pairs
-    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.path_patching import cached_path_patching
     st.subheader("Fig. 12: two models on one colour scale")
     frames = []
     try:

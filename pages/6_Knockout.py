@@ -9,15 +9,9 @@ import streamlit as st
 
 from cache import CacheError
 from engine.prompts.pairs import PromptError
-from engine.techniques.ablation import (
-    Knockout,
-    cached_knockout_curve,
-    curve_cost,
-    knockout_accuracies,
-    mean_activations,
-    stored_knockout_curve,
-)
-from engine.techniques.patching import cached_path_patching
+from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
+from engine.techniques.knockout_curve import cached_knockout_curve, curve_cost, stored_knockout_curve
+from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import analyse_prompt
 from ui import state
 from ui.progress import run_with_progress

@@ -25,7 +25,7 @@ from engine.finetune.recipe import default_recipe
 from engine.finetune.run import FinetuneRequest, check_out_dir, heads_text, read_record
 from engine.finetune.slices import parse_heads
 from engine.finetune.train import TrainConfig
-from engine.techniques.patching import cached_path_patching
+from engine.techniques.path_patching import cached_path_patching
 from ui.improve_views import comparison_chart, comparison_rows, comparison_table
 from ui.progress import USER_ERRORS
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page, use_model

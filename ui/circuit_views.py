@@ -1,6 +1,6 @@
 """Dashboard views beyond path patching: each renders one engine result (cached) as one chart.
 
-Used by the Path patching page (exact vs attribution, head -> head) and the Information flow page
+Used by the Path patching page (exact vs attribution, head -> head) and the Position patching page
 (layer x position, logit lens).  Every engine call is guarded: a problem is an ``st.error`` saying
 what to do, never a traceback.
 """
@@ -216,7 +216,7 @@ def circuit_summary_view(model, spec, cache) -> None:
     if not findings or not findings[0].computed:
         st.info("No path-patching result for this model and prompt set yet: open **Path patching** to compute it; "
                 "the summary then appears here.")
-        link_to("patch")
+        link_to("path-patching")
         return
     for f in findings:
         c1, c2 = st.columns([5, 1])
@@ -258,7 +258,7 @@ PROJECTION_MAIN = PROJECTION_LABELS["cos_out_C"]
 def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
     """Per layer, the MLP projections (mean ± sd over the set) as lines; returns their frame (None after an
     ``st.error``).  The answer series is the strongest colour."""
-    from engine.techniques.projections import cached_mlp_projections
+    from engine.techniques.mlp_projections import cached_mlp_projections
     from views.charts import lines_with_band
     out = run_with_progress("Projecting", "compute the projections",
                             lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb))
@@ -277,7 +277,7 @@ def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
 def typed_top_numbers(model, text: str) -> tuple[pd.DataFrame, object] | None:
     """The typed prompt's top number tokens of every layer's MLP (long frame) and its prompt report;
     None after an ``st.error``."""
-    from engine.techniques.projections import top_number_tokens
+    from engine.techniques.mlp_projections import top_number_tokens
     from engine.techniques.promptlab import analyse_prompt
     try:
         rep = analyse_prompt(model, text)
@@ -292,7 +292,7 @@ def mlp_layer_view(model, pairs, cache, layer: int, text: str) -> None:
     on the typed prompt."""
     import altair as alt
 
-    from engine.techniques.projections import cached_mlp_projections
+    from engine.techniques.mlp_projections import cached_mlp_projections
     from views.charts import PALETTE
     out = run_with_progress("Projecting", "compute the MLP projections",
                             lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb))

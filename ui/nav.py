@@ -22,21 +22,21 @@ PAGES = (
     PageDef("pages/1_Story.py", "Story", ":material/auto_stories:", "Story"),
     PageDef("pages/2_Paper.py", "Paper", ":material/fact_check:", "Paper"),
     PageDef("pages/3_Prompt_lab.py", "Prompt lab", ":material/edit:", "Prompt_lab"),
-    PageDef("pages/4_Patching_heatmap.py", "Path patching", ":material/grid_on:", "Patching_heatmap"),
+    PageDef("pages/4_Path_patching.py", "Path patching", ":material/grid_on:", "Path_patching"),
     PageDef("pages/5_MLP_projections.py", "MLP projections", ":material/show_chart:", "MLP_projections"),
     PageDef("pages/6_Knockout.py", "Knockout", ":material/content_cut:", "Knockout"),
     PageDef("pages/7_Transfer.py", "Transfer", ":material/compare_arrows:", "Transfer"),
-    PageDef("pages/8_Information_flow.py", "Information flow", ":material/account_tree:", "Information_flow"),
+    PageDef("pages/8_Position_patching.py", "Position patching", ":material/account_tree:", "Position_patching"),
     PageDef("pages/9_Improve.py", "Improve", ":material/tune:", "Improve"),
     PageDef("pages/10_Numbers.py", "Numbers", ":material/pin:", "Numbers"),
 )
 
 #: registry name (``engine.registry``; ``finetune``: the CLI's fine-tuning) -> URL path of the page that shows it
 PAGE_OF: dict[str, str] = {
-    "patch": "Patching_heatmap", "attention": "Patching_heatmap", "attribution": "Patching_heatmap",
-    "mlp-projection": "MLP_projections", "logit-lens": "MLP_projections",
+    "path-patching": "Path_patching", "attention": "Path_patching", "attribution": "Path_patching",
+    "mlp-projections": "MLP_projections", "logit-lens": "MLP_projections",
     "knockout": "Knockout", "knockout-curve": "Knockout", "transfer": "Transfer",
-    "position-patch": "Information_flow", "numbers": "Numbers", "finetune": "Improve",
+    "position-patching": "Position_patching", "numbers": "Numbers", "finetune": "Improve",
 }
 
 

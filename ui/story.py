@@ -44,7 +44,7 @@ def findings(model, pairs, cache, title: str) -> str:
 
 
 def path_patching(model, pairs, cache):
-    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.path_patching import cached_path_patching
     table, _ = run_with_progress("Path patching, batch", "run path patching",
                                  lambda cb: cached_path_patching(model, pairs, cache=cache, progress=cb), stop=True)
     return table
@@ -124,7 +124,7 @@ def step_mlps(model, spec, cache) -> None:
 
 
 def step_knockout(model, spec, cache) -> None:
-    from engine.techniques.ablation import KNOCKOUT_DRAWS, KNOCKOUT_K, cached_knockout_curve
+    from engine.techniques.knockout_curve import KNOCKOUT_DRAWS, KNOCKOUT_K, cached_knockout_curve
     from views.circuit_charts import knockout_curve_chart
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)

@@ -48,11 +48,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
     for name in BEFORE:
         plain(name)
     for t in TECHNIQUES:
-        p = sub.add_parser(t.name, help=t.help)
+        p = sub.add_parser(t.name, help=t.help, aliases=list(t.aliases))
         model_args(p)
         set_args(p, t.families, with_file=t.prompts_file)
         t.add_arguments(p)
-        commands[t.name] = _technique_command(t)
+        for name in (t.name, *t.aliases):  # an old name keeps working
+            commands[name] = _technique_command(t)
     for name in AFTER:
         plain(name)
     return ap, commands

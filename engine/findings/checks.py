@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.ablation import KNOCKOUT_DRAWS, KNOCKOUT_K
-from engine.techniques.patching import KEY_EFFECT, sparsity
+from engine.techniques.knockout_curve import KNOCKOUT_DRAWS, KNOCKOUT_K
+from engine.techniques.path_patching import KEY_EFFECT, sparsity
 
 SPARSE_SHARE = 0.05
 TOP_DROP, RANDOM_DROP = 0.50, 0.10
@@ -56,7 +56,7 @@ class Evidence:
     def table(self):
         """The path-patching table of ``pairs`` (computed by the first check that reads it)."""
         if self._table is None:
-            from engine.techniques.patching import cached_path_patching
+            from engine.techniques.path_patching import cached_path_patching
             self._table, _ = cached_path_patching(self.model, self.pairs, cache=self.cache, progress=self.progress)
         return self._table
 
@@ -94,7 +94,7 @@ def key_heads(ev: Evidence) -> Verdict:
 
 def knockout(ev: Evidence) -> Verdict:
     """Fig. 3: the top heads' knockout collapses accuracy, random heads' does not."""
-    from engine.techniques.ablation import cached_knockout_points
+    from engine.techniques.knockout_curve import cached_knockout_points
     f = ev.model.facts
     k_max = min(KNOCKOUT_K, f.n_layers * f.n_heads)
     ranked = [(a, b) for a, b, _ in ev.table.top_heads(k_max)]
@@ -125,7 +125,7 @@ def attention(ev: Evidence) -> Verdict:
 
 def mlps(ev: Evidence) -> Verdict:
     """Fig. 6 / 13 / 14: a later MLP writes the answer."""
-    from engine.techniques.projections import cached_mlp_projections
+    from engine.techniques.mlp_projections import cached_mlp_projections
     f = ev.model.facts
     proj, _ = cached_mlp_projections(ev.model, ev.pairs, cache=ev.cache, progress=ev.progress)
     ans = {v.layer: v.value for v in proj if v.metric == "cos_out_C"}
@@ -162,8 +162,8 @@ def transfer(ev: Evidence) -> Verdict:
 
 def power(ev: Evidence) -> Verdict:
     """Table 3: exponentiation's own key heads, knocked out."""
-    from engine.techniques.ablation import Knockout, knockout_accuracies, mean_activations
-    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
+    from engine.techniques.path_patching import cached_path_patching
     pp = ev.power_pairs
     if len(pp) < MIN_PAIRS:
         return Verdict("", None, f"the model answers {len(pp)} exponentiation prompts right "

@@ -129,7 +129,7 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
     from engine.evaluation.benchmarks import default_data_dir
     from engine.prompts.promptsets import FORMATS, format_spec
     from engine.techniques.accuracy import keep_correct, kept_pairs
-    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.path_patching import cached_path_patching
     from engine.techniques.transfer import benchmark_pairs
 
     pairs, _ = kept_pairs(model, spec, cache=cache)

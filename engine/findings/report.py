@@ -66,12 +66,12 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     """Every number of the report for ``model`` on the prompt set ``spec`` (cached where possible); with
     ``paper``, also the paper's findings one row each (:func:`engine.findings.paper.reproduce`, ``second``:
     a second loaded model for Fig. 12)."""
-    from engine.techniques.ablation import cached_knockout_curve
     from engine.techniques.accuracy import kept_pairs
     from engine.techniques.attention import cached_role_attention
+    from engine.techniques.knockout_curve import cached_knockout_curve
     from engine.techniques.logit_lens import cached_logit_lens
-    from engine.techniques.patching import cached_path_patching
-    from engine.techniques.projections import cached_mlp_projections
+    from engine.techniques.mlp_projections import cached_mlp_projections
+    from engine.techniques.path_patching import cached_path_patching
 
     def step(i: int) -> None:
         if progress is not None:

@@ -27,7 +27,7 @@ class Finding:
 
 def circuit_summary(model, pairs: Sequence[PromptPair], cache) -> list[Finding]:
     """The findings available in ``cache`` for this model and prompt set (see module docstring)."""
-    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.path_patching import cached_path_patching
     told = [s for s in steps.STEPS if s.sentence is not None]
     with cache_only():
         try:

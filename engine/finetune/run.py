@@ -38,7 +38,7 @@ def top_heads(spec: str, k: int, *, device: str | None = None, dtype: str = "flo
     from engine.backends import open_model
     from engine.prompts.promptsets import PromptSetSpec
     from engine.techniques.accuracy import kept_pairs
-    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.path_patching import cached_path_patching
 
     if k <= 0:
         raise FinetuneError(f"k must be a positive number of heads, got {k}")

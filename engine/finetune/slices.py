@@ -106,8 +106,8 @@ def _has_module(model: nn.Module, path: str) -> bool:
 
 
 def parse_heads(text: str) -> tuple[Head, ...]:
-    """"3.1,5.0" -> ((3, 1), (5, 0)) (:func:`engine.techniques.ablation.parse_heads`, at least one head)."""
-    from engine.techniques.ablation import parse_heads as parse_head_list
+    """"3.1,5.0" -> ((3, 1), (5, 0)) (:func:`engine.techniques.knockout.parse_heads`, at least one head)."""
+    from engine.techniques.knockout import parse_heads as parse_head_list
     try:
         return parse_head_list(text, required=True)
     except ValueError as e:

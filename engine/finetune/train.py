@@ -2,7 +2,7 @@
 
 The paper's method, as implemented here:
 
-1. **Select heads.**  H = the top-k heads of a path-patching run (``engine.techniques.patching``), or a list
+1. **Select heads.**  H = the top-k heads of a path-patching run (``engine.techniques.path_patching``), or a list
    given by the user ("3.1,5.0"); optionally whole MLP layers too.
 2. **Make only their slices trainable.**  For a selected head h of layer l the trainable parameters
    are the rows of W_Q that produce h's queries, the rows of W_K / W_V that produce its key/value

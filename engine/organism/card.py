@@ -128,9 +128,10 @@ def key_heads(model, n: int = 50, seed: int = 0, k: int = 5) -> dict[str, Any]:
     """Where the bundled model's key heads sit: top-k heads by path-patching effect per op, and the
     knockout of the top-3 heads vs 3 random heads (10 draws) on the same pairs."""
     from engine.prompts.promptsets import PromptSetSpec, generate
-    from engine.techniques.ablation import knockout_curve, mean_activations
     from engine.techniques.accuracy import keep_correct
-    from engine.techniques.patching import PatchingTable, path_patching, summarize
+    from engine.techniques.knockout import mean_activations
+    from engine.techniques.knockout_curve import knockout_curve
+    from engine.techniques.path_patching import PatchingTable, path_patching, summarize
 
     pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=PAPER_OPS, n=n, seed=seed))
     pairs = keep_correct(model, pairs)
@@ -285,7 +286,7 @@ Per template family:
 * Exponentiation (never trained): {ev['pow_first_token']:.1%} first-token accuracy.
 
 ## Where the key heads sit
-Path patching (fast exact path, `engine/techniques/patching.py`) on {heads['n_pairs']} correctly answered paper-template
+Path patching (fast exact path, `engine/techniques/path_patching.py`) on {heads['n_pairs']} correctly answered paper-template
 pairs; effect = relative change of the answer logit when the head's END output comes from X_c
 (most negative = most important). Top heads (layer.head):
 

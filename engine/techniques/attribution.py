@@ -7,7 +7,7 @@ order::
     m(a_c) - m(a_r)  ~  grad_a m(a_r) . (a_c - a_r)
 
 Here m is the answer token's logit at END and the activations are the senders of the paper's path
-patching (:mod:`engine.techniques.patching`): every head's END output and every MLP's END output.  Two
+patching (:mod:`engine.techniques.path_patching`): every head's END output and every MLP's END output.  Two
 quantities are estimated, each beside its exact value:
 
 **Path AtP -- the estimate of path patching (Algorithm 1, every other head frozen).**  With every
@@ -60,7 +60,7 @@ from engine.techniques import end_chain
 from engine.techniques.batching import pair_batches
 from engine.techniques.components import Component, wide_rows
 from engine.techniques.patch_rows import patch_rows, prepare
-from engine.techniques.patching import PatchingRaw, Sender, path_patching, sender_edits, sender_hooks
+from engine.techniques.path_patching import PatchingRaw, Sender, path_patching, sender_edits, sender_hooks
 from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 
 METHOD = "attribution_patching"

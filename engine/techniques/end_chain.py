@@ -1,6 +1,6 @@
 """The exact END chain: how a change at END reaches the answer logit when every head is frozen.
 
-Shared by fast path patching (:mod:`engine.techniques.patching`) and path attribution patching
+Shared by fast path patching (:mod:`engine.techniques.path_patching`) and path attribution patching
 (:mod:`engine.techniques.attribution`).  With every head's output z frozen at its X_r value at every
 position, no position but END changes and the attention contributes at END exactly what it did on X_r;
 so a residual vector x at END is carried through block j by (the block model of

@@ -1,6 +1,6 @@
 """Path patching to a head: which earlier heads feed a key head (Algorithm 1 with a head as receiver).
 
-Zhang et al. (2024, §4.1) run Algorithm 1 with the answer logit as receiver (:mod:`engine.techniques.patching`).
+Zhang et al. (2024, §4.1) run Algorithm 1 with the answer logit as receiver (:mod:`engine.techniques.path_patching`).
 With a *head* as receiver -- head (l_r, h_r), through its query, key or value input -- the same
 algorithm asks which earlier senders write what that head reads at END:
 
@@ -47,8 +47,8 @@ from engine.prompts.pairs import PromptPair
 from engine.techniques.batching import TOKENS_PER_PASS, check_pairs, length_chunks
 from engine.techniques.components import wide_rows
 from engine.techniques.patch_rows import PatchRun, at_end, patch_rows, prepare, replace
-from engine.techniques.patching import PatchingRaw, Sender, SenderValue, sender_edits, sender_hooks, summarize
-from engine.techniques.patching import cli as patching_cli
+from engine.techniques.path_patching import PatchingRaw, Sender, SenderValue, sender_edits, sender_hooks, summarize
+from engine.techniques.path_patching import cli as patching_cli
 from engine.techniques.shortcut import ShortcutMismatch, fallback_note
 
 Input = Literal["q", "k", "v"]
@@ -190,7 +190,7 @@ def cached_head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair]
     return out, computed
 
 # ---------------------------------------------------------------------------------------------
-# the command line (``python -m engine patch --receiver``, registered in engine.registry)
+# the command line (``python -m engine path-patching --receiver``, registered in engine.registry)
 # ---------------------------------------------------------------------------------------------
 
 def cli(args, ctx) -> dict:

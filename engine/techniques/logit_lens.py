@@ -9,7 +9,7 @@ scale), and we read the answer token's probability and rank among the whole voca
     rank_l(C) = 1 + #{tokens t : logit_l(t) > logit_l(C)}
 
 It is the residual-stream counterpart of the paper's Figure 6 (MLP projections on the number
-tokens, :mod:`engine.techniques.projections`): in the paper's models the answer appears in the middle-to-late
+tokens, :mod:`engine.techniques.mlp_projections`): in the paper's models the answer appears in the middle-to-late
 layers, after the key heads have moved the operands to END and as the MLPs write it.  Layer ``-1``
 is the embedding (``resid_pre[0]``).  One forward pass per batch; the unembedding is applied to the
 END rows only.

@@ -218,7 +218,7 @@ def cached_layer_position_patching(backend: ModelBackend, pairs: Sequence[Prompt
     return sorted(cells, key=lambda c: (c.group, c.layer, c.rel)), computed
 
 # ---------------------------------------------------------------------------------------------
-# the command line (``python -m engine position-patch``, registered in engine.registry)
+# the command line (``python -m engine position-patching``, registered in engine.registry)
 # ---------------------------------------------------------------------------------------------
 
 def cli(args, ctx) -> dict:

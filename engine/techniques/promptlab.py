@@ -18,7 +18,7 @@ from engine.backends.base import ModelBackend
 from engine.prompts.pairs import LENGTH_MISMATCH, PromptError, PromptPair, answer_tokens
 from engine.prompts.templates import CF_SYMBOLS, CF_WORDS
 from engine.prompts.typed import MAX_TYPED_CHARS, TypedIds, TypedProblem, parse_typed_prompt, typed_prompt_ids
-from engine.techniques.ablation import Knockout, MeanActivations, TokenProb, next_token_probs, top_of
+from engine.techniques.knockout import Knockout, MeanActivations, TokenProb, next_token_probs, top_of
 
 
 @dataclass

@@ -25,8 +25,8 @@ from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptError, PromptPair, answer_tokens
 from engine.prompts.templates import CF_WORDS
-from engine.techniques.ablation import Knockout, knockout_accuracies, mean_activations
-from engine.techniques.patching import cached_path_patching
+from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
+from engine.techniques.path_patching import cached_path_patching
 
 BENCH_FILES = {"svamp": "svamp/test.normalized.jsonl", "gsm8k": "gsm8k/test.normalized.jsonl",
                "addsub": "addsub/test.normalized.jsonl", "singleeq": "singleeq/test.normalized.jsonl"}

@@ -8,7 +8,7 @@ from tests.app.conftest import errors, page
 def test_sidebar_switches_to_nnsight_and_heatmap_renders(tmp_path, monkeypatch):
     from ui.session import ModelChoice
     monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "fresh.duckdb"))  # computed now, by nnsight
-    at = page("4_Patching_heatmap.py", n=8)
+    at = page("4_Path_patching.py", n=8)
     at.session_state["model_choice"] = ModelChoice(spec="/no/such/model")  # fails fast; the sidebar is drawn
     at.run()
     assert any("does not exist" in e for e in errors(at))
@@ -27,7 +27,7 @@ def test_sidebar_switches_to_nnsight_and_heatmap_renders(tmp_path, monkeypatch):
 def test_remote_without_key_is_an_error_on_the_page(monkeypatch):
     from ui.session import ModelChoice
     monkeypatch.delenv("NDIF_API_KEY", raising=False)
-    at = page("4_Patching_heatmap.py", n=8)
+    at = page("4_Path_patching.py", n=8)
     at.session_state["model_choice"] = ModelChoice(spec="meta-llama/Llama-3.1-8B", backend="nnsight", remote=True)
     at.run()
     assert not at.exception

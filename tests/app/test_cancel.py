@@ -17,7 +17,7 @@ import pytest
 
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.ablation import cached_knockout_curve
+from engine.techniques.knockout_curve import cached_knockout_curve
 
 pytestmark = pytest.mark.slow
 

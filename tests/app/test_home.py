@@ -84,7 +84,7 @@ def test_home_circuit_summary_appears_after_patching_ran():
     assert not at.exception, at.exception
     assert any("No path-patching result" in i.value for i in at.info)
     # the Patching page computes (same sidebar set, same cache); Home then quotes its numbers
-    patching = AppTest.from_file(str(Path(APP).parent / "pages" / "4_Patching_heatmap.py"), default_timeout=300)
+    patching = AppTest.from_file(str(Path(APP).parent / "pages" / "4_Path_patching.py"), default_timeout=300)
     patching.session_state["prompt_set"] = at.session_state["prompt_set"] if "prompt_set" in at.session_state else {
         "ops": ["add", "sub", "mul", "div"], "families": "paper (Fig. 8, 32 templates)", "n": 40, "seed": 0}
     patching.run()

@@ -1,4 +1,4 @@
-"""AppTest of the Information flow page (layer x position patching, logit lens)."""
+"""AppTest of the Position patching page (layer x position patching, logit lens)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from tests.app.conftest import errors, page
 
 
 def test_information_flow_draws_the_heatmap_and_switches_group_and_metric():
-    at = page("8_Information_flow.py").run()
+    at = page("8_Position_patching.py").run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)
     assert len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart")) == 1

@@ -36,7 +36,7 @@ def test_prompt_lab_empty_and_nonsense_prompts():
 
 
 def test_bad_model_path_gives_error_on_pages():
-    for name in ("3_Prompt_lab.py", "4_Patching_heatmap.py"):
+    for name in ("3_Prompt_lab.py", "4_Path_patching.py"):
         at = page(name)
         from ui.session import ModelChoice
         at.session_state["model_choice"] = ModelChoice(spec="/no/such/model")
@@ -46,7 +46,7 @@ def test_bad_model_path_gives_error_on_pages():
 
 
 def test_patching_heatmap_and_head_selection_changes_attention_view():
-    at = page("4_Patching_heatmap.py").run()
+    at = page("4_Path_patching.py").run()
     _ok(at)
     assert _charts(at) >= 3  # heatmap + token attention + role attention
     first = [h.value for h in at.subheader]
@@ -63,9 +63,9 @@ def test_patching_heatmap_of_the_typed_prompt():
     """The Operation box's last choice: the typed prompt against its counterfactual, one pair, as the heatmap
     (the same numbers as path patching of that one pair); a prompt with no counterfactual is an st.error."""
     from engine.backends import open_model
-    from engine.techniques.patching import cached_path_patching
+    from engine.techniques.path_patching import cached_path_patching
     from engine.techniques.promptlab import typed_pair
-    at = page("4_Patching_heatmap.py").run()
+    at = page("4_Path_patching.py").run()
     _ok(at)
     box = next(s for s in at.selectbox if s.label == "Operation")
     assert box.options[-1] == "the typed prompt alone"
@@ -123,7 +123,7 @@ def test_transfer_page():
 
 def test_patching_page_shows_answer_tokens_and_role_definitions():
     from engine.techniques.attention import ROLE_DEFINITIONS
-    at = page("4_Patching_heatmap.py").run()
+    at = page("4_Path_patching.py").run()
     _ok(at)
     md = " ".join(m.value for m in at.markdown)
     assert "First answer tokens of these" in md
@@ -138,7 +138,7 @@ def test_patching_page_shows_answer_tokens_and_role_definitions():
 
 
 def test_patching_exact_vs_attribution_tab_and_head_to_head_on_demand():
-    at = page("4_Patching_heatmap.py").run()
+    at = page("4_Path_patching.py").run()
     _ok(at)
     assert [t.label for t in at.tabs] == ["Heatmap", "Exact vs attribution"]
     assert not any("Spearman" in c.value for c in at.caption)  # on demand: nothing computed on the first visit

@@ -47,7 +47,7 @@ def test_typed_prompt_follows_every_page_and_stays_in_the_box():
     at = _go(_app(), "3_Prompt_lab.py")
     at.text_input(key="typed_prompt").set_value(PROMPT).run()
     assert "7 * 8 = 56" in _text(at)
-    for script in ("4_Patching_heatmap.py", "5_MLP_projections.py", "6_Knockout.py", "1_Story.py"):
+    for script in ("4_Path_patching.py", "5_MLP_projections.py", "6_Knockout.py", "1_Story.py"):
         _go(at, script)
         assert f"`{PROMPT}`" in _text(at), script
     _go(at, "3_Prompt_lab.py")
@@ -61,7 +61,7 @@ def test_knockout_picks_are_kept_and_a_heatmap_click_only_selects():
     top3 = list(at.multiselect(key="knockout_heads").value)
     assert len(top3) == 3
     at.multiselect(key="knockout_mlps").set_value([1]).run()
-    _go(at, "4_Patching_heatmap.py")
+    _go(at, "4_Path_patching.py")
     at.session_state["selected_head"] = (0, 0)  # what a heatmap click stores
     at.run()
     assert "Head 0.0" in [h.value for h in at.subheader]
@@ -75,7 +75,7 @@ def test_knockout_picks_are_kept_and_a_heatmap_click_only_selects():
 
 
 def test_mlp_cell_selection_shows_the_mlp_view():
-    at = _go(_app(), "4_Patching_heatmap.py")
+    at = _go(_app(), "4_Path_patching.py")
     at.session_state["selected_head"] = (2, -1)
     at.run()
     assert not at.exception and not errors(at), errors(at)
@@ -176,7 +176,7 @@ def test_a_link_sets_the_prompt_selection_and_knockouts_every_page_shows():
     assert list(at.multiselect(key="knockout_heads").value) == ["0.1", "1.3"]
     assert list(at.multiselect(key="knockout_mlps").value) == [1]
     assert f"`{PROMPT}`" in _text(at)
-    _go(at, "4_Patching_heatmap.py")
+    _go(at, "4_Path_patching.py")
     assert "Head 1.2" in [h.value for h in at.subheader]
     assert at.button(key="add_to_knockout").label == "Add head 1.2 to the knockout set"
     _go(at, "3_Prompt_lab.py")
@@ -193,7 +193,7 @@ def test_a_links_selection_for_its_own_model_is_not_cleared():
     assert not at.exception and not errors(at), errors(at)
     assert at.session_state["model_choice"].spec == str(ORGANISM_DIR)
     assert at.sidebar.text_input(key="model_spec_input").value == str(ORGANISM_DIR)
-    _go(at, "4_Patching_heatmap.py")
+    _go(at, "4_Path_patching.py")
     assert not any("The model changed" in w.value for w in at.warning), [w.value for w in at.warning]
     assert "MLP 2" in [h.value for h in at.subheader]
     assert at.session_state["ko_heads"] == ["0.1"]
@@ -217,7 +217,7 @@ def test_state_changes_are_written_into_the_url_and_defaults_removed():
     at.multiselect(key="knockout_heads").set_value(["1.3", "0.1"]).run()
     at.multiselect(key="knockout_mlps").set_value([2]).run()
     assert at.query_params["ko"] == "0.1,1.3" and at.query_params["ko_mlp"] == "2"
-    _go(at, "4_Patching_heatmap.py")
+    _go(at, "4_Path_patching.py")
     _click_cell(at, 2, -1)  # the page selects the MLP while it runs, then stops after the MLP view
     assert not at.exception, at.exception
     assert "MLP 2" in [h.value for h in at.subheader]
@@ -293,7 +293,7 @@ def test_a_link_whose_model_cannot_be_loaded_falls_back_to_the_default_model(tmp
     assert len(notes) == 1 and notes[0].startswith(f"Link parameter `model={tmp_path / 'missing'}` ignored")
     assert "does not exist" in notes[0] and "`dtype=float16`" in notes[0] and "default model `organism`" in notes[0]
     assert at.session_state["model_choice"].spec == "organism"
-    _go(at, "4_Patching_heatmap.py")  # the rest of the link is kept, on the default model
+    _go(at, "4_Path_patching.py")  # the rest of the link is kept, on the default model
     assert "Head 1.2" in [h.value for h in at.subheader] and at.session_state["ko_heads"] == ["0.1", "1.3"]
     assert "model" not in at.query_params and "dtype" not in at.query_params
     assert at.query_params["head"] == "1.2" and at.query_params["prompt"] == PROMPT

@@ -1,5 +1,5 @@
 """Issue "Beyond path patching" in real Chromium: the exact-vs-attribution tab, a click on a point selects
-its head, and a head's "what feeds it" heatmap is computed on demand; the Information flow page draws."""
+its head, and a head's "what feeds it" heatmap is computed on demand; the Position patching page draws."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _head_title(page) -> str:
 
 
 def test_attribution_tab_point_click_and_head_to_head(server, page):
-    _goto(page, server, "Patching_heatmap")
+    _goto(page, server, "Path_patching")
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
     _idle(page)
     page.get_by_role("tab", name="Exact vs attribution").click()
@@ -71,7 +71,7 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
 
 
 def test_information_flow_page(server, page):
-    _goto(page, server, "Information_flow")
+    _goto(page, server, "Position_patching")
     page.get_by_text("Layer x position patching").first.wait_for(timeout=WAIT)
     _idle(page)
     page.get_by_text(re.compile("a template's positions carry its first prompt's tokens")).first.wait_for(timeout=WAIT)

@@ -28,7 +28,7 @@ def _idle(page):
 
 
 def test_every_page_renders(server, page):
-    for path, marker in (("Prompt_lab", "Next token"), ("Patching_heatmap", "Key heads"),
+    for path, marker in (("Prompt_lab", "Next token"), ("Path_patching", "Key heads"),
                          ("MLP_projections", "Top number tokens"), ("Knockout", "Key heads vs random heads"),
                          ("Transfer", "Compare")):
         _goto(page, server, path)
@@ -39,7 +39,7 @@ def test_every_page_renders(server, page):
 
 
 def test_heatmap_click_shows_that_heads_attention(server, page):
-    _goto(page, server, "Patching_heatmap")
+    _goto(page, server, "Path_patching")
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
     _idle(page)
     title = page.locator("h3", has_text=re.compile(r"^Head \d+\.\d+")).first
@@ -96,7 +96,7 @@ def test_two_sessions_computing_the_same_result_at_once(server, browser):
     for _ in range(2):
         ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
         pg = ctx.new_page()
-        _goto(pg, server, "Patching_heatmap")
+        _goto(pg, server, "Path_patching")
         pg.get_by_text("Key heads").first.wait_for(timeout=WAIT)
         _idle(pg)
         pages.append((ctx, pg))

@@ -140,7 +140,7 @@ def test_a_link_opened_first_on_a_freshly_started_dashboard(browser, tmp_path):
 
 
 def test_a_bad_link_says_what_it_ignored_and_the_page_renders(server, page):
-    _goto(page, server, f"Patching_heatmap?head=99.99&ko=1.1,abc&prompt={quote(PROMPT)}")
+    _goto(page, server, f"Path_patching?head=99.99&ko=1.1,abc&prompt={quote(PROMPT)}")
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
     _idle(page)
     assert page.locator("[data-testid='stException']").count() == 0

@@ -10,8 +10,9 @@ from typing import Sequence
 
 import torch
 
-from engine.techniques.ablation import CurvePoint, Knockout, MeanActivations, curve_knockouts, knocked_out
 from engine.techniques.batching import pad, pad_id
+from engine.techniques.knockout import Knockout, MeanActivations, knocked_out
+from engine.techniques.knockout_curve import CurvePoint, curve_knockouts
 
 
 @torch.no_grad()

@@ -136,7 +136,7 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
     pairs, pl = refs.pairs, refs.plain
 
     def path_patching():
-        from engine.techniques.patching import path_patching
+        from engine.techniques.path_patching import path_patching
         raw = path_patching(backend, pairs)
         lo, head, mlp = refs.get("pp", lambda: P.path_patching(pl, pairs))
         return max(rel_err(raw.logit_o, lo), rel_err(raw.head_logit, head), rel_err(raw.mlp_logit, mlp)), \
@@ -176,8 +176,8 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
         return max(rel_err(raw.logit_o, lo), rel_err(raw.patched, patched)), raw.fallback or ""
 
     def knockout():
-        from engine.techniques.ablation import Knockout, knocked_out, mean_activations
         from engine.techniques.batching import pad, pad_id
+        from engine.techniques.knockout import Knockout, knocked_out, mean_activations
         means = mean_activations(backend, pairs)
         ids, mask, end = pad([p.ref_ids for p in pairs], pad_id(backend))
         with torch.no_grad(), knocked_out(backend, Knockout(KNOCKOUT_HEADS, KNOCKOUT_MLPS), means,
@@ -195,7 +195,7 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
         return max(rel_err(g, w) for g, w in zip(rows, want)), ""
 
     def projections():
-        from engine.techniques.projections import mlp_projections, number_token, number_tokens
+        from engine.techniques.mlp_projections import mlp_projections, number_token, number_tokens
         rows = {(r.layer, r.metric): r.value for r in mlp_projections(backend, pairs)}
 
         def plain_rows():

@@ -79,7 +79,7 @@ def test_cli_refuses_an_unstudied_architecture_in_one_line(root, tmp_path):
     cache = tmp_path / "results.duckdb"
     env = dict(os.environ, ARITHLAB_CACHE=str(cache), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     out = tmp_path / "effects.csv"
-    r = subprocess.run([sys.executable, "-m", "engine", "patch", "--model", str(model_dir), "--n", "4",
+    r = subprocess.run([sys.executable, "-m", "engine", "path-patching", "--model", str(model_dir), "--n", "4",
                         "--out", str(out)],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr

@@ -28,10 +28,10 @@ from engine.backends.base import CPU_COMPONENT_ROWS
 from engine.models.fingerprint import weights_fingerprint
 from engine.models.spec import ModelLoadError
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.ablation import Knockout, knocked_out, knockout_accuracy, mean_activations, top_next_tokens
 from engine.techniques.attention import prompt_attention, role_attention
-from engine.techniques.patching import Sender, cached_path_patching, path_patching, path_patching_reference
-from engine.techniques.projections import mlp_projections, top_number_tokens
+from engine.techniques.knockout import Knockout, knocked_out, knockout_accuracy, mean_activations, top_next_tokens
+from engine.techniques.mlp_projections import mlp_projections, top_number_tokens
+from engine.techniques.path_patching import Sender, cached_path_patching, path_patching, path_patching_reference
 from tests.helpers.smollm2 import smollm2_gguf_path
 from tests.integration.tiny_models import build_tiny_model
 
@@ -495,7 +495,7 @@ def test_cli_pipeline_with_nnsight_on_organism(tmp_path, monkeypatch, capsys, or
     one = _cli(capsys, "attention", *common, "--text", "3 + 5 =", "--layer", "3", "--head", "1",
                "--out", str(tmp_path / "one.csv"))
     assert abs(sum(t["weight"] for t in one["tokens"]) - 1) < 1e-4
-    proj = _cli(capsys, "mlp-projection", *common, "--text", "3 + 5 =", "--out", str(tmp_path / "proj.csv"))
+    proj = _cli(capsys, "mlp-projections", *common, "--text", "3 + 5 =", "--out", str(tmp_path / "proj.csv"))
     assert len(proj["per_layer"]) == 4 * 8 and proj["top_number_tokens"]
     tr = _cli(capsys, "transfer", *common, "--k", "3")
     assert 0 <= tr["overlap"] <= 3
@@ -511,9 +511,9 @@ def test_cli_backend_flag_from_the_shell(tmp_path):
     import subprocess
     import sys
     env = dict(os.environ, ARITHLAB_CACHE=str(tmp_path / "c.duckdb"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    r = subprocess.run([sys.executable, "-m", "engine", "patch", "--backend", "nnsight", "--op", "sub", "--n", "20",
-                        "--out", str(tmp_path / "e.csv")], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-m", "engine", "path-patching", "--backend", "nnsight", "--op", "sub",
+                        "--n", "20", "--out", str(tmp_path / "e.csv")], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["cached"] is False and (tmp_path / "e.csv").read_text().count("\n") == 73
     r = subprocess.run([sys.executable, "-m", "engine", "info", "--remote"], cwd=REPO, env=env, capture_output=True,
@@ -535,5 +535,5 @@ def test_cli_pipeline_with_nnsight_on_smollm2(tmp_path, monkeypatch, capsys, smo
     ko = _cli(capsys, "knockout", *common, "--heads", "5.1,10.2", "--mlps", "0")
     assert 0 <= ko["accuracy_after"] <= 1
     att = _cli(capsys, "attention", *common, "--out", str(tmp_path / "a.csv"))
-    proj = _cli(capsys, "mlp-projection", *common, "--out", str(tmp_path / "p.csv"))
+    proj = _cli(capsys, "mlp-projections", *common, "--out", str(tmp_path / "p.csv"))
     assert att["n_pairs"] == proj["n_pairs"] == patch["n_pairs"] >= 1

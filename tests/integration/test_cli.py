@@ -36,7 +36,7 @@ def test_exit_status_survives_the_early_process_end(cache_file, tmp_path):
     """``python -m engine`` ends the process right after the exit handlers (engine/__main__.py): the
     status is still argparse's for --help, and a file a command wrote is complete."""
     assert run_cli("--help", cache=cache_file).returncode == 0
-    assert run_cli("patch", "--help", cache=cache_file).returncode == 0
+    assert run_cli("path-patching", "--help", cache=cache_file).returncode == 0
     out = tmp_path / "pairs.jsonl"
     r = run_cli("prompts", "--model", "organism", "--op", "add", "--n", "20", "--out", str(out), cache=cache_file)
     assert r.returncode == 0 and len(out.read_text().splitlines()) == json.loads(r.stdout)["kept"] > 0
@@ -98,7 +98,7 @@ def test_bad_arguments_exit_nonzero_with_one_line(cache_file, args, phrase):
 def test_patch_csv_and_second_call_cached(cache_file, tmp_path):
     import csv
     out = tmp_path / "e.csv"
-    args = ("patch", "--model", "organism", "--op", "add", "--n", "200", "--seed", "0", "--out", str(out))
+    args = ("path-patching", "--model", "organism", "--op", "add", "--n", "200", "--seed", "0", "--out", str(out))
     first = run_cli(*args, cache=cache_file)
     assert first.returncode == 0, first.stderr
     rows = list(csv.DictReader(out.open()))
@@ -128,8 +128,8 @@ def test_prompts_reports_why_prompts_were_dropped(cache_file, tmp_path):
 
 def test_every_subcommand_defaults_to_the_paper_templates():
     from engine.cli.main import build_parser
-    for cmd in ("prompts --out x", "accuracy", "patch --out x", "knockout", "knockout-curve --out x",
-                "attention --out x", "mlp-projection --out x", "transfer"):
+    for cmd in ("prompts --out x", "accuracy", "path-patching --out x", "knockout", "knockout-curve --out x",
+                "attention --out x", "mlp-projections --out x", "transfer"):
         assert build_parser()[0].parse_args(cmd.split()).families == "paper", cmd
 
 
@@ -142,7 +142,7 @@ def test_patch_guards_the_relative_effect_on_a_random_init_model(cache_file, tmp
     model_dir = build_tiny_model("qwen2", tmp_path / "tiny")
     pairs, _ = generate(build_tokenizer(), PromptSetSpec(ops=("add",), n=10, seed=0))
     write_jsonl(str(tmp_path / "p.jsonl"), pairs)  # as given: not filtered to right answers
-    r = run_cli("patch", "--model", str(model_dir), "--prompts", str(tmp_path / "p.jsonl"), "--out",
+    r = run_cli("path-patching", "--model", str(model_dir), "--prompts", str(tmp_path / "p.jsonl"), "--out",
                 str(tmp_path / "e.csv"), cache=cache_file)
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)

@@ -1,4 +1,4 @@
-"""CLI contract of the subcommands beyond the paper (attribution, position-patch, logit-lens)."""
+"""CLI contract of the subcommands beyond the paper (attribution, position-patching, logit-lens)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_attribution_csv_columns_agreement_and_cache(cache_file, tmp_path):
 
 def test_position_patch_and_logit_lens(cache_file, tmp_path):
     lp = tmp_path / "lp.csv"
-    r = run_cli("position-patch", "--model", "organism", "--op", "sub", "--n", "8", "--out", str(lp),
+    r = run_cli("position-patching", "--model", "organism", "--op", "sub", "--n", "8", "--out", str(lp),
                 "--group", "op:sub", cache=cache_file)
     assert r.returncode == 0, r.stderr
     rows = _csv(lp)
@@ -66,7 +66,7 @@ def test_position_patch_and_logit_lens(cache_file, tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (("position-patch", "--op", "sub", "--n", "4", "--group", "op:nope"), "not in this set"),
+    (("position-patching", "--op", "sub", "--n", "4", "--group", "op:nope"), "not in this set"),
     (("attribution", "--op", "nope", "--n", "4"), "unknown"),
     (("logit-lens", "--op", "add", "--n", "0"), "positive"),
 ])
@@ -79,13 +79,13 @@ def test_bad_input_one_line_exit_2(cache_file, tmp_path, args, words):
 
 def test_patch_receiver_writes_one_row_per_earlier_sender(cache_file, tmp_path):
     out = tmp_path / "h2h.csv"
-    r = run_cli("patch", "--model", "organism", "--op", "add", "--n", "6", "--receiver", "2.3:k", "--out", str(out),
-                cache=cache_file)
+    r = run_cli("path-patching", "--model", "organism", "--op", "add", "--n", "6", "--receiver", "2.3:k",
+                "--out", str(out), cache=cache_file)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     rows = _csv(out)
     assert res["receiver"] == "2.3:k" and len(rows) == res["senders"] == 2 * (_shape()[1] + 1)
     assert {int(row["layer"]) for row in rows} == {0, 1}
-    bad = run_cli("patch", "--model", "organism", "--op", "add", "--n", "6", "--receiver", "2.3:x", "--out",
+    bad = run_cli("path-patching", "--model", "organism", "--op", "add", "--n", "6", "--receiver", "2.3:x", "--out",
                   str(out), cache=cache_file)
     assert bad.returncode == 2 and "choose q, k or v" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

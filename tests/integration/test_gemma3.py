@@ -55,7 +55,7 @@ def test_prompts_are_read_at_the_digit_position(gemma, pairs):
 def test_fast_path_patching_equals_the_plain_per_sender_loop(gemma, pairs):
     from engine.models.load import load_plain
     from engine.techniques.batching import pad_id
-    from engine.techniques.patching import path_patching
+    from engine.techniques.path_patching import path_patching
     from tests.helpers.plain import Plain
     from tests.helpers.plain import path_patching as plain_path_patching
     fast = path_patching(gemma, pairs)
@@ -77,9 +77,9 @@ def test_cli_patch_on_the_gguf(tmp_path):
     env = dict(os.environ, ARITHLAB_CACHE=str(tmp_path / "results.duckdb"), HF_HUB_OFFLINE="1",
                PYTHONPATH=str(REPO))
     out = tmp_path / "effects.csv"
-    r = subprocess.run([sys.executable, "-m", "engine", "patch", "--model", str(gemma3_gguf_path()), "--op", "add",
-                        "--n", "24", "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=900)
+    r = subprocess.run([sys.executable, "-m", "engine", "path-patching", "--model", str(gemma3_gguf_path()),
+                        "--op", "add", "--n", "24", "--out", str(out)], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary.get("fallback") is None, summary

@@ -12,11 +12,11 @@ from engine.backends import open_model
 from engine.findings import checks, paper
 from engine.prompts.promptsets import PromptSetSpec, format_spec, generate
 from engine.prompts.templates import TEMPLATES_BY_ID, WORD_PROBLEM_FAMILIES
-from engine.techniques.ablation import cached_knockout_curve
 from engine.techniques.accuracy import kept_pairs
 from engine.techniques.attention import cached_role_attention
-from engine.techniques.patching import cached_path_patching
-from engine.techniques.projections import cached_mlp_projections
+from engine.techniques.knockout_curve import cached_knockout_curve
+from engine.techniques.mlp_projections import cached_mlp_projections
+from engine.techniques.path_patching import cached_path_patching
 from tests.helpers.smollm2 import smollm2_gguf_path
 
 SPEC = PromptSetSpec(ops=("add", "mul"), n=10, seed=0)

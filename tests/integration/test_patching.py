@@ -8,7 +8,7 @@ import torch
 from engine.backends import open_model
 from engine.backends.base import WorkMeter
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.patching import cached_path_patching, path_patching, path_patching_reference, summarize
+from engine.techniques.path_patching import cached_path_patching, path_patching, path_patching_reference, summarize
 from tests.integration.tiny_models import build_tiny_model
 
 ARCHS = ("llama", "qwen2", "mistral", "gpt2")

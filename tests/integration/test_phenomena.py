@@ -6,9 +6,10 @@ import pytest
 
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.ablation import Knockout, knockout_accuracy, knockout_curve, mean_activations
 from engine.techniques.accuracy import keep_correct
-from engine.techniques.patching import PatchingTable, path_patching, summarize
+from engine.techniques.knockout import Knockout, knockout_accuracy, mean_activations
+from engine.techniques.knockout_curve import knockout_curve
+from engine.techniques.path_patching import PatchingTable, path_patching, summarize
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.attribution import path_atp
 from engine.techniques.head_patching import Receiver, head_path_patching, head_path_patching_reference
 from engine.techniques.logit_lens import logit_lens
-from engine.techniques.patching import cached_path_patching, path_patching, path_patching_reference
+from engine.techniques.path_patching import cached_path_patching, path_patching, path_patching_reference
 from engine.techniques.position_patching import layer_position_patching
 from tests.integration.tiny_models import build_tiny
 
@@ -138,7 +138,7 @@ def test_the_note_reaches_the_cache_and_the_cli(gemma2, pairs, monkeypatch, tmp_
     assert cli_main.main(["prompts", "--model", model_dir, "--op", "add", "--n", "2", "--keep-all",
                           "--out", str(prompts), "--quiet"]) == 0
     capsys.readouterr()
-    status = cli_main.main(["patch", "--model", model_dir, "--prompts", str(prompts),
+    status = cli_main.main(["path-patching", "--model", model_dir, "--prompts", str(prompts),
                             "--out", str(tmp_path / "p.csv"), "--quiet"])
     out, err = capsys.readouterr()
     assert status == 0

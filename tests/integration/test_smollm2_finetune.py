@@ -12,7 +12,7 @@ from engine.finetune.train import SFTExample, TrainConfig, encode_examples, trai
 from engine.prompts.pairs import build_pairs
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.accuracy import score_pairs
-from engine.techniques.patching import path_patching
+from engine.techniques.path_patching import path_patching
 from tests.helpers.smollm2 import smollm2_gguf_path
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]

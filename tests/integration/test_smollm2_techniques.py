@@ -9,10 +9,10 @@ import pytest
 
 from engine.prompts.pairs import write_jsonl
 from engine.prompts.promptsets import DOMINANT_SHARE, PromptSetSpec, answer_token_stats, generate
-from engine.techniques.ablation import Knockout, knockout_accuracy, mean_activations, top_next_tokens
 from engine.techniques.attention import FIRST_TOKEN, prompt_attention, role_attention, token_roles
-from engine.techniques.patching import Sender, path_patching, path_patching_reference
-from engine.techniques.projections import mlp_projections, top_number_tokens
+from engine.techniques.knockout import Knockout, knockout_accuracy, mean_activations, top_next_tokens
+from engine.techniques.mlp_projections import mlp_projections, top_number_tokens
+from engine.techniques.path_patching import Sender, path_patching, path_patching_reference
 from engine.techniques.transfer import benchmark_pairs, transfer
 from tests.helpers.smollm2 import open_smollm2
 
@@ -90,7 +90,7 @@ def _digit(token: str) -> bool:
     return token.lstrip("Ġ").isdigit()
 
 
-@pytest.mark.parametrize("cmd", ["knockout", "attention", "mlp-projection"])
+@pytest.mark.parametrize("cmd", ["knockout", "attention", "mlp-projections"])
 def test_cli_text_analyses_the_digit_position_on_smollm2(smol, pairs, cli_on_smol, tmp_path, cmd):
     prompts = tmp_path / "pairs.jsonl"
     write_jsonl(str(prompts), pairs)
@@ -114,7 +114,7 @@ def test_cli_text_analyses_the_digit_position_on_smollm2(smol, pairs, cli_on_smo
         row = prompt_attention(smol, full[:-1], 10, 3)  # the END row of the digit-predicting position
         assert [round(t["weight"], 6) for t in res["tokens"]] == [round(t.weight, 6) for t in row]
     else:
-        res = cli_on_smol("mlp-projection", *common, "--out", str(tmp_path / "p.csv"))
+        res = cli_on_smol("mlp-projections", *common, "--out", str(tmp_path / "p.csv"))
         assert res["analysed_tokens"] == want
         at_digit = top_number_tokens(smol, text, full[:-1])
         assert [t["token"] for t in res["top_number_tokens"]] == [t.token for t in at_digit]
@@ -155,9 +155,9 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
     import torch
 
     from engine.backends.base import WorkMeter
-    from engine.techniques.ablation import curve_knockouts, knockout_curve
     from engine.techniques.accuracy import score_pairs
     from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    from engine.techniques.knockout_curve import curve_knockouts, knockout_curve
     ps, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add", "mul"), n=4, seed=1))
     for p in ps:  # the digit position: END is the last prompt token, the answer starts with a digit token
         answer = smol.tokenizer.decode(p.answer_ids).strip()

@@ -11,7 +11,7 @@ from engine.findings import steps
 from engine.findings.checks import Verdict
 from engine.prompts.promptsets import PromptSetSpec
 from engine.techniques.accuracy import kept_pairs
-from engine.techniques.patching import cached_path_patching
+from engine.techniques.path_patching import cached_path_patching
 
 SPEC = PromptSetSpec(ops=("add",), n=6, seed=0)
 SENTENCE = "The fake step counts {n} prompt pairs."

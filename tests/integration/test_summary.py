@@ -10,7 +10,7 @@ from engine.findings.summary import circuit_summary
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.results import NotCached, cache_only
 from engine.techniques.logit_lens import cached_logit_lens
-from engine.techniques.patching import cached_path_patching
+from engine.techniques.path_patching import cached_path_patching
 from tests.integration.test_patching import CountingBackend
 
 
@@ -33,12 +33,12 @@ def test_summary_reads_only_the_cache_and_quotes_its_numbers(tmp_path):
     layer, head, effect = table.top_heads(1)[0]
     assert found["key heads"].computed and f"{layer}.{head} ({effect:+.2f})" in found["key heads"].text
     assert not found["attention"].computed  # attention roles were never computed
-    assert found["MLPs"].computed and found["MLPs"].technique == "mlp-projection"
+    assert found["MLPs"].computed and found["MLPs"].technique == "mlp-projections"
     assert "contribution points" not in found["MLPs"].text  # the projections were never computed
     last = [r for r in lens if r.group == "*"][-1]
     assert found["logit lens"].computed and f"P = {last.mean_prob:.2f} after the last layer" in found["logit lens"].text
     assert not found["knockout"].computed
-    from engine.techniques.ablation import KNOCKOUT_DRAWS, KNOCKOUT_K, cached_knockout_curve
+    from engine.techniques.knockout_curve import KNOCKOUT_DRAWS, KNOCKOUT_K, cached_knockout_curve
     ranked = [(layer, h) for layer, h, _ in table.top_heads(KNOCKOUT_K)]
     pts, _ = cached_knockout_curve(model, pairs, ranked, k_max=KNOCKOUT_K, draws=KNOCKOUT_DRAWS, cache=cache)
     ko = {f.step: f for f in circuit_summary(model, pairs, cache)}["knockout"]

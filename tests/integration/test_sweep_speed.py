@@ -21,15 +21,10 @@ import torch
 from engine.backends import open_model
 from engine.backends.base import WorkMeter
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.ablation import (
-    Knockout,
-    curve_knockouts,
-    knockout_accuracies,
-    knockout_curve,
-    mean_activations,
-)
 from engine.techniques.accuracy import keep_correct, score_pairs
 from engine.techniques.batching import TOKENS_PER_PASS, length_chunks, pad, pad_id
+from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
+from engine.techniques.knockout_curve import curve_knockouts, knockout_curve
 from tests.helpers.references import knockout_accuracy_full_logits, knockout_curve_full_logits
 
 
@@ -141,7 +136,7 @@ def test_filter_and_accuracy_share_one_forward_pass(organism):
 
 
 def test_transfer_knockouts_one_pass_per_set(organism):
-    from engine.techniques.patching import path_patching
+    from engine.techniques.path_patching import path_patching
     from engine.techniques.transfer import transfer
     a, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add",), n=6, seed=21))
     b, _ = generate(organism.tokenizer, PromptSetSpec(ops=("mul",), n=6, seed=22))

@@ -9,16 +9,10 @@ from transformers import AutoModelForCausalLM
 from engine.backends import open_model
 from engine.models.spec import resolve_spec
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.ablation import (
-    Knockout,
-    knockout_accuracy,
-    knockout_curve,
-    mean_activations,
-    parse_heads,
-    top_next_tokens,
-)
 from engine.techniques.attention import FIRST_TOKEN, ROLES, prompt_attention, role_attention, token_roles
-from engine.techniques.projections import METRICS, mlp_projections, number_token, top_number_tokens
+from engine.techniques.knockout import Knockout, knockout_accuracy, mean_activations, parse_heads, top_next_tokens
+from engine.techniques.knockout_curve import knockout_curve
+from engine.techniques.mlp_projections import METRICS, mlp_projections, number_token, top_number_tokens
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +42,7 @@ def test_mean_ablation_equals_plain_o_proj_hook(model, plain, pairs):
     p = pairs[0]
     ids = torch.tensor([p.ref_ids])
     with torch.no_grad():
-        from engine.techniques.ablation import knocked_out
+        from engine.techniques.knockout import knocked_out
         with knocked_out(model, Knockout(((layer, head),)), means, [p.template], [len(p.ref_ids) - 1]):
             ours = model.logits(ids)[0, -1]
         mean_z = means.z[means.index(p.template), layer, :, head]  # [T, d_head], offset 0 = END

@@ -98,7 +98,7 @@ def n_charts(at) -> int:
     return len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart"))
 
 
-SEED_PAGES = ("4_Patching_heatmap.py", "5_MLP_projections.py", "6_Knockout.py")
+SEED_PAGES = ("4_Path_patching.py", "5_MLP_projections.py", "6_Knockout.py")
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from tests.reliability.conftest import (
     texts,
 )
 
-ANALYSIS_PAGES = ("4_Patching_heatmap.py", "5_MLP_projections.py", "6_Knockout.py")
+ANALYSIS_PAGES = ("4_Path_patching.py", "5_MLP_projections.py", "6_Knockout.py")
 
 # ---------------------------------------------------------------------------------------------
 # typed prompts
@@ -126,7 +126,7 @@ def test_multi_token_operands_in_cli(seeded_cache, cli):
 
 def test_k_n_and_op_widgets_refuse_bad_values(seeded_cache):
     """Pages take k, n and operations from bounded widgets: out-of-range values never reach the engine."""
-    at = run_page("4_Patching_heatmap.py")
+    at = run_page("4_Path_patching.py")
     k = next(w for w in at.number_input if w.label == "Top k")
     assert k.max == 64  # the model's heads
     k.set_value(49).run()
@@ -153,7 +153,7 @@ def test_k_n_and_op_widgets_refuse_bad_values(seeded_cache):
 def test_bad_model_in_cli(kind, seeded_cache, cli, tmp_path):
     model, marker = make_bad_model(kind, tmp_path / "models")
     out = tmp_path / "e.csv"
-    line = cli("patch", "--model", str(model), "--out", str(out), *SMALL_SET_ARGS).error_line()
+    line = cli("path-patching", "--model", str(model), "--out", str(out), *SMALL_SET_ARGS).error_line()
     assert BAD_MODELS[kind] in line
     assert not out.exists() and not marker.exists()
     seeded_cache.assert_intact()
@@ -196,14 +196,14 @@ def permission_cases(seed_template, tmp_path_factory):
         ro = caches["read_only"]
         started = {what: start_cli("info", "--model", str(m), cache=caches["models"], enforce_permissions=True)
                    for what, m in models.items()}
-        started["ro_hit"] = start_cli("patch", "--out", str(root / "e.csv"), *SMALL_SET_ARGS, cache=ro,
+        started["ro_hit"] = start_cli("path-patching", "--out", str(root / "e.csv"), *SMALL_SET_ARGS, cache=ro,
                                       enforce_permissions=True)
         started["ro_miss"] = start_cli("accuracy", *SMALL_SET_ARGS, cache=ro, enforce_permissions=True)
         pages = start_pages_unprivileged(
             [{"page": "app.py", "cache": str(caches["models"]), "model": str(m), "prompt_set": SMALL_SET}
              for m in models.values()]
-            + [{"page": "4_Patching_heatmap.py", "cache": str(ro), "prompt_set": {**SMALL_SET, "seed": 1}},
-               {"page": "4_Patching_heatmap.py", "cache": str(ro), "prompt_set": SMALL_SET}])
+            + [{"page": "4_Path_patching.py", "cache": str(ro), "prompt_set": {**SMALL_SET, "seed": 1}},
+               {"page": "4_Path_patching.py", "cache": str(ro), "prompt_set": SMALL_SET}])
         out = {name: p.result() for name, p in started.items()}
         out["page_directory"], out["page_weights"], out["ro_miss_page"], out["ro_hit_page"] = page_results(pages)
         out["ro_mode"] = ro.stat().st_mode & 0o777
@@ -268,14 +268,14 @@ def test_corrupt_cache_in_cli(seeded_cache, cli):
 
 def test_corrupt_cache_in_pages(seeded_cache):
     damaged = _corrupt(seeded_cache.path)
-    at = run_page("4_Patching_heatmap.py")
+    at = run_page("4_Path_patching.py")
     assert not at.exception
     errs = texts(at, "error")
     assert len(errs) == 1 and "damaged" in errs[0] and "moved aside" in errs[0], errs
     assert n_charts(at) >= 3  # the results are computed and shown all the same
     [aside] = seeded_cache.path.parent.glob("results.duckdb.corrupt-*")
     assert aside.read_bytes() == damaged
-    at = run_page("4_Patching_heatmap.py")  # the fresh cache now serves the page
+    at = run_page("4_Path_patching.py")  # the fresh cache now serves the page
     assert not at.exception and not at.error
     assert any("read from the cache" in c for c in texts(at, "caption"))
 
@@ -291,7 +291,7 @@ def full_disk(monkeypatch):
 
 
 def test_full_disk_in_cli(seeded_cache, full_disk, cli, tmp_path):
-    hit = cli("patch", "--out", str(tmp_path / "e.csv"), *SMALL_SET_ARGS)
+    hit = cli("path-patching", "--out", str(tmp_path / "e.csv"), *SMALL_SET_ARGS)
     assert hit.rc == 0 and json.loads(hit.out)["cached"] is True and not hit.err.strip()
     miss = cli("accuracy", *SMALL_SET_ARGS)
     line = miss.error_line()

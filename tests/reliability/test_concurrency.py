@@ -19,8 +19,8 @@ pytestmark = pytest.mark.e2e
 SESSIONS = {
     "home": ("", "Arithmetic accuracy"),
     "prompt_lab": ("Prompt_lab", "Next token"),
-    "patching_a": ("Patching_heatmap", "Key heads"),
-    "patching_b": ("Patching_heatmap", "Key heads"),
+    "patching_a": ("Path_patching", "Key heads"),
+    "patching_b": ("Path_patching", "Key heads"),
     "mlp": ("MLP_projections", "Top number tokens"),
     "knockout": ("Knockout", "Key heads vs random heads"),
     "transfer": ("Transfer", "Compare"),

@@ -244,7 +244,7 @@ def test_no_secrets_in_cache_logs_or_pages(rel_server, browser, tmp_path):
     try:
         pg = ctx.new_page()
         bodies = []
-        for path, marker in (("", "Arithmetic accuracy"), ("Patching_heatmap", "Key heads")):
+        for path, marker in (("", "Arithmetic accuracy"), ("Path_patching", "Key heads")):
             _goto(pg, rel_server.url, path)
             pg.get_by_text(marker).first.wait_for(timeout=WAIT)
             _idle(pg)

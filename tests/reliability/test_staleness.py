@@ -106,6 +106,6 @@ def test_rows_of_any_other_version_are_never_read(seeded_cache, version):
         con.close()
     c = ResultCache()
     assert c.list_runs() == [] and all(c.get(r.run_id) is None for r in runs)
-    at = run_page("4_Patching_heatmap.py")
+    at = run_page("4_Path_patching.py")
     assert not at.exception and not at.error, texts(at, "error")
     assert any("computed now" in c for c in texts(at, "caption"))

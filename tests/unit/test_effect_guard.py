@@ -1,4 +1,4 @@
-"""The relative effect's guard, on constructed patched logits (engine/techniques/patching.py, module docstring)."""
+"""The relative effect's guard, on constructed patched logits (engine/techniques/path_patching.py, module docstring)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 
 from engine.prompts.pairs import PromptPair
-from engine.techniques.patching import EFFECT_MIN_LOGIT, PatchingRaw, PatchingTable, summarize
+from engine.techniques.path_patching import EFFECT_MIN_LOGIT, PatchingRaw, PatchingTable, summarize
 
 
 def _pair(op: str, i: int) -> PromptPair:

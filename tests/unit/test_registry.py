@@ -47,6 +47,25 @@ def test_the_steps_follow_the_paper_and_name_registered_techniques():
         assert s.sentence is not None or s.check is not None, f"{s.key}: a step tells or checks something"
 
 
+def test_one_name_per_technique_and_the_old_commands_still_work():
+    """Module, command and (where the technique has a page of its own) page title and URL path share one name;
+    a former command name parses to the same command."""
+    from engine.cli.main import build_parser
+    from ui.nav import PAGE_OF, page_of
+    parser, commands = build_parser()
+    for t in TECHNIQUES:
+        assert t.module == t.name.replace("-", "_"), (t.name, t.module)
+        owners = [n for n, page in PAGE_OF.items() if page == PAGE_OF[t.name]]
+        if owners == [t.name]:  # a page of its own: its title and path are the technique's name
+            p = page_of(t.name)
+            assert p.title.lower().replace(" ", "-") == t.name and p.url_path.lower() == t.module, (t.name, p)
+        for old in t.aliases:
+            assert commands[old] is not None and old not in {u.name for u in TECHNIQUES}
+    assert [t.name for t in TECHNIQUES if "patch" in t.aliases] == ["path-patching"]
+    args = parser.parse_args(["patch", "--out", "x.csv", "--by", "op"])
+    assert args.by == "op" and commands[args.cmd] is not None
+
+
 def test_every_technique_command_parses_its_own_options():
     from engine.cli.main import build_parser
     parser, _ = build_parser()

@@ -25,8 +25,8 @@ def run(args, ctx) -> int:
 
     from engine.prompts.pairs import write_jsonl
     from engine.prompts.promptsets import generate_set
-    from engine.techniques.ablation import top_next_tokens
     from engine.techniques.accuracy import score_pairs
+    from engine.techniques.knockout import top_next_tokens
     spec = ctx.spec()
     model = ctx.model
     tok = model.tokenizer

@@ -385,7 +385,7 @@ def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
                          art.get("fallback") or None), computed
 
 # ---------------------------------------------------------------------------------------------
-# the command line (``python -m engine patch``, registered in engine.registry)
+# the command line (``python -m engine path-patching``, registered in engine.registry)
 # ---------------------------------------------------------------------------------------------
 
 def cli(args, ctx) -> dict:

@@ -173,7 +173,7 @@ def finding(model, pairs, cache, table) -> str:
                    f"(cos {ans[best]:.2f} vs {other.get(best, float('nan')):.2f} for other numbers).")
 
 # ---------------------------------------------------------------------------------------------
-# the command line (``python -m engine mlp-projection``, registered in engine.registry)
+# the command line (``python -m engine mlp-projections``, registered in engine.registry)
 # ---------------------------------------------------------------------------------------------
 
 def cli(args, ctx) -> dict:

@@ -9,7 +9,7 @@ from cache import CacheError
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention, prompt_attention
-from engine.techniques.patching import cached_path_patching
+from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import check_typed_text, typed_pair
 from ui import state
 from ui.circuit_views import attribution_view, clicked_cell, head_to_head_section, mlp_layer_view, select_head

@@ -1,4 +1,4 @@
-"""Information flow: where, layer by layer and position by position, the operation travels to the last token."""
+"""Position patching: where, layer by layer and position by position, the operation travels to the last token."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ui.circuit_views import position_view
 from ui.session import analysed_pairs, result_cache, setup_page
 
 model, spec = setup_page(
-    "Information flow",
+    "Position patching",
     "Layer x position activation patching (Stolfo et al. 2023 style): each cell takes the residual stream "
     "entering one layer at one position from the counterfactual prompt (operator removed) and shows how much "
     "the answer's logit at the last token changes. Red where the operation's information sits: at the operator "

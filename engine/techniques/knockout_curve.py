@@ -1,0 +1,196 @@
+"""The knockout curve: do the key heads matter more than any heads? (Zhang et al. 2024, §4.1, Fig. 3)
+
+Knock out (mean-ablate, :mod:`engine.techniques.knockout`) the top-k heads by path-patching effect and compare
+the first-token accuracy with knocking out k random heads -- ``draws`` random k-sets per k, their mean, spread,
+min and max -- for k = 0..K.  Every distinct knockout set is evaluated once, END-only, several per forward pass;
+:func:`curve_cost` says what the curve costs before it runs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn
+from engine.prompts.pairs import PromptPair
+from engine.techniques.knockout import (
+    Knockout,
+    MeanActivations,
+    distinct_knockouts,
+    knockout_accuracies,
+    mean_activations,
+)
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    k: int
+    top_accuracy: float
+    random_mean: float
+    random_std: float
+    random_min: float
+    random_max: float
+
+
+def curve_knockouts(n_layers: int, n_heads: int, ranked_heads: Sequence[tuple[int, int]], *, k_max: int,
+                    draws: int, seed: int = 0) -> list[tuple[int, Knockout, list[Knockout]]]:
+    """The knockout sets of the Fig. 3 curve: for k = 0..k_max, (k, top-k set, ``draws`` random k-sets).
+
+    The random draws are the same for a given seed whatever the evaluation order."""
+    if k_max < 0:
+        raise ValueError("k_max must be >= 0")
+    if k_max > n_layers * n_heads:
+        raise ValueError(f"k_max={k_max} exceeds the model's {n_layers * n_heads} heads")
+    if draws < 1:
+        raise ValueError("draws must be >= 1")
+    rng = random.Random(seed)
+    every = [(layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    return [(k, Knockout(tuple(ranked_heads[:k])), [Knockout(tuple(rng.sample(every, k))) for _ in range(draws)])
+            for k in range(k_max + 1)]
+
+
+def knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]],
+                   means: MeanActivations, *, k_max: int, draws: int = 10, seed: int = 0,
+                   progress: ProgressFn | None = None, sets_per_pass: int | None = None,
+                   ks: Sequence[int] | None = None) -> list[CurvePoint]:
+    """Fig. 3: accuracy after knocking out the top-k heads (effect rank) vs k random heads.
+
+    Every distinct knockout set (k = 0 once, repeated draws once) is evaluated once, END-only, several
+    per forward pass (:func:`knockout_accuracies`).
+    """
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    plan = [x for x in curve_knockouts(L, H, ranked_heads, k_max=k_max, draws=draws, seed=seed)
+            if ks is None or x[0] in ks]  # ks: only these points (the same draws as the whole curve's)
+    flat = [ko for _, top, rand in plan for ko in [top, *rand]]
+    accs = dict(zip([ko.validate(L, H) for ko in flat],
+                    knockout_accuracies(backend, pairs, flat, means, sets_per_pass=sets_per_pass,
+                                        progress=progress)))
+    out = []
+    for k, top, rand in plan:
+        t = torch.tensor([accs[ko.validate(L, H)] for ko in rand])
+        out.append(CurvePoint(k, accs[top.validate(L, H)], float(t.mean()), float(t.std(unbiased=False)),
+                              float(t.min()), float(t.max())))
+    return out
+
+
+def _curve_params(backend: ModelBackend, ranked_heads: Sequence[tuple[int, int]], k_max: int, draws: int,
+                  seed: int) -> dict:
+    return {"ranked": [list(h) for h in ranked_heads[:k_max]], "k_max": k_max, "draws": draws, "seed": seed,
+            "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned"}
+
+
+CURVE_METRICS = ("top_accuracy", "random_mean", "random_std", "random_min", "random_max")  # stored per k
+
+
+def _curve_points(rows) -> list[CurvePoint]:
+    from engine.results import decode_rows
+    return sorted(decode_rows(CurvePoint, rows, CURVE_METRICS), key=lambda p: p.k)
+
+
+def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
+                          ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
+                          cache=None, progress: ProgressFn | None = None) -> tuple[list[CurvePoint], bool]:
+    """:func:`knockout_curve` through the result cache: (points, computed)."""
+    from engine.results import encode_rows, run_cached
+
+    def compute():
+        pts = knockout_curve(backend, pairs, ranked_heads, mean_activations(backend, pairs), k_max=k_max,
+                             draws=draws, seed=seed, progress=progress)
+        return encode_rows(pts, CURVE_METRICS), None
+
+    params = _curve_params(backend, ranked_heads, k_max, draws, seed)
+    rows, _, computed = run_cached(backend, pairs, "knockout_curve", params, compute, cache)
+    return _curve_points(rows), computed
+
+
+def cached_knockout_points(backend: ModelBackend, pairs: Sequence[PromptPair],
+                           ranked_heads: Sequence[tuple[int, int]], ks: Sequence[int], *, k_max: int,
+                           draws: int = 10, seed: int = 0, cache=None,
+                           progress: ProgressFn | None = None) -> list[CurvePoint]:
+    """The points at ``ks`` of :func:`cached_knockout_curve`'s curve (same arguments, same draws): read from
+    the stored curve when the cache holds it, else only those points' knockout sets are evaluated."""
+    from engine.results import encode_rows, run_cached
+    whole = stored_knockout_curve(backend, pairs, ranked_heads, k_max=k_max, draws=draws, seed=seed, cache=cache)
+    if whole is not None:
+        return [p for p in whole if p.k in ks]
+
+    def compute():
+        pts = knockout_curve(backend, pairs, ranked_heads, mean_activations(backend, pairs), k_max=k_max,
+                             draws=draws, seed=seed, progress=progress, ks=ks)
+        return encode_rows(pts, CURVE_METRICS), None
+
+    params = {**_curve_params(backend, ranked_heads, k_max, draws, seed), "ks": sorted(set(ks))}
+    rows, _, _ = run_cached(backend, pairs, "knockout_points", params, compute, cache)
+    return _curve_points(rows)
+
+
+def stored_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
+                          ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
+                          cache=None) -> list[CurvePoint] | None:
+    """The curve of :func:`cached_knockout_curve` if the cache holds it, else None (no forward pass)."""
+    from engine.results import stored
+    hit = stored(backend, pairs, "knockout_curve", _curve_params(backend, ranked_heads, k_max, draws, seed), cache)
+    return None if hit is None else _curve_points(hit[0])
+
+
+def curve_cost(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]], *,
+               k_max: int, draws: int, seed: int = 0) -> float:
+    """Forward-equivalents the curve costs: distinct knockout sets x one END-only pass of the prompts
+    (the blocks at every real token, the unembedding at END), relative to one padded full-logits pass."""
+    from engine.backends.base import macs_per_position
+    f = backend.facts
+    plan = curve_knockouts(f.n_layers, f.n_heads, ranked_heads, k_max=k_max, draws=draws, seed=seed)
+    n_sets = len(distinct_knockouts([ko for _, top, rand in plan for ko in [top, *rand]], f.n_layers, f.n_heads))
+    body, unembed, _ = macs_per_position(f)
+    real = sum(len(p.ref_ids) for p in pairs)
+    padded = len(pairs) * max(len(p.ref_ids) for p in pairs)
+    return n_sets * (real * body + len(pairs) * unembed) / (padded * (body + unembed))
+
+# ---------------------------------------------------------------------------------------------
+# its sentence of the circuit summary (cached results only; registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+#: the Knockout page's defaults: its curve is the one the circuit summary and the Paper page quote
+KNOCKOUT_K, KNOCKOUT_DRAWS = 10, 10
+
+
+def finding(model, pairs, cache, table) -> str | None:
+    """Fig. 3: accuracy after knocking out the top-3 heads vs 3 random heads (the Knockout page's curve)."""
+    f = model.facts
+    k_max = min(KNOCKOUT_K, f.n_layers * f.n_heads)
+    ranked = [(layer, h) for layer, h, _ in table.top_heads(k_max)]
+    pts = stored_knockout_curve(model, pairs, ranked, k_max=k_max, draws=KNOCKOUT_DRAWS, cache=cache)
+    if not pts:
+        return None
+    at = next((p for p in pts if p.k == 3), pts[-1])
+    return (f"Knocking out the top {at.k} heads leaves {at.top_accuracy:.0%} first-token accuracy "
+            f"(from {pts[0].top_accuracy:.0%}), {at.k} random heads {at.random_mean:.0%} "
+            f"(mean of {KNOCKOUT_DRAWS} draws): a gap of {100 * (at.random_mean - at.top_accuracy):.0f} points.")
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine knockout-curve``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """Fig. 3's curve -> CSV: top-k heads (path-patching rank) vs k random heads, k = 0 .. --k-max."""
+    from engine.techniques.path_patching import cached_path_patching
+    model = ctx.model
+    n_heads = model.facts.n_layers * model.facts.n_heads
+    if args.k_max > n_heads:
+        raise ValueError(f"--k-max {args.k_max} exceeds the model's {n_heads} heads")
+    pairs = ctx.pairs
+    with ctx.progress("path patching") as bar:
+        table, _ = cached_path_patching(model, pairs, cache=ctx.cache, progress=bar)
+    ranked = [(layer, h) for layer, h, _ in table.top_heads(args.k_max)]
+    with ctx.progress("knockout sets") as bar:
+        pts, computed = cached_knockout_curve(model, pairs, ranked, k_max=args.k_max, draws=args.draws,
+                                              seed=args.seed, cache=ctx.cache, progress=bar)
+    points = [p.__dict__ for p in pts]
+    ctx.write_csv(args.out, points)
+    return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs),
+            "answer_tokens": ctx.answer_tokens(pairs), "ranked_by": table.ranking_metric(),
+            "effect_note": table.effect_note(), "ranked_heads": [f"{a}.{b}" for a, b in ranked], "points": points}
