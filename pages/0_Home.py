@@ -9,7 +9,7 @@ import streamlit as st
 from engine.prompts.promptsets import PromptSetSpec, answer_token_stats, generate
 from engine.prompts.templates import OPS, PAPER_OPS
 from engine.techniques.accuracy import accuracy_report
-from ui.circuit_views import circuit_summary_view
+from ui.circuit_panels import circuit_summary_view
 from ui.progress import USER_ERRORS, progress_bar
 from ui.session import result_cache, setup_page
 from views.charts import template_bars

@@ -12,7 +12,7 @@ from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_att
 from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import check_typed_text, typed_pair
 from ui import state
-from ui.circuit_views import attribution_view, clicked_cell, head_to_head_section, mlp_layer_view, select_head
+from ui.circuit_panels import attribution_view, clicked_cell, head_to_head_section, mlp_layer_view, select_head
 from ui.progress import USER_ERRORS, progress_bar
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 from views.charts import display_token, heatmap, heatmap_frame, token_bars

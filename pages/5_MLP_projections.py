@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.circuit_views import logit_lens_view, mlp_projections_view, typed_top_numbers
+from ui.circuit_panels import logit_lens_view, mlp_projections_view, typed_top_numbers
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 
 model, spec = setup_page(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.circuit_views import position_view
+from ui.circuit_panels import position_view
 from ui.session import analysed_pairs, result_cache, setup_page
 
 model, spec = setup_page(

@@ -26,7 +26,7 @@ from engine.finetune.run import FinetuneRequest, check_out_dir, heads_text, read
 from engine.finetune.slices import parse_heads
 from engine.finetune.train import TrainConfig
 from engine.techniques.path_patching import cached_path_patching
-from ui.improve_views import comparison_chart, comparison_rows, comparison_table
+from ui.improve_panels import comparison_chart, comparison_rows, comparison_table
 from ui.progress import USER_ERRORS
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page, use_model
 from views.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve

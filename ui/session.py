@@ -284,7 +284,7 @@ def setup_page(title: str, caption: str):
     if model is None:
         st.stop()
     model_facts_sidebar(model)
-    from ui.circuit_views import report_section
+    from ui.circuit_panels import report_section
     with st.sidebar:
         st.subheader("Report")
         report_section(model, spec, result_cache())

@@ -109,7 +109,7 @@ def step_attention(model, spec, cache) -> None:
 
 
 def step_mlps(model, spec, cache) -> None:
-    from ui.circuit_views import logit_lens_view, mlp_projections_view
+    from ui.circuit_panels import logit_lens_view, mlp_projections_view
     pairs, _ = analysed_pairs(model, spec, cache)
     path_patching(model, pairs, cache)
     slot = st.empty()
@@ -143,7 +143,7 @@ def step_knockout(model, spec, cache) -> None:
 
 def step_improve(model, spec, cache) -> None:
     from engine.finetune.jobs import finished_jobs_of
-    from ui.improve_views import comparison_chart, comparison_rows
+    from ui.improve_panels import comparison_chart, comparison_rows
     from ui.session import ModelChoice, loaded_model
     jobs = finished_jobs_of(model.facts.fingerprint)
     if not jobs:

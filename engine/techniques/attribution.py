@@ -122,7 +122,7 @@ def _path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], batch_size: in
         ml = torch.empty(P, L)
         for j in range(L):
             hl[:, j] = lo[:, None] + head_dot[j].float().cpu()
-            dm = (b.at_end(eb.c_c[hooks.mlp_out(j)]) - b.at_end(eb.c_r[hooks.mlp_out(j)])).float()  # [P, d_model]
+            dm = (b.end_rows(eb.c_c[hooks.mlp_out(j)]) - b.end_rows(eb.c_r[hooks.mlp_out(j)])).float()  # [P, d_model]
             ml[:, j] = lo + (dm * g_mlp[j].float().to(dm.device)).sum(-1).cpu()
         head_logit.append(hl)
         mlp_logit.append(ml)
@@ -134,7 +134,7 @@ def _chain_gradients(backend: ModelBackend, b, c_r: dict, c_c: dict, lo: torch.T
     after its self-check (ShortcutMismatch)."""
     f = backend.facts
     W_O = [backend.W_O(layer) for layer in range(f.n_layers)]  # [H, d_head, d_model] each
-    acts = end_chain.EndActs.of(c_r, c_c, b.at_end, f.n_layers)
+    acts = end_chain.EndActs.of(c_r, c_c, b.end_rows, f.n_layers)
     end_chain.check_block_model(backend, acts, W_O, f.dtype)
     g_head, g_mlp, chain_lo = end_chain.chain_gradients(backend, acts, b.answer.to(backend.device))
     check_reproduces("the unchanged END chain", chain_lo, lo, scale, f.dtype)
@@ -149,7 +149,7 @@ def _hooked_gradients(backend: ModelBackend, b, c_r: dict, c_c: dict, lo: torch.
     L = backend.facts.n_layers
     _, g_z, g_mlp = probe_gradients(backend, b, c_r, frozen=True)
     # d logit / d z_h . (z_c - z_r)_h  ==  g_a . ((z_c - z_r)_h @ W_O[h]): the same estimate
-    dz = [(b.at_end(c_c[hooks.attn_z(j)]) - b.at_end(c_r[hooks.attn_z(j)])).float().cpu() for j in range(L)]
+    dz = [(b.end_rows(c_c[hooks.attn_z(j)]) - b.end_rows(c_r[hooks.attn_z(j)])).float().cpu() for j in range(L)]
     return [(g_z[j] * dz[j]).sum(-1) for j in range(L)], g_mlp
 
 

@@ -88,7 +88,7 @@ class PairBatch:
     def rows(self) -> torch.Tensor:
         return torch.arange(len(self.pairs))
 
-    def at_end(self, t: torch.Tensor) -> torch.Tensor:
+    def end_rows(self, t: torch.Tensor) -> torch.Tensor:
         """The END position of every row.  # [P, pos, ...] -> [P, ...]"""
         return t[self.rows.to(t.device), self.end.to(t.device)]
 

@@ -104,9 +104,9 @@ class EndActs:
     mlp_c: list[torch.Tensor]   # [P, d_model]      X_c MLP contribution
 
     @classmethod
-    def of(cls, c_r: dict, c_c: dict, at_end: Callable[[torch.Tensor], torch.Tensor], n_layers: int) -> "EndActs":
+    def of(cls, c_r: dict, c_c: dict, end_rows: Callable[[torch.Tensor], torch.Tensor], n_layers: int) -> "EndActs":
         def end(cache: dict, name: Callable[[int], HookName]) -> list[torch.Tensor]:
-            return [at_end(cache[name(j)]) for j in range(n_layers)]
+            return [end_rows(cache[name(j)]) for j in range(n_layers)]
         return cls(end(c_r, hooks.resid_pre), end(c_r, hooks.attn_proj_out), end(c_r, hooks.attn_out),
                    end(c_r, hooks.mlp_out), end(c_r, hooks.attn_z), end(c_c, hooks.attn_z),
                    end(c_c, hooks.attn_proj_out), end(c_c, hooks.mlp_out))
@@ -115,7 +115,7 @@ class EndActs:
     def checked(cls, backend: ModelBackend, eb: EndBatch, W_O: Sequence[torch.Tensor]) -> "EndActs":
         """The END rows of ``eb``'s activations (which it then drops), after self-check (1) of the block model
         (:func:`check_block_model`)."""
-        acts = cls.of(eb.c_r, eb.c_c, eb.batch.at_end, len(W_O))
+        acts = cls.of(eb.c_r, eb.c_c, eb.batch.end_rows, len(W_O))
         eb.c_r = eb.c_c = None
         check_block_model(backend, acts, W_O, backend.facts.dtype)
         return acts

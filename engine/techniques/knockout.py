@@ -72,7 +72,7 @@ def parse_heads(text: str, *, required: bool = False) -> tuple[tuple[int, int], 
     return tuple(dict.fromkeys(out))
 
 
-def parse_layers(text: str) -> tuple[int, ...]:
+def parse_mlps(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(p) for p in (text or "").split(",") if p.strip())
     except ValueError:
@@ -352,7 +352,7 @@ def top_next_tokens(backend: ModelBackend, ids: Sequence[int], *, k: int = 5, ko
 def cli(args, ctx) -> dict:
     """Accuracy before / after mean-ablating ``--heads`` / ``--mlps`` (and ``--text``'s top-5 next tokens)."""
     model = ctx.model
-    ko = Knockout(parse_heads(args.heads), parse_layers(args.mlps)).validate(model.facts.n_layers,
+    ko = Knockout(parse_heads(args.heads), parse_mlps(args.mlps)).validate(model.facts.n_layers,
                                                                             model.facts.n_heads)
     if ko.empty:
         raise ValueError("nothing to knock out: give --heads LAYER.HEAD,... and/or --mlps LAYER,...")

@@ -1,4 +1,4 @@
-"""Base vs tuned views shared by the Improve and Story pages (one engine call each, errors as st.error)."""
+"""Base vs tuned panels shared by the Improve and Story pages (one engine call each, errors as st.error)."""
 
 from __future__ import annotations
 

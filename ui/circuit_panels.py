@@ -1,7 +1,8 @@
-"""Dashboard views beyond path patching: each renders one engine result (cached) as one chart.
+"""Page panels (Streamlit): each renders one engine result (cached) as one chart, drawn by ``views/``.
 
-Used by the Path patching page (exact vs attribution, head -> head) and the Position patching page
-(layer x position, logit lens).  Every engine call is guarded: a problem is an ``st.error`` saying
+Used by the Path patching page (exact vs attribution, head -> head), the Position patching page (layer x
+position), the MLP projections page (projections, logit lens), Home (the circuit summary) and the sidebar
+(the report).  Every engine call is guarded: a problem is an ``st.error`` saying
 what to do, never a traceback.
 """
 
