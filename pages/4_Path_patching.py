@@ -65,7 +65,7 @@ if group == TYPED:  # the heatmap of one pair: the typed prompt and its counterf
     st.caption(f"The typed prompt `{current_prompt()}` against its counterfactual `{one.cf_text}`: "
                f"one pair, so no mean -- a single prompt's circuit.")
 
-stats = answer_token_stats(model.tokenizer, pairs)
+stats = answer_token_stats(model.tokenizer, pairs if group != TYPED else [one])
 with st.container(border=True):
     st.markdown(f"**First answer tokens of these {stats.n} prompts** (the token whose logit the heatmap measures): "
                 + stats.summary())
