@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 import streamlit as st
 
+from engine.backends.base import BACKENDS
+
 DEFAULT_PROMPT = "The sum of 3 and 5 is"
 PROMPT = "prompt"
 SELECTED = "selected_head"
@@ -43,7 +45,8 @@ MLP = -1                  # ``head`` of a selected MLP
 
 MULTI_GPU = "all GPUs"  # device choice: accelerate's device_map="auto" over every visible GPU
 DEVICES = ("auto", "cpu", "cuda", MULTI_GPU)
-BACKEND_CHOICES = {"bridge": "TransformerBridge (transformer-lens)", "nnsight": "nnsight (plain HF model)"}
+BACKEND_LABELS = {"bridge": "TransformerBridge (transformer-lens)", "nnsight": "nnsight (plain HF model)"}
+BACKEND_CHOICES = {b: BACKEND_LABELS.get(b, b) for b in BACKENDS}  # the engine's list, in its order
 FAMILY_CHOICES = {"paper (Fig. 8, 32 templates)": "paper", "word problems (Fig. 10)": "word",
                   "all (paper, word, extended, power)": "all",
                   "notation (untaught: 7 × 8 =)": "notation"}

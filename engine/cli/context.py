@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from engine.backends.base import BACKENDS
 from engine.models import DTYPE_NAMES
 from engine.registry import positive_int
 
@@ -33,7 +34,7 @@ def model_args(p: argparse.ArgumentParser) -> None:
                    help="organism (bundled, default) | a local HF directory | a .gguf file | a hub id")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when present)")
     p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
-    p.add_argument("--backend", default="bridge", choices=("bridge", "nnsight"),
+    p.add_argument("--backend", default=BACKENDS[0], choices=BACKENDS,
                    help="bridge: TransformerBridge (transformer-lens, default) | nnsight: the plain HF model "
                         "through nnsight (same numbers; also runs on NDIF with --remote)")
     p.add_argument("--device-map", default=None, metavar="MAP",
