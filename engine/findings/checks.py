@@ -50,7 +50,7 @@ class Evidence:
     second: tuple[str, Callable[[], Any]] | None = None
     sft: Callable[[], dict[str, float] | str] | None = None
     progress: ProgressFn | None = None
-    _table: Any = None
+    _table: Any = field(default=None, init=False, repr=False)  # the path-patching table, once computed
 
     @property
     def table(self):

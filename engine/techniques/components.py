@@ -1,16 +1,14 @@
 """The components a technique reports on -- every head (layer, head) and every layer's MLP (head = -1) -- and
 the three shapes their values take: long rows (what a technique stores: one per component, group and metric),
 the grid the heatmap draws (heads [L][H] and MLPs [L]) and wide rows (a CSV: one per component, a column per
-metric or kind).  Every technique over heads and MLPs reads and writes them here.  No torch: ``views/`` reads
-them too.
+metric or kind).  Path patching, head -> head, attribution patching and the report read and write them here;
+no torch, so ``views/`` (the heatmap frame) reads them too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
-
-MLP_HEAD = -1  # the ``head`` of an MLP component
 
 
 @dataclass(frozen=True)
@@ -19,17 +17,11 @@ class Component:
 
     component: str  # "head" | "mlp"
     layer: int
-    head: int       # MLP_HEAD for MLPs
+    head: int       # -1 for MLPs
 
     @property
     def name(self) -> str:
         return f"L{self.layer}H{self.head}" if self.component == "head" else f"MLP{self.layer}"
-
-
-def order(row: Any) -> tuple[int, bool, int]:
-    """Layer-major, each layer's heads before its MLP: the order of every per-component table."""
-    return (row["layer"], row["component"] == "mlp", row["head"]) if isinstance(row, dict) else \
-        (row.layer, row.component == "mlp", row.head)
 
 
 def grid(cells: Iterable[tuple[str, int, int, float]], n_layers: int, n_heads: int
@@ -49,8 +41,8 @@ def wide_rows(values: Iterable[Any], column: str = "metric", keep: Callable[[Any
               first: Callable[[Any], dict[str, Any]] = lambda v: {}) -> list[dict[str, Any]]:
     """One dict per component of long rows (``component``, ``layer``, ``head``, ``value`` and the field named
     ``column``, whose value names the column) -- ``{**first(v), component, layer, head, <column>: value ...}``
-    for the rows ``keep`` takes, one per distinct ``first(v)`` and component, sorted by ``first`` then
-    :func:`order`."""
+    for the rows ``keep`` takes, one per distinct ``first(v)`` and component, sorted by ``first``, then
+    layer-major with each layer's heads before its MLP."""
     rows: dict[tuple, dict[str, Any]] = {}
     for v in values:
         if not keep(v):
