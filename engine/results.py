@@ -295,3 +295,24 @@ def run_cached_rows(model, pairs: Sequence[PromptPair], method: str, params: Map
 
     stored_rows, artifacts, computed = run_cached(model, pairs, method, params, compute, cache)
     return decode_rows(cls, stored_rows, metrics), artifacts, computed
+
+
+# ---------------------------------------------------------------------------------------------
+# per-pair arrays as artifacts (the bootstrap's inputs, engine.techniques.intervals)
+# ---------------------------------------------------------------------------------------------
+
+def encode_array(x: Any) -> dict[str, Any]:
+    """A float tensor / array as a JSON artifact: its shape and its float32 bytes in base64 (NaN kept)."""
+    import base64
+
+    import numpy as np
+    a = np.ascontiguousarray(np.asarray(x.detach().cpu() if hasattr(x, "detach") else x, dtype="<f4"))
+    return {"shape": list(a.shape), "f32": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def decode_array(obj: Mapping[str, Any]) -> Any:
+    """The numpy float32 array :func:`encode_array` stored."""
+    import base64
+
+    import numpy as np
+    return np.frombuffer(base64.b64decode(obj["f32"]), dtype="<f4").reshape(obj["shape"]).copy()

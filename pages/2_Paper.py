@@ -37,18 +37,22 @@ def compute(progress):
 
 
 rows = run_with_progress("The paper's findings", "check the paper's findings", compute, stop=True)
-verdict = {True: "holds", False: "does not hold", None: "not computed"}  # words: no emoji font needed
 # what to do where a finding has no number yet, in this dashboard's words
 GO_TO = {"models": "type a second model above", "power": "the Improve page can teach it",
          "sft": "start precise and full SFT on the Improve page"}
-df = pd.DataFrame([{"finding": r.figure, "verdict": verdict[r.holds], "this model": r.lab or "–", "paper": r.paper,
+df = pd.DataFrame([{"finding": r.figure, "verdict": r.verdict, "this model": r.lab or "–", "paper": r.paper,
                     "claim": r.claim,
-                    "how judged": r.note + (f" ({GO_TO[r.key]})" if r.holds is None and r.key in GO_TO else "")}
+                    "how judged": r.note + (f" ({GO_TO[r.key]})" if not r.lab and r.key in GO_TO else "")}
                    for r in rows])
-n_holds = sum(r.holds is True for r in rows)
-n_computed = sum(r.holds is not None for r in rows)
-st.markdown(f"**{n_holds} of {n_computed}** findings computed on `{model.facts.spec}` hold "
-            f"({len(rows) - n_computed} not computed: see *how judged*).")
+counts = {v: sum(r.verdict == v for r in rows) for v in ("holds", "does not hold", "inconclusive", "not computed")}
+n_computed = len(rows) - counts["not computed"]
+st.markdown(f"**{counts['holds']} of {n_computed}** findings computed on `{model.facts.spec}` hold, "
+            f"{counts['does not hold']} do not, {counts['inconclusive']} are inconclusive "
+            f"({counts['not computed']} not computed: see *how judged*).")
+st.caption("Each number of *this model* is followed by its 95 % interval, a bootstrap over the prompt pairs "
+           "(1000 resamples, seeded; no extra forward pass). A finding *holds* when the whole interval is on the "
+           "finding's side of its criterion, *does not hold* when it is wholly on the other side, and is "
+           "*inconclusive* when the interval straddles it: more prompts per operation narrow it.")
 st.dataframe(df, hide_index=True, width="stretch",
              column_config={"finding": st.column_config.TextColumn(width="small"),
                             "verdict": st.column_config.TextColumn(width="medium"),

@@ -68,10 +68,10 @@ def _table(rows: list[dict], fmt: str = "{:.4g}") -> str:
 
 
 def paper_table(rows: list[dict]) -> str:
-    """The paper's findings (``PaperFinding.to_json`` rows) as an HTML table: holds / does not hold / why not."""
-    verdict = {True: "holds", False: "does not hold", None: "not computed"}
+    """The paper's findings (``PaperFinding.to_json`` rows) as an HTML table: holds / does not hold /
+    inconclusive (the interval straddles the criterion) / why not."""
     return _table([{"finding": f"{r['figure']}: {r['claim']}", "paper": r["paper"],
-                    "this model": r["lab"] or "-", "verdict": verdict[r["holds"]], "how judged": r["note"]}
+                    "this model": r["lab"] or "-", "verdict": r["verdict"], "how judged": r["note"]}
                    for r in rows]).replace("<td>", "<td style='text-align:left'>")
 
 

@@ -5,6 +5,12 @@ Every check takes an :class:`Evidence` -- the model, its correctly answered prom
 the other findings need (the same problems in other formats, exponentiation, GSM8K, a second model, the
 newest fine-tuning jobs) -- and returns a :class:`Verdict`.  The path-patching table that most checks start
 from is computed once, by the first check that asks for it.
+
+Every computed number carries its 95 % bootstrap interval over the prompt pairs (:mod:`engine.techniques.
+intervals`, from the per-pair results each technique stores with its cached result: no extra forward pass),
+and a criterion is read off the interval: *holds* when the whole interval is on the finding's side of the
+threshold, *does not hold* when it is wholly on the other side, *inconclusive* (``holds`` None with a number)
+when it straddles it.  Every criterion is a share, a cosine or a relative change: the same on any logit scale.
 """
 
 from __future__ import annotations
@@ -12,10 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
+from engine.techniques.intervals import NULL_QUANTILE, Interval, all_hold, interval
 from engine.techniques.knockout_curve import KNOCKOUT_DRAWS, KNOCKOUT_K
-from engine.techniques.path_patching import KEY_EFFECT, sparsity
+from engine.techniques.path_patching import TOP_HEADS, head_sparsity
 
 SPARSE_SHARE = 0.05
 TOP_DROP, RANDOM_DROP = 0.50, 0.10
@@ -28,8 +37,8 @@ TASK_FOR_SFT = "arithmetic (held-out split)"
 
 @dataclass(frozen=True)
 class Verdict:
-    lab: str              # the lab's number on this model and set ("" when not computed)
-    holds: bool | None    # None: not computed (``note`` says why)
+    lab: str              # the lab's number on this model and set, with its interval ("" when not computed)
+    holds: bool | None    # None: inconclusive (the interval straddles the criterion) or not computed (no ``lab``)
     note: str             # the criterion, or why there is no number
 
 
@@ -69,13 +78,29 @@ def rel(after: float, before: float) -> float:
     return (after - before) / before if before else 0.0
 
 
+def rel_interval(before: np.ndarray, after: np.ndarray) -> Interval:
+    """The relative change of the accuracy, (after - before) / before, over pairs: ``before`` [P] and
+    ``after`` [P] or [draws, P] (then the mean over the draws) of 0/1 per pair."""
+    def stat(idx):
+        b = before[idx].mean()
+        return (after[..., idx].mean() - b) / b if b else 0.0
+    return interval(stat, before.shape[-1])
+
+
+def pct(iv: Interval, fmt: str = "{:+.0f}") -> str:
+    return iv.scaled(100).text(fmt, " %")
+
+
 def sparse_heads(table, who: str = "") -> Verdict:
-    n_key, n = sparsity(table)
-    share = n_key / max(1, n)
+    s = head_sparsity(table.per_pair)
     top = ", ".join(f"{a}.{b}" for a, b, _ in table.top_heads(3))
-    return Verdict(f"{who}{n_key} of {n} heads ({100 * share:.1f} %); top {top}", 0 < share < SPARSE_SHARE,
-                   f"holds when some heads but under {100 * SPARSE_SHARE:.0f} % of them move the answer logit by "
-                   f"{abs(KEY_EFFECT):.0%} or more (none: the effect is spread, not sparse)")
+    return Verdict(f"{who}{s.text()}; top {top}", s.holds(),
+                   f"holds when the interval of the top {100 * TOP_HEADS:.0f} % of the heads' share of all heads' "
+                   f"|effect| (answer-logit difference, every pair) lies above the {NULL_QUANTILE:.0%} quantile of "
+                   f"the same share with each pair's head labels shuffled (the share itself at or below it: "
+                   f"does not hold; only the interval's lower end below it: inconclusive). Encodes §4.1 (i): "
+                   f"\"Only a small number of heads have a noteworthy influence on the output\" -- a share, so "
+                   f"the same on every logit scale")
 
 
 def problem_share(roles, heads: Sequence[tuple[int, int]]) -> float:
@@ -85,6 +110,12 @@ def problem_share(roles, heads: Sequence[tuple[int, int]]) -> float:
         if (r.layer, r.head) in heads and r.role.startswith(("operand", "operator")):
             by[(r.layer, r.head)] = by.get((r.layer, r.head), 0.0) + r.value
     return sum(by.get(h, 0.0) for h in heads) / max(1, len(heads))
+
+
+def share_interval(per_pair: np.ndarray, heads: Sequence[tuple[int, int]]) -> Interval:
+    """The mean over ``heads`` and pairs of each pair's END-row share on operands + operator ([P, L, H])."""
+    x = per_pair[:, [a for a, _ in heads], [b for _, b in heads]]  # [P, k]
+    return interval(lambda idx: float(x[idx].mean()), x.shape[0])
 
 
 def key_heads(ev: Evidence) -> Verdict:
@@ -99,70 +130,75 @@ def knockout(ev: Evidence) -> Verdict:
     k_max = min(KNOCKOUT_K, f.n_layers * f.n_heads)
     ranked = [(a, b) for a, b, _ in ev.table.top_heads(k_max)]
     k_eval = min(k_max, max(1, round(SPARSE_SHARE * f.n_layers * f.n_heads)))  # the top 5 % of the heads
-    p0, at = cached_knockout_points(ev.model, ev.pairs, ranked, (0, k_eval), k_max=k_max, draws=KNOCKOUT_DRAWS,
-                                    cache=ev.cache, progress=ev.progress)
-    base = p0.top_accuracy
-    top_rel, rand_rel = rel(at.top_accuracy, base), rel(at.random_mean, base)
-    return Verdict(f"top-{at.k} {100 * top_rel:+.0f} %, random {100 * rand_rel:+.0f} % (from {100 * base:.0f} %)",
-                   -top_rel >= TOP_DROP and -rand_rel <= RANDOM_DROP,
-                   f"holds when the top-{at.k} heads cost at least {TOP_DROP:.0%} of the accuracy and "
-                   f"{at.k} random heads (mean of {KNOCKOUT_DRAWS} draws) at most {RANDOM_DROP:.0%}")
+    (p0, at), right = cached_knockout_points(ev.model, ev.pairs, ranked, (0, k_eval), k_max=k_max,
+                                             draws=KNOCKOUT_DRAWS, cache=ev.cache, progress=ev.progress)
+    base = right[0, 0]  # [P]: k = 0
+    top, rand = rel_interval(base, right[1, 0]), rel_interval(base, right[1, 1:])
+    return Verdict(f"top-{at.k} {pct(top)}, random {pct(rand)} (from {100 * p0.top_accuracy:.0f} %)",
+                   all_hold(top.below(-TOP_DROP), rand.above(-RANDOM_DROP)),
+                   f"holds when the interval of the top-{at.k} heads' relative accuracy change lies below "
+                   f"-{TOP_DROP:.0%} and that of {at.k} random heads (mean of {KNOCKOUT_DRAWS} draws) above "
+                   f"-{RANDOM_DROP:.0%}. Encodes §4.1: \"the performance of the model drops sharply in "
+                   f"'effect-rank', while keeping stable (relatively minor effect within 2%) in 'random-rank'\" "
+                   f"(about -70 % in the paper)")
 
 
 def attention(ev: Evidence) -> Verdict:
     """Fig. 5: the key heads read the operands and the operator."""
-    from engine.techniques.attention import cached_role_attention
-    f = ev.model.facts
+    from engine.techniques.attention import cached_problem_share
     readers = ev.readers()
-    roles, _ = cached_role_attention(ev.model, ev.pairs, cache=ev.cache, progress=ev.progress)
-    share = problem_share(roles, readers)
-    all_heads = [(a, b) for a in range(f.n_layers) for b in range(f.n_heads)]
-    return Verdict(f"top-{len(readers)} heads {100 * share:.0f} % on operands + operator "
-                   f"(all heads {100 * problem_share(roles, all_heads):.0f} %)",
-                   share >= ATTENTION_SHARE, f"holds when the top-{len(readers)} heads put at least "
-                                             f"{ATTENTION_SHARE:.0%} of their END-row attention there")
+    per_pair = cached_problem_share(ev.model, ev.pairs, cache=ev.cache, progress=ev.progress)  # [P, L, H]
+    share = share_interval(per_pair, readers)
+    return Verdict(f"top-{len(readers)} heads {pct(share, '{:.0f}')} on operands + operator "
+                   f"(all heads {100 * float(per_pair.mean()):.0f} %)",
+                   share.above(ATTENTION_SHARE),
+                   f"holds when the interval of the top-{len(readers)} heads' END-row attention on the operand "
+                   f"and operator tokens lies above {ATTENTION_SHARE:.0%}. Encodes §5.2: the key heads "
+                   f"\"particularly attend to the operands and operators\"")
 
 
 def mlps(ev: Evidence) -> Verdict:
     """Fig. 6 / 13 / 14: a later MLP writes the answer."""
-    from engine.techniques.mlp_projections import cached_mlp_projections
+    from engine.techniques.mlp_projections import cached_answer_cosines
     f = ev.model.facts
-    proj, _ = cached_mlp_projections(ev.model, ev.pairs, cache=ev.cache, progress=ev.progress)
-    ans = {v.layer: v.value for v in proj if v.metric == "cos_out_C"}
-    other = {v.layer: v.value for v in proj if v.metric == "cos_out_other"}
-    best = max(ans, key=ans.get)
-    return Verdict(f"MLP {best} of {f.n_layers} most aligned with C: cos {ans[best]:.2f} vs "
-                   f"{other.get(best, float('nan')):.2f} for other numbers",
-                   best >= f.n_layers // 2 and ans[best] > other.get(best, float("inf")),
-                   "holds when the MLP most aligned with the answer lies in the second half of the layers "
-                   "and beats the other numbers")
+    cos_c, cos_o, null = cached_answer_cosines(ev.model, ev.pairs, cache=ev.cache, progress=ev.progress)
+    best = int(np.argmax(cos_c.mean(0)))
+    c = interval(lambda idx: float(cos_c[idx, best].mean()), len(cos_c))
+    gap = interval(lambda idx: float((cos_c[idx, best] - cos_o[idx, best]).mean()), len(cos_c))
+    return Verdict(f"MLP {best} of {f.n_layers} most aligned with C: cos {c.text()} vs "
+                   f"{float(cos_o[:, best].mean()):.2f} for other numbers (gap {gap.text('{:+.2f}')}; "
+                   f"random directions up to {float(null[best]):.2f})",
+                   (best >= f.n_layers // 2) and all_hold(c.above(float(null[best])), gap.above(0.0)),
+                   "holds when the MLP most aligned with the answer lies in the second half of the layers, the "
+                   "interval of its cosine with W_U[C] lies above the 95th percentile of random directions' and "
+                   "the interval of its gap over the other numbers above 0. Encodes §5.2 / Fig. 6: later MLPs' "
+                   "output is aligned with the answer's unembedding (a cosine: the same on every logit scale)")
 
 
 def transfer(ev: Evidence) -> Verdict:
     """Fig. 7: the key heads' attention in unseen formats."""
-    from engine.techniques.attention import cached_role_attention
+    from engine.techniques.attention import cached_problem_share
     readers = ev.readers()
     shares, too_few = {}, {}
     for fmt, fpairs in ev.format_pairs.items():
         if len(fpairs) < MIN_PAIRS:
             too_few[fmt] = len(fpairs)
             continue
-        f_roles, _ = cached_role_attention(ev.model, fpairs, cache=ev.cache)
-        shares[fmt] = (len(fpairs), problem_share(f_roles, readers))
+        shares[fmt] = (len(fpairs), share_interval(cached_problem_share(ev.model, fpairs, cache=ev.cache), readers))
     if not shares:
         return Verdict("", None, "the model answers too few prompts right in the other formats ("
                        + ", ".join(f"{fmt}: {n}" for fmt, n in too_few.items())
                        + f"; at least {MIN_PAIRS} each are needed)")
     skipped = "".join(f"; {fmt}: only {n} answered right" for fmt, n in too_few.items())
     return Verdict(f"the same top-{len(readers)} heads on operands + operator: " + ", ".join(
-        f"{fmt} {100 * v:.0f} % ({n} prompts)" for fmt, (n, v) in shares.items()),
-        all(v >= ATTENTION_SHARE for _, v in shares.values()),
-        f"holds when it is at least {ATTENTION_SHARE:.0%} in every format{skipped}")
+        f"{fmt} {pct(v, '{:.0f}')} ({n} prompts)" for fmt, (n, v) in shares.items()),
+        all_hold(*(v.above(ATTENTION_SHARE) for _, v in shares.values())),
+        f"holds when the interval lies above {ATTENTION_SHARE:.0%} in every format{skipped}")
 
 
 def power(ev: Evidence) -> Verdict:
     """Table 3: exponentiation's own key heads, knocked out."""
-    from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
+    from engine.techniques.knockout import Knockout, knockout_correct, mean_activations
     from engine.techniques.path_patching import cached_path_patching
     pp = ev.power_pairs
     if len(pp) < MIN_PAIRS:
@@ -170,11 +206,11 @@ def power(ev: Evidence) -> Verdict:
                                  f"(at least {MIN_PAIRS} are needed; fine-tuning can teach it)")
     p_table, _ = cached_path_patching(ev.model, pp, cache=ev.cache, progress=ev.progress)
     p_top = tuple((a, b) for a, b, _ in p_table.top_heads(TOP_READERS))
-    acc0, acc_ko = knockout_accuracies(ev.model, pp, [Knockout(), Knockout(p_top)], mean_activations(ev.model, pp))
-    r = rel(acc_ko, acc0)
-    return Verdict(f"top-{len(p_top)} heads {', '.join(f'{a}.{b}' for a, b in p_top)}: {100 * r:+.0f} % on "
-                   f"{len(pp)} prompts", -r >= TOP_DROP,
-                   f"holds when knocking them out costs at least {TOP_DROP:.0%} of the accuracy")
+    right = knockout_correct(ev.model, pp, [Knockout(), Knockout(p_top)], mean_activations(ev.model, pp))
+    r = rel_interval(right[0].double().numpy(), right[1].double().numpy())
+    return Verdict(f"top-{len(p_top)} heads {', '.join(f'{a}.{b}' for a, b in p_top)}: {pct(r)} on "
+                   f"{len(pp)} prompts", r.below(-TOP_DROP),
+                   f"holds when the interval of the relative accuracy change lies below -{TOP_DROP:.0%}")
 
 
 def gsm8k(ev: Evidence) -> Verdict:

@@ -3,40 +3,49 @@
 Zhang et al. (ICML 2024) argue in steps; each step has a number in a figure or a table.  For each,
 this module computes the lab's number on the model and prompt set at hand (through the result cache,
 computing what is missing) and says whether the finding holds by a stated criterion -- a loop over the
-checked steps of :data:`engine.findings.steps.STEPS`, each a small function of :mod:`engine.findings.checks`:
+checked steps of :data:`engine.findings.steps.STEPS`, each a small function of :mod:`engine.findings.checks`.
 
-* **Fig. 2 / 15 -- sparsity.**  "Only a small percentage (< 5 %) of the attention heads ... significantly
-  impact the model's performance": the share of heads whose path-patching effect moves the answer
-  logit by 5 % or more (the circuit summary's threshold).  Holds: some heads do, and fewer than 5 %
-  (no head at all is a spread effect, not a sparse one).
-* **Fig. 3 -- knockout.**  Knocking out the top-k heads by effect collapses accuracy; k random heads
-  change it by at most 2 % (Table 4: top-10 -69 %, 1 % of LLaMA2-7B's heads).  Lab: the point at k = 5 %
-  of the model's heads (at most 10: 3 of the bundled model's 64, so that "random heads" are as small a
-  share as the key heads) of the Knockout page's default curve (read from it when cached, else only
-  that point's knockout sets are evaluated).  Holds: a relative drop of at least 50 %
-  for the top heads and at most 10 % for the random ones.
-* **Fig. 5 -- what the key heads read.**  The key heads attend to the operands and the operators.  Lab:
-  the top-5 heads' mean END-row attention on the operand and operator tokens.  Holds: at least 50 %.
+Every number comes with its 95 % bootstrap interval over the prompt pairs, and a finding holds when its
+interval clears the criterion, does not hold when the interval lies wholly on the other side, and is
+inconclusive when it straddles (:mod:`engine.findings.checks`).  Every criterion is scale-free: a share, a
+cosine or a relative change, so it means the same on any model's logit scale.  The rows:
+
+* **Fig. 2 / 15 -- sparsity.**  "Only a small number of heads have a noteworthy influence on the output"
+  (§4.1 (i); "< 5 %" in the abstract).  Lab: the share of the heads' total |effect| (sum over heads of |mean
+  answer-logit difference|) carried by the top 5 % of the heads, against the same share with each pair's head
+  labels shuffled (its 95th percentile: what effects of this size give when they are not tied to particular
+  heads).  Holds: the share's interval lies above the null.
+* **Fig. 3 -- knockout.**  "The performance of the model drops sharply in effect-rank, while keeping stable
+  (relatively minor effect within 2%) in random-rank" (§4.1; about -70 % in the paper).  Lab: the point
+  at k = 5 % of the model's heads (at most 10: 3 of the bundled model's 64, so that "random heads" are as
+  small a share as the key heads) of the Knockout page's default curve (read from it when cached, else only
+  that point's knockout sets are evaluated).  Holds: the interval of the top heads' relative accuracy change
+  lies below -50 %, that of the random heads (mean of the draws) above -10 %.
+* **Fig. 5 -- what the key heads read.**  The key heads "particularly attend to the operands and operators"
+  (§5.2).  Lab: the top-5 heads' mean END-row attention on the operand and operator tokens.  Holds: its
+  interval lies above 50 %.
 * **Fig. 6 / 13 / 14 -- the MLPs write the answer.**  Later MLPs' output points to the answer's
   unembedding.  Lab: the layer whose MLP output is most aligned with W_U[C] (cosine), against other
-  numbers.  Holds: it lies in the second half of the layers and beats the other numbers' cosine.
+  numbers and against random directions.  Holds: it lies in the second half of the layers, its cosine's
+  interval lies above the random directions' 95th percentile and the interval of its gap over the other
+  numbers above 0.
 * **Fig. 7 -- attention transfers to unseen formats.**  On Figure 4's unseen samples (multi-digit
   integers, rational numbers) the key heads still attend to the numbers.  Lab: the top-5 heads (of this
   set) on the same problems with operands 10..99, with one decimal (4.5), and as Figure 10's word
-  problems, each on the prompts the model answers right.  Holds: at least 50 % on operands and operator
-  in every format.
+  problems, each on the prompts the model answers right.  Holds: the interval lies above 50 % in every format.
 * **Table 3 -- exponentiation.**  Key heads of the ``^`` / "to the power of" task, knocked out, cost
   -66 % / -62 %.  Lab: path patching on the ``power`` family, then its top-5 heads knocked out.
-  Holds: a relative drop of at least 50 %.
+  Holds: the interval of the relative accuracy change lies below -50 %.
 * **Table 4 -- GSM8K.**  60 % of the top-10 key heads are shared with those of GSM8K questions, whose
   own knockout costs -65 %.  Lab: :mod:`engine.techniques.transfer` on GSM8K pairs
   (:func:`~engine.techniques.transfer.benchmark_pairs`).  Holds: overlap of at least 50 % and a drop of
-  at least 50 %.
+  at least 50 % (one draw: no interval yet).
 * **Fig. 12 -- other models.**  Another model shows the same sparsity.  Lab: the same sparsity number
   on a second model, when one is given.
 * **Tables 1 / 2 / 5 -- precise SFT.**  Tuning the key heads only matches full SFT.  Lab: the newest
   finished precise and full fine-tuning jobs on this model, their gains on the
-  held-out arithmetic split.  Holds: precise gains at least 90 % of full SFT's gain.
+  held-out arithmetic split.  Holds: precise gains at least 90 % of full SFT's gain (one run each: no
+  interval).
 
 A finding that cannot be computed on this model (too few prompts answered right, no job finished)
 has no number and says why.
@@ -64,8 +73,16 @@ class PaperFinding:
     note: str             # the criterion, or why there is no number
     technique: str        # the registry name of the technique that shows it
 
+    @property
+    def verdict(self) -> str:
+        """``holds``, ``does not hold``, ``inconclusive`` (the interval straddles the criterion) or
+        ``not computed``."""
+        if self.holds is not None:
+            return "holds" if self.holds else "does not hold"
+        return "inconclusive" if self.lab else "not computed"
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "verdict": self.verdict}
 
 
 def checked_steps() -> list[steps.Step]:

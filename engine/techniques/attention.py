@@ -108,19 +108,33 @@ class RoleAttention:
 def role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *,
                    progress: ProgressFn | None = None) -> list[RoleAttention]:
     """Every head's END-row attention mass per token role, averaged over the pairs."""
+    return roles_with_pairs(backend, pairs, progress=progress)[0]
+
+
+PROBLEM_ROLES = ("operand A", "operand B", "operator")  # what Fig. 5 says the key heads read
+
+
+def roles_with_pairs(backend: ModelBackend, pairs: Sequence[PromptPair], *,
+                     progress: ProgressFn | None = None) -> tuple[list[RoleAttention], torch.Tensor]:
+    """:func:`role_attention`'s rows and each pair's END-row mass on :data:`PROBLEM_ROLES`, [P, L, H]
+    (the intervals' input)."""
     if not pairs:
         raise ValueError("no prompt pairs")
     L, H = backend.facts.n_layers, backend.facts.n_heads
     acc = torch.zeros(L, H, len(ROLES), dtype=torch.float64)
-    for p, row in zip(pairs, end_row_patterns(backend, pairs, progress=progress)):
+    problem = torch.zeros(len(pairs), L, H, dtype=torch.float64)
+    for i, (p, row) in enumerate(zip(pairs, end_row_patterns(backend, pairs, progress=progress))):
         roles = token_roles(backend, p)
         for r_i, role in enumerate(ROLES):
-            idx = [i for i, r in enumerate(roles) if r == role]
+            idx = [j for j, r in enumerate(roles) if r == role]
             if idx:
-                acc[:, :, r_i] += row[:, :, idx].sum(-1).double()
+                mass = row[:, :, idx].sum(-1).double()  # [L, H]
+                acc[:, :, r_i] += mass
+                if role in PROBLEM_ROLES:
+                    problem[i] += mass
     acc /= len(pairs)
     return [RoleAttention(layer, h, role, float(acc[layer, h, r]))
-            for layer in range(L) for h in range(H) for r, role in enumerate(ROLES)]
+            for layer in range(L) for h in range(H) for r, role in enumerate(ROLES)], problem
 
 
 @dataclass(frozen=True)
@@ -147,14 +161,28 @@ def prompt_attention(backend: ModelBackend, ids: Sequence[int], layer: int, head
 def cached_role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
                           progress: ProgressFn | None = None) -> tuple[list[RoleAttention], bool]:
     """:func:`role_attention` through the result cache: (values, computed)."""
-    from engine.results import run_cached_rows
+    rows, _, computed = _cached(backend, pairs, cache, progress)
+    return rows, computed
+
+
+def cached_problem_share(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
+                         progress: ProgressFn | None = None):
+    """Each pair's END-row attention on the operands and the operator, [P, L, H] (numpy), through the cache
+    (the same cached result as :func:`cached_role_attention`)."""
+    from engine.results import decode_array
+    return decode_array(_cached(backend, pairs, cache, progress)[1]["problem_share"])
+
+
+def _cached(backend: ModelBackend, pairs: Sequence[PromptPair], cache, progress: ProgressFn | None):
+    from engine.results import encode_array, run_cached_rows
 
     def compute():
-        return role_attention(backend, pairs, progress=progress), None
+        rows, problem = roles_with_pairs(backend, pairs, progress=progress)
+        return rows, {"problem_share": encode_array(problem)}
 
-    params = {"roles": list(ROLES), "roles_version": ROLES_VERSION, "dtype": backend.facts.dtype}
-    rows, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, RoleAttention, ("value",), cache)
-    return rows, computed
+    params = {"roles": list(ROLES), "roles_version": ROLES_VERSION, "dtype": backend.facts.dtype,
+              "per_pair": list(PROBLEM_ROLES)}
+    return run_cached_rows(backend, pairs, METHOD, params, compute, RoleAttention, ("value",), cache)
 
 # ---------------------------------------------------------------------------------------------
 # its sentence of the circuit summary (cached results only; registered in engine.registry)

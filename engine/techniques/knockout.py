@@ -253,7 +253,19 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
                         means: MeanActivations, *, sets_per_pass: int | None = None,
                         tokens_per_pass: int = TOKENS_PER_PASS,
                         progress: ProgressFn | None = None) -> list[float]:
-    """First-token accuracy of the reference prompts under each knockout of ``kos``.
+    """First-token accuracy of the reference prompts under each knockout of ``kos`` (:func:`knockout_correct`)."""
+    right = knockout_correct(backend, pairs, kos, means, sets_per_pass=sets_per_pass,
+                             tokens_per_pass=tokens_per_pass, progress=progress)
+    return [float(r.sum()) / len(pairs) for r in right]
+
+
+@torch.no_grad()
+def knockout_correct(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequence[Knockout],
+                     means: MeanActivations, *, sets_per_pass: int | None = None,
+                     tokens_per_pass: int = TOKENS_PER_PASS,
+                     progress: ProgressFn | None = None) -> torch.Tensor:
+    """[len(kos), P] bool: whether each reference prompt's first answer token is the top token under each
+    knockout of ``kos``.
 
     Each **distinct** knockout set is evaluated once, reading only the END position's logits.  The
     prompts go in chunks of equal length (no padding, see :func:`length_chunks`), and several sets
@@ -271,9 +283,9 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
     valid = [ko.validate(L, H) for ko in kos]
     distinct = distinct_knockouts(valid, L, H)
     if not distinct:
-        return []
+        return torch.zeros(0, len(pairs), dtype=torch.bool)
     answers = torch.tensor([p.answer_id for p in pairs])
-    right = torch.zeros(len(distinct), dtype=torch.long)
+    right = torch.zeros(len(distinct), len(pairs), dtype=torch.bool)
     heads_all, mlps_all = head_masks(distinct, L, H)
     chunks = length_chunks(pairs, tokens_per_pass)
     if sets_per_pass is None and _padding_pays(backend, pairs, len(distinct), len(chunks), tokens_per_pass):
@@ -295,12 +307,12 @@ def knockout_accuracies(backend: ModelBackend, pairs: Sequence[PromptPair], kos:
                 lg = backend.end_logits(ids.repeat(m, 1), None if mask is None else mask.repeat(m, 1),
                                         end.repeat(m))  # [m * n, vocab]
             pred = lg.argmax(-1).cpu().view(m, n)
-            right[g:g + m] += (pred == answers[idx][None, :]).sum(1)
+            right[g:g + m, idx] = pred == answers[idx][None, :]
             done += m
             if progress is not None:
                 progress(done, total)
-    acc = {ko: float(r) / len(pairs) for ko, r in zip(distinct, right.tolist())}
-    return [acc[ko] for ko in valid]
+    row = {ko: i for i, ko in enumerate(distinct)}
+    return right[[row[ko] for ko in valid]]
 
 
 def knockout_accuracy(backend: ModelBackend, pairs: Sequence[PromptPair], ko: Knockout,

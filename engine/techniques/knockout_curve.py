@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from engine.backends.base import ModelBackend
@@ -21,7 +22,7 @@ from engine.techniques.knockout import (
     Knockout,
     MeanActivations,
     distinct_knockouts,
-    knockout_accuracies,
+    knockout_correct,
     mean_activations,
 )
 
@@ -60,27 +61,38 @@ def knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_he
     """Fig. 3: accuracy after knocking out the top-k heads (effect rank) vs k random heads.
 
     Every distinct knockout set (k = 0 once, repeated draws once) is evaluated once, END-only, several
-    per forward pass (:func:`knockout_accuracies`).
+    per forward pass (:func:`knockout_correct`).
     """
+    return curve_with_pairs(backend, pairs, ranked_heads, means, k_max=k_max, draws=draws, seed=seed,
+                            progress=progress, sets_per_pass=sets_per_pass, ks=ks)[0]
+
+
+def curve_with_pairs(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]],
+                     means: MeanActivations, *, k_max: int, draws: int = 10, seed: int = 0,
+                     progress: ProgressFn | None = None, sets_per_pass: int | None = None,
+                     ks: Sequence[int] | None = None) -> tuple[list[CurvePoint], torch.Tensor]:
+    """:func:`knockout_curve`'s points and, per point, which prompts stay right: [points, 1 + draws, P] bool
+    (row 0 the top-k set, then the random draws) -- the intervals' input."""
     L, H = backend.facts.n_layers, backend.facts.n_heads
     plan = [x for x in curve_knockouts(L, H, ranked_heads, k_max=k_max, draws=draws, seed=seed)
             if ks is None or x[0] in ks]  # ks: only these points (the same draws as the whole curve's)
     flat = [ko for _, top, rand in plan for ko in [top, *rand]]
-    accs = dict(zip([ko.validate(L, H) for ko in flat],
-                    knockout_accuracies(backend, pairs, flat, means, sets_per_pass=sets_per_pass,
-                                        progress=progress)))
+    right = knockout_correct(backend, pairs, flat, means, sets_per_pass=sets_per_pass, progress=progress)
+    right = right.view(len(plan), 1 + draws, len(pairs))
     out = []
-    for k, top, rand in plan:
-        t = torch.tensor([accs[ko.validate(L, H)] for ko in rand])
-        out.append(CurvePoint(k, accs[top.validate(L, H)], float(t.mean()), float(t.std(unbiased=False)),
+    for (k, _, _), r in zip(plan, right):
+        acc = r.sum(1).double() / len(pairs)  # [1 + draws]
+        t = acc[1:]
+        out.append(CurvePoint(k, float(acc[0]), float(t.mean()), float(t.std(unbiased=False)),
                               float(t.min()), float(t.max())))
-    return out
+    return out, right
 
 
 def _curve_params(backend: ModelBackend, ranked_heads: Sequence[tuple[int, int]], k_max: int, draws: int,
                   seed: int) -> dict:
     return {"ranked": [list(h) for h in ranked_heads[:k_max]], "k_max": k_max, "draws": draws, "seed": seed,
-            "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned"}
+            "dtype": backend.facts.dtype, "ablation": "mean over X_c, per template, END-aligned",
+            "per_pair": "correct"}
 
 
 CURVE_METRICS = ("top_accuracy", "random_mean", "random_std", "random_min", "random_max")  # stored per k
@@ -95,37 +107,44 @@ def cached_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
                           ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
                           cache=None, progress: ProgressFn | None = None) -> tuple[list[CurvePoint], bool]:
     """:func:`knockout_curve` through the result cache: (points, computed)."""
-    from engine.results import encode_rows, run_cached
+    from engine.results import run_cached
 
     def compute():
-        pts = knockout_curve(backend, pairs, ranked_heads, mean_activations(backend, pairs), k_max=k_max,
-                             draws=draws, seed=seed, progress=progress)
-        return encode_rows(pts, CURVE_METRICS), None
+        return _stored(*curve_with_pairs(backend, pairs, ranked_heads, mean_activations(backend, pairs),
+                                         k_max=k_max, draws=draws, seed=seed, progress=progress))
 
     params = _curve_params(backend, ranked_heads, k_max, draws, seed)
     rows, _, computed = run_cached(backend, pairs, "knockout_curve", params, compute, cache)
     return _curve_points(rows), computed
 
 
+def _stored(points: list[CurvePoint], right: torch.Tensor):
+    from engine.results import encode_array, encode_rows
+    return encode_rows(points, CURVE_METRICS), {"correct": encode_array(right.float()),
+                                                "ks": [p.k for p in points]}
+
+
 def cached_knockout_points(backend: ModelBackend, pairs: Sequence[PromptPair],
                            ranked_heads: Sequence[tuple[int, int]], ks: Sequence[int], *, k_max: int,
                            draws: int = 10, seed: int = 0, cache=None,
-                           progress: ProgressFn | None = None) -> list[CurvePoint]:
-    """The points at ``ks`` of :func:`cached_knockout_curve`'s curve (same arguments, same draws): read from
-    the stored curve when the cache holds it, else only those points' knockout sets are evaluated."""
-    from engine.results import encode_rows, run_cached
-    whole = stored_knockout_curve(backend, pairs, ranked_heads, k_max=k_max, draws=draws, seed=seed, cache=cache)
+                           progress: ProgressFn | None = None) -> tuple[list[CurvePoint], np.ndarray]:
+    """The points at ``ks`` of :func:`cached_knockout_curve`'s curve (same arguments, same draws) and which
+    prompts stay right at each ([points, 1 + draws, P]: the top set, then the random draws): read from the
+    stored curve when the cache holds it, else only those points' knockout sets are evaluated."""
+    from engine.results import decode_array, run_cached, stored
+    params = _curve_params(backend, ranked_heads, k_max, draws, seed)
+    whole = stored(backend, pairs, "knockout_curve", params, cache)
     if whole is not None:
-        return [p for p in whole if p.k in ks]
+        pts, right = _curve_points(whole[0]), decode_array(whole[1]["correct"])
+        keep = [i for i, p in enumerate(pts) if p.k in ks]
+        return [pts[i] for i in keep], right[keep]
 
     def compute():
-        pts = knockout_curve(backend, pairs, ranked_heads, mean_activations(backend, pairs), k_max=k_max,
-                             draws=draws, seed=seed, progress=progress, ks=ks)
-        return encode_rows(pts, CURVE_METRICS), None
+        return _stored(*curve_with_pairs(backend, pairs, ranked_heads, mean_activations(backend, pairs),
+                                         k_max=k_max, draws=draws, seed=seed, progress=progress, ks=ks))
 
-    params = {**_curve_params(backend, ranked_heads, k_max, draws, seed), "ks": sorted(set(ks))}
-    rows, _, _ = run_cached(backend, pairs, "knockout_points", params, compute, cache)
-    return _curve_points(rows)
+    rows, art, _ = run_cached(backend, pairs, "knockout_points", {**params, "ks": sorted(set(ks))}, compute, cache)
+    return _curve_points(rows), decode_array(art["correct"])
 
 
 def stored_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],

@@ -15,6 +15,10 @@ tokens the model would emit for the operands and the answer (the answer-token ru
 
 All cosines use the raw vectors (no final norm, no centring): cos(x, w) = x.w / (|x| |w|).
 "Number tokens" are the distinct first tokens of the numbers 0..99 under the same rule.
+
+Null of random directions (the Paper row's control, :func:`projections_with_pairs`): per layer, the mean over
+the pairs of cos(contribution, r) for a random Gaussian direction r drawn per pair, ``RANDOM_DIRECTIONS``
+times (seeded); its 95th percentile is what a direction unrelated to the answer reaches on this sample.
 For one prompt, :func:`top_number_tokens` lists each layer's number tokens with the largest raw
 projection contribution . w_n (Fig. 6c).
 """
@@ -66,10 +70,21 @@ class LayerProjection:
     std: float
 
 
-@torch.no_grad()
 def mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64,
                     progress: ProgressFn | None = None) -> list[LayerProjection]:
     """Per-layer means (and spreads) of the four cosines of the module docstring."""
+    return projections_with_pairs(backend, pairs, batch_size=batch_size, progress=progress)[0]
+
+
+RANDOM_DIRECTIONS = 200
+
+
+@torch.no_grad()
+def projections_with_pairs(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64,
+                           progress: ProgressFn | None = None
+                           ) -> tuple[list[LayerProjection], dict[str, torch.Tensor], torch.Tensor]:
+    """:func:`mlp_projections`'s rows, each pair's cosines {metric: [P, L]} (the intervals' input) and the
+    null of random directions, [L] (module docstring)."""
     if not pairs:
         raise ValueError("no prompt pairs")
     L = backend.facts.n_layers
@@ -78,6 +93,8 @@ def mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch
     names = [n for layer in range(L) for n in (hooks.mlp_in(layer), hooks.mlp_out(layer))]
     nums = torch.tensor(sorted(number_tokens(backend, pairs[0].ref_text)))
     vals: dict[str, list[torch.Tensor]] = {m: [] for m in METRICS}
+    gen = torch.Generator().manual_seed(0)
+    random_sum = torch.zeros(L, RANDOM_DIRECTIONS, dtype=torch.float64)
     pad_token = pad_id(backend)
     for s in range(0, len(pairs), batch_size):
         chunk = pairs[s:s + batch_size]
@@ -97,14 +114,19 @@ def mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch
         cos_all = (x_out @ wn.T) / (x_out.norm(dim=-1, keepdim=True) * wn.norm(dim=-1)).clamp_min(1e-12)  # [b, L, N]
         other = nums[None, :] != cc[:, None]  # [b, N]
         vals["cos_out_other"].append((cos_all * other[:, None, :]).sum(-1) / other.sum(-1).clamp_min(1)[:, None])
+        r = torch.randn(len(chunk), RANDOM_DIRECTIONS, x_out.shape[-1], generator=gen)  # [b, R, d]
+        cos_r = torch.einsum("bld,brd->blr", x_out, r) / (
+            x_out.norm(dim=-1)[:, :, None] * r.norm(dim=-1)[:, None, :]).clamp_min(1e-12)  # [b, L, R]
+        random_sum += cos_r.double().sum(0)
         if progress is not None:
             progress(min(s + batch_size, len(pairs)), len(pairs))
-    out = []
+    out, per_pair = [], {}
     for m in METRICS:
-        t = torch.cat(vals[m])  # [P, L]
+        t = per_pair[m] = torch.cat(vals[m])  # [P, L]
         for layer in range(L):
             out.append(LayerProjection(layer, m, float(t[:, layer].mean()), float(t[:, layer].std(unbiased=False))))
-    return out
+    null = torch.quantile(random_sum / len(pairs), 0.95, dim=1)  # [L]
+    return out, per_pair, null
 
 
 @dataclass(frozen=True)
@@ -141,15 +163,30 @@ def top_number_tokens(backend: ModelBackend, prompt: str, ids: Sequence[int], *,
 def cached_mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
                            progress: ProgressFn | None = None) -> tuple[list[LayerProjection], bool]:
     """:func:`mlp_projections` through the result cache: (values, computed)."""
-    from engine.results import run_cached_rows
+    rows, _, computed = _cached(backend, pairs, cache, progress)
+    return sorted(rows, key=lambda v: (v.layer, v.metric)), computed
+
+
+def cached_answer_cosines(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
+                          progress: ProgressFn | None = None):
+    """(cos_out_C [P, L], cos_out_other [P, L], random-direction null [L]) as numpy arrays, through the cache
+    (the same cached result as :func:`cached_mlp_projections`)."""
+    from engine.results import decode_array
+    art = _cached(backend, pairs, cache, progress)[1]
+    return decode_array(art["cos_out_C"]), decode_array(art["cos_out_other"]), decode_array(art["random_null"])
+
+
+def _cached(backend: ModelBackend, pairs: Sequence[PromptPair], cache, progress: ProgressFn | None):
+    from engine.results import encode_array, run_cached_rows
 
     def compute():
-        return mlp_projections(backend, pairs, progress=progress), None
+        rows, per_pair, null = projections_with_pairs(backend, pairs, progress=progress)
+        return rows, {"cos_out_C": encode_array(per_pair["cos_out_C"]),
+                      "cos_out_other": encode_array(per_pair["cos_out_other"]), "random_null": encode_array(null)}
 
-    params = {"metrics": list(METRICS), "dtype": backend.facts.dtype}
-    rows, _, computed = run_cached_rows(backend, pairs, METHOD, params, compute, LayerProjection, ("value", "std"),
-                                        cache)
-    return sorted(rows, key=lambda v: (v.layer, v.metric)), computed
+    params = {"metrics": list(METRICS), "dtype": backend.facts.dtype,
+              "per_pair": ["cos_out_C", "cos_out_other"], "random_directions": RANDOM_DIRECTIONS}
+    return run_cached_rows(backend, pairs, METHOD, params, compute, LayerProjection, ("value", "std"), cache)
 
 # ---------------------------------------------------------------------------------------------
 # its sentence of the circuit summary (cached results only; registered in engine.registry)

@@ -53,6 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from engine.backends import hooks
@@ -63,6 +64,7 @@ from engine.prompts.pairs import PromptPair, groups_of
 from engine.techniques import end_chain
 from engine.techniques.batching import batches
 from engine.techniques.components import Component, grid, wide_rows
+from engine.techniques.intervals import NULL_QUANTILE, Interval, interval, shuffled_null, top_share
 from engine.techniques.patch_rows import (
     Edit,
     PatchRun,
@@ -322,6 +324,7 @@ class PatchingTable:
     n_pairs: int
     values: list[SenderValue] = field(default_factory=list)
     fallback: str | None = None  # why the textbook loop computed it (None: the fast path, checked)
+    per_pair: PatchingRaw | None = None  # the per-pair patched logits (the intervals' input)
 
     def groups(self) -> list[str]:
         return sorted({v.group for v in self.values})
@@ -371,18 +374,35 @@ def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
 
     f = backend.facts
     params = {"with_prob": with_prob, "dtype": f.dtype, "senders": "heads+mlps", "position": "END",
-              "effect_guard": {"min_logit": EFFECT_MIN_LOGIT, "max_excluded": EFFECT_MAX_EXCLUDED}}
+              "effect_guard": {"min_logit": EFFECT_MIN_LOGIT, "max_excluded": EFFECT_MAX_EXCLUDED},
+              "per_pair": "f32"}
 
     def compute():
         raw = path_patching(backend, pairs, batch_size=batch_size, with_prob=with_prob, progress=progress)
         return summarize(raw), {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs),
-                                "fallback": raw.fallback or ""}
+                                "fallback": raw.fallback or "", "per_pair": per_pair_artifact(raw)}
 
     values, art, computed = run_cached_rows(backend, pairs, METHOD, params, compute, SenderValue, cache=cache)
     if art.get("fallback"):
         note(art["fallback"])
     return PatchingTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]), values,
-                         art.get("fallback") or None), computed
+                         art.get("fallback") or None, raw_of(pairs, art["per_pair"])), computed
+
+
+PER_PAIR = ("logit_o", "head_logit", "mlp_logit", "prob_o", "head_prob", "mlp_prob")
+
+
+def per_pair_artifact(raw: PatchingRaw) -> dict:
+    """The per-pair tensors of ``raw`` as a cache artifact (float32, exact)."""
+    from engine.results import encode_array
+    return {n: encode_array(getattr(raw, n)) for n in PER_PAIR if getattr(raw, n) is not None}
+
+
+def raw_of(pairs: Sequence[PromptPair], art: dict) -> PatchingRaw:
+    """The :class:`PatchingRaw` that :func:`per_pair_artifact` stored."""
+    from engine.results import decode_array
+    got = {n: torch.from_numpy(decode_array(art[n])) if n in art else None for n in PER_PAIR}
+    return PatchingRaw(list(pairs), **got)
 
 # ---------------------------------------------------------------------------------------------
 # the command line (``python -m engine path-patching``, registered in engine.registry)
@@ -416,19 +436,47 @@ def cli(args, ctx) -> dict:
 # its sentence of the circuit summary (cached results only; registered in engine.registry)
 # ---------------------------------------------------------------------------------------------
 
-#: a head "matters" when patching it moves the answer logit by at least this relative effect
-KEY_EFFECT = -0.05
+#: "a small fraction (< 5%) of attention heads": the top share of the heads whose part of the effect is measured
+TOP_HEADS = 0.05
 
 
-def sparsity(table: PatchingTable) -> tuple[int, int]:
-    """(heads whose path-patching effect is KEY_EFFECT or stronger, all heads)."""
-    heads = [v for v in table.values if v.component == "head" and v.metric == "effect" and v.group == "*"]
-    return sum(1 for v in heads if v.value <= KEY_EFFECT), len(heads)
+@dataclass(frozen=True)
+class Sparsity:
+    """How much of the heads' effect the top ``k`` heads carry (scale-free: a share), against chance."""
+
+    k: int              # the top TOP_HEADS of the heads (at least one)
+    n: int              # all heads
+    share: Interval     # their share of sum over heads |mean logit_diff|, with its bootstrap interval
+    null: float         # the same share's NULL_QUANTILE with each pair's head labels shuffled
+
+    def holds(self) -> bool | None:
+        """True: the share's whole interval lies above the null's quantile; False: the share itself does not
+        exceed it (what effects spread over the heads give); None: the share does, its interval does not."""
+        if self.share.value <= self.null:
+            return False
+        return self.share.above(self.null) or None
+
+    def text(self) -> str:
+        return (f"the top {100 * TOP_HEADS:.0f} % of the heads ({self.k} of {self.n}) carry "
+                f"{self.share.scaled(100).text('{:.0f}', ' %')} of "
+                f"the heads' total effect on the answer logit (shuffled head labels: {100 * self.null:.0f} %)")
+
+
+def head_sparsity(raw: PatchingRaw) -> Sparsity:
+    """:class:`Sparsity` of the per-pair ``logit_diff`` of every head ([pairs, heads]; every pair counts)."""
+    heads, _ = raw.per_pair("logit_diff")
+    d = heads.reshape(heads.shape[0], -1).double().numpy()  # [P, L * H]
+    n = d.shape[1]
+    k = max(1, round(TOP_HEADS * n))
+    share = interval(lambda idx: top_share(d[idx], k), d.shape[0])
+    null = float(np.quantile(shuffled_null(lambda x: top_share(x, k), d), NULL_QUANTILE))
+    return Sparsity(k, n, share, null)
 
 
 def finding(model, pairs, cache, table: PatchingTable) -> str:
-    """Key heads (§4.1): the top heads by effect, and how few heads matter."""
-    n_key, n = sparsity(table)
+    """Key heads (§4.1): the top heads by effect, and how much of the effect the top 5 % of the heads carry."""
     names = ", ".join(f"{layer}.{h} ({e:+.2f})" for layer, h, e in table.top_heads(3))
-    return (f"Path patching on {table.n_pairs} prompt pairs: the top heads are {names}; {n_key} of {n} heads "
-            f"({100 * n_key / max(1, n):.1f} %) change the answer logit by {abs(KEY_EFFECT):.0%} or more.")
+    out = f"Path patching on {table.n_pairs} prompt pairs: the top heads are {names}"
+    if table.per_pair is None:
+        return out + "."
+    return out + f"; {head_sparsity(table.per_pair).text()}."

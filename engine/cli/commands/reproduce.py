@@ -1,5 +1,5 @@
-"""``python -m engine reproduce --out p.html``: the paper's findings one row each (holds / does not hold / why
-not), then the report, as one offline HTML file."""
+"""``python -m engine reproduce --out p.html``: the paper's findings one row each (holds / does not hold /
+inconclusive / why not), then the report, as one offline HTML file."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def run(args, ctx) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render_html(rep), encoding="utf-8")
     ctx.print({"out": str(args.out), "bytes": args.out.stat().st_size,
-               "findings": [{**{k: r[k] for k in ("figure", "lab", "holds")},
-                             "note": r["note"] + (GO_TO[r["key"]] if r["holds"] is None and r["key"] in GO_TO else "")}
+               "findings": [{**{k: r[k] for k in ("figure", "lab", "verdict", "holds")},
+                             "note": r["note"] + (GO_TO[r["key"]] if not r["lab"] and r["key"] in GO_TO else "")}
                             for r in rep.paper]})
     return 0

@@ -1,0 +1,44 @@
+"""engine.techniques.intervals: the verdict read off an interval, and the bootstrap against plain numpy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine.techniques.intervals import Interval, all_hold, interval, mean_intervals
+
+
+def test_a_criterion_holds_fails_or_is_inconclusive_by_where_the_interval_lies():
+    assert Interval(0.6, 0.55, 0.7).above(0.5) is True
+    assert Interval(0.4, 0.3, 0.5).above(0.5) is False  # at the threshold is not above it
+    assert Interval(0.52, 0.45, 0.6).above(0.5) is None
+    assert Interval(-0.6, -0.7, -0.55).below(-0.5) is True
+    assert Interval(-0.52, -0.6, -0.45).below(-0.5) is None
+    assert Interval(0.1, math.nan, math.nan).above(0.0) is None  # one pair: no interval, no verdict
+    assert all_hold(True, True) is True and all_hold(True, None) is None and all_hold(None, False) is False
+    assert Interval(0.25, 0.2, 0.3).scaled(-100) == Interval(-25.0, -30.0, -20.0)
+    assert Interval(0.25, 0.2, 0.3).scaled(100).text("{:.0f}", " %") == "25 % [20, 30]"
+
+
+def test_the_bootstrap_matches_a_plain_percentile_bootstrap():
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.3, 1.0, size=200)
+    got = interval(lambda idx: x[idx].mean(), len(x))
+    boots = [x[rng.integers(0, len(x), len(x))].mean() for _ in range(20000)]
+    assert got.value == pytest.approx(x.mean())
+    assert (got.low, got.high) == pytest.approx(tuple(np.percentile(boots, [2.5, 97.5])), abs=0.02)
+    # many cells at once: the same resamples for every cell, each cell as the one-number bootstrap gives
+    m = np.stack([x, 2 * x, x + 1], 1)
+    mean, lo, hi = mean_intervals(m)
+    assert np.allclose(mean, [x.mean(), 2 * x.mean(), x.mean() + 1])
+    assert np.allclose(lo, [got.low, 2 * got.low, got.low + 1], atol=1e-9)
+    assert np.allclose(hi, [got.high, 2 * got.high, got.high + 1], atol=1e-9)
+
+
+def test_fewer_than_two_pairs_have_no_interval():
+    one = interval(lambda idx: 0.5, 1)
+    assert one.value == 0.5 and math.isnan(one.low)
+    with pytest.raises(ValueError):
+        interval(lambda idx: 0.0, 0)
