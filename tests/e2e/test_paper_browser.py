@@ -34,8 +34,10 @@ def _check(page, spec: str) -> float:
     head, *rows = _rows(page)
     assert head == ["finding", "verdict", "this model", "paper", "claim", "how judged"], head
     assert tuple(r[0] for r in rows) == FINDINGS
-    for r in rows:  # a number and a verdict, or "not computed" and why
-        assert (r[2] != "–" and "hold" in r[1]) or (r[2] == "–" and "not computed" in r[1] and r[5]), r
+    for r in rows:  # a number (with its interval) and a verdict, or "not computed" and why
+        assert (r[2] != "–" and r[1] in ("holds", "does not hold", "inconclusive")) or (
+            r[2] == "–" and r[1] == "not computed" and r[5]), r
+        assert r[1] != "inconclusive" or "[" in r[2], r  # inconclusive: an interval straddles the criterion
     assert sum(r[2] != "–" for r in rows) >= 4, rows  # the circuit rows are computed on every model
     return time.time() - t0
 
