@@ -26,7 +26,7 @@ from engine.techniques.intervals import NULL_QUANTILE, Interval, all_hold, inter
 from engine.techniques.knockout_curve import KNOCKOUT_DRAWS, KNOCKOUT_K
 from engine.techniques.path_patching import TOP_HEADS, head_sparsity
 
-SPARSE_SHARE = 0.05
+SPARSE_SHARE = TOP_HEADS  # "a small fraction (< 5%) of attention heads": sparsity and the knockout's k
 TOP_DROP, RANDOM_DROP = 0.50, 0.10
 ATTENTION_SHARE = 0.50
 TOP_READERS = 5
@@ -101,15 +101,6 @@ def sparse_heads(table, who: str = "") -> Verdict:
                    f"does not hold; only the interval's lower end below it: inconclusive). Encodes §4.1 (i): "
                    f"\"Only a small number of heads have a noteworthy influence on the output\" -- a share, so "
                    f"the same on every logit scale")
-
-
-def problem_share(roles, heads: Sequence[tuple[int, int]]) -> float:
-    """Mean END-row attention of ``heads`` on operand and operator tokens."""
-    by = {}
-    for r in roles:
-        if (r.layer, r.head) in heads and r.role.startswith(("operand", "operator")):
-            by[(r.layer, r.head)] = by.get((r.layer, r.head), 0.0) + r.value
-    return sum(by.get(h, 0.0) for h in heads) / max(1, len(heads))
 
 
 def share_interval(per_pair: np.ndarray, heads: Sequence[tuple[int, int]]) -> Interval:

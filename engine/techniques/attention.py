@@ -200,7 +200,7 @@ def finding(model, pairs, cache, table) -> str | None:
         return None
     layer, h, _ = top[0]
     mine = {r.role: r.value for r in roles if r.layer == layer and r.head == h}
-    on_problem = sum(v for role, v in mine.items() if role.startswith(("operand", "operator")))
+    on_problem = sum(v for role, v in mine.items() if role in PROBLEM_ROLES)
     best = max(mine, key=mine.get)
     return (f"The top head {layer}.{h} puts {on_problem:.0%} of its last-token attention on the operands and the "
             f"operator (most on {best}: {mine[best]:.0%}).")

@@ -64,9 +64,6 @@ class Interval:
             return fmt.format(self.value) + unit
         return f"{fmt.format(self.value)}{unit} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
 
-    def to_json(self) -> dict[str, float]:
-        return {"value": self.value, "low": self.low, "high": self.high}
-
 
 def interval(stat: Callable[[np.ndarray], float], n: int, *, resamples: int = RESAMPLES,
              seed: int = SEED) -> Interval:
@@ -119,9 +116,3 @@ def all_hold(*verdicts: bool | None) -> bool | None:
     if any(v is False for v in verdicts):
         return False
     return True if all(v is True for v in verdicts) else None
-
-
-def resample_rows(n: int, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
-    """[resamples, n] pair indices drawn with replacement (for statistics that are not one number,
-    e.g. which heads are in the top-k of each resample)."""
-    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))

@@ -135,9 +135,9 @@ def cached_knockout_points(backend: ModelBackend, pairs: Sequence[PromptPair],
     params = _curve_params(backend, ranked_heads, k_max, draws, seed)
     whole = stored(backend, pairs, "knockout_curve", params, cache)
     if whole is not None:
-        pts, right = _curve_points(whole[0]), decode_array(whole[1]["correct"])
-        keep = [i for i, p in enumerate(pts) if p.k in ks]
-        return [pts[i] for i in keep], right[keep]
+        by_k = {p.k: p for p in _curve_points(whole[0])}
+        keep = [i for i, k in enumerate(whole[1]["ks"]) if k in ks]  # the rows of "correct", in stored order
+        return [by_k[whole[1]["ks"][i]] for i in keep], decode_array(whole[1]["correct"])[keep]
 
     def compute():
         return _stored(*curve_with_pairs(backend, pairs, ranked_heads, mean_activations(backend, pairs),
