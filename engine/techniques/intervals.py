@@ -61,7 +61,7 @@ class Interval:
     def text(self, fmt: str = "{:.2f}", unit: str = "") -> str:
         """``32 % [27, 35]``: ``fmt`` for each number, ``unit`` after the value."""
         if not (self.low == self.low):
-            return fmt.format(self.value) + unit
+            return fmt.format(self.value) + unit + " (one pair: no interval)"
         return f"{fmt.format(self.value)}{unit} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
 
 

@@ -139,8 +139,8 @@ def mean_activations(backend: ModelBackend, pairs: Sequence[PromptPair], *, batc
                 counts[g, :n] += 1
     denom = counts.clamp_min(1)
     out = MeanActivations(groups, sums_z / denom[:, None, :, None, None], sums_m / denom[:, None, :, None], counts)
-    if len(_MEMO) > 16:
-        _MEMO.clear()
+    if len(_MEMO) >= 16:
+        _MEMO.pop(next(iter(_MEMO)))  # the oldest entry: the means just computed for another set stay
     _MEMO[key] = out
     return out
 

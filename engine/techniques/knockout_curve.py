@@ -81,9 +81,9 @@ def curve_with_pairs(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_
     right = right.view(len(plan), 1 + draws, len(pairs))
     out = []
     for (k, _, _), r in zip(plan, right):
-        acc = r.sum(1).double() / len(pairs)  # [1 + draws]
-        t = acc[1:]
-        out.append(CurvePoint(k, float(acc[0]), float(t.mean()), float(t.std(unbiased=False)),
+        acc = [float(n) / len(pairs) for n in r.sum(1).tolist()]  # [1 + draws]: the top set, then the draws
+        t = torch.tensor(acc[1:])
+        out.append(CurvePoint(k, acc[0], float(t.mean()), float(t.std(unbiased=False)),
                               float(t.min()), float(t.max())))
     return out, right
 
