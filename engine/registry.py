@@ -133,6 +133,17 @@ TECHNIQUES: tuple[Technique, ...] = (
         (opt("--k-max", type=nonneg_int, default=10), opt("--draws", type=positive_int, default=10),
          out("output .csv"))),
     Technique(
+        "faithfulness", "Circuit faithfulness (MIB)",
+        "faithfulness curves, CPR and CMD of the exact, AtP and random rankings' circuits -> CSV", "faithfulness",
+        (out("output .csv, one row per ranking, metric and circuit size"),
+         opt("--draws", type=positive_int, default=5, help="random orders of the random ranking (default 5)"),
+         opt("--ablation", choices=("counterfactual", "mean"), default="counterfactual",
+             help="what a component outside the circuit takes: its value on the pair's own X_c (default, MIB's "
+                  "patching) or its mean over X_c (the knockouts' mean ablation)"),
+         opt("--mib-dir", type=Path, default=None,
+             help="also write the exact ranking's importance scores in MIB's submission format here, one folder "
+                  "per task (arithmetic-addition / -subtraction) and model"))),
+    Technique(
         "transfer", "Transfer (Table 4)", "Table 4: key-head overlap and cross knockouts of two sets -> JSON",
         "transfer",
         (opt("--b-families", default="word", help="families of the second set (default word)"),

@@ -29,6 +29,7 @@ PAGES = (
     PageDef("pages/8_Position_patching.py", "Position patching", ":material/account_tree:", "Position_patching"),
     PageDef("pages/9_Improve.py", "Improve", ":material/tune:", "Improve"),
     PageDef("pages/10_Numbers.py", "Numbers", ":material/pin:", "Numbers"),
+    PageDef("pages/11_Faithfulness.py", "Faithfulness", ":material/verified:", "Faithfulness"),
 )
 
 #: registry name (``engine.registry``; ``finetune``: the CLI's fine-tuning) -> URL path of the page that shows it
@@ -36,6 +37,7 @@ PAGE_OF: dict[str, str] = {
     "path-patching": "Path_patching", "attention": "Path_patching", "attribution": "Path_patching",
     "mlp-projections": "MLP_projections", "logit-lens": "MLP_projections",
     "knockout": "Knockout", "knockout-curve": "Knockout", "transfer": "Transfer",
+    "faithfulness": "Faithfulness",
     "position-patching": "Position_patching", "numbers": "Numbers", "finetune": "Improve",
 }
 

@@ -81,3 +81,20 @@ def knockout_curve_chart(cdf: pd.DataFrame) -> alt.Chart:
     return lines_with_band(long, "k", "acc", "lo", "hi", "series", "first-token accuracy", main=TOP_K_SERIES,
                            yfmt=".1%").encode(
         y=alt.Y("acc:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%")))
+
+
+FAITH_SERIES = {"exact": "exact path patching", "atp": "attribution patching (AtP)", "random": "random (mean of draws)"}
+
+
+def faithfulness_chart(fdf: pd.DataFrame, metric_title: str) -> alt.Chart:
+    """MIB's faithfulness curves: f(x) of each ranking's circuits (the exact ranking strongest) over the circuit
+    sizes, each with its 95 % bootstrap band; f = 1 is the whole model, 0 nothing.  ``fdf`` columns: ranking,
+    size, f, low, high (one metric)."""
+    from views.charts import lines_with_band
+    long = fdf.assign(series=fdf.ranking.map(FAITH_SERIES).fillna(fdf.ranking),
+                      kept=[f"{100 * s:g} %" for s in fdf["size"]])
+    chart = lines_with_band(long, "kept", "f", "low", "high", "series", f"faithfulness f ({metric_title})",
+                            main=FAITH_SERIES["exact"], yfmt=".2f")
+    order = list(dict.fromkeys(long.kept))
+    one = alt.Chart(pd.DataFrame({"f": [1.0]})).mark_rule(strokeDash=[4, 4], color="#888").encode(y="f:Q")
+    return (chart + one).encode(x=alt.X("kept:O", sort=order, title="components kept (share of heads and MLPs)"))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -171,25 +171,26 @@ def head_masks(kos: Sequence[Knockout], n_layers: int, n_heads: int) -> tuple[to
     return heads, mlps
 
 
-@contextmanager
-def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: torch.Tensor,
-                     means: MeanActivations, templates: Sequence[str | None], ends: Sequence[int]
-                     ) -> Iterator[None]:
-    """Within the block, forward passes run with a knockout **per row** of the batch.
+Replacement = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (layer, width) -> (values, where)
 
-    head_mask: [batch, L, H] bool (row r ablates head (l, h) where True); mlp_mask: [batch, L];
-    templates / ends: one per row (which means apply, END-aligned).  Rows of one batch may carry
-    different knockouts, so several knockout sets share one forward pass.
+
+@contextmanager
+def replaced_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: torch.Tensor, z_values: Replacement,
+                  mlp_values: Replacement) -> Iterator[None]:
+    """Within the block, forward passes replace masked heads' and MLPs' outputs **per row** of the batch.
+
+    head_mask: [batch, L, H] bool (row r replaces head (l, h) where True); mlp_mask: [batch, L];
+    ``z_values(layer, width)``: ([batch, width, H, d_head] values, [batch, width] bool where they apply);
+    ``mlp_values(layer, width)``: ([batch, width, d_model], [batch, width]).  Rows of one batch may carry
+    different masks, so several knockout sets share one forward pass.
     """
-    gidx = torch.tensor([means.index(t) for t in templates])
-    end_t = torch.tensor(list(ends))
     L = backend.facts.n_layers
 
     def z_edit(layer: int):
         rows_heads = head_mask[:, layer]  # [batch, H]
 
         def fn(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, H, d_head]
-            repl, ok = _replacement(means.z[:, layer], means.count, gidx, end_t, act.shape[1])
+            repl, ok = z_values(layer, act.shape[1])
             where = (ok[:, :, None] & rows_heads[:, None, :]).to(act.device)[..., None]  # [batch, pos, H, 1]
             return torch.where(where, repl.to(act.device, act.dtype), act)
         return fn
@@ -198,7 +199,7 @@ def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: t
         rows_on = mlp_mask[:, layer]  # [batch]
 
         def fn(act: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model]
-            repl, ok = _replacement(means.mlp[:, layer], means.count, gidx, end_t, act.shape[1])
+            repl, ok = mlp_values(layer, act.shape[1])
             where = (ok & rows_on[:, None]).to(act.device)[:, :, None]  # [batch, pos, 1]
             return torch.where(where, repl.to(act.device, act.dtype), act)
         return fn
@@ -212,6 +213,38 @@ def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: t
             check()
         edits += [(hooks.resid_pre(layer), probe) for layer in range(L)]
     with backend.hooks(edits):
+        yield
+
+
+@contextmanager
+def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: torch.Tensor,
+                     means: MeanActivations, templates: Sequence[str | None], ends: Sequence[int]
+                     ) -> Iterator[None]:
+    """Within the block, forward passes run with a mean-ablation knockout **per row** of the batch
+    (:func:`replaced_rows`); templates / ends: one per row (which means apply, END-aligned)."""
+    gidx = torch.tensor([means.index(t) for t in templates])
+    end_t = torch.tensor(list(ends))
+    with replaced_rows(backend, head_mask, mlp_mask,
+                       lambda layer, width: _replacement(means.z[:, layer], means.count, gidx, end_t, width),
+                       lambda layer, width: _replacement(means.mlp[:, layer], means.count, gidx, end_t, width)):
+        yield
+
+
+@contextmanager
+def counterfactual_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: torch.Tensor,
+                        z_cf: torch.Tensor, mlp_cf: torch.Tensor, copies: int = 1) -> Iterator[None]:
+    """Within the block, the masked heads and MLPs of each row take their values on that row's own
+    counterfactual prompt X_c, at every position (interchange ablation; X_r and X_c have the same length).
+
+    z_cf: [n, L, pos, H, d_head]; mlp_cf: [n, L, pos, d_model]: the X_c activations of n prompts; the batch is
+    ``copies`` x n rows (set-major: row r is prompt r mod n)."""
+    every = torch.ones(copies * z_cf.shape[0], z_cf.shape[2], dtype=torch.bool)
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [n, pos, ...] -> [copies * n, pos, ...]
+        return x.repeat(copies, *([1] * (x.dim() - 1)))
+    with replaced_rows(backend, head_mask, mlp_mask,
+                       lambda layer, width: (rows(z_cf[:, layer, :width]), every[:, :width]),
+                       lambda layer, width: (rows(mlp_cf[:, layer, :width]), every[:, :width])):
         yield
 
 
@@ -265,7 +298,27 @@ def knockout_correct(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Se
                      tokens_per_pass: int = TOKENS_PER_PASS,
                      progress: ProgressFn | None = None) -> torch.Tensor:
     """[len(kos), P] bool: whether each reference prompt's first answer token is the top token under each
-    knockout of ``kos``.
+    knockout of ``kos`` (:func:`knockout_end`)."""
+    return knockout_end(backend, pairs, kos, means, sets_per_pass=sets_per_pass, tokens_per_pass=tokens_per_pass,
+                        progress=progress).right
+
+
+@dataclass
+class EndReadout:
+    """What the END position says under each knockout set: K sets, P prompts."""
+
+    right: torch.Tensor   # [K, P] bool: the first answer token is the top token
+    margin: torch.Tensor  # [K, P] float32: the answer token's logit minus the mean logit over the vocabulary
+
+
+@torch.no_grad()
+def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequence[Knockout],
+                 means: MeanActivations | None, *, sets_per_pass: int | None = None,
+                 tokens_per_pass: int = TOKENS_PER_PASS, progress: ProgressFn | None = None) -> EndReadout:
+    """Each reference prompt's END readout (right or not, answer-logit margin) under each knockout of ``kos``.
+
+    ``means`` None: **counterfactual** ablation -- a knocked-out component takes its value on the prompt's own
+    X_c (:func:`counterfactual_rows`; one extra pass of X_c per chunk) instead of the mean over X_c.
 
     Each **distinct** knockout set is evaluated once, reading only the END position's logits.  The
     prompts go in chunks of equal length (no padding, see :func:`length_chunks`), and several sets
@@ -283,9 +336,10 @@ def knockout_correct(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Se
     valid = [ko.validate(L, H) for ko in kos]
     distinct = distinct_knockouts(valid, L, H)
     if not distinct:
-        return torch.zeros(0, len(pairs), dtype=torch.bool)
+        return EndReadout(torch.zeros(0, len(pairs), dtype=torch.bool), torch.zeros(0, len(pairs)))
     answers = torch.tensor([p.answer_id for p in pairs])
     right = torch.zeros(len(distinct), len(pairs), dtype=torch.bool)
+    margin = torch.zeros(len(distinct), len(pairs))
     heads_all, mlps_all = head_masks(distinct, L, H)
     chunks = length_chunks(pairs, tokens_per_pass)
     if sets_per_pass is None and _padding_pays(backend, pairs, len(distinct), len(chunks), tokens_per_pass):
@@ -299,20 +353,37 @@ def knockout_correct(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Se
         if bool(mask.all()):
             mask = None
         per_pass = sets_per_pass or max(1, tokens_per_pass // (n * width))
+        if means is None:  # the chunk's own X_c activations
+            cf, _, _ = pad([p.cf_ids for p in chunk], pad_token)
+            z_cf, mlp_cf = cf_activations(backend, cf, mask)
         for g in range(0, len(distinct), per_pass):
             m = min(per_pass, len(distinct) - g)
             hm = heads_all[g:g + m].repeat_interleave(n, 0)  # [m * n, L, H]: set-major rows
             mm = mlps_all[g:g + m].repeat_interleave(n, 0)
-            with knocked_out_rows(backend, hm, mm, means, [p.template for p in chunk] * m, end.tolist() * m):
+            ablated = (knocked_out_rows(backend, hm, mm, means, [p.template for p in chunk] * m, end.tolist() * m)
+                       if means is not None else counterfactual_rows(backend, hm, mm, z_cf, mlp_cf, m))
+            with ablated:
                 lg = backend.end_logits(ids.repeat(m, 1), None if mask is None else mask.repeat(m, 1),
-                                        end.repeat(m))  # [m * n, vocab]
-            pred = lg.argmax(-1).cpu().view(m, n)
-            right[g:g + m, idx] = pred == answers[idx][None, :]
+                                        end.repeat(m)).float()  # [m * n, vocab]
+            ans = answers[idx].repeat(m).to(lg.device)  # [m * n]
+            right[g:g + m, idx] = (lg.argmax(-1) == ans).cpu().view(m, n)
+            margin[g:g + m, idx] = (lg.gather(1, ans[:, None])[:, 0] - lg.mean(-1)).cpu().view(m, n)
             done += m
             if progress is not None:
                 progress(done, total)
-    row = {ko: i for i, ko in enumerate(distinct)}
-    return right[[row[ko] for ko in valid]]
+    row = [{ko: i for i, ko in enumerate(distinct)}[ko] for ko in valid]
+    return EndReadout(right[row], margin[row])
+
+
+def cf_activations(backend: ModelBackend, cf_ids: torch.Tensor, mask: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head's z and every MLP's output on the counterfactual prompts ``cf_ids`` [n, pos]:
+    ([n, L, pos, H, d_head], [n, L, pos, d_model])."""
+    L = backend.facts.n_layers
+    names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    _, c = backend.run_with_cache(cf_ids, mask, names)
+    return (torch.stack([c[hooks.attn_z(layer)] for layer in range(L)], 1),
+            torch.stack([c[hooks.mlp_out(layer)] for layer in range(L)], 1))
 
 
 def knockout_accuracy(backend: ModelBackend, pairs: Sequence[PromptPair], ko: Knockout,

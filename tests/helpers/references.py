@@ -37,3 +37,34 @@ def knockout_curve_full_logits(backend, pairs, ranked_heads: Sequence[tuple[int,
         out.append(CurvePoint(k, knockout_accuracy_full_logits(backend, pairs, top, means), float(t.mean()),
                               float(t.std(unbiased=False)), float(t.min()), float(t.max())))
     return out
+
+
+@torch.no_grad()
+def interchange_margin_full_logits(backend, pair, ko: Knockout) -> tuple[bool, float]:
+    """One pair with the heads and MLPs of ``ko`` set to their values on the pair's own X_c at every position
+    (interchange ablation), written out with plain hooks: (first answer token right, answer logit - mean logit)."""
+    from engine.backends import hooks
+    L = backend.facts.n_layers
+    names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    _, cf = backend.run_with_cache(torch.tensor([pair.cf_ids]), None, names)
+    edits = []
+    for layer, head in ko.heads:
+        def z(act, layer=layer, head=head):  # [1, pos, H, d_head]
+            act = act.clone()
+            act[:, :, head] = cf[hooks.attn_z(layer)][:, :, head].to(act.dtype)
+            return act
+        edits.append((hooks.attn_z(layer), z))
+    for layer in ko.mlps:
+        edits.append((hooks.mlp_out(layer), lambda act, layer=layer: cf[hooks.mlp_out(layer)].to(act.dtype)))
+    with backend.hooks(edits):
+        lg = backend.logits(torch.tensor([pair.ref_ids]))[0, -1].float()  # [vocab] at END
+    return int(lg.argmax()) == pair.answer_id, float(lg[pair.answer_id] - lg.mean())
+
+
+@torch.no_grad()
+def mean_ablated_margin_full_logits(backend, pair, ko: Knockout, means: MeanActivations) -> tuple[bool, float]:
+    """One pair under the mean-ablation knockout ``ko``, full logits: (right, answer logit - mean logit)."""
+    ids, mask, end = pad([pair.ref_ids], pad_id(backend))
+    with knocked_out(backend, ko, means, [pair.template], end.tolist()):
+        lg = backend.logits(ids, mask)[0, int(end[0])].float()
+    return int(lg.argmax()) == pair.answer_id, float(lg[pair.answer_id] - lg.mean())

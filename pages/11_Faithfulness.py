@@ -1,0 +1,76 @@
+"""Faithfulness: how much of the model does the circuit of its top components keep (MIB's CPR and CMD)?"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from engine.results import NotCached, cache_only
+from engine.techniques.faithfulness import ABLATIONS, RANDOM_DRAWS, cached_faithfulness, mib_submission
+from engine.techniques.path_patching import cached_path_patching
+from ui.progress import run_with_progress
+from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page
+from views.circuit_charts import FAITH_SERIES, faithfulness_chart
+
+model, spec = setup_page(
+    "Faithfulness",
+    "Keep the top x % of the heads and MLPs by a ranking, mean-ablate the rest over the counterfactual prompts, "
+    "and measure how much of the model's answer logit (or accuracy) the circuit keeps: f = (circuit − nothing) / "
+    "(model − nothing), over MIB's circuit sizes. CPR is the area under f (higher is better), CMD the area "
+    "between f and 1 (lower is better); every number has a 95 % bootstrap interval over the prompt pairs.")
+
+prompt_caption()
+cache = result_cache()
+pairs, _ = analysed_pairs(model, spec, cache)
+c1, c2, c3 = st.columns(3)
+draws = c1.slider("Random orders (the random ranking)", 2, 20, RANDOM_DRAWS)
+ablation = c2.radio("Outside the circuit", ABLATIONS, horizontal=True,
+                    format_func={"counterfactual": "the pair's own counterfactual",
+                                 "mean": "mean over the counterfactuals"}.get,
+                    help="What a component left out of the circuit takes: its value on the same prompt with the "
+                         "operation removed (MIB's patching), or its mean over all counterfactual prompts (the "
+                         "knockouts' ablation, which also removes the operands).")
+metric = c3.radio("Metric", ["logit", "accuracy"], horizontal=True,
+                  format_func={"logit": "answer logit difference", "accuracy": "first-token accuracy"}.get)
+try:
+    with cache_only():
+        table, _ = cached_faithfulness(model, pairs, draws=draws, ablation=ablation, cache=cache)
+except NotCached:
+    table = None
+if table is None:
+    if not st.button("Compute the curves", key="faithfulness_go",
+                     help="Path patching and attribution patching rank the components; each circuit is one "
+                          "END-only evaluation, several per forward pass; the result is cached."):
+        st.info(f"The curves evaluate {11 * (2 + draws)} circuits of the {len(pairs)} prompts: press the button "
+                "to compute them (they are read from the cache once computed).")
+        st.stop()
+    table, _ = run_with_progress("Evaluating circuits", "compute the faithfulness curves",
+                                 lambda cb: cached_faithfulness(model, pairs, draws=draws, ablation=ablation,
+                                                                cache=cache, progress=cb),
+                                 key="faithfulness", stop=True, on_demand=True)
+if table.fallback:
+    st.info(table.fallback, icon=":material/info:")
+
+title = {"logit": "answer logit difference", "accuracy": "accuracy"}[metric]
+fdf = pd.DataFrame([p.__dict__ for p in table.points if p.metric == metric])
+st.altair_chart(faithfulness_chart(fdf, title), width="stretch")
+sdf = pd.DataFrame([{"ranking": FAITH_SERIES[s.ranking], "CPR": s.cpr_interval.text(),
+                     "CMD": s.cmd_interval.text(), "CPR − random": s.gap_interval.text("{:+.2f}")}
+                    for s in table.scores if s.metric == metric])
+st.dataframe(sdf, hide_index=True, width="stretch")
+st.download_button("Curve data (CSV)", pd.DataFrame([p.__dict__ for p in table.points]).to_csv(index=False).encode(),
+                   "faithfulness.csv", "text/csv")
+
+st.subheader("Export to MIB")
+pp, _ = cached_path_patching(model, pairs, cache=cache)
+files = mib_submission(model, pairs, pp)
+if not files:
+    st.info("MIB's arithmetic tasks are addition and subtraction: add one of them to the operations in the "
+            "sidebar to export the circuit.")
+for name, graph in files.items():
+    st.download_button(f"{name} (exact ranking's importance scores)", json.dumps(graph).encode(),
+                       name.replace("/", "__"), "application/json", key=f"mib_{name}")
+st.caption("MIB's submission format: one folder per task and model holding the node and edge scores that "
+           "EAP-IG's Graph.from_json reads (EAP-IG/src/eap/graph.py in MIB's circuit-track repository).")
