@@ -26,13 +26,13 @@ cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 c1, c2, c3 = st.columns(3)
 draws = c1.slider("Random orders (the random ranking)", 2, 20, RANDOM_DRAWS)
-ablation = c2.radio("Outside the circuit", ABLATIONS, horizontal=True,
+ablation = c2.radio("Outside the circuit", ABLATIONS, horizontal=True, key="faith_ablation",
                     format_func={"counterfactual": "the pair's own counterfactual",
                                  "mean": "mean over the counterfactuals"}.get,
                     help="What a component left out of the circuit takes: its value on the same prompt with the "
                          "operation removed (MIB's patching), or its mean over all counterfactual prompts (the "
                          "knockouts' ablation, which also removes the operands).")
-metric = c3.radio("Metric", ["logit", "accuracy"], horizontal=True,
+metric = c3.radio("Metric", ["logit", "accuracy"], horizontal=True, key="faith_metric",
                   format_func={"logit": "answer logit difference", "accuracy": "first-token accuracy"}.get)
 try:
     with cache_only():

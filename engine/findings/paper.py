@@ -95,9 +95,12 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
                    power_pairs: Sequence[PromptPair] = (), gsm8k_pairs: Sequence[PromptPair] | None = None,
                    second: tuple[str, Callable[[], Any]] | None = None,
                    sft: Callable[[], dict[str, float] | str] | None = None,
-                   progress: ProgressFn | None = None) -> list[PaperFinding]:
+                   progress: ProgressFn | None = None,
+                   on_row: Callable[[str], None] | None = None) -> list[PaperFinding]:
     """One row per checked step of :data:`engine.findings.steps.STEPS` for ``model`` on ``pairs`` (its correctly
-    answered prompt pairs); the other arguments are :class:`~engine.findings.checks.Evidence`'s."""
+    answered prompt pairs); the other arguments are :class:`~engine.findings.checks.Evidence`'s.
+    ``on_row(key)`` is called after each row (``bench/reproduce.py`` times the rows with it; :func:`reproduce`
+    calls it with ``"inputs"`` once the prompt sets are gathered)."""
     if not pairs:
         raise PromptError("the model answers none of these prompts right: pick other operations or another model")
     todo = checked_steps()
@@ -109,6 +112,8 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
         v = s.check(ev)
         out.append(PaperFinding(s.key, s.figure, s.claim, s.paper, v.lab, v.holds, v.note, s.technique))
         stages.finish(i)
+        if on_row is not None:
+            on_row(s.key)
     return out
 
 
@@ -134,31 +139,37 @@ def sft_gains(model, cache=None) -> dict[str, float] | str:
     return out
 
 
-def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: ProgressFn | None = None
-              ) -> list[PaperFinding]:
+def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: ProgressFn | None = None,
+              on_row: Callable[[str], None] | None = None, keep_all: bool = False) -> list[PaperFinding]:
     """:func:`paper_findings` with its inputs gathered: the spec's correctly answered pairs, the same
     problems in the other formats (:data:`engine.prompts.promptsets.FORMATS`), the exponentiation prompts
     of the same size and seed, GSM8K questions from
     ``data_dir`` (default ``../shared/data``), ``second`` (another loaded model, or None) on the same set,
-    and the newest fine-tuning jobs on this model."""
+    and the newest fine-tuning jobs on this model.  ``keep_all``: every generated prompt, answered right or not
+    (``bench/reproduce.py`` on a random-weights model that answers none)."""
     from dataclasses import replace
 
     from engine.evaluation.benchmarks import default_data_dir
-    from engine.prompts.promptsets import FORMATS, format_spec
+    from engine.prompts.promptsets import FORMATS, format_spec, generate
     from engine.techniques.accuracy import keep_correct, kept_pairs
     from engine.techniques.path_patching import cached_path_patching
     from engine.techniques.transfer import benchmark_pairs
 
-    pairs, _ = kept_pairs(model, spec, cache=cache)
+    def select(spec_) -> list[PromptPair]:  # the spec's pairs the model answers right (keep_all: every pair)
+        return generate(model.tokenizer, spec_)[0] if keep_all else kept_pairs(model, spec_, cache=cache)[0]
+
+    pairs = select(spec)
     if not pairs:
         raise PromptError("the model answers none of these prompts right: pick other operations or another model")
-    formats = {fmt: kept_pairs(model, format_spec(spec, fmt), cache=cache)[0] for fmt in FORMATS}
-    power, _ = kept_pairs(model, replace(spec, ops=("pow",), families=("power",)), cache=cache)
+    formats = {fmt: select(format_spec(spec, fmt)) for fmt in FORMATS}
+    power = select(replace(spec, ops=("pow",), families=("power",)))
     try:
-        gsm8k = keep_correct(model, benchmark_pairs(model.tokenizer, data_dir or default_data_dir(), "gsm8k",
-                                                    spec.n, spec.seed))
+        gsm8k = benchmark_pairs(model.tokenizer, data_dir or default_data_dir(), "gsm8k", spec.n, spec.seed)
+        gsm8k = gsm8k if keep_all else keep_correct(model, gsm8k)
     except PromptError:
         gsm8k = None
+    if on_row is not None:
+        on_row("inputs")  # the prompt sets, kept pairs of every format, GSM8K
 
     second_table = None
     if second is not None:
@@ -169,4 +180,4 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
             return cached_path_patching(second, p2, cache=cache)[0]
     return paper_findings(model, pairs, cache, format_pairs=formats, power_pairs=power, gsm8k_pairs=gsm8k,
                           second=None if second is None else (second.facts.spec, second_table),
-                          sft=lambda: sft_gains(model, cache), progress=progress)
+                          sft=lambda: sft_gains(model, cache), progress=progress, on_row=on_row)

@@ -385,7 +385,8 @@ MIB_TASKS = {"add": "arithmetic-addition", "sub": "arithmetic-subtraction"}
 
 def mib_folder(task: str, model_name: str) -> str:
     """A submission folder: ``{task}_{model}`` (MIB splits it at the underscore, so the model name has none)."""
-    slug = re.sub(r"[^a-z0-9.\-]+", "-", Path(model_name.rstrip("/")).name.lower()).strip("-") or "model"
+    name = re.sub(r"\.gguf$", "", Path(model_name.rstrip("/")).name.lower())
+    slug = re.sub(r"[^a-z0-9.\-]+", "-", name).strip("-") or "model"
     return f"{task}_{slug}"
 
 

@@ -109,6 +109,23 @@ def test_knockout_page_changes_prediction():
     assert _charts(at) >= 1 and not [b for b in at.button if b.key == "knockout_curve_go"]
 
 
+def test_faithfulness_page_on_demand_then_cached():
+    at = page("11_Faithfulness.py").run()
+    _ok(at)
+    assert _charts(at) == 0 and any("circuits" in i.value for i in at.info)
+    next(b for b in at.button if b.key == "faithfulness_go").click().run()
+    _ok(at)
+    assert _charts(at) == 1
+    scores = at.dataframe[0].value
+    assert list(scores["ranking"]) == ["exact path patching", "attribution patching (AtP)", "random (mean of draws)"]
+    assert all("[" in v for v in scores["CPR"])  # every CPR with its interval
+    at.radio(key="faith_metric").set_value("accuracy").run()  # another metric: read from the same cached result
+    _ok(at)
+    assert _charts(at) == 1 and not [b for b in at.button if b.key == "faithfulness_go"]
+    mib = [b for b in at.get("download_button") if "importances.json" in str(b.proto.label)]
+    assert len(mib) == 2  # addition and subtraction
+
+
 def test_transfer_page():
     at = page("7_Transfer.py").run()
     _ok(at)

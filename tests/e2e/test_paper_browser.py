@@ -12,7 +12,7 @@ from tests.e2e.test_pages_browser import WAIT, _goto, _idle
 from tests.e2e.test_teach_browser import _nav
 
 pytestmark = pytest.mark.e2e
-FINDINGS = ("Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14", "Fig. 7", "Table 3", "Table 4", "Fig. 12",
+FINDINGS = ("Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14", "MIB", "Fig. 7", "Table 3", "Table 4", "Fig. 12",
             "Tables 1 / 2 / 5")
 
 
