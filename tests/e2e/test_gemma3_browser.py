@@ -15,7 +15,8 @@ from tests.e2e.test_pages_browser import WAIT, _goto, _idle
 from tests.e2e.test_teach_browser import _nav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realmodel, pytest.mark.slow]
-PAGES = ("Prompt lab", "Path patching", "MLP projections", "Knockout", "Position patching", "Numbers", "Transfer")
+PAGES = ("Prompt lab", "Path patching", "MLP projections", "Knockout", "Position patching", "Numbers", "Transfer",
+         "Faithfulness")
 
 
 def test_every_page_renders_on_gemma3(server, page):
