@@ -133,6 +133,12 @@ TECHNIQUES: tuple[Technique, ...] = (
         (opt("--k-max", type=nonneg_int, default=10), opt("--draws", type=positive_int, default=10),
          out("output .csv"))),
     Technique(
+        "stability", "Stability of the key heads",
+        "how often each head is in the top-k across resampled pairs, per operation / template / carry -> CSV",
+        "stability",
+        (out("output .csv, one row per group and head"),
+         opt("--k", type=positive_int, default=5, help="the top-k list whose stability is measured (default 5)"))),
+    Technique(
         "faithfulness", "Circuit faithfulness (MIB)",
         "faithfulness curves, CPR and CMD of the exact, AtP and random rankings' circuits -> CSV", "faithfulness",
         (out("output .csv, one row per ranking, metric and circuit size"),

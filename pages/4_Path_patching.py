@@ -12,7 +12,14 @@ from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_att
 from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import check_typed_text, typed_pair
 from ui import state
-from ui.circuit_panels import attribution_view, clicked_cell, head_to_head_section, mlp_layer_view, select_head
+from ui.circuit_panels import (
+    attribution_view,
+    clicked_cell,
+    head_to_head_section,
+    mlp_layer_view,
+    select_head,
+    stability_view,
+)
 from ui.progress import USER_ERRORS, progress_bar
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 from views.charts import display_token, heatmap, heatmap_frame, token_bars
@@ -85,7 +92,13 @@ elif metric == "effect" and note:
 
 heads, mlps = shown.heatmap(metric, shown_group)
 df = heatmap_frame(heads, mlps)
-tab_map, tab_atp = st.tabs(["Heatmap", "Exact vs attribution"])
+tab_map, tab_atp, tab_stab = st.tabs(["Heatmap", "Exact vs attribution", "Stability"])
+with tab_stab:
+    st.caption(f"Is the top-{k} list a property of the model or of this sample of prompts? Each cell: the share of "
+               f"1000 resamples of the pairs (drawn with replacement) whose top {k} by the heatmap's ranking holds "
+               f"the head; the group's own top {k} outlined. Groups: every operation, template, and additions / "
+               f"subtractions with and without a carry (borrow). From the stored per-pair results: no forward pass.")
+    stability_view(table, int(k))
 with tab_atp:
     st.caption("Attribution patching (AtP) estimates each sender's effect from one gradient instead of one patch: "
                "grad(answer logit) · (z_c − z_r), through the last position's MLPs and norms with every other head "

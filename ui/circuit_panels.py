@@ -16,10 +16,11 @@ from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
 from engine.techniques.position_patching import cached_layer_position_patching
+from engine.techniques.stability import ALL, head_stability, summaries
 from ui.nav import link_to, page_link, page_of
 from ui.progress import USER_ERRORS, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap
-from views.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap
+from views.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap, stability_chart
 
 KIND_NAMES = dict(KINDS)
 
@@ -72,6 +73,30 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
     st.dataframe(miss, hide_index=True, width="stretch")
     st.download_button("Exact vs attribution (CSV)", df.to_csv(index=False).encode(), "attribution.csv", "text/csv")
     return clicked_head(event)
+
+
+def stability_view(table, k: int) -> None:
+    """Top-k stability of the heatmap's ranking: per group (all pairs, an operation, a template, carry or not),
+    how often each head is in the top-k of resampled pairs, and a table of every group's top-k."""
+    try:
+        rows = head_stability(table, k)
+    except ValueError as e:
+        st.error(f"Cannot measure the stability of the top {k}: {e}.")
+        return
+    sums = summaries(rows, k)
+    names = [s.group for s in sums]
+    label = {ALL: "all pairs", "carry:yes": "with a carry / borrow", "carry:no": "without a carry / borrow"}
+    n_of = {s.group: s.n for s in sums}
+    group = st.selectbox("Pairs", names, format_func=lambda g: f"{label.get(g, g)} ({n_of[g]} pairs)",
+                         key="stability_group")
+    sdf = pd.DataFrame([r.__dict__ for r in rows if r.group == group])
+    st.altair_chart(stability_chart(sdf, k), width="stretch")
+    st.dataframe(pd.DataFrame([{"pairs": label.get(s.group, s.group), "n": s.n, f"top {k}": ", ".join(s.top),
+                                f"mean share of resamples in the top {k}": f"{s.mean_in_top:.0%}",
+                                f"shared with all pairs' top {k}": f"{s.overlap} of {len(s.top)}"} for s in sums]),
+                 hide_index=True, width="stretch")
+    st.download_button("Stability (CSV)", pd.DataFrame([r.__dict__ for r in rows]).to_csv(index=False).encode(),
+                       "stability.csv", "text/csv")
 
 
 def _pad(a: list[str], b: list[str]) -> list[str]:

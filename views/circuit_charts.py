@@ -98,3 +98,16 @@ def faithfulness_chart(fdf: pd.DataFrame, metric_title: str) -> alt.Chart:
     order = list(dict.fromkeys(long.kept))
     one = alt.Chart(pd.DataFrame({"f": [1.0]})).mark_rule(strokeDash=[4, 4], color="#888").encode(y="f:Q")
     return (chart + one).encode(x=alt.X("kept:O", sort=order, title="components kept (share of heads and MLPs)"))
+
+
+def stability_chart(sdf: pd.DataFrame, k: int) -> alt.Chart:
+    """Layer x head grid of one group: the share of resampled prompt sets whose top-k holds each head (0 .. 1),
+    the group's own top-k outlined.  ``sdf`` columns: layer, head, in_top, rank, value."""
+    base = alt.Chart(sdf.assign(top=sdf["rank"] <= k)).encode(
+        x=alt.X("head:O", title="head"), y=alt.Y("layer:O", title="layer", sort="descending"))
+    cells = base.mark_rect().encode(
+        color=alt.Color("in_top:Q", title=f"in top-{k}", scale=alt.Scale(domain=[0, 1], scheme="blues")),
+        tooltip=["layer", "head", alt.Tooltip("in_top:Q", format=".0%", title=f"in top-{k} of resamples"),
+                 alt.Tooltip("rank:Q", title="rank (all of the group's pairs)"), alt.Tooltip("value:Q", format=".3f")])
+    outline = base.transform_filter(alt.datum.top).mark_rect(fill=None, stroke="#d55e00", strokeWidth=2)
+    return (cells + outline).properties(height=max(160, 22 * int(sdf.layer.nunique())))

@@ -307,6 +307,12 @@ class PromptPair:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def carry(self) -> bool | None:
+        """Addition: whether some column's digit sum carries; subtraction: whether some column borrows (operands
+        aligned at the decimal point); None for the other operations and for negative operands."""
+        return column_carry(self.op, self.a, self.b)
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "PromptPair":
         missing = [k for k in ("op", "template", "a", "b", "answer", "ref_text", "cf_text", "ref_ids",
@@ -320,6 +326,26 @@ class PromptPair:
                    ref_ids=[int(x) for x in d["ref_ids"]], cf_ids=[int(x) for x in d["cf_ids"]],
                    answer_id=int(d["answer_id"]),
                    answer_ids=[int(x) for x in d.get("answer_ids", [d["answer_id"]])])
+
+
+def column_carry(op: str, a: int | float, b: int | float) -> bool | None:
+    """Schoolbook carry (``add``) or borrow (``sub``) in any column of |a| and |b| written with the same number of
+    decimals; None for other operations or a negative operand."""
+    if op not in ("add", "sub") or a < 0 or b < 0:
+        return None
+    places = max(len(repr(float(x)).split(".")[1].rstrip("0")) if isinstance(x, float) else 0 for x in (a, b))
+    x, y = (int(round(v * 10 ** places)) for v in (a, b))
+    carry = 0
+    while x or y:
+        dx, dy = x % 10, y % 10
+        if op == "add":
+            carry = (dx + dy + carry) >= 10
+        else:
+            carry = (dx - dy - carry) < 0
+        if carry:
+            return True
+        x, y = x // 10, y // 10
+    return False
 
 
 def _number(x: Any) -> int | float:
