@@ -59,6 +59,18 @@ def test_patching_heatmap_and_head_selection_changes_attention_view():
     assert len(at.dataframe) >= 1 and len(at.dataframe[0].value) == 5
 
 
+def test_patching_stability_tab():
+    at = page("4_Path_patching.py", n=16).run()
+    _ok(at)
+    box = at.selectbox(key="stability_group")
+    assert "*" in box.options[0] or box.value == "*"
+    table = next(d.value for d in at.dataframe if "top 5" in d.value.columns)
+    assert len(table) >= 5 and "all pairs" in list(table["pairs"])
+    box.set_value("carry:yes").run()
+    _ok(at)
+    assert at.selectbox(key="stability_group").value == "carry:yes"
+
+
 def test_patching_heatmap_of_the_typed_prompt():
     """The Operation box's last choice: the typed prompt against its counterfactual, one pair, as the heatmap
     (the same numbers as path patching of that one pair); a prompt with no counterfactual is an st.error."""
