@@ -10,7 +10,8 @@ from engine.techniques.stability import top_frequency
 
 
 @pytest.mark.parametrize("op,a,b,want", [
-    ("add", 5, 7, True), ("add", 3, 4, False), ("add", 15, 24, False), ("add", 19, 1, True), ("add", 50, 50, True), ("add", 40, 50, False),
+    ("add", 5, 7, True), ("add", 3, 4, False), ("add", 15, 24, False), ("add", 19, 1, True),
+    ("add", 50, 50, True), ("add", 40, 50, False),
     ("add", 55, 50, True), ("sub", 12, 5, True), ("sub", 15, 3, False), ("sub", 30, 12, True),
     ("add", 4.5, 2.5, True), ("add", 4.5, 2.4, False), ("sub", 3.5, 1.7, True), ("sub", 3.5, 1.2, False),
     ("mul", 3, 4, None), ("div", 8, 2, None)])
