@@ -10,7 +10,12 @@ import streamlit as st
 from cache import CacheError
 from engine.prompts.pairs import PromptError
 from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
-from engine.techniques.knockout_curve import cached_knockout_curve, curve_cost, stored_knockout_curve
+from engine.techniques.knockout_curve import (
+    cached_knockout_curve,
+    curve_cost,
+    stored_curve_intervals,
+    stored_knockout_curve,
+)
 from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import analyse_prompt
 from ui import state
@@ -97,5 +102,10 @@ if pts is None:
                                                                 cache=cache, progress=cb),
                                key="knockout_curve", stop=True, on_demand=True)
 cdf = pd.DataFrame([p.__dict__ for p in pts])
+bands = stored_curve_intervals(model, pairs, ranked, k_max=k_max, draws=draws, cache=cache)
+if bands is not None:  # 95 % bootstrap intervals over the pairs, from the stored per-pair results
+    cdf = cdf.assign(**bands)
+    st.caption("Bands: 95 % bootstrap intervals over the prompt pairs (1000 resamples) of the top-k accuracy and of "
+               "the random draws' mean accuracy.")
 st.altair_chart(knockout_curve_chart(cdf), width="stretch")
 st.download_button("Curve data (CSV)", cdf.to_csv(index=False).encode(), "knockout_curve.csv", "text/csv")

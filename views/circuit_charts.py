@@ -66,18 +66,28 @@ def lens_lines(df: pd.DataFrame) -> alt.Chart:
 
 
 TOP_K_SERIES, RANDOM_SERIES = "top-k key heads (by effect)", "k random heads (mean ± sd)"
+RANDOM_MEAN_SERIES = "k random heads (mean of draws)"
 
 
 def knockout_curve_chart(cdf: pd.DataFrame) -> alt.Chart:
     """Fig. 3: accuracy after knocking out the top-k heads (the main result, strongest colour) vs k random
-    heads (mean, ± sd shaded); accuracy in percent.  ``cdf`` columns: k, top_accuracy, random_mean, random_std."""
+    heads; accuracy in percent.  ``cdf`` columns: k, top_accuracy, random_mean, random_std; with top_low, top_high,
+    random_low, random_high (95 % bootstrap intervals over the pairs) the bands are those intervals, else the top
+    line has none and the random band is ± sd over the draws."""
     from views.charts import lines_with_band
-    long = pd.concat([
-        pd.DataFrame({"k": cdf.k, "series": TOP_K_SERIES, "acc": cdf.top_accuracy, "lo": cdf.top_accuracy,
-                      "hi": cdf.top_accuracy}),
-        pd.DataFrame({"k": cdf.k, "series": RANDOM_SERIES, "acc": cdf.random_mean,
-                      "lo": cdf.random_mean - cdf.random_std, "hi": cdf.random_mean + cdf.random_std}),
-    ])
+    if "top_low" in cdf:
+        long = pd.concat([
+            pd.DataFrame({"k": cdf.k, "series": TOP_K_SERIES, "acc": cdf.top_accuracy, "lo": cdf.top_low,
+                          "hi": cdf.top_high}),
+            pd.DataFrame({"k": cdf.k, "series": RANDOM_MEAN_SERIES, "acc": cdf.random_mean, "lo": cdf.random_low,
+                          "hi": cdf.random_high})])
+    else:
+        long = pd.concat([
+            pd.DataFrame({"k": cdf.k, "series": TOP_K_SERIES, "acc": cdf.top_accuracy, "lo": cdf.top_accuracy,
+                          "hi": cdf.top_accuracy}),
+            pd.DataFrame({"k": cdf.k, "series": RANDOM_SERIES, "acc": cdf.random_mean,
+                          "lo": cdf.random_mean - cdf.random_std, "hi": cdf.random_mean + cdf.random_std}),
+        ])
     return lines_with_band(long, "k", "acc", "lo", "hi", "series", "first-token accuracy", main=TOP_K_SERIES,
                            yfmt=".1%").encode(
         y=alt.Y("acc:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%")))

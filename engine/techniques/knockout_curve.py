@@ -156,6 +156,28 @@ def stored_knockout_curve(backend: ModelBackend, pairs: Sequence[PromptPair],
     return None if hit is None else _curve_points(hit[0])
 
 
+def curve_intervals(right: np.ndarray) -> dict[str, np.ndarray]:
+    """95 % bootstrap intervals over the pairs of each point's accuracies: ``right`` [points, 1 + draws, P] (the
+    top set, then the random draws) -> {"top_low", "top_high", "random_low", "random_high"}: [points] each (the
+    random draws' mean accuracy, its draws fixed, the pairs resampled)."""
+    from engine.techniques.intervals import mean_intervals
+    per_pair = np.stack([right[:, 0], right[:, 1:].mean(1)], -1).transpose(1, 0, 2)  # [P, points, 2]
+    _, low, high = mean_intervals(per_pair.astype(np.float64))
+    return {"top_low": low[:, 0], "top_high": high[:, 0], "random_low": low[:, 1], "random_high": high[:, 1]}
+
+
+def stored_curve_intervals(backend: ModelBackend, pairs: Sequence[PromptPair],
+                           ranked_heads: Sequence[tuple[int, int]], *, k_max: int, draws: int = 10, seed: int = 0,
+                           cache=None) -> dict[str, np.ndarray] | None:
+    """:func:`curve_intervals` of the curve the cache holds (points in k order), else None (no forward pass)."""
+    from engine.results import decode_array, stored
+    hit = stored(backend, pairs, "knockout_curve", _curve_params(backend, ranked_heads, k_max, draws, seed), cache)
+    if hit is None or "correct" not in hit[1]:
+        return None
+    order = np.argsort(hit[1]["ks"], kind="stable")
+    return curve_intervals(decode_array(hit[1]["correct"])[order])
+
+
 def curve_cost(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]], *,
                k_max: int, draws: int, seed: int = 0) -> float:
     """Forward-equivalents the curve costs: distinct knockout sets x one END-only pass of the prompts

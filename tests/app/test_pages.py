@@ -117,6 +117,7 @@ def test_knockout_page_changes_prediction():
     go.click().run()
     _ok(at)
     assert _charts(at) >= 1
+    assert any("95 % bootstrap intervals" in c.value for c in at.caption)  # the curve's bands are intervals
     at.run()
     assert _charts(at) >= 1 and not [b for b in at.button if b.key == "knockout_curve_go"]
 

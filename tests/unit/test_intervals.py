@@ -42,3 +42,14 @@ def test_fewer_than_two_pairs_have_no_interval():
     assert one.value == 0.5 and math.isnan(one.low)
     with pytest.raises(ValueError):
         interval(lambda idx: 0.0, 0)
+
+
+def test_knockout_curve_intervals_bracket_each_points_accuracy():
+    from engine.techniques.knockout_curve import curve_intervals
+    rng = np.random.default_rng(0)
+    right = rng.random((4, 1 + 3, 50)) < np.array([0.9, 0.6, 0.3, 0.1])[:, None, None]  # [points, 1 + draws, P]
+    iv = curve_intervals(right)
+    top, rand = right[:, 0].mean(1), right[:, 1:].mean((1, 2))
+    assert np.all(iv["top_low"] <= top) and np.all(top <= iv["top_high"])
+    assert np.all(iv["random_low"] <= rand) and np.all(rand <= iv["random_high"])
+    assert np.all(iv["top_high"] - iv["top_low"] > 0.05)  # 50 pairs: a real width, not a point
