@@ -133,6 +133,13 @@ TECHNIQUES: tuple[Technique, ...] = (
         (opt("--k-max", type=nonneg_int, default=10), opt("--draws", type=positive_int, default=10),
          out("output .csv"))),
     Technique(
+        "carries", "What each key head carries",
+        "the key heads' path patching under operator-removed, operand-A and operand-B counterfactuals -> CSV",
+        "carries",
+        (out("output .csv, one row per key head and counterfactual kind"),
+         opt("--k", type=positive_int, default=5, help="how many key heads (default 5)")),
+        prompts_file=False),
+    Technique(
         "stability", "Stability of the key heads",
         "how often each head is in the top-k across resampled pairs, per operation / template / carry -> CSV",
         "stability",

@@ -14,6 +14,7 @@ from engine.techniques.promptlab import check_typed_text, typed_pair
 from ui import state
 from ui.circuit_panels import (
     attribution_view,
+    carries_view,
     clicked_cell,
     head_to_head_section,
     mlp_layer_view,
@@ -92,7 +93,14 @@ elif metric == "effect" and note:
 
 heads, mlps = shown.heatmap(metric, shown_group)
 df = heatmap_frame(heads, mlps)
-tab_map, tab_atp, tab_stab = st.tabs(["Heatmap", "Exact vs attribution", "Stability"])
+tab_map, tab_atp, tab_stab, tab_carry = st.tabs(["Heatmap", "Exact vs attribution", "Stability",
+                                                 "What each head carries"])
+with tab_carry:
+    st.caption(f"Does a key head carry operand A, operand B or the operator? The top {k} heads (the heatmap's ranking "
+               f"under the sidebar's prompt set, operator removed) path-patched again with counterfactuals that "
+               f"change only A, or only B (the operator kept, the same length in tokens, the answer changed): a "
+               f"head's most negative bar is what it carries; black rules are 95 % bootstrap intervals.")
+    carries_view(model, spec, cache, int(k))
 with tab_stab:
     st.caption(f"Is the top-{k} list a property of the model or of this sample of prompts? Each cell: the share of "
                f"1000 resamples of the pairs (drawn with replacement) whose top {k} by the heatmap's ranking holds "

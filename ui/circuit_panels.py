@@ -13,6 +13,8 @@ import streamlit as st
 
 from engine.prompts.pairs import groups_of
 from engine.techniques.attribution import KINDS, agreement, cached_attribution
+from engine.techniques.carries import KINDS as CF_KINDS
+from engine.techniques.carries import carries, what_heads_carry
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
 from engine.techniques.position_patching import cached_layer_position_patching
@@ -20,7 +22,7 @@ from engine.techniques.stability import ALL, head_stability, summaries
 from ui.nav import link_to, page_link, page_of
 from ui.progress import USER_ERRORS, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap
-from views.circuit_charts import exact_vs_estimate, lens_lines, position_heatmap, stability_chart
+from views.circuit_charts import carries_chart, exact_vs_estimate, lens_lines, position_heatmap, stability_chart
 
 KIND_NAMES = dict(KINDS)
 
@@ -73,6 +75,36 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
     st.dataframe(miss, hide_index=True, width="stretch")
     st.download_button("Exact vs attribution (CSV)", df.to_csv(index=False).encode(), "attribution.csv", "text/csv")
     return clicked_head(event)
+
+
+def carries_view(model, spec, cache, k: int) -> None:
+    """What each key head carries: the top-k heads path-patched under each counterfactual kind (on demand: each
+    kind is one path patching of its own set, cached)."""
+    from engine.results import NotCached, cache_only
+    try:
+        with cache_only():
+            rows, metric = what_heads_carry(model, spec, k=k, cache=cache)
+    except NotCached:
+        if not st.button(f"Compute (path patching of the set under {len(CF_KINDS) - 1} more counterfactual kinds)",
+                         key="carries_go"):
+            return
+        out = run_with_progress("Path patching per counterfactual kind", "compare the counterfactual kinds",
+                                lambda cb: what_heads_carry(model, spec, k=k, cache=cache, progress=cb),
+                                key="carries", on_demand=True)
+        if out is None:
+            return
+        rows, metric = out
+    except USER_ERRORS as e:
+        st.error(f"Cannot compare the counterfactual kinds: {e}.")
+        return
+    cdf = pd.DataFrame([r.__dict__ for r in rows])
+    st.altair_chart(carries_chart(cdf, metric), width="stretch")
+    pairs_of = {kind: next(r.n for r in rows if r.kind == kind) for kind in CF_KINDS}
+    st.caption("Pairs per kind (answered right): " + ", ".join(f"{kind} {n}" for kind, n in pairs_of.items()))
+    st.dataframe(pd.DataFrame([{"head": f"{c.layer}.{c.head}", "carries (most negative effect)": c.kind,
+                                "settled by the intervals": "yes" if c.clear else "no (intervals overlap)"}
+                               for c in carries(rows)]), hide_index=True, width="stretch")
+    st.download_button("What each head carries (CSV)", cdf.to_csv(index=False).encode(), "carries.csv", "text/csv")
 
 
 def stability_view(table, k: int) -> None:

@@ -35,7 +35,7 @@ PAGES = (
 #: registry name (``engine.registry``; ``finetune``: the CLI's fine-tuning) -> URL path of the page that shows it
 PAGE_OF: dict[str, str] = {
     "path-patching": "Path_patching", "attention": "Path_patching", "attribution": "Path_patching",
-    "stability": "Path_patching",
+    "stability": "Path_patching", "carries": "Path_patching",
     "mlp-projections": "MLP_projections", "logit-lens": "MLP_projections",
     "knockout": "Knockout", "knockout-curve": "Knockout", "transfer": "Transfer",
     "faithfulness": "Faithfulness",

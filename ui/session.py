@@ -171,6 +171,7 @@ DEFAULT_PROMPT = state.DEFAULT_PROMPT
 
 def prompt_set_choice() -> "PromptSetSpec":
     """Sidebar: which prompt set the analysis pages use (kept in session state)."""
+    from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED
     from engine.prompts.promptsets import PromptSetSpec, parse_families
     from engine.prompts.templates import OPS
     cur = st.session_state.get("prompt_set") or default_prompt_set()
@@ -186,13 +187,20 @@ def prompt_set_choice() -> "PromptSetSpec":
             balance = st.checkbox("Balance first answer tokens", value=cur.get("balance", True), key="ps_balance",
                                   help="Take prompts round-robin over their first answer token, so that e.g. the "
                                        "'1' of every sum from 10 to 18 does not dominate (README: balance rule).")
+            kinds = list(COUNTERFACTUALS)
+            cf = st.selectbox("Counterfactual (X_c)", kinds, index=kinds.index(cur.get("counterfactual", kinds[0])),
+                              key="ps_counterfactual", format_func=lambda k: k.replace("-", " "),
+                              help="What the counterfactual prompt changes: " + "; ".join(
+                                  f"{k.replace('-', ' ')}: {v}" for k, v in COUNTERFACTUALS.items()) + ".")
             if st.form_submit_button("Use this set", width="stretch"):
-                cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed), "balance": bool(balance)}
+                cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed), "balance": bool(balance),
+                       "counterfactual": cf}
                 st.session_state["prompt_set"] = cur
     if not cur["ops"]:
         raise ValueError("pick at least one operation in the sidebar")
     return PromptSetSpec(ops=tuple(cur["ops"]), n=cur["n"], seed=cur["seed"],
-                         families=parse_families(FAMILY_CHOICES[cur["families"]]), balance=cur.get("balance", True))
+                         families=parse_families(FAMILY_CHOICES[cur["families"]]), balance=cur.get("balance", True),
+                         counterfactual=cur.get("counterfactual", OPERATOR_REMOVED))
 
 
 def current_prompt() -> str:

@@ -14,7 +14,7 @@ layers and heads (:func:`check_picks`), and the notes are shown on the page the 
 Keys (all optional; absent = the default)::
 
     model=PATH-OR-ID  device=cpu|cuda|all GPUs  dtype=bfloat16|float16  backend=nnsight
-    ops=add,mul  families=word|all|notation  n=40  seed=0  balance=0
+    ops=add,mul  families=word|all|notation  n=40  seed=0  balance=0  cf=operand-a|operand-b
     prompt=TEXT  head=LAYER.HEAD | head=LAYER.mlp  ko=LAYER.HEAD,...  ko_mlp=LAYER,...
 
 A link never turns on remote (NDIF) execution: that spends the server's API key and stays a sidebar choice.
@@ -29,14 +29,15 @@ from typing import Any, Callable, NoReturn
 import streamlit as st
 
 from engine.models import DTYPE_NAMES
+from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED
 from engine.prompts.templates import OPS as OP_NAMES
 from ui import state
 from ui.state import BACKEND_CHOICES, DEVICES, FAMILY_CHOICES, ModelChoice, default_prompt_set
 
 MODEL, DEVICE, DTYPE, BACKEND = "model", "device", "dtype", "backend"
-OPS, FAMILIES, N, SEED, BALANCE = "ops", "families", "n", "seed", "balance"
+OPS, FAMILIES, N, SEED, BALANCE, CF = "ops", "families", "n", "seed", "balance", "cf"
 PROMPT, HEAD, KO, KO_MLP = "prompt", "head", "ko", "ko_mlp"
-KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, N, SEED, BALANCE, PROMPT, HEAD, KO, KO_MLP)
+KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, N, SEED, BALANCE, CF, PROMPT, HEAD, KO, KO_MLP)
 MODEL_KEYS = (MODEL, DEVICE, DTYPE, BACKEND)
 
 READ = "_url_read"              # set once the session's first run has read the link
@@ -80,6 +81,8 @@ def url_params() -> dict[str, str]:
             out[key] = str(int(cur[key]))
     if not cur.get("balance", True):
         out[BALANCE] = "0"
+    if cur.get("counterfactual", OPERATOR_REMOVED) != OPERATOR_REMOVED:
+        out[CF] = cur["counterfactual"]
     if state.prompt() != state.DEFAULT_PROMPT:
         out[PROMPT] = state.prompt()
     sel = state.selected()
@@ -162,7 +165,7 @@ def from_url() -> None:
         st.session_state[MODEL_PENDING] = {k: given[k] for k in MODEL_KEYS if k in given}
 
     # the prompt set: only the fields the link names; the others keep their value
-    if any(k in given for k in (OPS, FAMILIES, N, SEED, BALANCE)):
+    if any(k in given for k in (OPS, FAMILIES, N, SEED, BALANCE, CF)):
         cur = dict(st.session_state.get("prompt_set") or default_prompt_set())
         if OPS in given:
             ops = [o.strip() for o in given[OPS].split(",") if o.strip()]
@@ -190,6 +193,12 @@ def from_url() -> None:
                 cur["balance"] = _BOOL[given[BALANCE].lower()]
             else:
                 ignored(BALANCE, given[BALANCE], "use 1 or 0", f"`{int(cur.get('balance', True))}`")
+        if CF in given:
+            if given[CF] in COUNTERFACTUALS:
+                cur["counterfactual"] = given[CF]
+            else:
+                ignored(CF, given[CF], f"choose from {', '.join(COUNTERFACTUALS)}",
+                        f"`{cur.get('counterfactual', OPERATOR_REMOVED)}`")
         st.session_state["prompt_set"] = cur
 
     if PROMPT in given:

@@ -121,3 +121,20 @@ def stability_chart(sdf: pd.DataFrame, k: int) -> alt.Chart:
                  alt.Tooltip("rank:Q", title="rank (all of the group's pairs)"), alt.Tooltip("value:Q", format=".3f")])
     outline = base.transform_filter(alt.datum.top).mark_rect(fill=None, stroke="#d55e00", strokeWidth=2)
     return (cells + outline).properties(height=max(160, 22 * int(sdf.layer.nunique())))
+
+
+def carries_chart(cdf: pd.DataFrame, metric: str) -> alt.Chart:
+    """What each key head carries: per head, its mean path-patching value under each counterfactual kind (bars side
+    by side) with the 95 % interval (a rule).  ``cdf`` columns: layer, head, kind, value, low, high."""
+    df = cdf.assign(name=[f"{a}.{b}" for a, b in zip(cdf["layer"], cdf["head"])])
+    order = list(dict.fromkeys(df.name))
+    kinds = list(dict.fromkeys(df.kind))
+    color = alt.Color("kind:N", title="X_c changes", sort=kinds, legend=alt.Legend(orient="bottom"))
+    base = alt.Chart(df).encode(x=alt.X("name:N", sort=order, title="key head (layer.head)"),
+                                xOffset=alt.XOffset("kind:N", sort=kinds), color=color)
+    bars = base.mark_bar().encode(
+        y=alt.Y("value:Q", title=f"mean {metric}"),
+        tooltip=["name", "kind", alt.Tooltip("value:Q", format=".4f"), alt.Tooltip("low:Q", format=".4f"),
+                 alt.Tooltip("high:Q", format=".4f"), "n"])
+    rules = base.mark_rule(color="black").encode(y="low:Q", y2="high:Q")
+    return (bars + rules).properties(height=300)

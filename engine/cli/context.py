@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 from engine.backends.base import BACKENDS
 from engine.models import DTYPE_NAMES
+from engine.prompts.pairs import COUNTERFACTUALS
 from engine.registry import positive_int
 
 
@@ -64,6 +65,10 @@ def set_args(p: argparse.ArgumentParser, families_default: str = "paper", with_f
     p.add_argument("--allow-negative", action="store_true", help="subtraction may go below zero")
     p.add_argument("--decimals", type=int, default=0, choices=(0, 1, 2),
                    help="decimal places of the operands (Figure 4's rational numbers: 1 gives 4.5; default 0)")
+    p.add_argument("--counterfactual", default="operator-removed",
+                   choices=tuple(COUNTERFACTUALS),
+                   help="what X_c changes: the operator removed (the paper's, default), operand A or operand B "
+                        "replaced by another operand of the range (docs/methods.md: counterfactual kinds)")
     p.add_argument("--no-balance", action="store_true",
                    help="keep the first n sampled prompts per op instead of balancing their first answer tokens "
                         "(docs/methods.md: balance rule)")
@@ -139,7 +144,8 @@ class Context:
         lo, hi = parse_operands(a.operands)
         return PromptSetSpec(ops=parse_ops(a.op), n=a.n, seed=a.seed,
                              families=parse_families(families or a.families), operand_lo=lo, operand_hi=hi,
-                             allow_negative=a.allow_negative, decimals=a.decimals, balance=not a.no_balance)
+                             allow_negative=a.allow_negative, decimals=a.decimals, balance=not a.no_balance,
+                             counterfactual=getattr(a, "counterfactual", "operator-removed"))
 
     @cached_property
     def pairs(self) -> list:

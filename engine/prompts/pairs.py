@@ -359,14 +359,44 @@ def _number(x: Any) -> int | float:
 #: The reason a problem is dropped when no filler keeps X_c as long (in tokens) as X_r.
 LENGTH_MISMATCH = "length mismatch: no counterfactual filler gives the same token length as the reference"
 
+#: The counterfactual kinds: what X_c changes (the first is the paper's and the default).
+COUNTERFACTUALS: dict[str, str] = {
+    "operator-removed": "the operator replaced by a neutral word or symbol (the paper's X_c)",
+    "operand-a": "operand A replaced by another operand of the range (the operator kept; the answer changes)",
+    "operand-b": "operand B replaced by another operand of the range (the operator kept; the answer changes)",
+}
+OPERATOR_REMOVED = "operator-removed"
 
-def build_pair(tokenizer: TokenizerLike, problem: Problem) -> PromptPair:
-    """Tokenize one problem; raises PromptError when no counterfactual of equal length exists."""
+
+def check_counterfactual(kind: str) -> str:
+    if kind not in COUNTERFACTUALS:
+        raise PromptError(f"unknown counterfactual {kind!r}: choose from {', '.join(COUNTERFACTUALS)}")
+    return kind
+
+
+def _counterfactual_texts(problem: Problem, kind: str, r: OperandRange | None) -> list[tuple[str, int | float]]:
+    """X_c candidates of ``problem`` in the order to try: (text, its answer)."""
+    if kind == OPERATOR_REMOVED:
+        return [(problem.cf_text(f), problem.answer) for f in problem.fillers]
+    r = r or OperandRange()
+    t, d = problem.template, problem.decimals
+    which = 0 if kind == "operand-a" else 1
+    keep = (problem.a, problem.b)[1 - which]
+    alts = [ab for ab in template_operands(t, r) if ab[1 - which] == keep and ab[which] != (problem.a, problem.b)[which]
+            and answer_value(t.op, *ab, d) != problem.answer]
+    random.Random(f"{t.id}|{problem.a}|{problem.b}|{kind}").shuffle(alts)  # seeded by the problem: reproducible
+    slots = dict(problem.slots)
+    return [(t.render(as_number(a, d), as_number(b, d), slots=slots), answer_value(t.op, a, b, d)) for a, b in alts]
+
+
+def build_pair(tokenizer: TokenizerLike, problem: Problem, counterfactual: str = OPERATOR_REMOVED,
+               operands: OperandRange | None = None) -> PromptPair:
+    """Tokenize one problem with an X_c of the ``counterfactual`` kind (:data:`COUNTERFACTUALS`; operand kinds
+    draw the other operand from ``operands``); raises PromptError when no X_c of equal length exists."""
     sep = problem.template.answer_sep
     ref = answer_tokens(tokenizer, problem.ref_text, problem.answer, sep)
-    for filler in problem.fillers:
-        cf_text = problem.cf_text(filler)
-        cf = answer_tokens(tokenizer, cf_text, problem.answer, sep)
+    for cf_text, cf_answer in _counterfactual_texts(problem, check_counterfactual(counterfactual), operands):
+        cf = answer_tokens(tokenizer, cf_text, cf_answer, sep)
         if len(cf.prompt_ids) == len(ref.prompt_ids):
             a, b = problem.operands
             return PromptPair(op=problem.template.op, template=problem.template.id,
@@ -377,14 +407,14 @@ def build_pair(tokenizer: TokenizerLike, problem: Problem) -> PromptPair:
     raise PromptError(LENGTH_MISMATCH)
 
 
-def build_pairs(tokenizer: TokenizerLike, problems: Iterable[Problem]
-                ) -> tuple[list[PromptPair], list[tuple[Problem, str]]]:
-    """Tokenize problems; returns (pairs, dropped problems with the reason)."""
+def build_pairs(tokenizer: TokenizerLike, problems: Iterable[Problem], counterfactual: str = OPERATOR_REMOVED,
+                operands: OperandRange | None = None) -> tuple[list[PromptPair], list[tuple[Problem, str]]]:
+    """Tokenize problems (X_c of the ``counterfactual`` kind); returns (pairs, dropped problems with the reason)."""
     pairs: list[PromptPair] = []
     dropped: list[tuple[Problem, str]] = []
     for p in problems:
         try:
-            pairs.append(build_pair(tokenizer, p))
+            pairs.append(build_pair(tokenizer, p, counterfactual, operands))
         except PromptError as e:
             dropped.append((p, str(e)))
     return pairs, dropped

@@ -23,11 +23,13 @@ from typing import Any, Sequence
 
 from engine.prompts.pairs import (
     ANSWER_TOKEN_RULE,
+    OPERATOR_REMOVED,
     OperandRange,
     Problem,
     PromptError,
     PromptPair,
     build_pairs,
+    check_counterfactual,
     sample_problems,
 )
 from engine.prompts.templates import FAMILIES, OPS, PAPER_FAMILIES, PAPER_OPS, WORD_PROBLEM_FAMILIES
@@ -95,6 +97,7 @@ class PromptSetSpec:
     max_exponent: int = 3
     decimals: int = 0  # decimal places of the operands (Figure 4's rational numbers)
     balance: bool = True  # balanced first answer tokens (module docstring)
+    counterfactual: str = "operator-removed"  # what X_c changes (engine.prompts.pairs.COUNTERFACTUALS)
 
     def __post_init__(self) -> None:
         if self.n <= 0:
@@ -102,6 +105,7 @@ class PromptSetSpec:
         if self.n > 100_000:
             raise PromptError(f"n={self.n} is too large: at most 100000 prompts per operation")
         parse_ops(",".join(self.ops))
+        check_counterfactual(self.counterfactual)
         OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent, self.decimals)
 
     def to_params(self) -> dict[str, Any]:
@@ -112,6 +116,8 @@ class PromptSetSpec:
         d["balance_rule"] = BALANCE_RULE if self.balance else "none"
         if not self.decimals:  # integer sets keep the cache keys they had before decimals existed
             d.pop("decimals")
+        if self.counterfactual == OPERATOR_REMOVED:  # the paper's X_c keeps the keys it had before the kinds
+            d.pop("counterfactual")
         return d
 
     @property
@@ -175,7 +181,7 @@ def generate_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
     n_sample = spec.n * BALANCE_OVERSAMPLE if spec.balance else spec.n
     problems = sample_problems(spec.ops, n_sample, spec.seed, operands=spec.operand_range,
                                families=spec.families)
-    pairs, dropped = build_pairs(tokenizer, problems)
+    pairs, dropped = build_pairs(tokenizer, problems, spec.counterfactual, spec.operand_range)
     if not pairs:
         reason = dropped[0][1] if dropped else "no problems"
         raise PromptError(f"no usable prompt pairs for this tokenizer: {reason}")

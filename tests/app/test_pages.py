@@ -71,6 +71,20 @@ def test_patching_stability_tab():
     assert at.selectbox(key="stability_group").value == "carry:yes"
 
 
+def test_patching_what_each_head_carries_on_demand():
+    at = page("4_Path_patching.py", n=12).run()
+    _ok(at)
+    charts = _charts(at)
+    next(b for b in at.button if b.key == "carries_go").click().run()
+    _ok(at)
+    assert _charts(at) == charts + 1
+    table = next(d.value for d in at.dataframe if "carries (most negative effect)" in d.value.columns)
+    assert len(table) == 5 and set(table["carries (most negative effect)"]) <= {
+        "operator-removed", "operand-a", "operand-b"}
+    at.run()  # read from the cache: no button any more
+    assert not [b for b in at.button if b.key == "carries_go"]
+
+
 def test_patching_heatmap_of_the_typed_prompt():
     """The Operation box's last choice: the typed prompt against its counterfactual, one pair, as the heatmap
     (the same numbers as path patching of that one pair); a prompt with no counterfactual is an st.error."""

@@ -273,7 +273,22 @@ def test_bad_link_values_give_a_note_each_and_their_defaults_nothing_else_is_los
     assert not _notes(at) and list(at.multiselect(key="knockout_heads").value) == ["0.1"]
 
 
+def test_the_counterfactual_kind_follows_the_link_and_the_sidebar():
+    at = _link({"cf": "operand-b"})
+    assert not at.exception and not errors(at), errors(at)
+    assert at.session_state["prompt_set"]["counterfactual"] == "operand-b"
+    assert at.query_params["cf"] == "operand-b"
+    _go(at, "4_Path_patching.py")
+    assert not at.exception and not errors(at), errors(at)
+    assert at.sidebar.selectbox(key="ps_counterfactual").value == "operand-b"
+    at.sidebar.selectbox(key="ps_counterfactual").set_value("operator-removed")
+    next(b for b in at.button if b.label == "Use this set").click().run()
+    assert not at.exception, at.exception
+    assert "cf" not in at.query_params  # back at the paper's X_c
+
+
 @pytest.mark.parametrize("link", [{"head": "x.y"}, {"head": "-1.0"}, {"ko": "3"}, {"balance": "maybe"},
+                                  {"cf": "operand-c"},
                                   {"seed": "-4"}, {"dtype": "int3"}, {"model": " "}],
                          ids=lambda link: "=".join(*link.items()))
 def test_malformed_link_values(link):
