@@ -184,3 +184,26 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
     assert smol.meter.forward_calls == n_chunks * len({frozenset(ko.heads) for ko in sets}) == n_chunks * (3 * 3 + 1)
     from tests.helpers.references import knockout_curve_full_logits
     assert new == knockout_curve_full_logits(smol, right, ranked, means, k_max=3, draws=2)
+
+
+def test_operand_counterfactuals_and_what_heads_carry_on_smollm2(smol):
+    """The operand kinds change exactly the operand's digit token (END still before the answer's first digit), and
+    the key heads' comparison across kinds runs on the real model."""
+    from dataclasses import replace
+
+    from engine.techniques.carries import KINDS, what_heads_carry
+    spec = PromptSetSpec(ops=("add", "mul"), n=10, seed=0)
+    for kind in ("operand-a", "operand-b"):
+        ps, _ = generate(smol.tokenizer, replace(spec, counterfactual=kind))
+        assert ps
+        for p in ps:
+            diff = [i for i, (x, y) in enumerate(zip(p.ref_ids, p.cf_ids)) if x != y]
+            assert len(p.ref_ids) == len(p.cf_ids) and len(diff) == 1, (p.ref_text, p.cf_text)
+            operand = str(p.a if kind == "operand-a" else p.b)
+            assert smol.tokenizer.decode([p.ref_ids[diff[0]]]).strip() == operand, (p.ref_text, diff)
+            assert smol.tokenizer.decode([p.cf_ids[diff[0]]]).strip().isdigit()
+            assert smol.tokenizer.decode([p.answer_id]).strip()[:1].isdigit()
+            assert not smol.tokenizer.decode([p.ref_ids[-1]]).strip()[-1:].isdigit()
+    rows, metric = what_heads_carry(smol, spec, k=3)
+    assert len(rows) == 3 * len(KINDS) and metric in ("effect", "logit_diff")
+    assert all(r.n > 0 and r.low <= r.value <= r.high for r in rows)
