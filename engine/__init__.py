@@ -11,7 +11,8 @@ them (the tests run it).  The subpackages by concern:
   THE per-architecture table of module names (``layouts``)
 * ``engine.prompts``     -- the paper's templates, prompt pairs and the answer-token rule, prompt sets
 * ``engine.techniques``  -- one module per technique (path patching, knockout, knockout curve, attention,
-  MLP projections, attribution, head/position patching, logit lens, numbers, transfer) + batching
+  MLP projections, attribution, head/position patching, logit lens, numbers, transfer, faithfulness,
+  stability, carries) + batching
 * ``engine.results``     -- every technique through the DuckDB result cache
 * ``engine.findings``    -- the paper's argument, one step per finding: summary, verdicts, report
 * ``engine.evaluation``, ``engine.finetune``, ``engine.organism``, ``engine.cli``
@@ -53,6 +54,10 @@ API: dict[str, str] = {
     "logit_lens": "engine.techniques.logit_lens",
     "attribution": "engine.techniques.attribution",
     "transfer": "engine.techniques.transfer",
+    "cached_faithfulness": "engine.techniques.faithfulness",
+    "mib_submission": "engine.techniques.faithfulness",
+    "head_stability": "engine.techniques.stability",
+    "what_heads_carry": "engine.techniques.carries",
     # the paper's argument
     "circuit_summary": "engine.findings.summary",
     "paper_findings": "engine.findings.paper",

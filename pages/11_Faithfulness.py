@@ -16,8 +16,9 @@ from views.circuit_charts import FAITH_SERIES, faithfulness_chart
 
 model, spec = setup_page(
     "Faithfulness",
-    "Keep the top x % of the heads and MLPs by a ranking, mean-ablate the rest over the counterfactual prompts, "
-    "and measure how much of the model's answer logit (or accuracy) the circuit keeps: f = (circuit − nothing) / "
+    "Keep the top x % of the heads and MLPs by a ranking, give the rest their values on the counterfactual prompt "
+    "(or their mean over all counterfactual prompts), and measure how much of the model's answer logit (or "
+    "accuracy) the circuit keeps: f = (circuit − nothing) / "
     "(model − nothing), over MIB's circuit sizes. CPR is the area under f (higher is better), CMD the area "
     "between f and 1 (lower is better); every number has a 95 % bootstrap interval over the prompt pairs.")
 

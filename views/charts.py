@@ -121,15 +121,17 @@ def grouped_bars(df: pd.DataFrame, x: str, y: str, color: str, title: str) -> al
 
 
 def lines_with_band(df: pd.DataFrame, x: str, y: str, lo: str, hi: str, color: str, ytitle: str,
-                    main: str | None = None, yfmt: str = ".3f") -> alt.Chart:
+                    main: str | None = None, yfmt: str = ".3f", xsort: list | None = None,
+                    xtitle: str | None = None) -> alt.Chart:
     """Lines with a shaded band, colour-blind-safe colours; ``main`` (the main result's series) gets the
-    strongest colour and a thicker line.  The legend sits below the chart, its labels never cut."""
+    strongest colour and a thicker line.  The legend sits below the chart, its labels never cut.  ``xsort``:
+    the x categories' order (default: sorted); ``xtitle``: the x axis title (default: ``x``)."""
     series = list(dict.fromkeys(df[color]))
     if main in series:
         series = [main] + [s_ for s_ in series if s_ != main]
     palette = list(PALETTE) if main in series else list(PALETTE[1:]) + [PALETTE[0]]
     scale = alt.Scale(domain=series, range=palette[:len(series)])
-    base = alt.Chart(df).encode(x=alt.X(f"{x}:O", title=x),
+    base = alt.Chart(df).encode(x=alt.X(f"{x}:O", title=xtitle or x, sort=xsort or "ascending"),
                                 color=alt.Color(f"{color}:N", scale=scale, legend=LINE_LEGEND))
     band = base.mark_area(opacity=0.15).encode(y=alt.Y(f"{lo}:Q", title=ytitle), y2=f"{hi}:Q")
     width = alt.condition(alt.datum[color] == main, alt.value(4), alt.value(2)) if main else alt.value(2)

@@ -104,10 +104,10 @@ def faithfulness_chart(fdf: pd.DataFrame, metric_title: str) -> alt.Chart:
     long = fdf.assign(series=fdf.ranking.map(FAITH_SERIES).fillna(fdf.ranking),
                       kept=[f"{100 * s:g} %" for s in fdf["size"]])
     chart = lines_with_band(long, "kept", "f", "low", "high", "series", f"faithfulness f ({metric_title})",
-                            main=FAITH_SERIES["exact"], yfmt=".2f")
-    order = list(dict.fromkeys(long.kept))
+                            main=FAITH_SERIES["exact"], yfmt=".2f", xsort=list(dict.fromkeys(long.kept)),
+                            xtitle="components kept (share of heads and MLPs)")
     one = alt.Chart(pd.DataFrame({"f": [1.0]})).mark_rule(strokeDash=[4, 4], color="#888").encode(y="f:Q")
-    return (chart + one).encode(x=alt.X("kept:O", sort=order, title="components kept (share of heads and MLPs)"))
+    return chart + one
 
 
 def stability_chart(sdf: pd.DataFrame, k: int) -> alt.Chart:
