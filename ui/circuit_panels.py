@@ -20,7 +20,7 @@ from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
 from engine.techniques.position_patching import cached_layer_position_patching
 from engine.techniques.stability import ALL, head_stability, summaries
 from ui.nav import link_to, page_link, page_of
-from ui.progress import USER_ERRORS, run_with_progress
+from ui.progress import USER_ERRORS, cached_or_button, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap
 from views.circuit_charts import carries_chart, exact_vs_estimate, lens_lines, position_heatmap, stability_chart
 
@@ -80,23 +80,13 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
 def carries_view(model, spec, cache, k: int) -> None:
     """What each key head carries: the top-k heads path-patched under each counterfactual kind (on demand: each
     kind is one path patching of its own set, cached)."""
-    from engine.results import NotCached, cache_only
-    try:
-        with cache_only():
-            rows, metric = what_heads_carry(model, spec, k=k, cache=cache)
-    except NotCached:
-        if not st.button(f"Compute (path patching of the set under {len(CF_KINDS) - 1} more counterfactual kinds)",
-                         key="carries_go"):
-            return
-        out = run_with_progress("Path patching per counterfactual kind", "compare the counterfactual kinds",
-                                lambda cb: what_heads_carry(model, spec, k=k, cache=cache, progress=cb),
-                                key="carries", on_demand=True)
-        if out is None:
-            return
-        rows, metric = out
-    except USER_ERRORS as e:
-        st.error(f"Cannot compare the counterfactual kinds: {e}.")
+    out = cached_or_button(lambda cb: what_heads_carry(model, spec, k=k, cache=cache, progress=cb),
+                           button=f"Compute (path patching of the set under {len(CF_KINDS) - 1} more "
+                                  f"counterfactual kinds)", key="carries_go",
+                           text="Path patching per counterfactual kind", failure="compare the counterfactual kinds")
+    if out is None:
         return
+    rows, metric = out
     cdf = pd.DataFrame([r.__dict__ for r in rows])
     st.altair_chart(carries_chart(cdf, metric), width="stretch")
     pairs_of = {kind: next(r.n for r in rows if r.kind == kind) for kind in CF_KINDS}
@@ -169,7 +159,6 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
     """Which earlier heads feed head (layer, head) through its query (or key / value) at END.
 
     Read from the cache when computed before; otherwise a button starts it, with its cost."""
-    from engine.results import NotCached, cache_only
     if layer == 0:
         st.info(f"Head {layer}.{head} is in layer 0: no earlier head can feed it. Click a head in a later layer.")
         return
@@ -179,22 +168,13 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
                         "other two and every other head stay at the reference run.")
     rec = Receiver(layer, head, inp)
     n_senders = layer * (model.facts.n_heads + 1)
-    try:
-        with cache_only():
-            vals, _ = cached_head_path_patching(model, pairs, rec, cache=cache)
-    except NotCached:
-        if not st.button(f"Compute which heads feed {rec} ({n_senders} senders, about {n_senders} forward passes "
-                         f"of the set)", key=f"h2h_go_{rec}"):
-            return
-        out = run_with_progress(f"Head -> head into {rec}, batch", "run head -> head path patching",
-                                lambda cb: cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb),
-                                on_demand=True)
-        if out is None:
-            return
-        vals, _ = out
-    except USER_ERRORS as e:
-        st.error(f"Cannot read head -> head path patching: {e}")
+    out = cached_or_button(lambda cb: cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb),
+                           button=f"Compute which heads feed {rec} ({n_senders} senders, about {n_senders} forward "
+                                  f"passes of the set)", key=f"h2h_go_{rec}",
+                           text=f"Head -> head into {rec}, batch", failure="run head -> head path patching")
+    if out is None:
         return
+    vals, _ = out
     df = component_frame([(v.component, v.layer, v.head, v.value) for v in vals
                           if v.metric == metric and v.group == "*"], layer, model.facts.n_heads)
     word = {"q": "query", "k": "key", "v": "value"}[inp]

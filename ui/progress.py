@@ -200,3 +200,22 @@ def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], 
     for text_ in notes:  # a fast path that gave way to its textbook loop says so beside the numbers
         st.info(text_, icon=":material/info:")
     return out
+
+
+def cached_or_button(compute: Callable[[ProgressBar | None], T], *, button: str, key: str, text: str,
+                     failure: str) -> T | None:
+    """``compute``'s result read from the cache when it holds it (no forward pass); otherwise a button labelled
+    ``button`` that computes it under a progress bar (:func:`run_with_progress`): None until it is pressed, and
+    after a user error (one ``st.error``, "Cannot {failure}: ...")."""
+    from engine.results import NotCached, cache_only
+    try:
+        with cache_only():
+            return compute(None)
+    except NotCached:
+        pass
+    except USER_ERRORS as e:
+        st.error(f"Cannot {failure}: {e}")
+        return None
+    if not st.button(button, key=key):
+        return None
+    return run_with_progress(text, failure, compute, key=key, on_demand=True)

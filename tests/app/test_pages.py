@@ -184,7 +184,7 @@ def test_patching_page_shows_answer_tokens_and_role_definitions():
 def test_patching_exact_vs_attribution_tab_and_head_to_head_on_demand():
     at = page("4_Path_patching.py").run()
     _ok(at)
-    assert [t.label for t in at.tabs] == ["Heatmap", "Exact vs attribution"]
+    assert [t.label for t in at.tabs] == ["Heatmap", "Exact vs attribution", "Stability", "What each head carries"]
     assert not any("Spearman" in c.value for c in at.caption)  # on demand: nothing computed on the first visit
     go = [b for b in at.button if b.key == "atp_go_True"]
     assert go and "one per sender" in go[0].label
