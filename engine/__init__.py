@@ -12,7 +12,7 @@ them (the tests run it).  The subpackages by concern:
 * ``engine.prompts``     -- the paper's templates, prompt pairs and the answer-token rule, prompt sets
 * ``engine.techniques``  -- one module per technique (path patching, knockout, knockout curve, attention,
   MLP projections, attribution, head/position patching, logit lens, numbers, transfer, faithfulness,
-  stability, carries) + batching
+  stability, carries, circuit) + batching
 * ``engine.results``     -- every technique through the DuckDB result cache
 * ``engine.findings``    -- the paper's argument, one step per finding: summary, verdicts, report
 * ``engine.evaluation``, ``engine.finetune``, ``engine.organism``, ``engine.cli``
@@ -58,6 +58,7 @@ API: dict[str, str] = {
     "mib_submission": "engine.techniques.faithfulness",
     "head_stability": "engine.techniques.stability",
     "what_heads_carry": "engine.techniques.carries",
+    "circuit_diagram": "engine.techniques.circuit",
     # the paper's argument
     "circuit_summary": "engine.findings.summary",
     "paper_findings": "engine.findings.paper",

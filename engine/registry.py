@@ -133,6 +133,14 @@ TECHNIQUES: tuple[Technique, ...] = (
         (opt("--k-max", type=nonneg_int, default=10), opt("--draws", type=positive_int, default=10),
          out("output .csv"))),
     Technique(
+        "circuit", "Circuit diagram",
+        "the circuit as a diagram: operand / operator tokens -> key heads -> MLPs -> the answer -> JSON", "circuit",
+        (out("output .json: nodes (effects) and edges (attention shares, effects)"),
+         opt("--k", type=positive_int, default=5, help="key heads (default 5)"),
+         opt("--mlps", type=nonneg_int, default=3, help="MLPs (default 3)"),
+         opt("--senders", action="store_true",
+             help="also the head -> head edges between key heads (one path patching per key head as receiver)"))),
+    Technique(
         "carries", "What each key head carries",
         "the key heads' path patching under operator-removed, operand-A and operand-B counterfactuals -> CSV",
         "carries",

@@ -30,6 +30,7 @@ PAGES = (
     PageDef("pages/9_Improve.py", "Improve", ":material/tune:", "Improve"),
     PageDef("pages/10_Numbers.py", "Numbers", ":material/pin:", "Numbers"),
     PageDef("pages/11_Faithfulness.py", "Faithfulness", ":material/verified:", "Faithfulness"),
+    PageDef("pages/12_Circuit.py", "Circuit", ":material/hub:", "Circuit"),
 )
 
 #: registry name (``engine.registry``; ``finetune``: the CLI's fine-tuning) -> URL path of the page that shows it
@@ -38,7 +39,7 @@ PAGE_OF: dict[str, str] = {
     "stability": "Path_patching", "carries": "Path_patching",
     "mlp-projections": "MLP_projections", "logit-lens": "MLP_projections",
     "knockout": "Knockout", "knockout-curve": "Knockout", "transfer": "Transfer",
-    "faithfulness": "Faithfulness",
+    "faithfulness": "Faithfulness", "circuit": "Circuit",
     "position-patching": "Position_patching", "numbers": "Numbers", "finetune": "Improve",
 }
 

@@ -153,6 +153,23 @@ def test_faithfulness_page_on_demand_then_cached():
     assert len(mib) == 2  # addition and subtraction
 
 
+def test_circuit_page_draws_and_a_click_names_the_node():
+    at = page("12_Circuit.py").run()
+    _ok(at)
+    assert _charts(at) == 1
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert {"Diagram (JSON)", "Diagram (SVG)", "Diagram (PNG)"} <= set(labels)
+    from streamlit.elements.vega_charts import VegaLiteState
+    from streamlit.util import AttributeDictionary
+
+    from views.circuit_diagram import DIAGRAM_SELECTION
+    at.session_state["circuit_5_3_False"] = VegaLiteState(
+        {"selection": AttributeDictionary({DIAGRAM_SELECTION: [{"id": "answer"}]})})
+    at.run()
+    _ok(at)
+    assert any("**answer logit** (answer)" in m.value for m in at.markdown)
+
+
 def test_transfer_page():
     at = page("7_Transfer.py").run()
     _ok(at)

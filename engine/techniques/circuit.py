@@ -1,0 +1,147 @@
+"""The circuit as a diagram (the paper's Figure 1): operand and operator tokens -> key heads -> MLPs -> the answer.
+
+Built from results the other techniques cache, so the diagram and the pages show the same numbers:
+
+* **Key heads.**  The top-k heads of path patching (:meth:`~engine.techniques.path_patching.PatchingTable.
+  top_heads`, the heatmap's ranking); each node's ``effect`` is its heatmap cell (the mean over the set in the
+  table's ranking metric).
+* **MLPs.**  The m MLPs with the most negative path-patching value (their heatmap column).
+* **Answer edges.**  Key head -> answer and MLP -> answer, width |effect| (the component's END output patched
+  from X_c, every other head frozen: its effect on the answer logit).
+* **Token edges.**  Operand A / operand B / operator -> key head, width the head's mean END-row attention on
+  tokens of that role (:func:`engine.techniques.attention.cached_role_attention`, Fig. 5), drawn when at least
+  ``MIN_ATTENTION``.
+* **Head -> head edges** (optional, ``senders``).  For each key head as a receiver (its query), the earlier key
+  heads' head -> head path-patching effect (:mod:`engine.techniques.head_patching`), width |effect|, drawn when at
+  least ``MIN_SHARE`` of the strongest such edge.
+
+Layout: x is the layer (tokens at -1, the answer at L), nodes of one layer stacked.  The diagram is plain data
+(:class:`Diagram`: nodes and edges with their numbers) with a JSON form that round-trips; ``views`` draws it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn, Stages
+from engine.prompts.pairs import PromptPair
+
+MIN_ATTENTION = 0.10
+MIN_SHARE = 0.10
+TOKEN_ROLES = ("operand A", "operand B", "operator")
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str          # "A", "B", "op", "h3.1", "m5", "answer"
+    kind: str        # "token" | "head" | "mlp" | "answer"
+    layer: int       # -1 for tokens, L for the answer
+    head: int = -1
+    label: str = ""
+    effect: float = 0.0  # heads / MLPs: the heatmap's value
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    kind: str        # "attention" | "effect" | "head-head"
+    weight: float    # attention share, or the (signed) effect
+
+
+@dataclass
+class Diagram:
+    model: str
+    metric: str
+    n_pairs: int
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "metric": self.metric, "n_pairs": self.n_pairs,
+                "nodes": [asdict(n) for n in self.nodes], "edges": [asdict(e) for e in self.edges]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Diagram":
+        return cls(d["model"], d["metric"], int(d["n_pairs"]), [Node(**n) for n in d["nodes"]],
+                   [Edge(**e) for e in d["edges"]])
+
+    def node(self, node_id: str) -> Node:
+        return next(n for n in self.nodes if n.id == node_id)
+
+
+def head_id(layer: int, head: int) -> str:
+    return f"h{layer}.{head}"
+
+
+def circuit_diagram(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int = 5, mlps: int = 3,
+                    senders: bool = False, cache=None, progress: ProgressFn | None = None) -> Diagram:
+    """The diagram of ``pairs`` (module docstring); missing results are computed (and cached) with progress."""
+    from engine.techniques.attention import cached_role_attention
+    from engine.techniques.head_patching import Receiver, cached_head_path_patching
+    from engine.techniques.path_patching import cached_path_patching
+    f = backend.facts
+    if not 1 <= k <= f.n_layers * f.n_heads:
+        raise ValueError(f"k must be between 1 and the model's {f.n_layers * f.n_heads} heads, got {k}")
+    if not 0 <= mlps <= f.n_layers:
+        raise ValueError(f"mlps must be between 0 and the model's {f.n_layers} layers, got {mlps}")
+    stages = Stages(progress, [3, 1] + ([k] if senders else []))
+    table, _ = cached_path_patching(backend, pairs, cache=cache, progress=stages.stage(0))
+    stages.finish(0)
+    metric = table.ranking_metric()
+    heads = table.top_heads(k, metric)
+    _, mlp_values = table.heatmap(metric)
+    top_mlps = sorted((v, layer) for layer, v in enumerate(mlp_values) if v == v)[:mlps]
+    roles, _ = cached_role_attention(backend, pairs, cache=cache, progress=stages.stage(1))
+    stages.finish(1)
+    att = {(r.layer, r.head, r.role): r.value for r in roles}
+
+    d = Diagram(f.spec, metric, len(pairs))
+    d.nodes += [Node("A", "token", -1, label="operand A"), Node("B", "token", -1, label="operand B"),
+                Node("op", "token", -1, label="operator")]
+    for layer, head, value in heads:
+        d.nodes.append(Node(head_id(layer, head), "head", layer, head, f"{layer}.{head}", float(value)))
+        for tid, role in zip(("A", "B", "op"), TOKEN_ROLES):
+            share = att.get((layer, head, role), 0.0)
+            if share >= MIN_ATTENTION:
+                d.edges.append(Edge(tid, head_id(layer, head), "attention", float(share)))
+        d.edges.append(Edge(head_id(layer, head), "answer", "effect", float(value)))
+    for value, layer in sorted(top_mlps, key=lambda t: t[1]):
+        d.nodes.append(Node(f"m{layer}", "mlp", layer, label=f"MLP {layer}", effect=float(value)))
+        d.edges.append(Edge(f"m{layer}", "answer", "effect", float(value)))
+    d.nodes.append(Node("answer", "answer", f.n_layers, label="answer logit"))
+    if senders:
+        key = {(layer, head) for layer, head, _ in heads}
+        found: list[Edge] = []
+        for layer, head, _ in sorted(heads):
+            if layer == 0 or not any(a < layer for a, _ in key):
+                continue
+            vals, _ = cached_head_path_patching(backend, pairs, Receiver(layer, head, "q"), cache=cache,
+                                                progress=stages.stage(2))
+            found += [Edge(head_id(v.layer, v.head), head_id(layer, head), "head-head", float(v.value))
+                      for v in vals if v.component == "head" and v.metric == metric and v.group == "*"
+                      and (v.layer, v.head) in key
+                      and v.value == v.value]
+        stages.finish(2)
+        strongest = max((abs(e.weight) for e in found), default=0.0)
+        d.edges += [e for e in found if strongest and abs(e.weight) >= MIN_SHARE * strongest]
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine circuit``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """The circuit diagram as JSON (nodes, edges, effects); the Circuit page draws it and exports SVG / PNG."""
+    import json
+    pairs = ctx.pairs
+    with ctx.progress("circuit") as bar:
+        d = circuit_diagram(ctx.model, pairs, k=args.k, mlps=args.mlps, senders=args.senders, cache=ctx.cache,
+                            progress=bar)
+    args.out.write_text(json.dumps(d.to_json(), indent=1))
+    return {"out": str(args.out), "n_pairs": len(pairs), "metric": d.metric, "nodes": len(d.nodes),
+            "edges": len(d.edges), "heads": [n.label for n in d.nodes if n.kind == "head"],
+            "mlps": [n.label for n in d.nodes if n.kind == "mlp"]}

@@ -1,0 +1,59 @@
+"""Circuit: the paper's Figure 1 for this model -- operand and operator tokens -> key heads -> MLPs -> the answer."""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from engine.techniques.circuit import circuit_diagram
+from ui import state
+from ui.nav import link_to
+from ui.progress import run_with_progress
+from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page
+from views.circuit_diagram import DIAGRAM_SELECTION, diagram_chart, diagram_image
+
+model, spec = setup_page(
+    "Circuit",
+    "The circuit as the paper draws it (Figure 1), from the results the other pages compute: the key heads "
+    "(path patching's top k, node effect = their heatmap cell), the operand and operator tokens they attend to "
+    "(edge width = END-row attention share, Fig. 5), the MLPs that most lower the answer logit when patched, and "
+    "each component's effect on the answer (edge width = |effect|). Click a node for its numbers and its page.")
+
+prompt_caption()
+cache = result_cache()
+pairs, _ = analysed_pairs(model, spec, cache)
+L, H = model.facts.n_layers, model.facts.n_heads
+c1, c2, c3 = st.columns(3)
+k = c1.number_input("Key heads", 1, L * H, min(5, L * H), key="circuit_k")
+mlps = c2.number_input("MLPs", 0, L, min(3, L), key="circuit_mlps")
+senders = c3.toggle("Head → head edges", key="circuit_senders",
+                    help="Which key heads feed which (head → head path patching into each key head's query): one "
+                         "path patching per key head, computed once and cached.")
+d = run_with_progress("Building the circuit", "build the circuit diagram",
+                      lambda cb: circuit_diagram(model, pairs, k=int(k), mlps=int(mlps), senders=senders,
+                                                 cache=cache, progress=cb), key="circuit", stop=True)
+event = st.altair_chart(diagram_chart(d), width="stretch", on_select="rerun", key=f"circuit_{k}_{mlps}_{senders}")
+picked = (event.selection.get(DIAGRAM_SELECTION) or [{}])[0].get("id") if event and event.selection else None
+if picked:
+    n = d.node(picked)
+    ins = [e for e in d.edges if e.target == picked]
+    outs = [e for e in d.edges if e.source == picked]
+    st.markdown(f"**{n.label}** ({n.kind}" + (f", layer {n.layer}" if n.kind in ("head", "mlp") else "") + ")"
+                + (f": mean {d.metric} {n.effect:+.4f} over {d.n_pairs} pairs" if n.kind in ("head", "mlp") else ""))
+    st.caption(" · ".join([f"from {e.source}: {e.kind} {e.weight:.3f}" for e in ins]
+                          + [f"to {e.target}: {e.kind} {e.weight:+.4f}" for e in outs]))
+    if n.kind == "head":
+        state.select(n.layer, n.head)
+        link_to("path-patching", f"Head {n.label} on the Path patching page")
+    elif n.kind == "mlp":
+        state.select(n.layer, state.MLP)
+        link_to("mlp-projections", f"MLP {n.layer} on the MLP projections page")
+    elif n.kind == "token":
+        link_to("attention", "Attention by token role (Path patching page)")
+    else:
+        link_to("logit-lens", "How the answer forms layer by layer (MLP projections page)")
+c1, c2, c3 = st.columns(3)
+c1.download_button("Diagram (JSON)", json.dumps(d.to_json(), indent=1).encode(), "circuit.json", "application/json")
+c2.download_button("Diagram (SVG)", diagram_image(d, "svg"), "circuit.svg", "image/svg+xml")
+c3.download_button("Diagram (PNG)", diagram_image(d, "png"), "circuit.png", "image/png")

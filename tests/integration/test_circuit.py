@@ -1,0 +1,61 @@
+"""The circuit diagram (engine.techniques.circuit) on the bundled model: it names the heatmap's top heads and MLPs
+with the heatmap's numbers, its token edges are the heads' attention shares, its JSON round-trips, it draws as SVG
+and PNG; the CLI writes it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.backends import open_model
+from engine.prompts.promptsets import PromptSetSpec
+from engine.techniques.accuracy import kept_pairs
+from engine.techniques.attention import role_attention
+from engine.techniques.circuit import Diagram, circuit_diagram, head_id
+from engine.techniques.path_patching import cached_path_patching
+from tests.integration.test_cli import run_cli
+from views.circuit_diagram import diagram_image
+
+
+@pytest.fixture(scope="module")
+def setup():
+    m = open_model("organism", device="cpu")
+    pairs, _ = kept_pairs(m, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=12, seed=0))
+    return m, pairs
+
+
+def test_diagram_matches_the_heatmap_and_attention(setup):
+    m, pairs = setup
+    d = circuit_diagram(m, pairs, k=4, mlps=2)
+    table, _ = cached_path_patching(m, pairs)
+    metric = table.ranking_metric()
+    heads, mlps = table.heatmap(metric)
+    top = table.top_heads(4, metric)
+    assert [n.label for n in d.nodes if n.kind == "head"] == [f"{a}.{b}" for a, b, _ in top]
+    for layer, head, _ in top:
+        assert d.node(head_id(layer, head)).effect == pytest.approx(heads[layer][head])
+    want_mlps = sorted(range(len(mlps)), key=lambda i: mlps[i])[:2]
+    assert sorted(n.layer for n in d.nodes if n.kind == "mlp") == sorted(want_mlps)
+    att = {(r.layer, r.head, r.role): r.value for r in role_attention(m, pairs)}
+    for e in d.edges:
+        if e.kind == "attention":
+            h = d.node(e.target)
+            role = {"A": "operand A", "B": "operand B", "op": "operator"}[e.source]
+            assert e.weight == pytest.approx(att[(h.layer, h.head, role)], abs=1e-6) and e.weight >= 0.1
+        if e.kind == "effect":
+            assert e.target == "answer" and e.weight == pytest.approx(d.node(e.source).effect)
+    assert Diagram.from_json(json.loads(json.dumps(d.to_json()))) == d
+    assert diagram_image(d, "svg").startswith(b"<svg") and diagram_image(d, "png")[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="between 1 and"):
+        circuit_diagram(m, pairs, k=0)
+
+
+def test_cli_writes_the_json(tmp_path):
+    out = tmp_path / "c.json"
+    r = run_cli("circuit", "--model", "organism", "--op", "add,mul", "--n", "8", "--k", "3", "--mlps", "1",
+                "--out", str(out), cache=tmp_path / "c.duckdb")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    d = Diagram.from_json(json.loads(out.read_text()))
+    assert len(res["heads"]) == 3 and len(res["mlps"]) == 1 and len(d.nodes) == 3 + 3 + 1 + 1
