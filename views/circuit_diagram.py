@@ -12,15 +12,17 @@ DIAGRAM_SELECTION = "diagram_node"
 
 
 def layout(diagram) -> pd.DataFrame:
-    """One row per node: id, kind, label, layer, effect and its (x, y) position."""
-    rows = []
-    by_layer: dict[int, list] = {}
-    for n in diagram.nodes:
-        by_layer.setdefault(n.layer, []).append(n)
-    for layer, nodes in by_layer.items():
-        for i, n in enumerate(nodes):
-            rows.append({"id": n.id, "kind": n.kind, "label": n.label, "layer": n.layer, "effect": n.effect,
-                         "x": float(layer), "y": i - (len(nodes) - 1) / 2})
+    """One row per node: id, kind, label, layer, effect and its (x, y) position.  x is the layer; the heads and
+    MLPs, in layer order, take alternating rows above and below the middle (so edges between layers do not run
+    along one line), the tokens spread over the same height on the left, the answer in the middle on the right."""
+    middle = sorted((n for n in diagram.nodes if n.kind in ("head", "mlp")), key=lambda n: (n.layer, n.kind, n.head))
+    y = {n.id: (1 if i % 2 else -1) * ((i + 1) // 2) for i, n in enumerate(middle)}
+    lo, hi = min(y.values(), default=-1), max(y.values(), default=1)
+    tokens = [n for n in diagram.nodes if n.kind == "token"]
+    for i, n in enumerate(tokens):
+        y[n.id] = hi - i * (hi - lo) / max(len(tokens) - 1, 1) if hi > lo else i - (len(tokens) - 1) / 2
+    rows = [{"id": n.id, "kind": n.kind, "label": n.label, "layer": n.layer, "effect": n.effect,
+             "x": float(n.layer), "y": float(y.get(n.id, 0.0))} for n in diagram.nodes]
     return pd.DataFrame(rows)
 
 
