@@ -15,7 +15,8 @@ from ui.nav import PAGES, ROUTED
 
 st.set_page_config(page_title="Arithmetic-circuits lab", page_icon="🧮", layout="wide")
 nav = st.navigation([st.Page(p.script, title=p.title, icon=p.icon, url_path=p.url_path or None,
-                             default=not p.url_path) for p in PAGES])
+                             default=not p.url_path) for p in PAGES],
+                    expanded=True)  # every page in the menu (past ten, Streamlit hides the rest behind "View more")
 st.session_state[ROUTED] = True  # pages: page config done, st.page_link available
 try:
     url_state.sync()  # a session's first run: the link -> the app state; then the app state -> the URL
