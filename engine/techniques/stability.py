@@ -58,7 +58,9 @@ def top_frequency(v: np.ndarray, k: int, *, resamples: int = RESAMPLES, seed: in
     include each column."""
     P, N = v.shape
     rng = np.random.default_rng(seed)
-    counts = np.stack([np.bincount(rng.integers(0, P, P), minlength=P) for _ in range(resamples)])  # [B, P]
+    idx = rng.integers(0, P, (resamples, P))                                   # [B, P] one resample per row
+    counts = np.bincount((idx + P * np.arange(resamples)[:, None]).ravel(),
+                         minlength=resamples * P).reshape(resamples, P)          # [B, P] times each pair is drawn
     ok = ~np.isnan(v)
     sums = counts @ np.where(ok, v, 0.0)                         # [B, N]
     n = counts @ ok.astype(np.float64)                            # [B, N]
