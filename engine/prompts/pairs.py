@@ -33,8 +33,12 @@ from engine.prompts.templates import (
     CF_SYMBOLS,
     CF_WORDS,
     OPS,
+    PAIRED_OP,
     PAPER_FAMILIES,
     PAPER_OPS,
+    SWAPPED_OPERATOR,
+    SWAPPED_OPERATOR_WORDS,
+    TEMPLATES_BY_ID,
     Template,
     fill_slots,
     swap_words,
@@ -194,12 +198,14 @@ def make_problem(template: Template, a: int, b: int, rng: random.Random, decimal
 
 
 def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandRange | None = None,
-                    families: Sequence[str] | None = PAPER_FAMILIES) -> list[Problem]:
+                    families: Sequence[str] | None = PAPER_FAMILIES,
+                    templates: Sequence[Template] = ()) -> list[Problem]:
     """Up to ``n`` distinct problems per operation, seeded.
 
     Per operation, every (template, A, B) combination is enumerated, shuffled with ``seed`` and
     the first ``n`` taken (fewer when fewer exist, e.g. exact divisions of 1..9).  ``families``
-    None means every family of the operation (paper, Figure 10, extended, skills).
+    None means every family of the operation (paper, Figure 10, extended, skills); ``templates``
+    (written by a user, :mod:`engine.prompts.custom`) replace the families when given.
     """
     if n <= 0:
         raise PromptError(f"n must be a positive number of prompts, got {n}")
@@ -207,8 +213,11 @@ def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandR
     rng = random.Random(seed)
     out: list[Problem] = []
     for op in ops:
-        tpls = templates_for([op], list(families) if families is not None else None)
-        if not tpls and op not in PAPER_OPS:
+        if templates:
+            tpls = [t for t in templates if t.op == op]
+        else:
+            tpls = templates_for([op], list(families) if families is not None else None)
+        if not tpls and op not in PAPER_OPS and not templates:
             # exponentiation has only its own family (pow + paper): use it
             tpls = templates_for([op], None)
         if not tpls:  # e.g. sub + the word problems, which are additions only
@@ -364,8 +373,11 @@ COUNTERFACTUALS: dict[str, str] = {
     "operator-removed": "the operator replaced by a neutral word or symbol (the paper's X_c)",
     "operand-a": "operand A replaced by another operand of the range (the operator kept; the answer changes)",
     "operand-b": "operand B replaced by another operand of the range (the operator kept; the answer changes)",
+    "operator-swapped": "the operator replaced by the paired operation's (+ and -, * and /: the parallel template's "
+                        "word; the answer changes)",
 }
 OPERATOR_REMOVED = "operator-removed"
+OPERATOR_SWAPPED = "operator-swapped"
 
 
 def check_counterfactual(kind: str) -> str:
@@ -374,10 +386,43 @@ def check_counterfactual(kind: str) -> str:
     return kind
 
 
+def _swapped_operator(problem: Problem) -> str:
+    """The paired operation's operator for ``problem``'s template (:data:`SWAPPED_OPERATOR`; a template written by a
+    user: :data:`SWAPPED_OPERATOR_WORDS`); PromptError saying why there is none."""
+    t = problem.template
+    if t.op not in PAIRED_OP:
+        raise PromptError(f"no swapped operator for {t.op}: only add <-> sub and mul <-> div have a paired operation")
+    if not t.operator:
+        raise PromptError(f"no swapped operator for template {t.id}: it has no operator slot")
+    builtin = TEMPLATES_BY_ID.get(t.id) == t
+    swap = SWAPPED_OPERATOR.get(t.id) if builtin else SWAPPED_OPERATOR_WORDS.get((t.op, t.operator))
+    if swap is None:
+        word = dict(problem.slots).get(t.operator.strip("{}"), t.operator)  # a pooled verb slot: its word
+        raise PromptError(f"no swapped operator for {word!r}" + (
+            f" (template {t.id} has no parallel {PAIRED_OP[t.op]} template)" if builtin else ""))
+    return swap
+
+
+def _swapped_texts(problem: Problem) -> list[tuple[str, int | float]]:
+    """The operator-swapped X_c: the same template, operands and slot words with the paired operation's operator;
+    its answer that operation's (an inexact division: X_r's answer, for tokenization only)."""
+    t, d = problem.template, problem.decimals
+    text = t.render(*problem.operands, filler=_swapped_operator(problem), slots=dict(problem.slots))
+    try:
+        answer = answer_value(PAIRED_OP[t.op], problem.a, problem.b, d)
+    except PromptError:  # A / B not an exact division: no integer answer, and not X_r's either (B != 1)
+        return [(text, problem.answer)]
+    if answer == problem.answer:
+        raise PromptError(f"the swapped operation gives the same answer ({answer}): X_c would not change it")
+    return [(text, answer)]
+
+
 def _counterfactual_texts(problem: Problem, kind: str, r: OperandRange | None) -> list[tuple[str, int | float]]:
     """X_c candidates of ``problem`` in the order to try: (text, its answer)."""
     if kind == OPERATOR_REMOVED:
         return [(problem.cf_text(f), problem.answer) for f in problem.fillers]
+    if kind == OPERATOR_SWAPPED:
+        return _swapped_texts(problem)
     r = r or OperandRange()
     t, d = problem.template, problem.decimals
     which = 0 if kind == "operand-a" else 1
@@ -392,7 +437,8 @@ def _counterfactual_texts(problem: Problem, kind: str, r: OperandRange | None) -
 def build_pair(tokenizer: TokenizerLike, problem: Problem, counterfactual: str = OPERATOR_REMOVED,
                operands: OperandRange | None = None) -> PromptPair:
     """Tokenize one problem with an X_c of the ``counterfactual`` kind (:data:`COUNTERFACTUALS`; operand kinds
-    draw the other operand from ``operands``); raises PromptError when no X_c of equal length exists."""
+    draw the other operand from ``operands``); raises PromptError when no X_c of equal length exists, or (operator
+    swapped) the template's operator has no swap or the swap leaves the answer unchanged."""
     sep = problem.template.answer_sep
     ref = answer_tokens(tokenizer, problem.ref_text, problem.answer, sep)
     for cf_text, cf_answer in _counterfactual_texts(problem, check_counterfactual(counterfactual), operands):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
@@ -339,6 +340,38 @@ TEMPLATES_BY_ID: dict[str, Template] = {t.id: t for t in TEMPLATES}
 
 #: Every word or symbol that names an operation; a counterfactual prompt contains none of them.
 OPERATOR_TERMS: frozenset[str] = frozenset(w for t in TEMPLATES for w in t.operator_words())
+
+#: The paired operation of the ``operator-swapped`` counterfactual (pow has none).
+PAIRED_OP: dict[str, str] = {"add": "sub", "sub": "add", "mul": "div", "div": "mul"}
+
+
+def _parallel_operators() -> dict[str, str]:
+    """Template id -> the operator of the same row of the same family for the paired operation.  Parallel rows:
+    those of the paper and extended families that all four operations have (Figure 8's eight; the extended
+    equations and phrasings, not its addition/subtraction word problems), each with a literal operator."""
+    out: dict[str, str] = {}
+    for t in TEMPLATES:
+        if t.family not in PAPER_FAMILIES + EXTENDED_FAMILIES or t.op not in PAIRED_OP:
+            continue
+        row = {op: TEMPLATES_BY_ID.get(op + t.id[len(t.op):]) for op in PAIRED_OP}  # ".paper.2" of every op
+        if all(r is not None and r.operator_words() == (r.operator,) for r in row.values()):
+            out[t.id] = row[PAIRED_OP[t.op]].operator
+    return out
+
+
+def _most_parallel_swaps(swaps: dict[str, str]) -> dict[tuple[str, str], str]:
+    words: dict[tuple[str, str], list[str]] = {}
+    for tid, word in swaps.items():
+        words.setdefault((TEMPLATES_BY_ID[tid].op, TEMPLATES_BY_ID[tid].operator), []).append(word)
+    return {key: Counter(ws).most_common(1)[0][0] for key, ws in words.items()}
+
+
+#: Template id -> the paired operation's operator in the parallel template (``add.paper.2`` "addition" ->
+#: ``sub.paper.2``'s "difference"; ``mul.extended.5`` "multiply" -> "divide"), derived from TEMPLATES by position.
+SWAPPED_OPERATOR: dict[str, str] = _parallel_operators()
+#: (op, operator word or sign) -> its swap, for templates written by users: the swap most parallel rows give
+#: (ties: the first, Figure 8's), e.g. ("sub", "difference") -> "sum", ("mul", "times") -> "over".
+SWAPPED_OPERATOR_WORDS: dict[tuple[str, str], str] = _most_parallel_swaps(SWAPPED_OPERATOR)
 
 
 def templates_for(ops: tuple[str, ...] | list[str], families: tuple[str, ...] | list[str] | None = None

@@ -9,7 +9,8 @@ Here:
    heatmap ranks them (:meth:`~engine.techniques.path_patching.PatchingTable.top_heads`).
 2. **Kinds.**  The same prompt set rebuilt with each counterfactual kind of :data:`engine.prompts.pairs.
    COUNTERFACTUALS` -- ``operand-a``: A replaced by another operand of the range (same length in tokens, the
-   operator kept, the answer changed), ``operand-b`` likewise -- filtered to the prompts the model answers right,
+   operator kept, the answer changed), ``operand-b`` likewise, ``operator-swapped`` (the paired operation's
+   operator: + and -, * and /) -- filtered to the prompts the model answers right,
    and path-patched (each head's END output from that X_c, every other head frozen at X_r; cached per kind).
 3. **Effect.**  Each key head's mean path-patching value under each kind, in the metric the key heads were ranked
    by, with its 95 % bootstrap interval over that kind's pairs (:func:`engine.techniques.intervals.mean_intervals`).

@@ -9,6 +9,8 @@ write at END depends on the operation)."""
 
 from __future__ import annotations
 
+import re
+
 import csv
 import json
 from dataclasses import replace
@@ -39,6 +41,10 @@ def test_each_kind_changes_only_its_part(organism):
             diff = [i for i, (x, y) in enumerate(zip(p.ref_ids, p.cf_ids)) if x != y]
             if kind == "operator-removed":
                 assert str(p.a) in p.cf_text and str(p.b) in p.cf_text
+            elif kind == "operator-swapped":  # the operator's tokens changed, the operands kept
+                assert re.findall(r"\d+", p.cf_text) == re.findall(r"\d+", p.ref_text), (p.ref_text, p.cf_text)
+                changed = organism.tokenizer.decode([p.ref_ids[i] for i in diff])
+                assert diff and not any(c.isdigit() for c in changed), (p.ref_text, p.cf_text, changed)
             else:  # one operand token changed, the operator kept
                 assert len(diff) == 1, (p.ref_text, p.cf_text)
                 tok = organism.tokenizer.decode([p.ref_ids[diff[0]]]).strip()
