@@ -142,7 +142,8 @@ TECHNIQUES: tuple[Technique, ...] = (
              help="also the head -> head edges between key heads (one path patching per key head as receiver)"))),
     Technique(
         "carries", "What each key head carries",
-        "the key heads' path patching under every counterfactual kind (operator removed or swapped, operand A or B) -> CSV",
+        "the key heads' path patching under each counterfactual kind (operator removed or swapped, operand A or B)"
+        " -> CSV",
         "carries",
         (out("output .csv, one row per key head and counterfactual kind"),
          opt("--k", type=positive_int, default=5, help="how many key heads (default 5)")),

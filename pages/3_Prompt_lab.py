@@ -8,7 +8,7 @@ import streamlit as st
 
 from engine.prompts.pairs import PromptError
 from engine.techniques.promptlab import analyse_prompt
-from ui.session import prompt_input, setup_page
+from ui.session import prompt_input, result_cache, setup_page, use_typed_template
 from views.charts import display_token, fmt_prob, ranked_bars
 
 model, _ = setup_page(
@@ -54,5 +54,10 @@ with c2:
         st.markdown(f"Rank of the answer token: **{rep.answer_rank}**" + (" — the model gets it right"
                     if rep.answer_rank == 1 else " — the model gets it wrong"))
         st.markdown(f"Counterfactual: `{p.cf_text}`")
+        if st.button("Analyse its template on every page", key="lab_template",
+                     help="Its operands become {A} and {B} and its operator is marked: every operand pair of the "
+                          "sidebar's range fills it, and every page runs on the prompts the model answers right."):
+            use_typed_template(text, result_cache())
+            st.rerun()
         if rep.p_answer_cf is not None:
             st.metric("P(answer) on the counterfactual", fmt_prob(rep.p_answer_cf))

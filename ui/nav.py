@@ -31,6 +31,7 @@ PAGES = (
     PageDef("pages/10_Numbers.py", "Numbers", ":material/pin:", "Numbers"),
     PageDef("pages/11_Faithfulness.py", "Faithfulness", ":material/verified:", "Faithfulness"),
     PageDef("pages/12_Circuit.py", "Circuit", ":material/hub:", "Circuit"),
+    PageDef("pages/13_Templates.py", "Your templates", ":material/edit_note:", "Templates"),
 )
 
 #: registry name (``engine.registry``; ``finetune``: the CLI's fine-tuning) -> URL path of the page that shows it

@@ -17,7 +17,15 @@ from engine.paths import REPO_ROOT
 from ui import state, url_state
 from ui.nav import ROUTED, page_link
 from ui.progress import run_with_progress
-from ui.state import BACKEND_CHOICES, DEVICES, FAMILY_CHOICES, MULTI_GPU, ModelChoice, default_prompt_set
+from ui.state import (
+    BACKEND_CHOICES,
+    DEVICES,
+    FAMILY_CHOICES,
+    MULTI_GPU,
+    ModelChoice,
+    default_prompt_set,
+    template_label,
+)
 
 if TYPE_CHECKING:
     from engine.prompts.promptsets import PromptSetSpec
@@ -169,18 +177,34 @@ def result_cache() -> ResultCache | None:
 DEFAULT_PROMPT = state.DEFAULT_PROMPT
 
 
+def _saved_templates() -> list[str]:
+    """The written templates kept in the cache (``op:text``), newest first; none when the cache cannot be read."""
+    from engine.prompts.custom import saved_templates
+    try:
+        return [w.as_param() for w in saved_templates(ResultCache())]
+    except CacheError:
+        return []
+
+
 def prompt_set_choice() -> "PromptSetSpec":
     """Sidebar: which prompt set the analysis pages use (kept in session state)."""
     from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED
     from engine.prompts.promptsets import PromptSetSpec, parse_families
     from engine.prompts.templates import OPS
     cur = st.session_state.get("prompt_set") or default_prompt_set()
+    written = list(dict.fromkeys(([cur["template"]] if cur.get("template") else []) + _saved_templates()))
+    choices = {**{label: None for label in FAMILY_CHOICES}, **{template_label(t): t for t in written}}
+    # the two boxes show the set on every run but the form's submit (not default=/index=): a set changed on a page
+    # (a written template) or read from a link must show in them, on this page and after a page change
+    if not st.session_state.get("ps_submit"):
+        st.session_state["ps_families"] = cur["families"] if cur["families"] in choices else next(iter(choices))
+        st.session_state["ps_ops"] = list(cur["ops"])
     with st.sidebar:
         st.subheader("Prompt set")
         with st.form("prompt_set_form", border=False):
-            ops = st.multiselect("Operations", OPS, default=cur["ops"], key="ps_ops")
-            fam = st.selectbox("Templates", list(FAMILY_CHOICES), index=list(FAMILY_CHOICES).index(cur["families"]),
-                               key="ps_families")
+            ops = st.multiselect("Operations", OPS, key="ps_ops", help="A template you wrote brings its own operation.")
+            fam = st.selectbox("Templates", list(choices), key="ps_families",
+                               help="The paper's families, or a template you wrote (page 'Your templates').")
             c1, c2 = st.columns(2)
             n = c1.number_input("Prompts per op", 1, 1000, cur["n"], key="ps_n")
             seed = c2.number_input("Seed", 0, 10**9, cur["seed"], key="ps_seed")
@@ -192,15 +216,29 @@ def prompt_set_choice() -> "PromptSetSpec":
                               key="ps_counterfactual", format_func=lambda k: k.replace("-", " "),
                               help="What the counterfactual prompt changes: " + "; ".join(
                                   f"{k.replace('-', ' ')}: {v}" for k, v in COUNTERFACTUALS.items()) + ".")
-            if st.form_submit_button("Use this set", width="stretch"):
+            if st.form_submit_button("Use this set", width="stretch", key="ps_submit"):
                 cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed), "balance": bool(balance),
                        "counterfactual": cf}
+                if choices.get(fam):
+                    cur.update(template=choices[fam], ops=[choices[fam].split(":", 1)[0]])
                 st.session_state["prompt_set"] = cur
     if not cur["ops"]:
         raise ValueError("pick at least one operation in the sidebar")
-    return PromptSetSpec(ops=tuple(cur["ops"]), n=cur["n"], seed=cur["seed"],
-                         families=parse_families(FAMILY_CHOICES[cur["families"]]), balance=cur.get("balance", True),
-                         counterfactual=cur.get("counterfactual", OPERATOR_REMOVED))
+    template = cur.get("template")
+    families = parse_families(FAMILY_CHOICES.get(cur["families"], "paper"))
+    return PromptSetSpec(ops=tuple(cur["ops"]), n=cur["n"], seed=cur["seed"], families=families,
+                         balance=cur.get("balance", True), counterfactual=cur.get("counterfactual", OPERATOR_REMOVED),
+                         templates=(template,) if template else ())
+
+
+def use_typed_template(text: str, cache: ResultCache | None) -> None:
+    """The typed prompt's template (its operands as {A}/{B}, its operator marked) as every page's prompt set, saved
+    in the cache beside the other written templates (page 'Your templates')."""
+    from engine.prompts.custom import save_template, template_from_typed
+    written = template_from_typed(text)
+    if cache is not None:
+        save_template(cache, written)
+    state.use_template(written.as_param())
 
 
 def current_prompt() -> str:
@@ -305,6 +343,8 @@ def analysed_pairs(model: ModelBackend, spec: "PromptSetSpec", cache):
     pairs, n_generated = run_with_progress("Checking which prompts the model answers right", "build the prompt set",
                                            lambda cb: kept_pairs(model, spec, cache=cache, progress=cb), stop=True)
     if not pairs:
-        st.error("The model answers none of these prompts right: pick other operations or another model.")
+        from engine.prompts.custom import none_right_message
+        msg = none_right_message(n_generated, custom=bool(spec.templates))
+        st.error(msg[0].upper() + msg[1:].replace("your template", "your template (page 'Your templates')") + ".")
         st.stop()
     return pairs, n_generated

@@ -7,7 +7,7 @@ seeded from the app entry when it (re)appears, and its ``on_change`` writes back
 
 * ``prompt``          -- the typed prompt every page analyses (widget ``typed_prompt``, Prompt lab);
 * ``prompt_set``      -- the sidebar's prompt set (``ui.session.prompt_set_choice``; a dict, see
-  :func:`default_prompt_set`);
+  :func:`default_prompt_set`; ``template``: a template the user wrote, ``op:text``, see :func:`use_template`);
 * ``model_choice``    -- the sidebar's model (``ui.session.model_choice``; a :class:`ModelChoice`);
 * ``selected_head``   -- the selected component, ``(layer, head)``; ``head == -1`` is the layer's MLP;
 * ``ko_heads`` / ``ko_mlps`` -- the knockout set (widgets ``knockout_heads`` / ``knockout_mlps``).
@@ -60,6 +60,23 @@ class ModelChoice:
     dtype: str = "float32"
     backend: str = "bridge"
     remote: bool = False  # nnsight only: run on NDIF with $NDIF_API_KEY
+
+
+#: The sidebar's label of a template written by the user (``prompt_set["template"]``, ``op:text``).
+CUSTOM_PREFIX = "yours: "
+
+
+def template_label(param: str) -> str:
+    """``add:{A} [plus] {B} is`` -> ``yours: {A} [plus] {B} is (add)``."""
+    op, _, text = param.partition(":")
+    return f"{CUSTOM_PREFIX}{text} ({op})"
+
+
+def use_template(param: str) -> None:
+    """Make the written template ``param`` (``op:text``, checked) the prompt set of every page (from a callback)."""
+    cur = dict(st.session_state.get("prompt_set") or default_prompt_set())
+    cur.update(template=param, families=template_label(param), ops=[param.split(":", 1)[0]])
+    st.session_state["prompt_set"] = cur  # the sidebar's boxes show it from the next run on
 
 
 def default_prompt_set() -> dict:

@@ -14,7 +14,7 @@ layers and heads (:func:`check_picks`), and the notes are shown on the page the 
 Keys (all optional; absent = the default)::
 
     model=PATH-OR-ID  device=cpu|cuda|all GPUs  dtype=bfloat16|float16  backend=nnsight
-    ops=add,mul  families=word|all|notation  n=40  seed=0  balance=0  cf=operand-a|operand-b
+    ops=add,mul  families=word|all|notation  tpl=OP:TEMPLATE  n=40  seed=0  balance=0  cf=operand-a|operand-b
     prompt=TEXT  head=LAYER.HEAD | head=LAYER.mlp  ko=LAYER.HEAD,...  ko_mlp=LAYER,...
 
 A link never turns on remote (NDIF) execution: that spends the server's API key and stays a sidebar choice.
@@ -29,15 +29,16 @@ from typing import Any, Callable, NoReturn
 import streamlit as st
 
 from engine.models import DTYPE_NAMES
-from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED
+from engine.prompts.custom import parse_param
+from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED, PromptError
 from engine.prompts.templates import OPS as OP_NAMES
 from ui import state
 from ui.state import BACKEND_CHOICES, DEVICES, FAMILY_CHOICES, ModelChoice, default_prompt_set
 
 MODEL, DEVICE, DTYPE, BACKEND = "model", "device", "dtype", "backend"
-OPS, FAMILIES, N, SEED, BALANCE, CF = "ops", "families", "n", "seed", "balance", "cf"
+OPS, FAMILIES, N, SEED, BALANCE, CF, TPL = "ops", "families", "n", "seed", "balance", "cf", "tpl"
 PROMPT, HEAD, KO, KO_MLP = "prompt", "head", "ko", "ko_mlp"
-KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, N, SEED, BALANCE, CF, PROMPT, HEAD, KO, KO_MLP)
+KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, CF, PROMPT, HEAD, KO, KO_MLP)
 MODEL_KEYS = (MODEL, DEVICE, DTYPE, BACKEND)
 
 READ = "_url_read"              # set once the session's first run has read the link
@@ -74,7 +75,10 @@ def url_params() -> dict[str, str]:
     if list(cur.get("ops", [])) != list(dflt["ops"]):
         out[OPS] = ",".join(cur.get("ops", []))
     fam = FAMILY_CHOICES.get(cur.get("families"), "paper")
-    if fam != FAMILY_CHOICES[dflt["families"]]:
+    if cur.get("template"):  # a written template replaces the families (and brings its operation)
+        out[TPL] = cur["template"]
+        out.pop(OPS, None)
+    elif fam != FAMILY_CHOICES[dflt["families"]]:
         out[FAMILIES] = fam
     for key in (N, SEED):
         if key in cur and int(cur[key]) != int(dflt[key]):
@@ -165,7 +169,7 @@ def from_url() -> None:
         st.session_state[MODEL_PENDING] = {k: given[k] for k in MODEL_KEYS if k in given}
 
     # the prompt set: only the fields the link names; the others keep their value
-    if any(k in given for k in (OPS, FAMILIES, N, SEED, BALANCE, CF)):
+    if any(k in given for k in (OPS, FAMILIES, TPL, N, SEED, BALANCE, CF)):
         cur = dict(st.session_state.get("prompt_set") or default_prompt_set())
         if OPS in given:
             ops = [o.strip() for o in given[OPS].split(",") if o.strip()]
@@ -183,6 +187,13 @@ def from_url() -> None:
             else:
                 ignored(FAMILIES, given[FAMILIES], f"choose from {', '.join(labels)}",
                                    f"`{FAMILY_CHOICES.get(cur['families'], 'paper')}`")
+        if TPL in given:
+            try:
+                param = parse_param(given[TPL]).as_param()
+                cur.update(template=param, families=state.template_label(param), ops=[param.split(":", 1)[0]])
+            except PromptError as e:
+                ignored(TPL, given[TPL], str(e), f"`{FAMILY_CHOICES.get(cur['families'], 'paper')}`",
+                        "Write the template on the page 'Your templates': the address bar then holds a working link.")
         for key, lo, hi in ((N, 1, 1000), (SEED, 0, 10**9)):
             if key in given:
                 value = _int(key, given[key], lo, hi, cur[key])

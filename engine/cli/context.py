@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 from engine.backends.base import BACKENDS
 from engine.models import DTYPE_NAMES
 from engine.prompts.pairs import COUNTERFACTUALS
+from engine.prompts.templates import OPS
 from engine.registry import positive_int
 
 
@@ -55,7 +56,13 @@ def model_args(p: argparse.ArgumentParser) -> None:
 def set_args(p: argparse.ArgumentParser, families_default: str = "paper", with_file: bool = True) -> None:
     if with_file:
         p.add_argument("--prompts", type=Path, help="JSONL written by `prompts` (ids used as given)")
+        p.add_argument("--pairs", type=Path, metavar="FILE",
+                       help="JSONL of pairs you wrote, one per line: {\"prompt\": ..., \"counterfactual\": ..., "
+                            "\"answer\": ...} (+ \"op\" when the prompt does not name it); kept where answered right")
     p.add_argument("--op", default="all", help="add, sub, mul, div, pow, a comma list, or all (+ - * /)")
+    p.add_argument("--template", action="append", metavar="TEXT",
+                   help="a template of your own instead of --families, the operator marked with [ ]: "
+                        "'{A} apples [and] {B} pears make' (its operation: --op, one) or 'add:{A} ...'; repeatable")
     p.add_argument("--n", type=positive_int, default=100, help="prompts per operation (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--families", default=families_default,
@@ -68,7 +75,8 @@ def set_args(p: argparse.ArgumentParser, families_default: str = "paper", with_f
     p.add_argument("--counterfactual", default="operator-removed",
                    choices=tuple(COUNTERFACTUALS),
                    help="what X_c changes: the operator removed (the paper's, default), operand A or operand B "
-                        "replaced by another operand of the range (docs/methods.md: counterfactual kinds)")
+                        "replaced by another operand of the range, or the operator swapped for the paired "
+                        "operation's (+ and -, * and /) (docs/methods.md: counterfactual kinds)")
     p.add_argument("--no-balance", action="store_true",
                    help="keep the first n sampled prompts per op instead of balancing their first answer tokens "
                         "(docs/methods.md: balance rule)")
@@ -142,17 +150,45 @@ class Context:
         from engine.prompts.promptsets import PromptSetSpec, parse_families, parse_operands, parse_ops
         a = self.args
         lo, hi = parse_operands(a.operands)
-        return PromptSetSpec(ops=parse_ops(a.op), n=a.n, seed=a.seed,
+        ops, templates = parse_ops(a.op), self.templates()
+        if templates:
+            ops = tuple(dict.fromkeys(t.split(":", 1)[0] for t in templates))
+        return PromptSetSpec(ops=ops, n=a.n, seed=a.seed,
                              families=parse_families(families or a.families), operand_lo=lo, operand_hi=hi,
                              allow_negative=a.allow_negative, decimals=a.decimals, balance=not a.no_balance,
-                             counterfactual=getattr(a, "counterfactual", "operator-removed"))
+                             counterfactual=getattr(a, "counterfactual", "operator-removed"), templates=templates)
+
+    def templates(self) -> tuple[str, ...]:
+        """``--template`` values as ``op:text`` (checked): an ``op:`` prefix, else the one operation of ``--op``."""
+        from engine.prompts.custom import parse_param, parse_template
+        from engine.prompts.promptsets import parse_ops
+        out = []
+        for text in getattr(self.args, "template", None) or ():
+            head = text.split(":", 1)[0].strip()
+            if ":" in text and head in OPS:
+                out.append(parse_param(text).as_param())
+                continue
+            ops = parse_ops(self.args.op) if self.args.op != "all" else ()
+            if len(ops) != 1:
+                raise CliError("--template: say its operation with one --op (add, sub, mul, div or pow), or write "
+                               "it as 'add:{A} ...'")
+            out.append(parse_template(text, ops[0]).as_param())
+        return tuple(out)
 
     @cached_property
     def pairs(self) -> list:
         """--prompts FILE (as given) or the generated set filtered to correct answers."""
+        from engine.prompts.custom import none_right_message, read_text_pairs
         from engine.prompts.pairs import PromptError, read_jsonl
-        from engine.techniques.accuracy import kept_pairs
+        from engine.techniques.accuracy import answered_right, kept_pairs
         model, a = self.model, self.args
+        if getattr(a, "pairs", None):
+            written = read_text_pairs(model.tokenizer, str(a.pairs))
+            with self.progress("checking answers") as bar:
+                pairs = answered_right(model, written, cache=self.cache, progress=bar)
+            if not pairs:
+                raise PromptError(f"{a.pairs}: " + none_right_message(len(written), custom=True))
+            return pairs
         if getattr(a, "prompts", None):
             pairs = read_jsonl(str(a.prompts))
             if any(max(p.ref_ids + p.cf_ids + [p.answer_id]) >= model.facts.vocab_size for p in pairs):
@@ -160,10 +196,10 @@ class Context:
                                   f"it was written for another model")
             return pairs
         with self.progress("checking answers") as bar:
-            pairs, _ = kept_pairs(model, self.spec(), cache=self.cache, progress=bar)
+            spec = self.spec()
+            pairs, n_generated = kept_pairs(model, spec, cache=self.cache, progress=bar)
         if not pairs:
-            raise PromptError("the model answers none of these prompts right: try another op, "
-                              "more prompts or another model")
+            raise PromptError(none_right_message(n_generated, custom=bool(spec.templates)))
         return pairs
 
     # -- typed prompts --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from engine.prompts.custom import CUSTOM_FAMILY, WrittenTemplate, check_kind, explain_dropped, parse_param
 from engine.prompts.pairs import (
     ANSWER_TOKEN_RULE,
     OPERATOR_REMOVED,
@@ -98,6 +99,8 @@ class PromptSetSpec:
     decimals: int = 0  # decimal places of the operands (Figure 4's rational numbers)
     balance: bool = True  # balanced first answer tokens (module docstring)
     counterfactual: str = "operator-removed"  # what X_c changes (engine.prompts.pairs.COUNTERFACTUALS)
+    #: templates written by a user, ``op:text`` (engine.prompts.custom); they replace ``families`` when given
+    templates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n <= 0:
@@ -106,6 +109,11 @@ class PromptSetSpec:
             raise PromptError(f"n={self.n} is too large: at most 100000 prompts per operation")
         parse_ops(",".join(self.ops))
         check_counterfactual(self.counterfactual)
+        for written in self.written:
+            check_kind(written, self.counterfactual)
+            if written.op not in self.ops:
+                raise PromptError(f"the template '{written.text}' is a {written.op} template: add {written.op} to "
+                                  f"the operations")
         OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent, self.decimals)
 
     def to_params(self) -> dict[str, Any]:
@@ -118,7 +126,17 @@ class PromptSetSpec:
             d.pop("decimals")
         if self.counterfactual == OPERATOR_REMOVED:  # the paper's X_c keeps the keys it had before the kinds
             d.pop("counterfactual")
+        if self.templates:  # written templates replace the families
+            d["templates"] = list(self.templates)
+            d["families"] = [CUSTOM_FAMILY]
+        else:
+            d.pop("templates")
         return d
+
+    @property
+    def written(self) -> tuple[WrittenTemplate, ...]:
+        """The user's templates, checked (PromptError says what to change)."""
+        return tuple(parse_param(t) for t in self.templates)
 
     @property
     def operand_range(self) -> OperandRange:
@@ -147,7 +165,7 @@ def format_spec(spec: PromptSetSpec, fmt: str) -> PromptSetSpec:
     from dataclasses import replace
     ops = tuple(o for o in spec.ops if o in PAPER_OPS) or ("add",)
     if fmt == "word":
-        return replace(spec, ops=("add",), families=WORD_PROBLEM_FAMILIES, seed=spec.seed + 1)
+        return replace(spec, ops=("add",), families=WORD_PROBLEM_FAMILIES, templates=(), seed=spec.seed + 1)
     if fmt == "multi-digit":
         return replace(spec, ops=ops, operand_lo=10, operand_hi=99, decimals=0, seed=spec.seed + 1)
     if fmt == "decimals":
@@ -179,9 +197,12 @@ def balanced(pairs: Sequence[PromptPair], n: int) -> list[PromptPair]:
 def generate_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
     """Tokenized pairs of the spec (balanced when ``spec.balance``), with every dropped candidate."""
     n_sample = spec.n * BALANCE_OVERSAMPLE if spec.balance else spec.n
+    written = spec.written
     problems = sample_problems(spec.ops, n_sample, spec.seed, operands=spec.operand_range,
-                               families=spec.families)
+                               families=spec.families, templates=[w.template for w in written])
     pairs, dropped = build_pairs(tokenizer, problems, spec.counterfactual, spec.operand_range)
+    if not pairs and written:
+        raise PromptError(explain_dropped(written, [r for _, r in dropped], tokenizer))
     if not pairs:
         reason = dropped[0][1] if dropped else "no problems"
         raise PromptError(f"no usable prompt pairs for this tokenizer: {reason}")

@@ -54,11 +54,26 @@ class TypedProblem:
     cf_text: str
 
 
+@dataclass(frozen=True)
+class TypedLocation:
+    """Where a typed prompt's operands and operator are: character spans ``(start, end)`` of ``problem.text``."""
+
+    problem: TypedProblem
+    a_span: tuple[int, int]
+    b_span: tuple[int, int]
+    op_span: tuple[int, int]
+
+
 def parse_typed_prompt(text: str, *, filler_seed: int = 0) -> TypedProblem:
     """Find the operation and operands in free text ("What is 7 times 8?").
 
     Raises PromptError with a message that says why the prompt cannot be used.
     """
+    return locate_typed(text, filler_seed=filler_seed).problem
+
+
+def locate_typed(text: str, *, filler_seed: int = 0) -> TypedLocation:
+    """:func:`parse_typed_prompt` with the spans of the operands and the operator in the text."""
     if text is None or not text.strip():
         raise PromptError("the prompt is empty: type an arithmetic question such as 'What is 7 times 8?'")
     if len(text) > MAX_TYPED_CHARS:
@@ -80,11 +95,12 @@ def parse_typed_prompt(text: str, *, filler_seed: int = 0) -> TypedProblem:
     groups = m.groups()
     if groups[0] is not None and not groups[0].lstrip("-").isdigit():  # operator first: "sum of A and B"
         operator, x, y = groups[0], int(groups[1]), int(groups[2])
-        op_span = m.span(1)
+        op_span, x_span, y_span = m.span(1), m.span(2), m.span(3)
     else:
         x, operator, y = int(groups[0]), groups[1], int(groups[2])
-        op_span = m.span(2)
+        x_span, op_span, y_span = m.span(1), m.span(2), m.span(3)
     a, b = (y, x) if rev else (x, y)
+    a_span, b_span = (y_span, x_span) if rev else (x_span, y_span)
     if op == "div" and (b == 0 or a % b):
         raise PromptError(f"{a} / {b} is not a whole number: the lab studies exact integer answers")
     if op == "pow" and (b < 0 or b > 12):
@@ -93,7 +109,8 @@ def parse_typed_prompt(text: str, *, filler_seed: int = 0) -> TypedProblem:
     pool = list(CF_WORDS if operator[0].isalpha() else CF_SYMBOLS)
     filler = pool[filler_seed % len(pool)]
     cf_text = text[:op_span[0]] + filler + text[op_span[1]:]
-    return TypedProblem(text=text, op=op, a=a, b=b, answer=answer, operator=operator, cf_text=cf_text)
+    problem = TypedProblem(text=text, op=op, a=a, b=b, answer=answer, operator=operator, cf_text=cf_text)
+    return TypedLocation(problem, a_span, b_span, op_span)
 
 
 @dataclass(frozen=True)

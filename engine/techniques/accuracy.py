@@ -155,9 +155,17 @@ def kept_pairs(model, spec, *, cache=None, require_full: bool = False,
     set needs no forward pass at all.
     """
     from engine.prompts.promptsets import generate
-    from engine.results import run_cached
 
     pairs, _ = generate(model.tokenizer, spec)
+    return answered_right(model, pairs, cache=cache, require_full=require_full, progress=progress), len(pairs)
+
+
+def answered_right(model, pairs: Sequence[PromptPair], *, cache=None, require_full: bool = False,
+                   progress: ProgressFn | None = None) -> list[PromptPair]:
+    """The pairs the model answers right (first answer token, or every token with ``require_full``), cached as
+    method ``kept_prompts`` under the pairs' hash: a generated set and a file of written pairs alike."""
+    from engine.results import run_cached
+
     params = {"require_full": require_full, "dtype": model.facts.dtype}
 
     def compute():
@@ -166,4 +174,4 @@ def kept_pairs(model, spec, *, cache=None, require_full: bool = False,
         return [], {"kept": keep}
 
     _, art, _ = run_cached(model, pairs, "kept_prompts", params, compute, cache)
-    return [pairs[i] for i in art["kept"]], len(pairs)
+    return [pairs[i] for i in art["kept"]]

@@ -9,10 +9,9 @@ write at END depends on the operation)."""
 
 from __future__ import annotations
 
-import re
-
 import csv
 import json
+import re
 from dataclasses import replace
 
 import pytest
