@@ -16,8 +16,10 @@ import altair as alt
 import pandas as pd
 
 from engine.findings.report import Report
+from engine.techniques.circuit import Diagram
 from views.charts import component_frame, grouped_bars, heatmap, lines_with_band
 from views.circuit_charts import lens_lines
+from views.circuit_diagram import diagram_chart
 
 
 def charts(rep: Report) -> dict[str, tuple[str, alt.TopLevelMixin]]:
@@ -53,6 +55,10 @@ def charts(rep: Report) -> dict[str, tuple[str, alt.TopLevelMixin]]:
         out["knockout"] = ("Knockout (Fig. 3): accuracy after mean-ablating the top-k heads vs k random heads.",
                            lines_with_band(long, "k", "accuracy", "lo", "hi", "knocked out", "accuracy",
                                            main="top-k heads (by effect)").properties(width=560))
+    if rep.circuit:
+        out["circuit"] = ("The circuit (Fig. 1): operand and operator tokens -> key heads -> MLPs -> the answer; node "
+                          "effect = its path-patching cell, edge width = attention share or |effect|.",
+                          diagram_chart(Diagram.from_json(rep.circuit)))
     return out
 
 

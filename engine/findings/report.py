@@ -23,7 +23,7 @@ from engine.techniques.components import wide_rows
 
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
 #: the phases of gathering the report's data (its progress bar); its findings come from engine.findings.steps
-PHASES = ("prompt set", "path patching", "attention", "MLP projections", "logit lens", "knockout curve")
+PHASES = ("prompt set", "path patching", "attention", "MLP projections", "logit lens", "knockout curve", "circuit")
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     paper: list[dict[str, Any]] = field(default_factory=list)  # the paper's verdicts (engine.findings.paper)
     summary: list[dict[str, Any]] = field(default_factory=list)  # step, text, technique: the summary's findings
+    circuit: dict[str, Any] = field(default_factory=dict)  # the circuit diagram (engine.techniques.circuit, JSON)
 
 
 def versions() -> dict[str, str]:
@@ -68,6 +69,7 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     a second loaded model for Fig. 12)."""
     from engine.techniques.accuracy import kept_pairs
     from engine.techniques.attention import cached_role_attention
+    from engine.techniques.circuit import circuit_diagram
     from engine.techniques.knockout_curve import cached_knockout_curve
     from engine.techniques.logit_lens import cached_logit_lens
     from engine.techniques.mlp_projections import cached_mlp_projections
@@ -99,6 +101,8 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     curve, _ = cached_knockout_curve(model, pairs, [(layer, h) for layer, h, _ in top[:k_max]], k_max=k_max,
                                      draws=draws, seed=spec.seed, cache=cache)
     step(6)
+    circuit = circuit_diagram(model, pairs, k=max(top_k, 5), mlps=min(3, f.n_layers), cache=cache).to_json()
+    step(7)
     kept: dict[str, int] = {}
     for p in pairs:
         kept[p.op] = kept.get(p.op, 0) + 1
@@ -126,4 +130,5 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
         notes=notes,
         paper=findings,
         summary=summary,
+        circuit=circuit,
     )

@@ -115,3 +115,13 @@ def test_the_cli_takes_a_template_and_says_in_one_line_what_is_wrong(tmp_path):
                                                                               "template right")):
         bad = _cli(*args, tmp_path=tmp_path)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and message in bad.stderr, bad.stderr
+
+
+def test_the_report_names_the_written_template(organism, tmp_path):
+    from cache import ResultCache
+    from engine.findings.report import build_report
+    from views.report import render_html
+    spec = _spec("{A} [plus] {B} is", n=10)
+    rep = build_report(organism, spec, ResultCache(tmp_path / "c.duckdb"), k_max=2, draws=1)
+    assert rep.prompt_set["templates"] == ["add:{A} [plus] {B} is"] and rep.prompt_set["families"] == ["custom"]
+    assert "{A} [plus] {B} is" in render_html(rep)

@@ -61,6 +61,14 @@ def test_one_step_reaches_summary_paper_and_report(with_fake, model, tmp_path):
     rep = build_report(model, SPEC, cache, k_max=2, draws=1, paper=True)
     html = render_html(rep)
     assert text in html and "Fig. 99: Prompt pairs can be counted" in html and f"{len(pairs)} pairs counted" in html
+    # the circuit diagram is in the report: its heads are the report's top heads, in order, with their effects
+    heads = [n for n in rep.circuit["nodes"] if n["kind"] == "head"]
+    metric = next(k for k in rep.top_heads[0] if k not in ("layer", "head"))
+    top = {(t["layer"], t["head"]): t[metric] for t in rep.top_heads}
+    assert set(top) <= {(n["layer"], n["head"]) for n in heads}  # the report lists 3 top heads, the diagram 5
+    effects = {(n["layer"], n["head"]): n["effect"] for n in heads}
+    assert all(effects[h] == pytest.approx(v, rel=1e-6) for h, v in top.items())
+    assert "The circuit (Fig. 1)" in html
 
 
 def test_one_step_reaches_the_story_page(with_fake, tmp_path, monkeypatch):
