@@ -37,6 +37,8 @@ API: dict[str, str] = {
     "PromptPair": "engine.prompts.pairs",
     "PromptError": "engine.prompts.pairs",
     "typed_prompt_ids": "engine.prompts.typed",
+    "parse_template": "engine.prompts.custom",
+    "read_text_pairs": "engine.prompts.custom",
     # techniques (the paper's steps)
     "kept_pairs": "engine.techniques.accuracy",
     "accuracy_report": "engine.techniques.accuracy",
