@@ -141,6 +141,16 @@ TECHNIQUES: tuple[Technique, ...] = (
          opt("--senders", action="store_true",
              help="also the head -> head edges between key heads (one path patching per key head as receiver)"))),
     Technique(
+        "operand-grid", "Operand grid",
+        "one head, MLP or neuron over every operand pair (A, B) of one template: attention on A / B, path-patching "
+        "value, activation -> CSV", "operand_grid",
+        (out("output .csv, one row per operand pair"),
+         opt("--component", default=None, metavar="LAYER.HEAD|LAYER.mlp|LAYER.mlp.N",
+             help="the component (default: the grid's strongest head), e.g. 1.3, 6.mlp, 6.mlp.120"),
+         opt("--grid-template", default=None,
+             help="the template id of the grid (default the set's first, e.g. add.paper.0)")),
+        prompts_file=False),
+    Technique(
         "carries", "What each key head carries",
         "the key heads' path patching under each counterfactual kind (operator removed or swapped, operand A or B)"
         " -> CSV",

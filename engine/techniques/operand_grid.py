@@ -1,0 +1,246 @@
+"""Operand grid: one component's behaviour over every operand pair (A, B) of one template (beyond the paper).
+
+The paper reads a head off its mean over a prompt set; circuit-tracer draws a feature over a 100 x 100 operand grid
+and Nikankin et al. (2025) classify neurons by the operand and result ranges they fire for.  Here, for one template
+``t`` of the prompt set (its first, or one named) and every (A, B) of the set's operand range valid for t's
+operation -- all of them, no sampling or balancing -- the pair (X_r, X_c) is built with the set's counterfactual, and
+per pair:
+
+1. **right**: whether the model's top first token is the answer's (the accuracy filter's scoring);
+2. **effect**: every head's and MLP's path-patching value (:mod:`engine.techniques.path_patching`, exact: its END
+   output from X_c, every other head frozen at X_r), in the metric the heatmap ranks by (relative effect, or the
+   logit difference when the effect guard says so);
+3. **attention**: every head's END-row attention mass on the tokens of A and on those of B (the token roles of
+   :func:`engine.techniques.attention.token_roles`);
+4. **activation**: for the neurons asked for, the MLP's hidden activation at END (hook ``mlp_post``).
+
+Every pair is kept, answered right or not (a grid with holes hides its structure); the view marks the wrong ones
+and overlays the answer's structure (sum, difference, carry).  One batched pass per quantity: path patching and the
+attention patterns as the pages compute them (cached), the neurons' activations in one ``run_with_cache`` per batch.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn, Stages
+from engine.prompts.pairs import (
+    PromptError,
+    PromptPair,
+    build_pairs,
+    make_problem,
+    template_operands,
+)
+from engine.prompts.templates import TEMPLATES_BY_ID, Template, templates_for
+from engine.techniques.batching import pad, pad_id
+
+#: Most pairs one grid holds (0..99 x 0..99 of an addition is 10 000).
+MAX_GRID_PAIRS = 10_000
+_COMPONENT = re.compile(r"^(\d{1,4})\.(?:(\d{1,4})|mlp(?:\.(\d{1,6}))?)$")
+
+
+@dataclass(frozen=True)
+class Component:
+    """A head (``3.1``), an MLP (``3.mlp``) or one MLP neuron (``3.mlp.120``)."""
+
+    layer: int
+    head: int | None = None
+    neuron: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return "head" if self.head is not None else "neuron" if self.neuron is not None else "mlp"
+
+    @property
+    def name(self) -> str:
+        if self.head is not None:
+            return f"{self.layer}.{self.head}"
+        return f"{self.layer}.mlp" + (f".{self.neuron}" if self.neuron is not None else "")
+
+
+def parse_component(text: str, n_layers: int, n_heads: int, d_mlp: int | None = None) -> Component:
+    """``3.1`` / ``3.mlp`` / ``3.mlp.120`` -> :class:`Component`; PromptError saying what the model has."""
+    m = _COMPONENT.match((text or "").strip())
+    if m is None:
+        raise PromptError(f"{text!r} names no component: write LAYER.HEAD (3.1), LAYER.mlp (3.mlp) or "
+                          f"LAYER.mlp.NEURON (3.mlp.120)")
+    layer = int(m.group(1))
+    if layer >= n_layers:
+        raise PromptError(f"the model has layers 0-{n_layers - 1}, not {layer}")
+    if m.group(2) is not None:
+        if int(m.group(2)) >= n_heads:
+            raise PromptError(f"the model has heads 0-{n_heads - 1}, not {m.group(2)}")
+        return Component(layer, head=int(m.group(2)))
+    if m.group(3) is not None:
+        if d_mlp is not None and int(m.group(3)) >= d_mlp:
+            raise PromptError(f"the MLPs have neurons 0-{d_mlp - 1}, not {m.group(3)}")
+        return Component(layer, neuron=int(m.group(3)))
+    return Component(layer)
+
+
+def grid_templates(spec) -> list[Template]:
+    """The templates a grid of ``spec`` can use: its written ones, else its families' for its operations."""
+    return [w.template for w in spec.written] or templates_for(list(spec.ops), list(spec.families))
+
+
+def grid_template(spec, template_id: str | None = None) -> Template:
+    """The template of the grid: ``template_id`` (one of the set's), else the set's first (a written one first)."""
+    pool = grid_templates(spec)
+    if not pool:
+        raise PromptError("the prompt set has no template for its operations")
+    if template_id is None:
+        return pool[0]
+    t = next((t for t in pool if t.id == template_id), None) or TEMPLATES_BY_ID.get(template_id)
+    if t is None:
+        raise PromptError(f"unknown template {template_id!r}: choose from {', '.join(t.id for t in pool[:8])} ...")
+    return t
+
+
+def grid_pairs(tokenizer, spec, template: Template) -> list[PromptPair]:
+    """Every (A, B) of the set's operand range valid for ``template`` as a pair with the set's counterfactual (slot
+    words and fillers seeded by the set's seed); the ones with no counterfactual of equal length are left out."""
+    r = spec.operand_range
+    operands = template_operands(template, r)
+    if len(operands) > MAX_GRID_PAIRS:
+        raise PromptError(f"{len(operands)} operand pairs: a grid holds at most {MAX_GRID_PAIRS}; narrow the operand "
+                          f"range")
+    rng = random.Random(spec.seed)
+    problems = [make_problem(template, a, b, rng, r.decimals) for a, b in operands]
+    pairs, dropped = build_pairs(tokenizer, problems, spec.counterfactual, r)
+    if not pairs:
+        raise PromptError(f"no pair of template {template.id} could be built: "
+                          f"{dropped[0][1] if dropped else 'no operands'}")
+    return pairs
+
+
+@dataclass
+class OperandGrid:
+    """Per pair of one template's grid: the operands, the answer, right, and every component's values."""
+
+    template: str
+    op: str
+    metric: str                  # the path-patching metric of ``head_effect`` / ``mlp_effect``
+    a: list[float]
+    b: list[float]
+    answer: list[float]
+    right: list[bool]
+    head_effect: torch.Tensor    # [P, L, H]
+    mlp_effect: torch.Tensor     # [P, L]
+    attn_a: torch.Tensor         # [P, L, H]  END-row mass on A's tokens
+    attn_b: torch.Tensor         # [P, L, H]  END-row mass on B's tokens
+    neurons: dict[str, list[float]]  # neuron name -> [P] activation at END
+
+    def top_head(self) -> Component:
+        """The head with the most negative mean path-patching value over the grid."""
+        mean = self.head_effect.nan_to_num().mean(0)                 # [L, H]
+        layer, head = divmod(int(mean.argmin()), mean.shape[1])
+        return Component(layer, head=head)
+
+    def rows(self, component: Component) -> list[dict]:
+        """One row per pair for ``component``: a, b, answer, right, carry, effect (+ attn_a / attn_b for a head, act
+        for a neuron)."""
+        from engine.prompts.pairs import column_carry
+        out = []
+        for i in range(len(self.a)):
+            row = {"a": self.a[i], "b": self.b[i], "answer": self.answer[i], "right": self.right[i],
+                   "carry": column_carry(self.op, self.a[i], self.b[i])}
+            if component.kind == "head":
+                row.update(effect=float(self.head_effect[i, component.layer, component.head]),
+                           attn_a=float(self.attn_a[i, component.layer, component.head]),
+                           attn_b=float(self.attn_b[i, component.layer, component.head]))
+            else:
+                row["effect"] = float(self.mlp_effect[i, component.layer])
+                if component.kind == "neuron":
+                    row["act"] = self.neurons[component.name][i]
+            out.append(row)
+        return out
+
+
+@torch.no_grad()
+def neuron_activations(backend: ModelBackend, pairs: Sequence[PromptPair], neurons: Sequence[Component], *,
+                       batch_size: int = 64) -> dict[str, list[float]]:
+    """Each neuron's MLP hidden activation at END of X_r, per pair (one ``run_with_cache`` per batch)."""
+    layers = sorted({n.layer for n in neurons})
+    names = [hooks.mlp_post(layer) for layer in layers]
+    out: dict[str, list[float]] = {n.name: [] for n in neurons}
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, mask, end = pad([p.ref_ids for p in chunk], pad_id(backend))
+        _, c = backend.run_with_cache(ids, mask, names)
+        rows = torch.arange(len(chunk))
+        for n in neurons:
+            act = c[hooks.mlp_post(n.layer)]                      # [batch, pos, d_mlp]
+            out[n.name] += act[rows, end.to(act.device)][:, n.neuron].float().cpu().tolist()
+    return out
+
+
+def operand_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, progress: ProgressFn | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head's END-row mass on A's tokens and on B's tokens, per pair: ([P, L, H], [P, L, H])."""
+    from engine.techniques.attention import end_row_patterns, token_roles
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    a = torch.zeros(len(pairs), L, H)
+    b = torch.zeros(len(pairs), L, H)
+    for i, (p, row) in enumerate(zip(pairs, end_row_patterns(backend, pairs, progress=progress))):
+        roles = token_roles(backend, p)                           # row: [L, H, pos]
+        for out, role in ((a, "operand A"), (b, "operand B")):
+            idx = [j for j, r in enumerate(roles) if r == role]
+            if idx:
+                out[i] = row[:, :, idx].sum(-1)
+    return a, b
+
+
+def operand_grid(backend: ModelBackend, spec, *, template: str | None = None, neurons: Sequence[Component] = (),
+                 cache=None, progress: ProgressFn | None = None) -> OperandGrid:
+    """The grid of one template of ``spec`` (module docstring); path patching and the answers through the cache."""
+    from engine.results import run_cached
+    from engine.techniques.accuracy import score_pairs
+    from engine.techniques.path_patching import cached_path_patching
+    t = grid_template(spec, template)
+    pairs = grid_pairs(backend.tokenizer, replace(spec, balance=False), t)
+    stages = Stages(progress, (len(pairs), len(pairs), len(pairs)))
+    table, _ = cached_path_patching(backend, pairs, cache=cache, progress=stages.stage(0))
+    stages.finish(0)
+    metric = table.ranking_metric()
+    heads, mlps = table.per_pair.per_pair(metric)
+
+    def compute():
+        right = [s.first_ok for s in score_pairs(backend, pairs)]
+        att_a, att_b = operand_attention(backend, pairs, progress=stages.stage(1))
+        return [], {"right": right, "attn_a": att_a.tolist(), "attn_b": att_b.tolist()}
+
+    _, art, _ = run_cached(backend, pairs, "operand_grid", {"dtype": backend.facts.dtype, "v": 1}, compute, cache)
+    stages.finish(1)
+    acts = neuron_activations(backend, pairs, neurons) if neurons else {}
+    stages.finish(2)
+    return OperandGrid(t.id, t.op, metric, [p.a for p in pairs], [p.b for p in pairs], [p.answer for p in pairs],
+                       list(art["right"]), heads.float(), mlps.float(), torch.tensor(art["attn_a"]),
+                       torch.tensor(art["attn_b"]), acts)
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine operand-grid``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """One component over the operand grid of one template -> CSV (a row per operand pair)."""
+    f = ctx.model.facts
+    comp = parse_component(args.component, f.n_layers, f.n_heads, f.d_mlp) if args.component else None
+    with ctx.progress("operand grid") as bar:
+        grid = operand_grid(ctx.model, ctx.spec(), template=args.grid_template,
+                            neurons=[comp] if comp is not None and comp.kind == "neuron" else (), cache=ctx.cache,
+                            progress=bar)
+    comp = comp or grid.top_head()
+    rows = grid.rows(comp)
+    ctx.write_csv(args.out, rows)
+    right = sum(r["right"] for r in rows)
+    return {"out": str(args.out), "component": comp.name, "template": grid.template, "metric": grid.metric,
+            "pairs": len(rows), "answered_right": right,
+            "mean_effect": sum(r["effect"] for r in rows if r["effect"] == r["effect"]) / max(1, len(rows))}

@@ -1,0 +1,28 @@
+"""The Operand grid page (AppTest): the grid's strongest head by default, a typed neuron, a bad component as an
+st.error in the page's words."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.app.conftest import errors, page
+
+pytestmark = pytest.mark.app
+
+
+def _charts(at) -> int:
+    return len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart"))
+
+
+def test_the_operand_grid_page_draws_a_head_a_neuron_and_names_a_bad_component():
+    at = page("14_Operand_grid.py").run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    text = " ".join(m.value for m in at.markdown)
+    assert "head 1.1" in text and "`add.paper.0`: 81 operand pairs, the model answers 81 right" in text
+    assert _charts(at) == 3  # attention on A, on B, path-patching value
+    box = at.text_input(key="atlas_component_")
+    box.input("6.mlp.5").run()
+    assert not errors(at) and "neuron 6.mlp.5" in " ".join(m.value for m in at.markdown)
+    assert _charts(at) == 2  # the MLP's value, the activation
+    at.text_input(key="atlas_component_").input("9.1").run()
+    assert errors(at) == ["The model has layers 0-7, not 9."] and not at.exception

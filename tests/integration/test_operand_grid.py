@@ -1,0 +1,87 @@
+"""The operand grid (engine.techniques.operand_grid) against plain references on the bundled model: per pair, the
+END-row attention on A's and B's tokens from an unbatched forward (positions found from the text's characters, not
+the token roles), the path-patching value from the textbook loop, a neuron's activation from an unbatched forward;
+and what the grid shows: the bundled model's key heads 1.0, 1.1 and 1.3 read the *larger* operand, not A."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from engine.backends import hooks, open_model
+from engine.prompts.pairs import PromptError
+from engine.prompts.promptsets import PromptSetSpec
+from engine.techniques.operand_grid import grid_pairs, grid_template, operand_grid, parse_component
+from engine.techniques.path_patching import Sender, path_patching_reference
+
+SPEC = PromptSetSpec(ops=("add",), n=40)
+
+
+@pytest.fixture(scope="module")
+def organism():
+    return open_model("organism")
+
+
+@pytest.fixture(scope="module")
+def grid(organism):
+    return operand_grid(organism, SPEC, neurons=[parse_component("6.mlp.5", 8, 8, organism.facts.d_mlp)])
+
+
+def _operand_positions(tok, text: str, ids: list[int], number) -> list[int]:
+    """Positions of the tokens that cover the characters of ``number`` in ``text`` (first occurrence after the
+    previous one is not needed: the caller passes distinct spans)."""
+    enc = tok(text, return_offsets_mapping=True)
+    start = text.index(str(number))
+    end = start + len(str(number))
+    return [i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > s and s < end and e > start and i < len(ids)]
+
+
+def test_the_grid_is_every_operand_pair_of_one_template(organism, grid):
+    assert grid.template == "add.paper.0" and len(grid.a) == 81 and sum(grid.right) == 81
+    assert sorted(zip(grid.a, grid.b)) == [(a, b) for a in range(1, 10) for b in range(1, 10)]
+
+
+def test_attention_effect_and_activation_equal_plain_references(organism, grid):
+    tok = organism.tokenizer
+    pairs = grid_pairs(tok, SPEC, grid_template(SPEC))
+    head, neuron = parse_component("1.3", 8, 8), parse_component("6.mlp.5", 8, 8, organism.facts.d_mlp)
+    for i in (0, 17, 44, 80):
+        p = pairs[i]
+        assert p.a != p.b or i in (0, 80)
+        ids = torch.tensor([p.ref_ids])
+        _, c = organism.run_with_cache(ids, None, [hooks.attn_pattern(1), hooks.mlp_post(6)])
+        row = c[hooks.attn_pattern(1)][0, head.head, -1]                      # [pos]
+        a_text, b_text = str(p.a), str(p.b)
+        if p.a != p.b:  # A comes first in "{A} + {B} =": B's span starts after A's
+            pa = _operand_positions(tok, p.ref_text, p.ref_ids, a_text)
+            b_at = p.ref_text.index(b_text, p.ref_text.index(a_text) + len(a_text))
+            enc = tok(p.ref_text, return_offsets_mapping=True)
+            pb = [j for j, (s, e) in enumerate(enc["offset_mapping"]) if e > s and s < b_at + len(b_text) and e > b_at]
+            assert float(row[pa].sum()) == pytest.approx(float(grid.attn_a[i, 1, head.head]), abs=1e-5)
+            assert float(row[pb].sum()) == pytest.approx(float(grid.attn_b[i, 1, head.head]), abs=1e-5)
+        act = float(c[hooks.mlp_post(6)][0, -1, neuron.neuron])
+        assert act == pytest.approx(grid.neurons[neuron.name][i], abs=1e-5)
+        ref = path_patching_reference(organism, [p], [Sender("head", 1, 3), Sender("mlp", 6)])
+        lo = organism.logits(ids)[0, -1, p.answer_id]
+        for s, v in ref.items():
+            got = grid.head_effect[i, 1, 3] if s.component == "head" else grid.mlp_effect[i, 6]
+            assert float(got) == pytest.approx(float((v[0] - lo) / lo), abs=1e-4), s
+
+
+def test_the_bundled_models_key_heads_read_the_larger_operand(organism, grid):
+    for name in ("1.0", "1.1", "1.3"):
+        d = pd.DataFrame(grid.rows(parse_component(name, 8, 8)))
+        larger = d[d.a > d.b].attn_a.mean(), d[d.a < d.b].attn_b.mean()
+        smaller = d[d.a > d.b].attn_b.mean(), d[d.a < d.b].attn_a.mean()
+        assert min(larger) > 0.9 and max(smaller) < 0.1, (name, larger, smaller)
+    rows = grid.rows(parse_component("1.3", 8, 8))
+    assert {r["carry"] for r in rows} == {True, False}
+    assert all(r["carry"] == (r["a"] + r["b"] >= 10) for r in rows)
+
+
+@pytest.mark.parametrize("text, message", [("1.x", "names no component"), ("9.1", "layers 0-7"),
+                                           ("1.8", "heads 0-7"), ("1.mlp.99999", "neurons 0-")])
+def test_a_bad_component_says_what_the_model_has(text, message):
+    with pytest.raises(PromptError, match=message):
+        parse_component(text, 8, 8, 1024)
