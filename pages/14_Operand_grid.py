@@ -10,7 +10,7 @@ from engine.techniques.operand_grid import grid_template, grid_templates, operan
 from ui import state
 from ui.progress import run_with_progress
 from ui.session import result_cache, setup_page
-from views.operand_grid import grid_charts
+from views.operand_grid import grid_chart
 
 model, spec = setup_page(
     "Operand grid",
@@ -43,8 +43,6 @@ rows = grid.rows(comp)
 right = sum(r["right"] for r in rows)
 st.markdown(f"**{comp.kind} {comp.name}** on `{template}`: {len(rows)} operand pairs, the model answers {right} "
             f"right; path-patching metric `{grid.metric}`.")
-charts = grid_charts(rows)
-for col, chart in zip(st.columns(len(charts)), charts):
-    col.altair_chart(chart, width="content")
+st.altair_chart(grid_chart(rows), width="content")
 st.download_button("Grid (CSV)", pd.DataFrame(rows).to_csv(index=False).encode(), f"grid_{comp.name}.csv",
                    "text/csv")

@@ -27,7 +27,8 @@ def grid_panel(rows: list[dict], quantity: str) -> alt.LayerChart:
     side = max(180, min(420, 22 * n))
     base = alt.Chart(df).encode(x=alt.X("a:O", title="A"), y=alt.Y("b:O", title="B"))
     cells = base.mark_rect().encode(
-        color=alt.Color(f"{quantity}:Q", title=title, scale=scale),
+        color=alt.Color(f"{quantity}:Q", title=None, scale=scale,
+                        legend=alt.Legend(orient="bottom", direction="horizontal", gradientLength=side * 0.8)),
         stroke=alt.condition("datum.carry", alt.value("black"), alt.value("white")),
         strokeWidth=alt.condition("datum.carry", alt.value(1.5), alt.value(0.3)),
         tooltip=["a", "b", "answer", "right", "carry", alt.Tooltip(f"{quantity}:Q", format=".4f")])
@@ -39,3 +40,8 @@ def grid_charts(rows: list[dict]) -> list[alt.LayerChart]:
     """The panels a component has: attention on A and B (heads), the path-patching value, the activation (neurons)."""
     keys = rows[0].keys() if rows else ()
     return [grid_panel(rows, q) for q in QUANTITIES if q in keys]
+
+
+def grid_chart(rows: list[dict]) -> alt.HConcatChart:
+    """:func:`grid_charts` side by side in one chart, each panel with its own colour scale and legend."""
+    return alt.hconcat(*grid_charts(rows)).resolve_scale(color="independent")
