@@ -85,3 +85,31 @@ def test_the_bundled_models_key_heads_read_the_larger_operand(organism, grid):
 def test_a_bad_component_says_what_the_model_has(text, message):
     with pytest.raises(PromptError, match=message):
         parse_component(text, 8, 8, 1024)
+
+
+@pytest.mark.realmodel
+def test_the_grid_on_smollm2_reads_the_operands_digit_tokens():
+    """SmolLM2 writes each digit as its own token: the grid's attention on A / B is the END row at exactly the
+    positions of A's and B's digits (found from the text's characters), and the answer token is the answer's
+    first digit."""
+    from tests.helpers.smollm2 import open_smollm2
+    smol = open_smollm2()
+    spec = PromptSetSpec(ops=("add",), n=40, operand_lo=2, operand_hi=5)
+    grid = operand_grid(smol, spec)
+    pairs = grid_pairs(smol.tokenizer, spec, grid_template(spec))
+    assert len(pairs) == len(grid.a) == 16
+    comp = grid.top_head()
+    tok = smol.tokenizer
+    for i in (1, 7, 14):
+        p = pairs[i]
+        assert tok.decode([p.answer_id]).strip() == str(p.answer)[0]
+        enc = tok(p.ref_text, return_offsets_mapping=True)
+        a_at = p.ref_text.index(str(p.a))
+        b_at = p.ref_text.index(str(p.b), a_at + len(str(p.a)))
+        pa, pb = ([j for j, (x, y) in enumerate(enc["offset_mapping"]) if y > x and x < s + n and y > s]
+                  for s, n in ((a_at, len(str(p.a))), (b_at, len(str(p.b)))))
+        assert [tok.decode([p.ref_ids[j]]).strip() for j in pa + pb] == [str(p.a), str(p.b)]
+        _, c = smol.run_with_cache(torch.tensor([p.ref_ids]), None, [hooks.attn_pattern(comp.layer)])
+        row = c[hooks.attn_pattern(comp.layer)][0, comp.head, -1]
+        assert float(row[pa].sum()) == pytest.approx(float(grid.attn_a[i, comp.layer, comp.head]), abs=1e-4)
+        assert float(row[pb].sum()) == pytest.approx(float(grid.attn_b[i, comp.layer, comp.head]), abs=1e-4)
