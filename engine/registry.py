@@ -151,6 +151,16 @@ TECHNIQUES: tuple[Technique, ...] = (
              help="the template id of the grid (default the set's first, e.g. add.paper.0)")),
         prompts_file=False),
     Technique(
+        "heuristic-neurons", "Heuristic neurons",
+        "the neurons of one MLP that react to the operation, each tagged with the heuristic (result range, result "
+        "mod k, ...) that best predicts it over the operand grid, held out -> CSV", "heuristic_neurons",
+        (out("output .csv, one row per neuron"),
+         opt("--layer", type=nonneg_int, default=None, help="the MLP layer (default: the grid's strongest MLP)"),
+         opt("--top", type=positive_int, default=20, help="how many neurons (default 20)"),
+         opt("--grid-template", default=None,
+             help="the template id of the grid (default the set's first, e.g. add.paper.0)")),
+        prompts_file=False),
+    Technique(
         "carries", "What each key head carries",
         "the key heads' path patching under each counterfactual kind (operator removed or swapped, operand A or B)"
         " -> CSV",

@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.prompts.pairs import PromptError
+from engine.techniques.heuristic_neurons import TAG_R2, heuristic_neurons
 from engine.techniques.operand_grid import grid_template, grid_templates, operand_grid, parse_component
 from ui import state
 from ui.progress import run_with_progress
@@ -46,3 +47,24 @@ st.markdown(f"**{comp.kind} {comp.name}** on `{template}`: {len(rows)} operand p
 st.altair_chart(grid_chart(rows), width="content")
 st.download_button("Grid (CSV)", pd.DataFrame(rows).to_csv(index=False).encode(), f"grid_{comp.name}.csv",
                    "text/csv")
+
+st.subheader("Heuristic neurons")
+st.caption(f"The neurons of one MLP that react most to the operation (mean |activation on X_r − on X_c| at END over "
+           f"the grid), each tagged with the heuristic that best predicts its activation over the grid — fitted on "
+           f"half the pairs, R² on the other half; tagged at R² ≥ {TAG_R2} (Nikankin et al. 2025's bag of heuristics).")
+c1, c2 = st.columns(2)
+layer = c1.number_input("MLP layer (empty: the grid's strongest MLP)", 0, f.n_layers - 1, value=None,
+                        key="atlas_neuron_layer")
+top = c2.number_input("Neurons", 1, 200, 20, key="atlas_neuron_top")
+out = run_with_progress("Tagging the neurons", "tag the neurons",
+                        lambda cb: heuristic_neurons(model, spec, layer=None if layer is None else int(layer),
+                                                     top=int(top), template=template, cache=cache, progress=cb),
+                        key="atlas_neurons")
+if out is not None:
+    tags, used = out
+    tagged = [t for t in tags if t.tagged]
+    st.markdown(f"MLP {used}: **{len(tagged)} of {len(tags)}** neurons tagged" + (
+        " — " + ", ".join(f"{t.layer}.mlp.{t.neuron} {t.tag} (R² {t.r2:.2f})" for t in tagged[:6]) if tagged
+        else f" (no heuristic predicts any of them held out at R² ≥ {TAG_R2})") + ". Type one as the component "
+        "above (e.g. " + (f"`{tags[0].layer}.mlp.{tags[0].neuron}`" if tags else "`6.mlp.5`") + ") to see its grid.")
+    st.dataframe(pd.DataFrame([t.__dict__ for t in tags]), hide_index=True, width="stretch")

@@ -29,5 +29,6 @@ def test_the_operand_grid_page_draws_a_head_a_neuron_and_names_a_bad_component()
     box.input("6.mlp.5").run()
     assert not errors(at) and "neuron 6.mlp.5" in " ".join(m.value for m in at.markdown)
     assert '"act"' in _spec(at)  # the MLP's value and the activation
+    assert any("neurons tagged" in m.value and "MLP 7" in m.value for m in at.markdown)
     at.text_input(key="atlas_component_").input("9.1").run()
     assert errors(at) == ["The model has layers 0-7, not 9."] and not at.exception

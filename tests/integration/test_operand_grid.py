@@ -113,3 +113,17 @@ def test_the_grid_on_smollm2_reads_the_operands_digit_tokens():
         row = c[hooks.attn_pattern(comp.layer)][0, comp.head, -1]
         assert float(row[pa].sum()) == pytest.approx(float(grid.attn_a[i, comp.layer, comp.head]), abs=1e-4)
         assert float(row[pb].sum()) == pytest.approx(float(grid.attn_b[i, comp.layer, comp.head]), abs=1e-4)
+
+
+def test_the_bundled_model_has_heuristic_neurons_tagged_held_out(organism, grid):
+    from engine.techniques.heuristic_neurons import TAG_R2, end_activations, heuristic_neurons
+    tags, layer = heuristic_neurons(organism, SPEC, top=20)
+    assert layer == int(grid.mlp_effect.mean(0).argmin()) == 7
+    tagged = [t for t in tags if t.tagged]
+    assert tagged and all(t.r2 >= TAG_R2 for t in tagged)
+    assert {"result tens digit", "result value"} & {t.tag for t in tagged}, tags
+    assert [t.reaction for t in tags] == sorted((t.reaction for t in tags), reverse=True)
+    # the activations it tags are the grid's own (one neuron, the same hook, batched vs the grid's pass)
+    pairs = grid_pairs(organism.tokenizer, SPEC, grid_template(SPEC))
+    act = end_activations(organism, [p.ref_ids for p in pairs], 6)[:, 5]
+    assert torch.allclose(act, torch.tensor(grid.neurons["6.mlp.5"]), atol=1e-5)

@@ -1,0 +1,167 @@
+"""Heuristic neurons: which MLP neurons react to the operation, and what over the operand grid predicts them.
+
+Nikankin et al. (ICLR 2025) explain arithmetic in LLMs as "a bag of heuristics": sparse MLP neurons each firing for
+an operand or result range, a result modulo k, a digit pattern.  Here, on the operand grid of one template
+(:mod:`engine.techniques.operand_grid`: every (A, B) of the set's range, the set's counterfactual):
+
+1. **Layer.**  The MLP whose mean path-patching value over the grid is the most negative (or the one given).
+2. **Neurons.**  Its hidden activations at END on X_r and on X_c (hook ``mlp_post``, one pass each per batch); the
+   neurons ranked by the mean |act(X_r) - act(X_c)| over the grid -- those that react to the operation -- top ``n``.
+3. **Tags.**  Each heuristic h is a feature map phi_h(A, B) of the grid (C = the answer): ``result range`` and
+   ``operand A range`` / ``operand B range`` (the indicator of the best window [lo, hi], chosen on the fitting
+   half), ``result mod k`` for k in 2, 5, 10 (one-hot), ``result tens digit`` (one-hot), ``result value`` (one-hot
+   of C: any function of the result, the most general result heuristic), ``identical operands``
+   (A = B), and ``linear`` (A, B, C).  The activation over the grid is fitted by least squares on phi_h (with an
+   intercept) on a seeded half of the pairs and scored by R^2 on the other half; a neuron's tag is the heuristic
+   with the highest held-out R^2, *tagged* when that R^2 >= :data:`TAG_R2`.
+
+Exact in what it computes (activations from the model's own forward; plain least squares, numpy); the tags are a
+description fitted to half the grid and scored on the rest, not a causal claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.progress import ProgressFn
+from engine.prompts.pairs import PromptError, PromptPair
+from engine.techniques.batching import pad, pad_id
+
+#: A neuron whose best heuristic reaches this held-out R^2 is tagged (the issue's threshold).
+TAG_R2 = 0.5
+SPLIT_SEED = 0
+
+
+@dataclass(frozen=True)
+class NeuronTag:
+    layer: int
+    neuron: int
+    reaction: float   # mean |act(X_r) - act(X_c)| at END over the grid
+    tag: str          # the heuristic with the highest held-out R^2
+    r2: float         # its held-out R^2
+    tagged: bool      # r2 >= TAG_R2
+
+
+def _window(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """The window [lo, hi] of x whose indicator best fits y (least squares, on the given rows)."""
+    vals = np.unique(x)
+    best, arg = -np.inf, (vals[0], vals[-1])
+    for i, lo in enumerate(vals):
+        for hi in vals[i:]:
+            ind = ((x >= lo) & (x <= hi)).astype(float)
+            if ind.std() == 0:
+                continue
+            r = np.corrcoef(ind, y)[0, 1] ** 2
+            if r > best:
+                best, arg = r, (lo, hi)
+    return arg
+
+
+def _onehot(v: np.ndarray, values: np.ndarray) -> np.ndarray:
+    return (v[:, None] == values[None, :]).astype(float)
+
+
+def heuristics(a: np.ndarray, b: np.ndarray, c: np.ndarray
+               ) -> dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]:
+    """name -> features(rows, y): the feature matrix of the grid rows ``rows``; windows are chosen on the fitting rows
+    (``y`` their activations), then applied to every row."""
+    def window(x: np.ndarray) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        def features(fit: np.ndarray, y: np.ndarray) -> np.ndarray:
+            lo, hi = _window(x[fit], y)
+            return ((x >= lo) & (x <= hi)).astype(float)[:, None]
+        return features
+
+    def fixed(m: np.ndarray) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        return lambda fit, y: m
+    out = {"result range": window(c), "operand A range": window(a), "operand B range": window(b)}
+    for k in (2, 5, 10):
+        out[f"result mod {k}"] = fixed(_onehot(np.mod(c, k), np.arange(k)))
+    out["result tens digit"] = fixed(_onehot((np.abs(c) // 10) % 10, np.arange(10)))
+    out["result value"] = fixed(_onehot(c, np.unique(c)))
+    out["identical operands"] = fixed((a == b).astype(float)[:, None])
+    out["linear"] = fixed(np.stack([a, b, c], 1).astype(float))
+    return out
+
+
+def held_out_r2(features: np.ndarray, y: np.ndarray, fit: np.ndarray, test: np.ndarray) -> float:
+    """R^2 on ``test`` of the least-squares fit of y on the features (and an intercept) over ``fit``: the fitting rows
+    centred, the minimum-norm solution, so a test row of a class the fitting half lacks gets the fitting mean."""
+    x_mean, y_mean = features[fit].mean(0), y[fit].mean()
+    coef, *_ = np.linalg.lstsq(features[fit] - x_mean, y[fit] - y_mean, rcond=None)
+    resid = y[test] - (y_mean + (features[test] - x_mean) @ coef)
+    ss = ((y[test] - y[test].mean()) ** 2).sum()
+    return float(1 - (resid ** 2).sum() / ss) if ss > 0 else float("nan")
+
+
+def tag_neuron(a: np.ndarray, b: np.ndarray, c: np.ndarray, y: np.ndarray, seed: int = SPLIT_SEED
+               ) -> tuple[str, float]:
+    """(heuristic, held-out R^2) of the best heuristic for activations ``y`` over the grid (a, b, c)."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(y))
+    fit, test = np.sort(order[: len(y) // 2]), np.sort(order[len(y) // 2:])
+    scores = {name: held_out_r2(f(fit, y[fit]), y, fit, test) for name, f in heuristics(a, b, c).items()}
+    scores = {k: v for k, v in scores.items() if v == v}
+    if not scores:
+        return "none", float("nan")
+    name = max(scores, key=scores.get)
+    return name, scores[name]
+
+
+@torch.no_grad()
+def end_activations(backend: ModelBackend, ids: Sequence[Sequence[int]], layer: int, *, batch_size: int = 64
+                    ) -> torch.Tensor:
+    """The MLP's hidden activation at END of each prompt: [P, d_mlp]."""
+    out = []
+    for s in range(0, len(ids), batch_size):
+        chunk = ids[s:s + batch_size]
+        x, mask, end = pad(chunk, pad_id(backend))
+        _, c = backend.run_with_cache(x, mask, [hooks.mlp_post(layer)])
+        act = c[hooks.mlp_post(layer)]                                  # [batch, pos, d_mlp]
+        out.append(act[torch.arange(len(chunk)), end.to(act.device)].float().cpu())
+    return torch.cat(out)
+
+
+def heuristic_neurons(backend: ModelBackend, spec, *, layer: int | None = None, top: int = 20,
+                      template: str | None = None, cache=None, progress: ProgressFn | None = None
+                      ) -> tuple[list[NeuronTag], int]:
+    """The top ``top`` neurons of ``layer`` (default: the grid's strongest MLP) with their tags; and the layer."""
+    from dataclasses import replace
+
+    from engine.techniques.operand_grid import grid_pairs, grid_template, operand_grid
+    grid = operand_grid(backend, spec, template=template, cache=cache, progress=progress)
+    if layer is None:
+        layer = int(grid.mlp_effect.nan_to_num().mean(0).argmin())
+    if not 0 <= layer < backend.facts.n_layers:
+        raise PromptError(f"the model has layers 0-{backend.facts.n_layers - 1}, not {layer}")
+    pairs: list[PromptPair] = grid_pairs(backend.tokenizer, replace(spec, balance=False),
+                                         grid_template(spec, template))
+    act_r = end_activations(backend, [p.ref_ids for p in pairs], layer)            # [P, d_mlp]
+    act_c = end_activations(backend, [p.cf_ids for p in pairs], layer)
+    reaction = (act_r - act_c).abs().mean(0)                                        # [d_mlp]
+    a, b, c = (np.array(v, dtype=float) for v in (grid.a, grid.b, grid.answer))
+    out = []
+    for n in torch.argsort(reaction, descending=True)[:top].tolist():
+        tag, r2 = tag_neuron(a, b, c, act_r[:, n].double().numpy())
+        out.append(NeuronTag(layer, n, float(reaction[n]), tag, r2, bool(r2 >= TAG_R2)))
+    return out, layer
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line (``python -m engine heuristic-neurons``, registered in engine.registry)
+# ---------------------------------------------------------------------------------------------
+
+def cli(args, ctx) -> dict:
+    """The top neurons of one MLP layer with their heuristic tags -> CSV."""
+    with ctx.progress("heuristic neurons") as bar:
+        rows, layer = heuristic_neurons(ctx.model, ctx.spec(), layer=args.layer, top=args.top,
+                                        template=args.grid_template, cache=ctx.cache, progress=bar)
+    ctx.write_csv(args.out, [r.__dict__ for r in rows])
+    tagged = [r for r in rows if r.tagged]
+    return {"out": str(args.out), "layer": layer, "neurons": len(rows), "tagged": len(tagged),
+            "tags": sorted({r.tag for r in tagged}), "threshold_r2": TAG_R2}
