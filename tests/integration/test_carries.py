@@ -5,7 +5,8 @@ On the bundled model the clear-cut cases are: heads whose END row attends to nei
 and the words around it: 1.6 and 1.7 in its top 8) carry the operator -- their effect is there only when X_c
 removes it, the intervals settle it; heads that attend mostly to A (1.0 - 1.3, about 72 % on A) move the answer
 more when X_c changes A than when it changes B (and most when it removes the operator: they read A, but what they
-write at END depends on the operation)."""
+write at END depends on the operation).  The operand grid (tests/integration/test_operand_grid.py) shows why they
+"read A" here: they attend to the larger operand, which is A in every subtraction and division of this set."""
 
 from __future__ import annotations
 
