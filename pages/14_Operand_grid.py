@@ -66,5 +66,5 @@ if out is not None:
     st.markdown(f"MLP {used}: **{len(tagged)} of {len(tags)}** neurons tagged" + (
         " — " + ", ".join(f"{t.layer}.mlp.{t.neuron} {t.tag} (R² {t.r2:.2f})" for t in tagged[:6]) if tagged
         else f" (no heuristic predicts any of them held out at R² ≥ {TAG_R2})") + ". Type one as the component "
-        "above (e.g. " + (f"`{tags[0].layer}.mlp.{tags[0].neuron}`" if tags else "`6.mlp.5`") + ") to see its grid.")
+        f"above (e.g. `{(tagged or tags)[0].layer}.mlp.{(tagged or tags)[0].neuron}`) to see its grid.")
     st.dataframe(pd.DataFrame([t.__dict__ for t in tags]), hide_index=True, width="stretch")

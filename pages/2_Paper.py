@@ -47,7 +47,8 @@ df = pd.DataFrame([{"finding": r.figure, "verdict": r.verdict, "this model": r.l
 counts = {v: sum(r.verdict == v for r in rows) for v in ("holds", "does not hold", "inconclusive", "not computed")}
 n_computed = len(rows) - counts["not computed"]
 st.markdown(f"**{counts['holds']} of {n_computed}** findings computed on `{model.facts.spec}` hold, "
-            f"{counts['does not hold']} do not, {counts['inconclusive']} are inconclusive "
+            f"{counts['does not hold']} do not, {counts['inconclusive']} "
+            f"{'is' if counts['inconclusive'] == 1 else 'are'} inconclusive "
             f"({counts['not computed']} not computed: see *how judged*).")
 st.caption("Each number of *this model* is followed by its 95 % interval, a bootstrap over the prompt pairs "
            "(1000 resamples, seeded; no extra forward pass). A finding *holds* when the whole interval is on the "
