@@ -54,3 +54,13 @@ def test_a_template_is_checked_saved_and_used_on_every_page():
     pp.session_state["prompt_set"] = at.session_state["prompt_set"]
     pp.run()
     assert not pp.exception and not errors(pp), errors(pp)
+
+
+def test_the_prompt_labs_prompt_becomes_the_set_of_every_page():
+    at = page("3_Prompt_lab.py")
+    at.session_state["prompt"] = "What is 7 times 8?"
+    at.run()
+    at.button(key="lab_template").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    assert at.session_state["prompt_set"]["template"] == "mul:What is {A} [times] {B}?"
+    assert at.session_state["prompt_set"]["ops"] == ["mul"]
