@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.prompts.pairs import PromptError
-from engine.techniques.heuristic_neurons import TAG_R2, heuristic_neurons
+from engine.techniques.heuristic_neurons import TAG_R2, heuristic_neurons, neuron_circuit
 from engine.techniques.operand_grid import grid_template, grid_templates, operand_grid, parse_component
 from ui import state
 from ui.progress import run_with_progress
@@ -68,3 +68,13 @@ if out is not None:
         else f" (no heuristic predicts any of them held out at R² ≥ {TAG_R2})") + ". Type one as the component "
         f"above (e.g. `{(tagged or tags)[0].layer}.mlp.{(tagged or tags)[0].neuron}`) to see its grid.")
     st.dataframe(pd.DataFrame([t.__dict__ for t in tags]), hide_index=True, width="stretch")
+    if tagged:
+        c = run_with_progress("Checking the tagged neurons as a circuit", "check the tagged neurons",
+                              lambda cb: neuron_circuit(model, spec, tags, template=template), key="atlas_circuit")
+        if c is not None:
+            st.markdown(
+                f"**The {len(c.neurons)} tagged neurons as a circuit** ({c.n_pairs} pairs answered right): "
+                f"faithfulness {c.faithfulness.text()} — the other neurons of MLP {c.layer} at their mean over the "
+                f"counterfactuals at END, f = (m(C) − m(∅)) / (m(M) − m(∅)), m = answer logit − mean logit; "
+                f"steering {c.steering.scaled(100).text('{:.0f}', ' %')} of {c.n_steer} pairs — the tagged neurons "
+                f"set to their mean for another answer make the model predict that answer's first token.")

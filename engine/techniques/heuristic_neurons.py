@@ -32,6 +32,7 @@ from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptError, PromptPair
 from engine.techniques.batching import pad, pad_id
+from engine.techniques.intervals import Interval
 
 #: A neuron whose best heuristic reaches this held-out R^2 is tagged (the issue's threshold).
 TAG_R2 = 0.5
@@ -153,6 +154,117 @@ def heuristic_neurons(backend: ModelBackend, spec, *, layer: int | None = None, 
 
 
 # ---------------------------------------------------------------------------------------------
+# the tagged neurons as a circuit: faithfulness and steering
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NeuronCircuit:
+    """The tagged neurons of one layer as a circuit, on the grid's pairs the model answers right."""
+
+    layer: int
+    neurons: tuple[int, ...]
+    n_pairs: int
+    faithfulness: Interval  # f = (m(C) - m(0)) / (m(M) - m(0)), m = answer logit - mean logit at END
+    n_steer: int
+    steering: Interval      # share of pairs whose first answer token becomes the target's
+
+
+@torch.no_grad()
+def end_margins(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int,
+                 replace_end: torch.Tensor | None, *, batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair, (answer logit - mean logit, the top first token) at END, with the layer's hidden activation at END
+    replaced by ``replace_end`` [P, d_mlp] where it is not NaN (None: the model as it is)."""
+    margins, tops = [], []
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, mask, end = pad([p.ref_ids for p in chunk], pad_id(backend))
+        rows = torch.arange(len(chunk))
+        edits = []
+        if replace_end is not None:
+            new = replace_end[s:s + len(chunk)]
+
+            def fn(act: torch.Tensor, new=new, end=end, rows=rows) -> torch.Tensor:  # act: [batch, pos, d_mlp]
+                act = act.clone()
+                cur = act[rows, end.to(act.device)]
+                val = new.to(act.device, act.dtype)
+                act[rows, end.to(act.device)] = torch.where(torch.isnan(val), cur, val)
+                return act
+            edits = [(hooks.mlp_post(layer), fn)]
+        with backend.hooks(edits):
+            lg = backend.logits(ids, mask)[rows, end.to(backend.device)].float().cpu()  # [batch, vocab]
+        ans = torch.tensor([p.answer_id for p in chunk])
+        margins.append((lg[rows, ans] - lg.mean(-1)).double().numpy())
+        tops.append(lg.argmax(-1).numpy())
+    return np.concatenate(margins), np.concatenate(tops)
+
+
+def neuron_circuit(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, template: str | None = None
+                   ) -> NeuronCircuit:
+    """The tagged neurons of ``tags`` as a circuit, on the grid's pairs the model answers right.
+
+    * **Faithfulness.**  Every other neuron of the layer takes its mean activation over the grid's X_c at END (mean
+      ablation over the counterfactuals, at the position the answer is read); the tagged ones keep their own.  m =
+      answer logit - mean logit at END; f = (m(C) - m(0)) / (m(M) - m(0)) with 0 = every neuron of the layer
+      mean-ablated and M = the model, means over the pairs, its interval a bootstrap over the pairs.
+    * **Steering.**  For each pair, the target is the next answer of the grid (in grid order) with another first
+      token; the tagged neurons are set to their mean activation at END over the grid's X_r with that answer; a
+      success is the model's top first token becoming the target's.  The share and its bootstrap interval.
+    """
+    from dataclasses import replace
+
+    from engine.techniques.intervals import interval, mean_intervals
+    from engine.techniques.operand_grid import grid_pairs, grid_template
+    neurons = tuple(t.neuron for t in tags if t.tagged)
+    if not neurons:
+        raise PromptError(f"no neuron is tagged at R² ≥ {TAG_R2}: there is no circuit to check")
+    layer = tags[0].layer
+    all_pairs = grid_pairs(backend.tokenizer, replace(spec, balance=False), grid_template(spec, template))
+    act_r = end_activations(backend, [p.ref_ids for p in all_pairs], layer)        # [P, d_mlp]
+    act_c = end_activations(backend, [p.cf_ids for p in all_pairs], layer)
+    m_full, top = end_margins(backend, all_pairs, layer, None)
+    right = np.array([t == p.answer_id for t, p in zip(top, all_pairs)])
+    pairs = [p for p, ok in zip(all_pairs, right) if ok]
+    if len(pairs) < 2:
+        raise PromptError("the model answers fewer than 2 pairs of the grid right: no faithfulness to measure")
+    idx = torch.tensor(np.flatnonzero(right))
+    mean_c = act_c.mean(0)                                                          # [d_mlp]
+    empty = mean_c.expand(len(pairs), -1).clone()
+    circuit = empty.clone()
+    keep = torch.tensor(neurons)
+    circuit[:, keep] = act_r[idx][:, keep]
+    m_m = m_full[right]
+    m_0, _ = end_margins(backend, pairs, layer, empty)
+    m_c, _ = end_margins(backend, pairs, layer, circuit)
+
+    def f(i: np.ndarray) -> float:
+        den = m_m[i].mean() - m_0[i].mean()
+        return float((m_c[i].mean() - m_0[i].mean()) / den) if den != 0 else float("nan")
+    faith = interval(f, len(pairs))
+
+    by_answer: dict = {}
+    for i, p in enumerate(all_pairs):
+        by_answer.setdefault(p.answer, []).append(i)
+    steer_pairs, targets = [], []
+    n_all = len(all_pairs)
+    for i in np.flatnonzero(right):
+        p = all_pairs[i]
+        j = next((k for k in range(1, n_all) if all_pairs[(i + k) % n_all].answer_id != p.answer_id), None)
+        if j is not None:
+            steer_pairs.append(p)
+            targets.append(all_pairs[(i + j) % n_all])
+    if not steer_pairs:
+        raise PromptError("every pair of the grid has the same first answer token: nothing to steer towards")
+    new = torch.full((len(steer_pairs), act_r.shape[1]), float("nan"))
+    for i, t in enumerate(targets):
+        new[i, keep] = act_r[by_answer[t.answer]][:, keep].mean(0)
+    _, top_s = end_margins(backend, steer_pairs, layer, new)
+    success = np.array([int(t == g.answer_id) for t, g in zip(top_s, targets)], dtype=float)
+    mean, lo, hi = mean_intervals(success[:, None])
+    return NeuronCircuit(layer, neurons, len(pairs), faith, len(steer_pairs),
+                         Interval(float(mean[0]), float(lo[0]), float(hi[0])))
+
+
+# ---------------------------------------------------------------------------------------------
 # the command line (``python -m engine heuristic-neurons``, registered in engine.registry)
 # ---------------------------------------------------------------------------------------------
 
@@ -163,5 +275,12 @@ def cli(args, ctx) -> dict:
                                         template=args.grid_template, cache=ctx.cache, progress=bar)
     ctx.write_csv(args.out, [r.__dict__ for r in rows])
     tagged = [r for r in rows if r.tagged]
-    return {"out": str(args.out), "layer": layer, "neurons": len(rows), "tagged": len(tagged),
-            "tags": sorted({r.tag for r in tagged}), "threshold_r2": TAG_R2}
+    out = {"out": str(args.out), "layer": layer, "neurons": len(rows), "tagged": len(tagged),
+           "tags": sorted({r.tag for r in tagged}), "threshold_r2": TAG_R2}
+    if tagged:
+        c = neuron_circuit(ctx.model, ctx.spec(), rows, template=args.grid_template)
+        out["circuit"] = {"neurons": list(c.neurons), "pairs": c.n_pairs,
+                          "faithfulness": [c.faithfulness.value, c.faithfulness.low, c.faithfulness.high],
+                          "steering_pairs": c.n_steer,
+                          "steering_success": [c.steering.value, c.steering.low, c.steering.high]}
+    return out

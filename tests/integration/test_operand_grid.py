@@ -127,3 +127,39 @@ def test_the_bundled_model_has_heuristic_neurons_tagged_held_out(organism, grid)
     pairs = grid_pairs(organism.tokenizer, SPEC, grid_template(SPEC))
     act = end_activations(organism, [p.ref_ids for p in pairs], 6)[:, 5]
     assert torch.allclose(act, torch.tensor(grid.neurons["6.mlp.5"]), atol=1e-5)
+
+
+def test_the_tagged_neuron_circuit_is_checked_against_its_ends_and_a_plain_hook(organism):
+    from dataclasses import replace as dc_replace
+
+    from engine.techniques.heuristic_neurons import heuristic_neurons, neuron_circuit
+    tags, layer = heuristic_neurons(organism, SPEC, top=20)
+    c = neuron_circuit(organism, SPEC, tags)
+    assert c.neurons == tuple(t.neuron for t in tags if t.tagged) and c.n_pairs == 81
+    assert c.faithfulness.low <= c.faithfulness.value <= c.faithfulness.high
+    assert 0 <= c.steering.low <= c.steering.value <= c.steering.high <= 1
+    # every neuron of the layer kept: the model itself, f = 1; the circuit is never better than that here
+    d_mlp = organism.facts.d_mlp
+    every = [dc_replace(tags[0], neuron=n, tagged=True) for n in range(d_mlp)]
+    assert neuron_circuit(organism, SPEC, every).faithfulness.value == pytest.approx(1.0, abs=1e-9)
+    # steering one pair by hand: the tagged neurons at END set to their mean over the target answer's prompts
+    pairs = grid_pairs(organism.tokenizer, SPEC, grid_template(SPEC))
+    p, target = pairs[0], next(q for q in pairs[1:] if q.answer_id != pairs[0].answer_id)
+    with_target = [q for q in pairs if q.answer == target.answer]
+    keep = list(c.neurons)
+    acts = []
+    for q in with_target:
+        _, cache = organism.run_with_cache(torch.tensor([q.ref_ids]), None, [hooks.mlp_post(layer)])
+        acts.append(cache[hooks.mlp_post(layer)][0, -1, keep])
+    mean = torch.stack(acts).mean(0)
+
+    def set_neurons(act):
+        act = act.clone()
+        act[0, -1, keep] = mean.to(act.dtype)
+        return act
+    with organism.hooks([(hooks.mlp_post(layer), set_neurons)]):
+        top = int(organism.logits(torch.tensor([p.ref_ids]))[0, -1].argmax())
+    from engine.techniques.heuristic_neurons import end_margins
+    new = torch.full((1, d_mlp), float("nan"))
+    new[0, keep] = mean
+    assert int(end_margins(organism, [p], layer, new)[1][0]) == top
