@@ -7,6 +7,7 @@ import streamlit as st
 
 from engine.techniques.numbers import (
     DECODE_THRESHOLD,
+    FREQUENCY_SPACE,
     POSITIONS,
     TARGETS,
     cached_causal_check,
@@ -19,7 +20,7 @@ from engine.techniques.numbers import (
 )
 from ui.progress import USER_ERRORS, run_with_progress
 from ui.session import analysed_pairs, result_cache, setup_page
-from views.numbers import causal_bars, circle_scatter, helix_lines, probe_lines, spectrum_bars
+from views.numbers import causal_bars, circle_scatter, helix_lines, kappa_lines, probe_lines, spectrum_bars
 
 model, spec = setup_page(
     "Numbers",
@@ -41,12 +42,20 @@ df = pd.DataFrame([r.__dict__ for r in rows])
 first = first_decode_layer(rows)
 st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache") + " · "
            + (f"C decodes from the last token (accuracy ≥ {DECODE_THRESHOLD:.0%}) from layer {first} on"
-              if first is not None else f"C never decodes from the last token at accuracy ≥ {DECODE_THRESHOLD:.0%}")
+              if first is not None else f"C never decodes from the last token at accuracy ≥ {DECODE_THRESHOLD:.0%}"
+              if ((df["method"] == "logistic") & (df["target"] == "C")).any()
+              else "C has too few prompts per value to probe (5 answered right each; raise 'Prompts per op')")
            + ". Classification keeps the values with at least 5 prompts (n_prompts, n_classes in the tooltip).")
 st.altair_chart(probe_lines(df, "logistic", DECODE_THRESHOLD), width="stretch")
 st.caption("The number as a scalar: a ridge probe's held-out R².")
 st.altair_chart(probe_lines(df, "ridge"), width="stretch")
 st.download_button("Probe and helix rows (CSV)", df.to_csv(index=False).encode(), "numbers.csv", "text/csv")
+
+if df["method"].str.startswith("mod").any():
+    st.caption("Is C mod T linearly separable at the last token? The held-out Cohen's κ of a logistic probe of C mod "
+               "T (0 = chance; dashed: shuffled labels) per layer, for T = 2, 5, 10, 100 — the test a spectrum "
+               "cannot replace.")
+    st.altair_chart(kappa_lines(df), width="stretch")
 
 st.subheader("Fourier view of the number tokens")
 sp = run_with_progress("Number-token spectrum", "compute the number tokens' spectrum",
@@ -57,7 +66,10 @@ if sp is not None:
     st.caption(f"The DFT over the numbers 0..{N - 1} of their token embeddings and unembeddings: ‖F[k]‖ per frequency "
                f"k (period {N}/k). Dominant periods: embedding "
                f"{', '.join(f'{p:g}' for p in dominant_periods(sp[0], 'embedding'))}; unembedding "
-               f"{', '.join(f'{p:g}' for p in dominant_periods(sp[0], 'unembedding'))}.")
+               f"{', '.join(f'{p:g}' for p in dominant_periods(sp[0], 'unembedding'))}. Control: the same spectrum "
+               f"of log(1 + how often each number is written in the GSM8K, SVAMP, AddSub and SingleEq questions) — "
+               f"dominant periods {', '.join(f'{p:g}' for p in dominant_periods(sp[0], FREQUENCY_SPACE))}: a period "
+               f"the text's own frequencies have proves no Fourier feature; the κ above tests separability.")
     st.altair_chart(spectrum_bars(sdf), width="stretch")
 
 st.subheader("Helix fit")
@@ -82,8 +94,10 @@ if circ is not None and circ[0]:
 st.subheader("Causal check")
 try:
     at_layer = causal_layer(rows)
-except USER_ERRORS as e:
-    st.error(f"Cannot run the causal check: {e}")
+except USER_ERRORS:
+    st.info("The causal check moves the last token's residual stream towards another answer's class mean, so it "
+            "needs C probed at the last token: these prompts give too few per answer value (5 answered right each). "
+            "Raise 'Prompts per op' in the sidebar.")
 else:
     cc = run_with_progress("Causal check", "run the causal check",
                            lambda cb: cached_causal_check(model, pairs, at_layer, cache=cache, progress=cb))

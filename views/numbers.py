@@ -40,6 +40,23 @@ def probe_lines(df: pd.DataFrame, method: str = "logistic", threshold: float | N
         column=alt.Column("position:N", sort=list(POSITION_ORDER), title="position"))
 
 
+def kappa_lines(df: pd.DataFrame) -> alt.Chart:
+    """Held-out Cohen's kappa of n mod T per layer (C at END), one line per period T, dashed = shuffled labels."""
+    mods = df[df["method"].str.startswith("mod")]
+    long = pd.concat([
+        pd.DataFrame({"layer": mods["layer"], "T": mods["method"].str[3:], "kind": "probe", "kappa": mods["score"],
+                      "n_prompts": mods["n_prompts"]}),
+        pd.DataFrame({"layer": mods["layer"], "T": mods["method"].str[3:], "kind": "shuffled labels",
+                      "kappa": mods["baseline"], "n_prompts": mods["n_prompts"]})])
+    return alt.Chart(long).mark_line(point=True).encode(
+        x=alt.X("layer:O", title="layer (-1 = embedding)"),
+        y=alt.Y("kappa:Q", title="held-out Cohen's κ of C mod T", scale=alt.Scale(domain=[-0.2, 1], clamp=True)),
+        color=alt.Color("T:N", title="T", sort=["2", "5", "10", "100"], legend=LINE_LEGEND),
+        strokeDash=alt.StrokeDash("kind:N", legend=alt.Legend(orient="bottom", title=None)),
+        tooltip=["layer", "T", "kind", alt.Tooltip("kappa:Q", format=".3f"), "n_prompts"],
+    ).properties(width=560, height=220)
+
+
 def spectrum_bars(df: pd.DataFrame) -> alt.FacetChart:
     """|DFT| over the number axis per frequency (labelled by its period), dominant periods in the strong colour."""
     d = df.copy()
@@ -50,7 +67,7 @@ def spectrum_bars(df: pd.DataFrame) -> alt.FacetChart:
         color=alt.condition("datum.dominant", alt.value(PALETTE[0]), alt.value("#bbbbbb")),
         tooltip=["space", "k", "period_label", alt.Tooltip("magnitude:Q", format=".3f"),
                  alt.Tooltip("share:Q", format=".1%"), "dominant"],
-    ).properties(width=320, height=200).facet(column=alt.Column("space:N", title=None))
+    ).properties(width=280, height=200).facet(column=alt.Column("space:N", title=None)).resolve_scale(y="independent")
 
 
 def helix_lines(df: pd.DataFrame, position: str, target: str) -> alt.Chart:

@@ -24,14 +24,21 @@ the score is computed over the pooled held-out predictions (every prompt predict
 * ``ridge``: ``Ridge(alpha=RIDGE_ALPHA)`` on the scalar value, folds ``KFold``, all prompts;
   score = R² = 1 - Σ(y_i - ŷ_i)² / Σ(y_i - ȳ)² over the pooled held-out predictions;
 * ``baseline``: the same estimator, folds and score with the labels permuted once
-  (``numpy.random.default_rng(seed).permutation``) -- what a probe of this size reads from nothing.
+  (``numpy.random.default_rng(seed).permutation``) -- what a probe of this size reads from nothing;
+* ``mod2``, ``mod5``, ``mod10``, ``mod100`` (C at END): the logistic probe of C mod T, StratifiedKFold, score =
+  Cohen's kappa of the pooled held-out predictions (chance = 0), baseline on permuted labels -- whether n mod T is
+  linearly separable, the test a spectrum cannot replace.  A target with too few prompts per value has no
+  logistic row; the other targets and rows are still computed.
 
 **2. Fourier view.**  The numbers 0..99 when each is one token of its own under the answer-token rule,
 else the digits 0..9 (else a ValueError: no number tokens).  E[n] is the number token's embedding
 (``hook_embed``) and U[n] = W_U[:, token(n)] its unembedding, n = 0..N-1.  The DFT over the number
 axis, F[k] = Σ_n E[n] e^{-2πikn/N} (a vector of d_model complex numbers, numpy.fft.fft along n), gives
 magnitude(k) = ||F[k]||₂ for k = 1..N//2 (period N/k), and share(k) = magnitude(k)² / Σ_{k'=1..N//2}
-magnitude(k')².  The three k with the largest magnitude are marked ``dominant``.
+magnitude(k')².  The three k with the largest magnitude are marked ``dominant``.  The control (space ``text
+frequency``): the same spectrum of log(1 + count[n]), count[n] = how often n is written as a whole number in the
+questions of GSM8K, SVAMP, AddSub and SingleEq (``../shared/data``) -- periods 2, 5, 10 appear in the frequency of
+numbers in text itself, so a peak the embedding shares with it proves nothing.
 
 **3. Helix.**  For the same layers, positions and targets, an ordinary least-squares fit (no probe,
 in-sample) of the P x d matrix X = x[l, pos] on the basis of the target number n:
@@ -58,7 +65,9 @@ C from directions the model does not use; a shift that moves the answer shows a 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -73,7 +82,7 @@ from engine.techniques.attention import token_roles
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
 
 METHOD = "numbers"
-VERSION = 1  # bumped when a quantity of the docstring changes (part of every cache key below)
+VERSION = 2  # bumped when a quantity of the docstring changes (part of every cache key below)
 POSITIONS: tuple[str, ...] = ("END", "A", "B")
 TARGETS: tuple[str, ...] = ("A", "B", "C")
 ROLE_OF = {"A": "operand A", "B": "operand B"}
@@ -222,24 +231,44 @@ class NumberRow:
     layer: int          # -1 = embedding
     position: str       # END, A, B
     target: str         # A, B, C
-    method: str         # logistic (accuracy) | ridge (R²) | helix (R², baseline linear R²) | means (R²)
+    method: str         # logistic (accuracy) | ridge (R²) | helix (R², baseline linear R²) | means (R²) |
+    #                     mod2 / mod5 / mod10 / mod100 (Cohen's kappa of n mod T; C at END only)
     score: float
     baseline: float     # probes and means: permuted labels; helix: the linear fit [n, 1]
     n_prompts: int
     n_classes: int
 
 
+def mod_kappa(X: np.ndarray, labels: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
+    """Held-out Cohen's kappa of the logistic probe of ``labels`` (pooled over StratifiedKFold folds)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import cohen_kappa_score
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    est = make_pipeline(StandardScaler(), LogisticRegression(C=LOGREG_C, solver="newton-cg", max_iter=1000))
+    pred = cross_val_predict(est, X, labels, cv=StratifiedKFold(folds, shuffle=True, random_state=seed))
+    return float(cohen_kappa_score(labels, pred))
+
+
 def layer_rows(layer: int, X: np.ndarray, values: dict[str, np.ndarray], seed: int) -> list[NumberRow]:
-    """Every row of one layer; X [3, P, d] (POSITIONS)."""
+    """Every row of one layer; X [3, P, d] (POSITIONS).  A target with fewer than two values of FOLDS prompts has no
+    logistic row (its other rows stay)."""
     out = []
     for pi, pos in enumerate(POSITIONS):
         for t in TARGETS:
             y, x = values[t], X[pi]
-            keep = kept_values(y)
-            yk, xk = y[keep], x[keep]
-            nk = len(np.unique(yk))
-            out.append(NumberRow(layer, pos, t, "logistic", logistic_accuracy(xk, yk, seed),
-                                 logistic_accuracy(xk, shuffled(yk, seed), seed), int(keep.sum()), nk))
+            try:
+                keep = kept_values(y)
+            except ValueError:
+                keep = None
+            if keep is not None:
+                yk, xk = y[keep], x[keep]
+                nk = len(np.unique(yk))
+                out.append(NumberRow(layer, pos, t, "logistic", logistic_accuracy(xk, yk, seed),
+                                     logistic_accuracy(xk, shuffled(yk, seed), seed), int(keep.sum()), nk))
+            if pos == "END" and t == "C" and np.all(y == np.round(y)):
+                out.extend(mod_rows(layer, x, y.astype(int), seed))
             nv = len(np.unique(y))
             out.append(NumberRow(layer, pos, t, "ridge", ridge_r2(x, y, seed), ridge_r2(x, shuffled(y, seed), seed),
                                  len(y), nv))
@@ -250,13 +279,37 @@ def layer_rows(layer: int, X: np.ndarray, values: dict[str, np.ndarray], seed: i
     return out
 
 
+def mod_rows(layer: int, x: np.ndarray, n: np.ndarray, seed: int) -> list[NumberRow]:
+    """``mod T`` rows (method ``mod2`` ...): is n mod T linearly separable in x, held out -- Cohen's kappa of the
+    logistic probe of n mod T for T in PERIODS, beside the same probe on shuffled labels; classes with fewer than
+    FOLDS prompts left out, no row below two classes."""
+    out = []
+    for T in PERIODS:
+        labels = np.mod(n, T)
+        vals, counts = np.unique(labels, return_counts=True)
+        keep = np.isin(labels, vals[counts >= FOLDS])
+        if len(np.unique(labels[keep])) < 2:
+            continue
+        lk, xk = labels[keep], x[keep]
+        out.append(NumberRow(layer, "END", "C", f"mod{T}", mod_kappa(xk, lk, seed), mod_kappa(xk, shuffled(lk, seed),
+                                                                                              seed),
+                             int(keep.sum()), len(np.unique(lk))))
+    return out
+
+
 def number_probes(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers: Sequence[int] | None = None,
                   seed: int = 0, progress: ProgressFn | None = None) -> list[NumberRow]:
     """The probe and helix rows of the module docstring for ``layers`` (default: -1 .. L-1)."""
     layers = check_layers(all_layers(backend) if layers is None else layers, backend.facts.n_layers)
     values = target_values(pairs)
+    fails = []
     for t in TARGETS:
-        kept_values(values[t])  # the user error before any forward pass
+        try:
+            kept_values(values[t])
+        except ValueError as e:
+            fails.append(e)
+    if len(fails) == len(TARGETS):
+        raise fails[0]  # the user error before any forward pass; one target with enough prompts is enough
     n_batches = len(batches(len(pairs), 64))
     total = n_batches + len(layers)
     X = residuals(backend, pairs, layers, progress=progress, total=total)
@@ -350,18 +403,56 @@ def spectrum(V: np.ndarray, space: str) -> list[SpectrumRow]:
             for k, m in zip(ks, mag)]
 
 
+#: The math sets whose question texts give each number's frequency in text (the Fourier view's control).
+FREQUENCY_SETS = ("gsm8k", "svamp", "addsub", "singleeq")
+FREQUENCY_SPACE = "text frequency"
+_WHOLE_NUMBER = re.compile(r"(?<![\d.,])\d+(?![\d]|[.,]\d)")
+
+
+def number_frequencies(N: int, data_dir: Path | None = None) -> tuple[np.ndarray, int]:
+    """How often each integer 0..N-1 is written as a whole number (not part of a longer number or a decimal) in the
+    questions of :data:`FREQUENCY_SETS` (every ``*.normalized.jsonl`` split in ``../shared/data``); (counts [N],
+    questions read).  ValueError when none can be read."""
+    import json
+
+    from engine.evaluation.benchmarks import default_data_dir
+    root = data_dir or default_data_dir()
+    counts = np.zeros(N)
+    read = 0
+    for name in FREQUENCY_SETS:
+        for path in sorted((root / name).glob("*.normalized.jsonl")):
+            with open(path, encoding="utf-8") as f:  # lines end at "\n" only (questions hold U+2028)
+                for line in f:
+                    if not line.strip():
+                        continue
+                    read += 1
+                    for m in _WHOLE_NUMBER.findall(json.loads(line).get("question", "")):
+                        if int(m) < N:
+                            counts[int(m)] += 1
+    if not read:
+        raise ValueError(f"no question texts under {root} ({', '.join(FREQUENCY_SETS)}): the frequency baseline "
+                         f"needs the math sets (set ARITHLAB_DATA)")
+    return counts, read
+
+
 def number_spectrum(backend: ModelBackend, pairs: Sequence[PromptPair]) -> list[SpectrumRow]:
+    """The spectra of the number tokens' embeddings and unembeddings, and of log(1 + their frequency in text): a
+    period the text's own frequencies have (numbers ending in 0 or 5 are written more often) shows in any vector
+    that encodes frequency, so a spectral peak alone proves no Fourier feature."""
     if not pairs:
         raise ValueError("no prompt pairs")
-    _, ids = number_range(backend, pairs[0].ref_text)
+    numbers, ids = number_range(backend, pairs[0].ref_text)
     vecs = number_vectors(backend, ids)
-    return spectrum(vecs["embedding"], "embedding") + spectrum(vecs["unembedding"], "unembedding")
+    counts, _ = number_frequencies(len(numbers))
+    return (spectrum(vecs["embedding"], "embedding") + spectrum(vecs["unembedding"], "unembedding")
+            + spectrum(np.log1p(counts)[:, None], FREQUENCY_SPACE))
 
 
 def cached_number_spectrum(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None
                            ) -> tuple[list[SpectrumRow], bool]:
     from engine.results import run_cached_rows
-    params = {"version": VERSION, "dtype": backend.facts.dtype, "n_dominant": N_DOMINANT}
+    params = {"version": VERSION, "dtype": backend.facts.dtype, "n_dominant": N_DOMINANT,
+              "frequency": {"sets": list(FREQUENCY_SETS), "v": 1}}
     rows, _, computed = run_cached_rows(backend, pairs, METHOD + "_spectrum", params,
                                         lambda: (number_spectrum(backend, pairs), None), SpectrumRow,
                                         ("magnitude", "share"), cache)

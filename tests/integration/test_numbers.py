@@ -94,6 +94,22 @@ def hand_logistic(X, y, seed=0, folds=N.FOLDS) -> float:
     return right / len(y)
 
 
+def hand_kappa(X, y, seed=0, folds=N.FOLDS) -> float:
+    """Cohen's kappa of the pooled held-out predictions of a hand fold loop, by its formula (p_o - p_e) / (1 - p_e)."""
+    from sklearn.base import clone
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    proto = make_pipeline(StandardScaler(), LogisticRegression(C=N.LOGREG_C, solver="newton-cg", max_iter=1000))
+    pred = np.empty_like(y)
+    for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(X, y):
+        pred[test] = clone(proto).fit(X[train], y[train]).predict(X[test])
+    p_o = float((pred == y).mean())
+    p_e = sum(float((y == c).mean() * (pred == c).mean()) for c in np.unique(np.concatenate([y, pred])))
+    return (p_o - p_e) / (1 - p_e)
+
+
 def hand_ridge(X, y, seed=0, folds=N.FOLDS) -> float:
     """Pooled held-out R² of ridge in plain numpy: standardize on the training fold, closed form, intercept."""
     from sklearn.model_selection import KFold
@@ -164,7 +180,15 @@ def test_probe_scores_equal_a_hand_written_fold_loop(organism, add_pairs, plain)
     X = plain[layer]
     vals = N.target_values(add_pairs)
     got = {(r.position, r.target, r.method): r for r in rows}
-    assert len(rows) == len(N.POSITIONS) * len(N.TARGETS) * 4
+    mods = [r for r in rows if r.method.startswith("mod")]
+    assert len(rows) - len(mods) == len(N.POSITIONS) * len(N.TARGETS) * 4 and 0 < len(mods) <= len(N.PERIODS)
+    c = vals["C"].astype(int)
+    for r in mods:  # C mod T at END: kappa of the held-out logistic probe, classes with FOLDS prompts
+        labels = np.mod(c, int(r.method[3:]))
+        v, n = np.unique(labels, return_counts=True)
+        keep = np.isin(labels, v[n >= N.FOLDS])
+        assert (r.position, r.target, r.n_prompts) == ("END", "C", int(keep.sum()))
+        assert r.score == pytest.approx(hand_kappa(X[0][keep], labels[keep]), abs=0.03)
     for pi, pos in enumerate(N.POSITIONS):
         for t in N.TARGETS:
             y = vals[t]
@@ -301,11 +325,14 @@ def test_cli_csv_json_and_bad_inputs(tmp_path):
     res = json.loads(r.stdout)
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0])[:6] == ["layer", "position", "target", "method", "score", "baseline"]
-    assert {x["layer"] for x in rows} == {"-1", "0", "7"} and len(rows) == 3 * 9 * 4
+    plain_rows = [x for x in rows if not x["method"].startswith("mod")]
+    assert {x["layer"] for x in rows} == {"-1", "0", "7"} and len(plain_rows) == 3 * 9 * 4
     assert res["first_layer_C_decodes_at_END"] == 7 and res["last_layer"]["C@END"]["accuracy"] >= 0.9
     assert res["dominant_periods"]["embedding"] and {c["method"] for c in res["causal_check"]} == {
         "class-means", "random"}
-    assert len(list(csv.DictReader((tmp_path / "s.csv").open()))) == 10
+    spectrum_rows = list(csv.DictReader((tmp_path / "s.csv").open()))  # digits 0-9: 5 frequencies per space
+    assert len(spectrum_rows) == 15 and {x["space"] for x in spectrum_rows} == {
+        "embedding", "unembedding", N.FREQUENCY_SPACE}
     for args, phrase in ((("--layers", "99"), "do not exist"), (("--layers", "x"), "comma list"),
                          (("--n", "2"), "prompts per value")):
         r = run_cli("numbers", "--op", "add", "--out", str(out), *args, cache=cache)
@@ -319,7 +346,7 @@ def test_page_renders_its_charts_and_a_bad_prompt_set_is_an_error(tmp_path, monk
     from tests.app.conftest import REPO
     monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "page.duckdb"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for n, charts in ((40, 6), (2, 0)):
+    for n, charts in ((40, 7), (2, 0)):  # probes 2, mod-T kappa, spectrum, helix 2, causal
         at = AppTest.from_file(str(REPO / "pages" / "10_Numbers.py"), default_timeout=300)
         at.session_state["prompt_set"] = {"ops": ["add"], "families": "paper (Fig. 8, 32 templates)", "n": n,
                                           "seed": 0}
