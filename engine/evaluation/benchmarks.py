@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from engine.paths import REPO_ROOT
+from engine.paths import default_data_dir
 
 BENCHMARKS: tuple[str, ...] = ("gsm8k", "addsub", "singleeq", "svamp", "mmlu", "csqa")
 MATH_BENCHMARKS: tuple[str, ...] = ("gsm8k", "addsub", "singleeq", "svamp")
@@ -60,7 +59,6 @@ HUB_SOURCES: dict[str, tuple[str, str | None, dict[str, str]]] = {
     "mmlu": ("cais/mmlu", "all", {"test": "test", "val": "validation", "dev": "dev"}),
 }
 
-ENV_DATA_DIR = "ARITHLAB_DATA"
 
 LETTERS = "ABCDEFGHIJ"
 DIGITS = "123456789"
@@ -133,12 +131,6 @@ def _check_split(split: str) -> str:
     if not isinstance(split, str) or not split or "/" in split or "\\" in split or split.startswith("."):
         raise BenchmarkError(f"bad split name {split!r}: e.g. test, train, dev, val")
     return split
-
-
-def default_data_dir() -> Path:
-    """``$ARITHLAB_DATA`` if set, else ``<repo>/../shared/data``."""
-    env = os.environ.get(ENV_DATA_DIR, "").strip()
-    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
 
 
 def format_number(x: int | float) -> str:

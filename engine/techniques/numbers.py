@@ -415,7 +415,7 @@ def number_frequencies(N: int, data_dir: Path | None = None) -> tuple[np.ndarray
     questions read).  ValueError when none can be read."""
     import json
 
-    from engine.evaluation.benchmarks import default_data_dir
+    from engine.paths import default_data_dir
     root = data_dir or default_data_dir()
     counts = np.zeros(N)
     read = 0
