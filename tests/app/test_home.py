@@ -107,4 +107,4 @@ def test_home_builds_the_report_and_offers_it_for_download():
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     html = at.session_state[[k for k in at.session_state if str(k).startswith("report:")][0]]
-    assert html.startswith("<!DOCTYPE html>") and html.count('class="chart"') == 5 and "vegaEmbed" in html
+    assert html.startswith("<!DOCTYPE html>") and html.count('class="chart"') == 6 and "vegaEmbed" in html

@@ -20,15 +20,15 @@ def test_report_opens_offline_with_its_charts_drawn(browser, tmp_path):
     res = json.loads(r.stdout)
     assert res["prompt_set"]["n_kept"] > 0 and len(res["prompt_set"]["hash"]) >= 16
     assert sorted(p.name for p in images.iterdir()) == sorted(f"{n}.{e}" for n in
-                                                             ("patching", "roles", "projections", "lens", "knockout")
+                                                             ("patching", "roles", "projections", "lens", "knockout", "circuit")
                                                              for e in ("svg", "png"))
     ctx = browser.new_context(offline=True, viewport={"width": 1100, "height": 3000})
     requests: list[str] = []
     ctx.on("request", lambda req: requests.append(req.url))
     page = ctx.new_page()
     page.goto(out.as_uri())
-    page.wait_for_function("() => document.querySelectorAll('.chart').length === 5 && "
-                           "document.querySelectorAll('.chart svg.marks').length === 5", timeout=60_000)
+    page.wait_for_function("() => document.querySelectorAll('.chart').length === 6 && "
+                           "document.querySelectorAll('.chart svg.marks').length === 6", timeout=60_000)
     assert page.get_by_text("chart error").count() == 0
     text = page.inner_text("body")
     assert "fingerprint" in text and res["prompt_set"]["hash"] in text and "transformer-lens" in text
