@@ -200,7 +200,8 @@ def read_text_pairs(tokenizer: TokenizerLike, path: str) -> list[PromptPair]:
     from engine.prompts.typed import parse_typed_prompt
     pairs: list[PromptPair] = []
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        with open(path, encoding="utf-8") as f:  # lines end at "\n" only: a prompt may hold U+2028
+            lines = [line.rstrip("\n") for line in f]
     except OSError as e:
         raise PromptError(f"cannot read {path}: {e.strerror or e}") from None
     for lineno, line in enumerate(lines, 1):
