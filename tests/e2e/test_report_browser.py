@@ -19,9 +19,8 @@ def test_report_opens_offline_with_its_charts_drawn(browser, tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["prompt_set"]["n_kept"] > 0 and len(res["prompt_set"]["hash"]) >= 16
-    assert sorted(p.name for p in images.iterdir()) == sorted(f"{n}.{e}" for n in
-                                                             ("patching", "roles", "projections", "lens", "knockout", "circuit")
-                                                             for e in ("svg", "png"))
+    charts = ("patching", "roles", "projections", "lens", "knockout", "circuit")
+    assert sorted(p.name for p in images.iterdir()) == sorted(f"{n}.{e}" for n in charts for e in ("svg", "png"))
     ctx = browser.new_context(offline=True, viewport={"width": 1100, "height": 3000})
     requests: list[str] = []
     ctx.on("request", lambda req: requests.append(req.url))
