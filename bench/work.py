@@ -2,8 +2,9 @@
 
 Forward-equivalent (FE): one batched forward pass of the prompt set (right-padded, full logits) = 1.  The work of
 every forward call is *counted* (positions through the blocks, positions through the final norm + unembedding,
-MLP-branch rows of the exact END chains) by wrapping the backend's methods, and weighted by multiply-accumulates
-per position from the model's shape (:func:`engine.backends.base.macs_per_position`); attention scores are left out.
+MLP-branch rows of the exact END chains; a continued prefix: its positions, then the new positions after it) by
+wrapping the backend's methods, and weighted by multiply-accumulates per position from the model's shape
+(:func:`engine.backends.base.macs_per_position`); attention scores are left out.
 """
 
 from __future__ import annotations
@@ -45,6 +46,21 @@ class Counter:
             self.mlp_rows += int(x.shape[0])
             return mlp(layer, x)
         backend.logits, backend.run_with_cache, backend.mlp_branch = logits_w, rwc_w, mlp_w
+        if backend.continues:  # a prefix's keys and values, and the positions continuing them
+            prefix, cont = backend.prefix, backend.continue_end_logits
+
+            def prefix_w(ids):
+                self.calls += 1
+                self.body += int(ids.numel())
+                self.unembed += int(ids.shape[0]) if backend.end_rows_ok() else int(ids.numel())
+                return prefix(ids)
+
+            def cont_w(pre, rows, ids, **kw):
+                self.calls += 1
+                self.body += int(ids.numel())
+                self.unembed += int(ids.shape[0]) if backend.end_rows_ok() else int(ids.numel())
+                return cont(pre, rows, ids, **kw)
+            backend.prefix, backend.continue_end_logits = prefix_w, cont_w
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return self.body, self.unembed, self.mlp_rows, self.calls

@@ -79,7 +79,7 @@ class BridgeBackend(ModelBackend):
         return True
 
     def prefix(self, input_ids: torch.Tensor) -> object:
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), self.last_position_only(input_ids.shape[1]):  # the keys and values only
             lg, cache = self.bridge(input_ids.to(self.device), return_type="logits_and_cache", use_cache=True)
         self.meter.record(input_ids, lg)
         return cache

@@ -66,14 +66,17 @@ def _score(model, pairs: Sequence[PromptPair], *, batch_size: int, progress: Pro
            ) -> list[PairScore]:
     import torch
 
+    from engine.techniques.batching import call_tokens, length_batches, pad_id
     from engine.techniques.batching import pad as pad_batch
-    from engine.techniques.batching import pad_id
 
     digit_ids = _number_piece_ids(model.tokenizer, model.facts.vocab_size)
     pad = pad_id(model)
-    scores: list[PairScore] = []
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start:start + batch_size]
+    scores: list[PairScore | None] = [None] * len(pairs)
+    done = 0
+    # batches of similar length (least padding for the calls they take), the scores back in the pairs' order
+    for idx in length_batches([len(p.ref_ids) + len(p.answer_ids) for p in pairs], batch_size,
+                              call_tokens(model.facts)):
+        chunk = [pairs[i] for i in idx]
         seqs = [p.ref_ids + p.answer_ids for p in chunk]
         ids, mask, _ = pad_batch(seqs, pad)
         # positions END .. END + len(answer) of each row (the last one repeated as padding)
@@ -87,9 +90,10 @@ def _score(model, pairs: Sequence[PromptPair], *, batch_size: int, progress: Pro
             first_ok = pred[0] == p.answer_id
             full_ok = pred[:len(p.answer_ids)] == p.answer_ids and pred[len(p.answer_ids)] not in digit_ids
             prob = torch.softmax(out[i, 0], -1)[p.answer_id].item()
-            scores.append(PairScore(first_ok, full_ok, prob))
+            scores[idx[i]] = PairScore(first_ok, full_ok, prob)
+        done += len(idx)
         if progress is not None:
-            progress(min(start + batch_size, len(pairs)), len(pairs))
+            progress(done, len(pairs))
     return scores
 
 

@@ -8,6 +8,7 @@ continuations left-pad instead (``left=True``), so every row's last real token i
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
@@ -109,6 +110,37 @@ def pair_batches(backend, pairs: Sequence[PromptPair], batch_size: int) -> list[
 #: cached positions x rows of one batched pass (END-only logits): knockouts, head -> head rows and
 #: layer x position cells all fill their passes up to this many token positions
 TOKENS_PER_PASS = 4096
+
+
+#: a forward call's fixed cost (hook dispatch, per layer), in multiply-accumulates
+CALL_MACS_PER_LAYER = 15e6
+
+
+def call_tokens(facts) -> float:
+    """A forward call's fixed cost in token positions of the model's blocks (:data:`CALL_MACS_PER_LAYER`)."""
+    from engine.backends.base import macs_per_position
+    return facts.n_layers * CALL_MACS_PER_LAYER / max(1.0, macs_per_position(facts)[0])
+
+
+def length_batches(lengths: Sequence[int], max_rows: int, call_cost: float = 0.0) -> list[list[int]]:
+    """Indices of sequences of ``lengths`` in right-padded batches of at most ``max_rows``, chosen to cost least:
+    a batch costs the positions it runs (rows x its longest sequence, padding included) plus ``call_cost``
+    positions for the call (:func:`call_tokens`).  Sorted by length, the best cut into consecutive runs is found
+    by dynamic programming over the first j sequences (O(n x max_rows)); the batches come shortest first."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n, rows = len(order), max(1, max_rows)
+    best, cut = [0.0] + [math.inf] * n, [0] * (n + 1)
+    for j in range(1, n + 1):  # the j shortest sequences, the last batch ending at the j-th
+        width = lengths[order[j - 1]]
+        for i in range(max(0, j - rows), j):
+            cost = best[i] + (j - i) * width + call_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], n
+    while j > 0:
+        out.append(order[cut[j]:j])
+        j = cut[j]
+    return out[::-1]
 
 
 def length_chunks(pairs: Sequence[PromptPair], tokens_per_pass: int) -> list[list[int]]:

@@ -28,7 +28,7 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn, current_check
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import TOKENS_PER_PASS, length_chunks, pad, pad_id
+from engine.techniques.batching import CALL_MACS_PER_LAYER, TOKENS_PER_PASS, length_chunks, pad, pad_id
 
 ALL = "*"
 
@@ -232,19 +232,20 @@ def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: t
 
 @contextmanager
 def counterfactual_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: torch.Tensor,
-                        z_cf: torch.Tensor, mlp_cf: torch.Tensor, copies: int = 1) -> Iterator[None]:
+                        z_cf: torch.Tensor, mlp_cf: torch.Tensor, copies: int = 1, start: int = 0) -> Iterator[None]:
     """Within the block, the masked heads and MLPs of each row take their values on that row's own
     counterfactual prompt X_c, at every position (interchange ablation; X_r and X_c have the same length).
 
     z_cf: [n, L, pos, H, d_head]; mlp_cf: [n, L, pos, d_model]: the X_c activations of n prompts; the batch is
-    ``copies`` x n rows (set-major: row r is prompt r mod n)."""
+    ``copies`` x n rows (set-major: row r is prompt r mod n); ``start``: the forward passes run positions
+    ``start ..`` only (a continued prefix)."""
     every = torch.ones(copies * z_cf.shape[0], z_cf.shape[2], dtype=torch.bool)
 
     def rows(x: torch.Tensor) -> torch.Tensor:  # [n, pos, ...] -> [copies * n, pos, ...]
         return x.repeat(copies, *([1] * (x.dim() - 1)))
     with replaced_rows(backend, head_mask, mlp_mask,
-                       lambda layer, width: (rows(z_cf[:, layer, :width]), every[:, :width]),
-                       lambda layer, width: (rows(mlp_cf[:, layer, :width]), every[:, :width])):
+                       lambda layer, width: (rows(z_cf[:, layer, start:start + width]), every[:, :width]),
+                       lambda layer, width: (rows(mlp_cf[:, layer, start:start + width]), every[:, :width])):
         yield
 
 
@@ -258,8 +259,6 @@ def knocked_out(backend: ModelBackend, ko: Knockout, means: MeanActivations,
     with knocked_out_rows(backend, heads.expand(n, -1, -1), mlps.expand(n, -1), means, templates, ends):
         yield
 
-
-CALL_MACS_PER_LAYER = 15e6  # a forward call's fixed cost (hook dispatch, per layer), in multiply-accumulates
 
 
 def _padding_pays(backend: ModelBackend, pairs: Sequence[PromptPair], n_sets: int, n_chunks: int,
@@ -318,7 +317,11 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
     """Each reference prompt's END readout (right or not, answer-logit margin) under each knockout of ``kos``.
 
     ``means`` None: **counterfactual** ablation -- a knocked-out component takes its value on the prompt's own
-    X_c (:func:`counterfactual_rows`; one extra pass of X_c per chunk) instead of the mean over X_c.
+    X_c (:func:`counterfactual_rows`; one extra pass of X_c per chunk) instead of the mean over X_c.  X_r and
+    X_c agree on every token before the first one they differ in (d), so every activation there is the same in
+    both and no ablation changes it: the chunks then group prompts of one length *and* one d, and the sets'
+    passes continue X_r's keys and values of the first d positions (``backend.prefix``), running only positions
+    d .. END (:func:`_continued`; checked first on X_c, the textbook passes otherwise).
 
     Each **distinct** knockout set is evaluated once, reading only the END position's logits.  The
     prompts go in chunks of equal length (no padding, see :func:`length_chunks`), and several sets
@@ -341,9 +344,10 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
     right = torch.zeros(len(distinct), len(pairs), dtype=torch.bool)
     margin = torch.zeros(len(distinct), len(pairs))
     heads_all, mlps_all = head_masks(distinct, L, H)
-    chunks = length_chunks(pairs, tokens_per_pass)
+    continues = means is None and backend.continues
+    chunks = shared_prefix_chunks(pairs, tokens_per_pass) if continues else length_chunks(pairs, tokens_per_pass)
     if sets_per_pass is None and _padding_pays(backend, pairs, len(distinct), len(chunks), tokens_per_pass):
-        chunks = [list(range(len(pairs)))]  # small work on a small model: one padded pass
+        chunks, continues = [list(range(len(pairs)))], False  # small work on a small model: one padded pass
     pad_token = pad_id(backend)
     total, done = len(distinct) * len(chunks), 0
     for idx in chunks:
@@ -352,19 +356,26 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
         n, width = ids.shape
         if bool(mask.all()):
             mask = None
-        per_pass = sets_per_pass or max(1, tokens_per_pass // (n * width))
-        if means is None:  # the chunk's own X_c activations
+        start = first_difference(chunk) if continues and mask is None else 0
+        per_pass = sets_per_pass or max(1, tokens_per_pass // (n * (width - start)))
+        if means is None:  # the chunk's own X_c activations (and its END logits, for the continuation's check)
             cf, _, _ = pad([p.cf_ids for p in chunk], pad_token)
-            z_cf, mlp_cf = cf_activations(backend, cf, mask)
+            lg_c, z_cf, mlp_cf = cf_activations(backend, cf, mask, end)
+        run = _continued(backend, ids, cf, lg_c, start, len(distinct)) if start else None
         for g in range(0, len(distinct), per_pass):
             m = min(per_pass, len(distinct) - g)
             hm = heads_all[g:g + m].repeat_interleave(n, 0)  # [m * n, L, H]: set-major rows
             mm = mlps_all[g:g + m].repeat_interleave(n, 0)
             ablated = (knocked_out_rows(backend, hm, mm, means, [p.template for p in chunk] * m, end.tolist() * m)
-                       if means is not None else counterfactual_rows(backend, hm, mm, z_cf, mlp_cf, m))
+                       if means is not None
+                       else counterfactual_rows(backend, hm, mm, z_cf, mlp_cf, m, 0 if run is None else start))
             with ablated:
-                lg = backend.end_logits(ids.repeat(m, 1), None if mask is None else mask.repeat(m, 1),
-                                        end.repeat(m)).float()  # [m * n, vocab]
+                if run is None:
+                    lg = backend.end_logits(ids.repeat(m, 1), None if mask is None else mask.repeat(m, 1),
+                                            end.repeat(m)).float()  # [m * n, vocab]
+                else:  # positions start .. END of every row, after X_r's first ``start`` keys and values
+                    lg = backend.continue_end_logits(run, torch.arange(n).repeat(m), ids[:, start:].repeat(m, 1),
+                                                     start=start).float()
             ans = answers[idx].repeat(m).to(lg.device)  # [m * n]
             right[g:g + m, idx] = (lg.argmax(-1) == ans).cpu().view(m, n)
             margin[g:g + m, idx] = (lg.gather(1, ans[:, None])[:, 0] - lg.mean(-1)).cpu().view(m, n)
@@ -375,15 +386,51 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
     return EndReadout(right[row], margin[row])
 
 
-def cf_activations(backend: ModelBackend, cf_ids: torch.Tensor, mask: torch.Tensor | None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every head's z and every MLP's output on the counterfactual prompts ``cf_ids`` [n, pos]:
-    ([n, L, pos, H, d_head], [n, L, pos, d_model])."""
+def cf_activations(backend: ModelBackend, cf_ids: torch.Tensor, mask: torch.Tensor | None, end: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The END logits, every head's z and every MLP's output on the counterfactual prompts ``cf_ids`` [n, pos]
+    (``end`` [n]): ([n, vocab], [n, L, pos, H, d_head], [n, L, pos, d_model])."""
     L = backend.facts.n_layers
     names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
-    _, c = backend.run_with_cache(cf_ids, mask, names)
-    return (torch.stack([c[hooks.attn_z(layer)] for layer in range(L)], 1),
+    lg, c = backend.run_with_cache_at(cf_ids, mask, names, end.reshape(-1, 1))
+    return (lg[:, 0].float(), torch.stack([c[hooks.attn_z(layer)] for layer in range(L)], 1),
             torch.stack([c[hooks.mlp_out(layer)] for layer in range(L)], 1))
+
+
+def first_difference(pairs: Sequence[PromptPair]) -> int:
+    """The first position at which some pair's X_r and X_c differ (every position before it is shared)."""
+    return min(next((i for i, (r, c) in enumerate(zip(p.ref_ids, p.cf_ids)) if r != c), len(p.ref_ids) - 1)
+               for p in pairs)
+
+
+def shared_prefix_chunks(pairs: Sequence[PromptPair], tokens_per_pass: int) -> list[list[int]]:
+    """:func:`length_chunks` cut further by :func:`first_difference`, so each chunk shares its prefix length."""
+    out = []
+    for idx in length_chunks(pairs, tokens_per_pass):
+        by_start: dict[int, list[int]] = {}
+        for i in idx:
+            by_start.setdefault(first_difference([pairs[i]]), []).append(i)
+        out += [by_start[k] for k in sorted(by_start)]
+    return out
+
+
+def _continued(backend: ModelBackend, ref: torch.Tensor, cf: torch.Tensor, lg_c: torch.Tensor, start: int,
+               n_sets: int) -> object | None:
+    """X_r's keys and values of its first ``start`` positions (``ref`` [n, width], unpadded), when continuing
+    them saves work for ``n_sets`` sets and reproduces X_c's END logits ``lg_c`` [n, vocab] from X_c's own
+    positions ``start ..`` (X_c shares them); None: the textbook passes (not worth it, or not reproduced)."""
+    from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, logit_scale
+    n, width = ref.shape
+    if not 1 <= start < width or n_sets * start <= 2 * width:  # the prefix and the check cost about 2 passes
+        return None
+    prefix = backend.prefix(ref[:, :start])
+    got = backend.continue_end_logits(prefix, torch.arange(n), cf[:, start:], start=start).float()
+    try:
+        check_reproduces(f"continuing the counterfactual prompts from position {start} with X_r's keys and values",
+                         got, lg_c, logit_scale(lg_c)[:, None].expand_as(lg_c), backend.facts.dtype)
+    except ShortcutMismatch:
+        return None
+    return prefix
 
 
 def knockout_accuracy(backend: ModelBackend, pairs: Sequence[PromptPair], ko: Knockout,

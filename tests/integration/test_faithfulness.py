@@ -9,6 +9,7 @@ import csv
 import json
 
 import numpy as np
+import torch
 import pytest
 
 from engine.backends import open_model
@@ -86,3 +87,46 @@ def test_cli_writes_curves_and_mib_files(tmp_path):
     bad = run_cli("faithfulness", "--model", "organism", "--op", "mul", "--n", "6", "--out", str(out),
                   "--mib-dir", str(mib), cache=tmp_path / "c.duckdb")
     assert bad.returncode == 2 and "addition or subtraction" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _continued_readouts_equal_reference(backend, pairs, kos):
+    """Counterfactual knockouts continue X_r's shared prefix (positions before the first token X_r and X_c differ
+    in): the readouts equal the per-pair full-logits loop, and positions were continued, not rerun."""
+    from engine.techniques.knockout import first_difference, knockout_end
+    from tests.helpers.references import interchange_margin_full_logits
+    assert all(first_difference([p]) >= 1 for p in pairs)
+    calls = []
+    cont = backend.continue_end_logits
+
+    def spy(prefix, rows, ids, **kw):
+        calls.append((int(ids.shape[1]), kw.get("start")))
+        return cont(prefix, rows, ids, **kw)
+    backend.continue_end_logits = spy
+    try:
+        out = knockout_end(backend, pairs, kos, None, sets_per_pass=4)
+    finally:
+        del backend.continue_end_logits
+    assert calls and all(start >= 1 for _, start in calls)
+    for s, ko in enumerate(kos):
+        for i, p in enumerate(pairs):
+            right, margin = interchange_margin_full_logits(backend, p, ko)
+            assert bool(out.right[s, i]) == right
+            assert abs(float(out.margin[s, i]) - margin) < 1e-4 * max(1.0, abs(margin)), (s, i)
+    return out
+
+
+def test_counterfactual_knockouts_continue_the_shared_prefix(organism, pairs):
+    L, H = organism.facts.n_layers, organism.facts.n_heads
+    orders = F.random_orders(L * H + L, 3, seed=1)
+    kos = [F.circuit_knockout(o, k, L, H) for o in orders for k in (0, 5, 20, 40)]
+    out = _continued_readouts_equal_reference(organism, pairs[::7], kos)
+    # a continuation that does not reproduce X_c's END logits is not used: the textbook passes give the same
+    from engine.techniques.knockout import knockout_end
+    cont = organism.continue_end_logits
+    organism.continue_end_logits = lambda *a, **kw: cont(*a, **kw) * 1.01
+    try:
+        again = knockout_end(organism, pairs[::7], kos, None, sets_per_pass=4)
+    finally:
+        del organism.continue_end_logits
+    assert torch.equal(again.right, out.right)
+    assert torch.allclose(again.margin, out.margin, atol=1e-4)
