@@ -57,7 +57,7 @@ from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn, note
 from engine.prompts.pairs import PromptPair
 from engine.techniques import end_chain
-from engine.techniques.batching import pair_batches
+from engine.techniques.batching import in_pair_order, pair_batches
 from engine.techniques.components import Component, wide_rows
 from engine.techniques.patch_rows import patch_rows, prepare
 from engine.techniques.path_patching import PatchingRaw, Sender, path_patching, sender_edits, sender_hooks
@@ -111,9 +111,10 @@ def path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: 
 def _path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], batch_size: int, progress: ProgressFn | None,
               names, gradients) -> PatchingRaw:
     L, H = backend.facts.n_layers, backend.facts.n_heads
-    logit_o, head_logit, mlp_logit = [], [], []
+    logit_o, head_logit, mlp_logit, index = [], [], [], []
     for eb in end_chain.end_batches(backend, pairs, batch_size, names, progress):
         b, P = eb.batch, len(eb.batch.pairs)
+        index.append(b.index)
         lo = eb.model_logit  # [P] the model's answer logit
         head_dot, g_mlp = gradients(backend, b, eb.c_r, eb.c_c, lo, logit_scale(eb.logits))
         lo = lo.cpu()
@@ -126,7 +127,7 @@ def _path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], batch_size: in
             ml[:, j] = lo + (dm * g_mlp[j].float().to(dm.device)).sum(-1).cpu()
         head_logit.append(hl)
         mlp_logit.append(ml)
-    return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit))
+    return PatchingRaw(list(pairs), *(in_pair_order(index, x) for x in (logit_o, head_logit, mlp_logit)))
 
 
 def _chain_gradients(backend: ModelBackend, b, c_r: dict, c_c: dict, lo: torch.Tensor, scale: torch.Tensor):
@@ -198,6 +199,7 @@ def total_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size:
     cf_names = sender_hooks(L)
     logit_o, head_logit, mlp_logit = [], [], []
     chunks = pair_batches(backend, pairs, batch_size)
+    index = [b.index for b in chunks]
     for ci, b in enumerate(chunks):
         P, rows, end = len(b.pairs), b.rows, b.end
         with torch.no_grad():
@@ -217,7 +219,7 @@ def total_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size:
         mlp_logit.append(ml)
         if progress is not None:
             progress(ci + 1, len(chunks))
-    return PatchingRaw(list(pairs), torch.cat(logit_o), torch.cat(head_logit), torch.cat(mlp_logit))
+    return PatchingRaw(list(pairs), *(in_pair_order(index, x) for x in (logit_o, head_logit, mlp_logit)))
 
 
 def activation_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 64,

@@ -84,6 +84,7 @@ class PairBatch:
     mask: torch.Tensor    # [P, pos]
     end: torch.Tensor     # [P]       index of the last real token
     answer: torch.Tensor  # [P]       answer token ids (CPU)
+    index: torch.Tensor   # [P]       each row's place among the pairs as given (see :func:`in_pair_order`)
 
     @property
     def rows(self) -> torch.Tensor:
@@ -95,15 +96,27 @@ class PairBatch:
 
 
 def pair_batches(backend, pairs: Sequence[PromptPair], batch_size: int) -> list[PairBatch]:
-    """``pairs`` checked (see :func:`check_pairs`) and cut into padded batches of at most ``batch_size``."""
+    """``pairs`` checked (see :func:`check_pairs`) and cut into padded batches of at most ``batch_size`` prompts
+    of similar length (:func:`length_batches`: the least padding for the calls; each batch is a pass on X_r and
+    one on X_c).  Per-pair results go back into the pairs' order with :func:`in_pair_order`."""
     check_pairs(pairs, backend.facts.vocab_size)
     pid = pad_id(backend)
     out = []
-    for idx in batches(len(pairs), batch_size):
+    for idx in length_batches([len(p.ref_ids) for p in pairs], batch_size, 2 * call_tokens(backend.facts)):
         chunk = [pairs[i] for i in idx]
         ref, mask, end = pad([p.ref_ids for p in chunk], pid)
         cf, _, _ = pad([p.cf_ids for p in chunk], pid)
-        out.append(PairBatch(chunk, ref, cf, mask, end, torch.tensor([p.answer_id for p in chunk])))
+        out.append(PairBatch(chunk, ref, cf, mask, end, torch.tensor([p.answer_id for p in chunk]),
+                             torch.tensor(idx, dtype=torch.long)))
+    return out
+
+
+def in_pair_order(index: Sequence[torch.Tensor], parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-batch results ``parts`` ([P_b, ...] each, in batch order) as one tensor [P, ...] in the pairs' order
+    (``index``: each batch's :attr:`PairBatch.index`)."""
+    x = torch.cat(list(parts))
+    out = torch.empty_like(x)
+    out[torch.cat(list(index))] = x
     return out
 
 

@@ -62,7 +62,7 @@ from engine.backends.hooks import HookName
 from engine.progress import ProgressFn, note
 from engine.prompts.pairs import PromptPair, groups_of
 from engine.techniques import end_chain
-from engine.techniques.batching import batches
+from engine.techniques.batching import batches, in_pair_order
 from engine.techniques.components import Component, grid, wide_rows
 from engine.techniques.intervals import NULL_QUANTILE, Interval, interval, shuffled_null, top_share
 from engine.techniques.patch_rows import (
@@ -180,8 +180,10 @@ def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *,
     W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
     logit_o, head_logit, mlp_logit = [], [], []
     prob_o, head_prob, mlp_prob = [], [], []
+    index = []
     for eb in end_chain.end_batches(backend, pairs, batch_size, end_chain.chain_hooks(L), progress):
         P, answer, lo = len(eb.batch.pairs), eb.answer, eb.logits  # lo: [P, vocab]
+        index.append(eb.batch.index)
         acts = end_chain.EndActs.checked(backend, eb, W_O)
         x, check = end_chain.run_chains(backend, acts, W_O)  # [P, L * (H + 1), d_model], [P, d_model]
         check_reproduces("the unchanged END chain", backend.answer_logits(check, answer), eb.model_logit,
@@ -199,14 +201,18 @@ def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *,
             pp = _answer_probs(backend, flat, ans).reshape(P, L, H + 1).cpu()
             head_prob.append(pp[:, :, :H])
             mlp_prob.append(pp[:, :, H])
-    return _joined(pairs, (logit_o, head_logit, mlp_logit), (prob_o, head_prob, mlp_prob) if with_prob else None)
+    return _joined(pairs, (logit_o, head_logit, mlp_logit), (prob_o, head_prob, mlp_prob) if with_prob else None,
+                   index)
 
 
-def _joined(pairs: Sequence[PromptPair], logits: tuple[list, list, list], probs: tuple[list, list, list] | None
-            ) -> PatchingRaw:
-    """PatchingRaw of per-batch (logit_o, head, mlp) lists, and of the probabilities' where computed."""
-    p = [torch.cat(x) for x in probs] if probs is not None else [None, None, None]
-    return PatchingRaw(list(pairs), *[torch.cat(x) for x in logits], *p)
+def _joined(pairs: Sequence[PromptPair], logits: tuple[list, list, list], probs: tuple[list, list, list] | None,
+            index: list[torch.Tensor] | None = None) -> PatchingRaw:
+    """PatchingRaw of per-batch (logit_o, head, mlp) lists, and of the probabilities' where computed; ``index``:
+    the batches' places among the pairs (None: consecutive batches in order)."""
+    def join(parts: list) -> torch.Tensor:
+        return torch.cat(parts) if index is None else in_pair_order(index, parts)
+    p = [join(x) for x in probs] if probs is not None else [None, None, None]
+    return PatchingRaw(list(pairs), *[join(x) for x in logits], *p)
 
 
 def _answer_probs(backend: ModelBackend, x: torch.Tensor, answer: torch.Tensor, rows: int = 512) -> torch.Tensor:

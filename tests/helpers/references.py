@@ -68,3 +68,29 @@ def mean_ablated_margin_full_logits(backend, pair, ko: Knockout, means: MeanActi
     with knocked_out(backend, ko, means, [pair.template], end.tolist()):
         lg = backend.logits(ids, mask)[0, int(end[0])].float()
     return int(lg.argmax()) == pair.answer_id, float(lg[pair.answer_id] - lg.mean())
+
+
+def continued_readouts_equal_reference(backend, pairs, kos):
+    """Counterfactual knockouts continue X_r's shared prefix (positions before the first token X_r and X_c differ
+    in): the readouts equal the per-pair full-logits loop, and positions were continued, not rerun."""
+    from engine.techniques.knockout import first_difference, knockout_end
+    assert all(first_difference([p]) >= 1 for p in pairs)
+    calls = []
+    cont = backend.continue_end_logits
+
+    def spy(prefix, rows, ids, **kw):
+        calls.append((int(ids.shape[1]), kw.get("start")))
+        return cont(prefix, rows, ids, **kw)
+    backend.continue_end_logits = spy
+    try:
+        out = knockout_end(backend, pairs, kos, None, sets_per_pass=4)
+    finally:
+        del backend.continue_end_logits
+    assert calls and all(start >= 1 for _, start in calls)
+    for s, ko in enumerate(kos):
+        for i, p in enumerate(pairs):
+            right, margin = interchange_margin_full_logits(backend, p, ko)
+            assert bool(out.right[s, i]) == right
+            assert abs(float(out.margin[s, i]) - margin) < 1e-4 * max(1.0, abs(margin)), (s, i)
+    return out
+

@@ -9,8 +9,8 @@ import csv
 import json
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec
@@ -18,7 +18,11 @@ from engine.results import cache_only
 from engine.techniques import faithfulness as F
 from engine.techniques.accuracy import kept_pairs
 from engine.techniques.knockout import mean_activations
-from tests.helpers.references import interchange_margin_full_logits, mean_ablated_margin_full_logits
+from tests.helpers.references import (
+    continued_readouts_equal_reference,
+    interchange_margin_full_logits,
+    mean_ablated_margin_full_logits,
+)
 from tests.integration.test_cli import run_cli
 from tests.unit.test_faithfulness import _validate_like_from_json
 
@@ -89,37 +93,11 @@ def test_cli_writes_curves_and_mib_files(tmp_path):
     assert bad.returncode == 2 and "addition or subtraction" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
-def _continued_readouts_equal_reference(backend, pairs, kos):
-    """Counterfactual knockouts continue X_r's shared prefix (positions before the first token X_r and X_c differ
-    in): the readouts equal the per-pair full-logits loop, and positions were continued, not rerun."""
-    from engine.techniques.knockout import first_difference, knockout_end
-    from tests.helpers.references import interchange_margin_full_logits
-    assert all(first_difference([p]) >= 1 for p in pairs)
-    calls = []
-    cont = backend.continue_end_logits
-
-    def spy(prefix, rows, ids, **kw):
-        calls.append((int(ids.shape[1]), kw.get("start")))
-        return cont(prefix, rows, ids, **kw)
-    backend.continue_end_logits = spy
-    try:
-        out = knockout_end(backend, pairs, kos, None, sets_per_pass=4)
-    finally:
-        del backend.continue_end_logits
-    assert calls and all(start >= 1 for _, start in calls)
-    for s, ko in enumerate(kos):
-        for i, p in enumerate(pairs):
-            right, margin = interchange_margin_full_logits(backend, p, ko)
-            assert bool(out.right[s, i]) == right
-            assert abs(float(out.margin[s, i]) - margin) < 1e-4 * max(1.0, abs(margin)), (s, i)
-    return out
-
-
 def test_counterfactual_knockouts_continue_the_shared_prefix(organism, pairs):
     L, H = organism.facts.n_layers, organism.facts.n_heads
     orders = F.random_orders(L * H + L, 3, seed=1)
     kos = [F.circuit_knockout(o, k, L, H) for o in orders for k in (0, 5, 20, 40)]
-    out = _continued_readouts_equal_reference(organism, pairs[::7], kos)
+    out = continued_readouts_equal_reference(organism, pairs[::7], kos)
     # a continuation that does not reproduce X_c's END logits is not used: the textbook passes give the same
     from engine.techniques.knockout import knockout_end
     cont = organism.continue_end_logits

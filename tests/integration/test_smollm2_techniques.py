@@ -213,7 +213,7 @@ def test_counterfactual_knockouts_continue_the_shared_prefix_on_smollm2(smol):
     """Faithfulness circuits (counterfactual ablation) on the real model: continuing X_r's keys and values up to the
     first token X_r and X_c differ in gives the per-pair full-logits readouts, at the answer's digit position."""
     from engine.techniques import faithfulness as F
-    from tests.integration.test_faithfulness import _continued_readouts_equal_reference
+    from tests.helpers.references import continued_readouts_equal_reference
     ps, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add", "sub"), n=3, seed=2))
     for p in ps:
         assert smol.tokenizer.decode([p.answer_id]).strip()[:1].isdigit()
@@ -221,4 +221,4 @@ def test_counterfactual_knockouts_continue_the_shared_prefix_on_smollm2(smol):
     L, H = smol.facts.n_layers, smol.facts.n_heads
     orders = F.random_orders(L * H + L, 2, seed=3)
     kos = [F.circuit_knockout(o, k, L, H) for o in orders for k in (30, 150)]
-    _continued_readouts_equal_reference(smol, ps[:4], kos)
+    continued_readouts_equal_reference(smol, ps[:4], kos)
