@@ -141,6 +141,14 @@ class ModelBackend(ABC):
         with self.hooks([(hook_names.ln_final_in(), rows_at)]):
             return self.run_with_cache(input_ids, attention_mask, names)
 
+    def activations(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    names: Sequence[HookName]) -> dict[HookName, torch.Tensor]:
+        """The named activations of a forward pass whose logits nobody reads: the final norm and the unembedding
+        run on one position per row (:meth:`run_with_cache_at`), not on every position.  ``names`` must lie
+        before the final norm (a block's activations)."""
+        first = torch.zeros(input_ids.shape[0], 1, dtype=torch.long)  # [batch, 1]
+        return self.run_with_cache_at(input_ids, attention_mask, names, first)[1]
+
     def end_rows_ok(self) -> bool:
         """Whether the final norm and the unembedding may run on a few positions of each row.
 

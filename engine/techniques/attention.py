@@ -87,7 +87,7 @@ def end_row_patterns(backend: ModelBackend, pairs: Sequence[PromptPair], *, batc
     for s in range(0, len(pairs), batch_size):
         chunk = pairs[s:s + batch_size]
         ids, mask, end = pad([p.ref_ids for p in chunk], pad_token)
-        _, c = backend.run_with_cache(ids, mask, names)
+        c = backend.activations(ids, mask, names)
         pat = torch.stack([c[n] for n in names], 1).float().cpu()  # [b, L, H, q, k]
         for i in range(len(chunk)):
             e = int(end[i])

@@ -203,8 +203,8 @@ def total_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size:
     for ci, b in enumerate(chunks):
         P, rows, end = len(b.pairs), b.rows, b.end
         with torch.no_grad():
-            _, c_r = backend.run_with_cache(b.ref, b.mask, cf_names)
-            _, c_c = backend.run_with_cache(b.cf, b.mask, cf_names)
+            c_r = backend.activations(b.ref, b.mask, cf_names)
+            c_c = backend.activations(b.cf, b.mask, cf_names)
         lo, g_z, g_mlp = probe_gradients(backend, b, c_r, frozen=False)
         lo = lo.cpu()
         hl = torch.empty(P, L, H)

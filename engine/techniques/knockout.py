@@ -123,7 +123,7 @@ def mean_activations(backend: ModelBackend, pairs: Sequence[PromptPair], *, batc
     for s in range(0, len(pairs), batch_size):
         chunk = pairs[s:s + batch_size]
         ids, mask, end = pad([p.cf_ids for p in chunk], pad_token)
-        _, c = backend.run_with_cache(ids, mask, names)
+        c = backend.activations(ids, mask, names)
         z = torch.stack([c[hooks.attn_z(layer)] for layer in range(L)], 1).float().cpu()  # [b, L, pos, H, dh]
         m = torch.stack([c[hooks.mlp_out(layer)] for layer in range(L)], 1).float().cpu()  # [b, L, pos, d]
         if sums_z is None:

@@ -99,7 +99,7 @@ def projections_with_pairs(backend: ModelBackend, pairs: Sequence[PromptPair], *
     for s in range(0, len(pairs), batch_size):
         chunk = pairs[s:s + batch_size]
         ids, mask, end = pad([p.ref_ids for p in chunk], pad_token)
-        _, c = backend.run_with_cache(ids, mask, names)
+        c = backend.activations(ids, mask, names)
         rows = torch.arange(len(chunk))
         x_in = torch.stack([c[hooks.mlp_in(j)][rows, end] for j in range(L)], 1).float().cpu()   # [b, L, d]
         x_out = torch.stack([c[hooks.mlp_out(j)][rows, end] for j in range(L)], 1).float().cpu()  # [b, L, d]
