@@ -125,8 +125,10 @@ def in_pair_order(index: Sequence[torch.Tensor], parts: Sequence[torch.Tensor]) 
 TOKENS_PER_PASS = 4096
 
 
-#: a forward call's fixed cost (hook dispatch, per layer), in multiply-accumulates
-CALL_MACS_PER_LAYER = 15e6
+#: a forward call's fixed cost (hook dispatch, per layer), in multiply-accumulates: on 2 CPU cores a hooked
+#: TransformerBridge call of SmolLM2-135M on 1 x 6 tokens takes about 95 ms, as long as about 55 more positions
+#: in a batch (1.6 ms each), i.e. 2e8 multiply-accumulates per layer of its 30 (see docs/benchmarks.md)
+CALL_MACS_PER_LAYER = 2e8
 
 
 def call_tokens(facts) -> float:
