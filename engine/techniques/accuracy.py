@@ -35,9 +35,17 @@ class PairScore:
     p_answer: float  # softmax probability of the first answer token at END
 
 
-def _number_piece_ids(tokenizer, vocab_size: int) -> "set[int]":
-    toks = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
-    return {i for i, t in enumerate(toks) if t is not None and any(c.isdigit() for c in t)}
+_PIECES: dict[str, "set[int]"] = {}
+
+
+def _number_piece_ids(model) -> "set[int]":
+    """The token ids with a digit in them (the vocabulary read once per model fingerprint)."""
+    key = model.facts.fingerprint
+    if key not in _PIECES:
+        tokenizer = model.tokenizer
+        toks = tokenizer.convert_ids_to_tokens(list(range(min(model.facts.vocab_size, len(tokenizer)))))
+        _PIECES[key] = {i for i, t in enumerate(toks) if t is not None and any(c.isdigit() for c in t)}
+    return _PIECES[key]
 
 
 _SCORES: dict[tuple[str, str, int], list[PairScore]] = {}
@@ -69,7 +77,7 @@ def _score(model, pairs: Sequence[PromptPair], *, batch_size: int, progress: Pro
     from engine.techniques.batching import call_tokens, length_batches, pad_id
     from engine.techniques.batching import pad as pad_batch
 
-    digit_ids = _number_piece_ids(model.tokenizer, model.facts.vocab_size)
+    digit_ids = _number_piece_ids(model)
     pad = pad_id(model)
     scores: list[PairScore | None] = [None] * len(pairs)
     done = 0

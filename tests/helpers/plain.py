@@ -469,6 +469,33 @@ def mean_ablation_logits(plain: Plain, pairs, heads: Sequence[tuple[int, int]], 
     return lg[rows, end, answer]
 
 
+@torch.no_grad()
+def interchange_margins(plain: Plain, pairs, heads: Sequence[tuple[int, int]], mlps: Sequence[int]) -> torch.Tensor:
+    """(answer logit - mean logit) at END [P] with the given heads' o_proj input slices and MLPs' contributions
+    replaced, at every position, by their values on the pair's own X_c (interchange ablation)."""
+    c = plain.capture([p.cf_ids for p in pairs])
+    ref = [p.ref_ids for p in pairs]
+    answer = torch.tensor([p.answer_id for p in pairs])
+    rows = torch.arange(len(pairs))
+    by_layer: dict[int, list[int]] = {}
+    for layer, h in heads:
+        by_layer.setdefault(layer, []).append(h)
+
+    def z_fn(layer):
+        def fn(x):
+            z = x.reshape(*x.shape[:2], plain.H, -1).clone()
+            z[:, :, by_layer[layer]] = c["z"][layer][:, :z.shape[1], by_layer[layer]].to(z.dtype)
+            return z.reshape(x.shape)
+        return fn
+
+    def m_fn(layer):
+        return lambda x: c["mlp"][layer][:, :x.shape[1]].to(x.dtype).clone()
+    lg, end = plain.run(ref, {plain.o_proj(layer): z_fn(layer) for layer in by_layer},
+                        {plain.mlp_out(layer): m_fn(layer) for layer in mlps})
+    at = lg[rows, end].float()  # [P, vocab]
+    return at[rows, answer] - at.mean(-1)
+
+
 # ---------------------------------------------------------------------------------------------
 # attention rows, MLP projections, the logit lens, number features
 # ---------------------------------------------------------------------------------------------

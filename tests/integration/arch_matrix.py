@@ -54,7 +54,8 @@ MATRIX: tuple[str, ...] = (
 
 TOL = 1e-4
 TECHNIQUES = ("path patching", "path AtP", "activation patching", "AtP (total)", "head -> head", "layer x position",
-              "knockout", "attention", "MLP projections", "logit lens", "numbers", "precise SFT slices")
+              "knockout", "circuits (X_c)", "attention", "MLP projections", "logit lens", "numbers",
+              "precise SFT slices")
 
 
 @dataclass
@@ -187,6 +188,16 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
         want = refs.get("ko", lambda: P.mean_ablation_logits(pl, pairs, KNOCKOUT_HEADS, KNOCKOUT_MLPS))
         return rel_err(got, want), ""
 
+    def circuits():  # faithfulness circuits: everything outside each set takes its X_c value (a continued prefix)
+        from engine.techniques.knockout import Knockout, knockout_end
+        L, H = backend.facts.n_layers, backend.facts.n_heads
+        kos = [Knockout(((layer, h),), (layer,)) for layer in range(L) for h in range(H)]
+        kos.append(Knockout(KNOCKOUT_HEADS, KNOCKOUT_MLPS))
+        got = knockout_end(backend, pairs, kos, None, sets_per_pass=4).margin  # [K, P]
+        want = refs.get("circuits", lambda: torch.stack([P.interchange_margins(pl, pairs, ko.heads, ko.mlps)
+                                                         for ko in kos]))
+        return rel_err(got, want), ""
+
     def attention():
         from engine.techniques.attention import end_row_patterns, role_attention
         rows = end_row_patterns(backend, pairs)
@@ -243,7 +254,8 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
 
     return {"path patching": path_patching, "path AtP": path_atp, "activation patching": activation,
             "AtP (total)": atp_total, "head -> head": head_to_head, "layer x position": position,
-            "knockout": knockout, "attention": attention, "MLP projections": projections, "logit lens": lens,
+            "knockout": knockout, "circuits (X_c)": circuits, "attention": attention,
+            "MLP projections": projections, "logit lens": lens,
             "numbers": numbers}
 
 
