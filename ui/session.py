@@ -169,6 +169,9 @@ def result_cache() -> ResultCache | None:
     except CacheError as e:
         st.warning(f"The result cache is unavailable ({e}); results are computed without caching.")
         return None
+    earlier = st.session_state.pop(CACHE_NOTICE, None)  # met by the sidebar before the page opened the cache
+    if earlier:
+        show(earlier)
     if getattr(cache, "last_warning", None):
         st.warning(cache.last_warning)
     return cache
@@ -177,11 +180,18 @@ def result_cache() -> ResultCache | None:
 DEFAULT_PROMPT = state.DEFAULT_PROMPT
 
 
+CACHE_NOTICE = "cache_notice"  # a problem the sidebar met opening the cache, for the page to show
+
+
 def _saved_templates() -> list[str]:
-    """The written templates kept in the cache (``op:text``), newest first; none when the cache cannot be read."""
+    """The written templates kept in the cache (``op:text``), newest first; none when the cache cannot be read.
+    A problem met opening it (a damaged file moved aside) is kept for the page's :func:`result_cache` to show."""
     from engine.prompts.custom import saved_templates
+
+    def keep(message: str) -> None:
+        st.session_state[CACHE_NOTICE] = message
     try:
-        return [w.as_param() for w in saved_templates(ResultCache())]
+        return [w.as_param() for w in saved_templates(ResultCache(on_warning=keep))]
     except CacheError:
         return []
 
