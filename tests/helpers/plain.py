@@ -419,6 +419,14 @@ def atp(plain: Plain, pairs, *, frozen: bool) -> tuple[torch.Tensor, torch.Tenso
 # mean ablation
 # ---------------------------------------------------------------------------------------------
 
+def heads_by_layer(heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
+    """{layer: [head, ...]} of (layer, head) pairs."""
+    out: dict[int, list[int]] = {}
+    for layer, h in heads:
+        out.setdefault(layer, []).append(h)
+    return out
+
+
 @torch.no_grad()
 def mean_ablation_logits(plain: Plain, pairs, heads: Sequence[tuple[int, int]], mlps: Sequence[int]) -> torch.Tensor:
     """Answer logits at END [P] with the given heads' o_proj input slices and MLPs' contributions replaced, at
@@ -438,9 +446,7 @@ def mean_ablation_logits(plain: Plain, pairs, heads: Sequence[tuple[int, int]], 
     answer = torch.tensor([p.answer_id for p in pairs])
     _, end = plain.run(ref)
     rows = torch.arange(len(pairs))
-    by_layer: dict[int, list[int]] = {}
-    for layer, h in heads:
-        by_layer.setdefault(layer, []).append(h)
+    by_layer = heads_by_layer(heads)
 
     def z_fn(layer):
         def fn(x):
@@ -477,9 +483,7 @@ def interchange_margins(plain: Plain, pairs, heads: Sequence[tuple[int, int]], m
     ref = [p.ref_ids for p in pairs]
     answer = torch.tensor([p.answer_id for p in pairs])
     rows = torch.arange(len(pairs))
-    by_layer: dict[int, list[int]] = {}
-    for layer, h in heads:
-        by_layer.setdefault(layer, []).append(h)
+    by_layer = heads_by_layer(heads)
 
     def z_fn(layer):
         def fn(x):
