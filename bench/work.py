@@ -49,16 +49,17 @@ class Counter:
         if backend.continues:  # a prefix's keys and values, and the positions continuing them
             prefix, cont = backend.prefix, backend.continue_end_logits
 
-            def prefix_w(ids):
+            def count_last(ids):  # every position through the blocks, the last one (where allowed) unembedded
                 self.calls += 1
                 self.body += int(ids.numel())
                 self.unembed += int(ids.shape[0]) if backend.end_rows_ok() else int(ids.numel())
+
+            def prefix_w(ids):
+                count_last(ids)
                 return prefix(ids)
 
             def cont_w(pre, rows, ids, **kw):
-                self.calls += 1
-                self.body += int(ids.numel())
-                self.unembed += int(ids.shape[0]) if backend.end_rows_ok() else int(ids.numel())
+                count_last(ids)
                 return cont(pre, rows, ids, **kw)
             backend.prefix, backend.continue_end_logits = prefix_w, cont_w
 

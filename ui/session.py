@@ -150,6 +150,9 @@ def _load_link_model() -> None:
     url_state.model_loaded(None if model is not None else error.removeprefix(f"Cannot load model `{choice.spec}`: "))
 
 
+CACHE_NOTICE = "cache_notice"  # a problem the sidebar met opening the cache, for the page to show
+
+
 def result_cache() -> ResultCache | None:
     """The DuckDB result cache, or None (after an ``st.warning``) when it cannot be opened.
 
@@ -178,9 +181,6 @@ def result_cache() -> ResultCache | None:
 
 
 DEFAULT_PROMPT = state.DEFAULT_PROMPT
-
-
-CACHE_NOTICE = "cache_notice"  # a problem the sidebar met opening the cache, for the page to show
 
 
 def _saved_templates() -> list[str]:

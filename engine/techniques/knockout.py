@@ -421,7 +421,7 @@ def _continued(backend: ModelBackend, ref: torch.Tensor, cf: torch.Tensor, lg_c:
     positions ``start ..`` (X_c shares them); None: the textbook passes (not worth it, or not reproduced)."""
     from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, logit_scale
     n, width = ref.shape
-    if not 1 <= start < width or n_sets * start <= 2 * width:  # the prefix and the check cost about 2 passes
+    if not 1 <= start < width or n_sets * start <= 2 * width:  # prefix + check: about one pass, in two calls
         return None
     prefix = backend.prefix(ref[:, :start])
     got = backend.continue_end_logits(prefix, torch.arange(n), cf[:, start:], start=start).float()
