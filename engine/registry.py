@@ -213,6 +213,15 @@ TECHNIQUES: tuple[Technique, ...] = (
          opt("--layers", default=None, help="layers, -1 = embedding, e.g. --layers=-1,0,5 (default: all)"),
          opt("--spectrum-out", type=Path, default=None, help="also write the number tokens' DFT rows here"),
          opt("--no-causal", action="store_true", help="skip the causal check (its forward passes)"))),
+    Technique(
+        "helix-patch", "Helix-subspace patching",
+        "one token's residual moved to a donor's number in full, along the fitted helix, or in PCA / random "
+        "subspaces of its dimension: how often the answer follows -> CSV", "helix_patch",
+        (out("output .csv, one row per patch"),
+         opt("--layer", type=int, default=None, help="the layer whose output is patched, -1 = the embedding, "
+             "e.g. --layer=-1 (default: where C first decodes at END, else the last layer: the number probes)"),
+         opt("--position", choices=("END", "A", "B"), default="END", help="the token patched (default END)"),
+         opt("--target", choices=("A", "B", "C"), default="C", help="the number moved (default C)"))),
 )
 
 

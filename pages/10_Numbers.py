@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.techniques.helix_patch import cached_helix_patch
 from engine.techniques.numbers import (
     DECODE_THRESHOLD,
     FREQUENCY_SPACE,
@@ -15,19 +16,30 @@ from engine.techniques.numbers import (
     cached_number_probes,
     cached_number_spectrum,
     causal_layer,
+    default_layer,
     dominant_periods,
     first_decode_layer,
 )
 from ui.progress import USER_ERRORS, run_with_progress
 from ui.session import analysed_pairs, result_cache, setup_page
-from views.numbers import causal_bars, circle_scatter, helix_lines, kappa_lines, probe_lines, spectrum_bars
+from views.numbers import (
+    causal_bars,
+    circle_scatter,
+    digit_lines,
+    helix_lines,
+    kappa_lines,
+    patch_bars,
+    probe_lines,
+    spectrum_bars,
+)
 
 model, spec = setup_page(
     "Numbers",
     "How the residual stream holds the operands A, B and the answer C, layer by layer, at the last token (END) and "
     "at each operand's last token: held-out linear probes (dashed: the same probe on shuffled labels), the Fourier "
-    "spectrum of the number tokens, a helix fit (cos/sin at periods 2, 5, 10, 100 plus a line), and a causal check "
-    "that moves the last token's residual stream from C towards another answer.")
+    "spectrum of the number tokens, per-digit circular probes, a helix fit (cos/sin at periods 2, 5, 10, 100 plus a "
+    "line) against PCA of the same dimension, and two causal checks: patching only the helix subspace, and moving "
+    "the last token's residual stream from C towards another answer.")
 
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
@@ -40,15 +52,24 @@ if out is None:
 rows, computed = out
 df = pd.DataFrame([r.__dict__ for r in rows])
 first = first_decode_layer(rows)
+classified = sorted(df.loc[df["method"] == "logistic", "target"].unique())
 st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache") + " · "
            + (f"C decodes from the last token (accuracy ≥ {DECODE_THRESHOLD:.0%}) from layer {first} on"
               if first is not None else f"C never decodes from the last token at accuracy ≥ {DECODE_THRESHOLD:.0%}"
-              if ((df["method"] == "logistic") & (df["target"] == "C")).any()
-              else "C has too few prompts per value to probe (5 answered right each; raise 'Prompts per op')")
-           + ". Classification keeps the values with at least 5 prompts (n_prompts, n_classes in the tooltip).")
+              if "C" in classified else "C has too few prompts per value to classify")
+           + ". Classification keeps the values with at least 3 prompts (5 folds where 5 per value keep as many; "
+             "n_prompts, n_classes in the tooltip).")
+if len(classified) < 3:
+    st.info(f"Too few prompts per value to classify {', '.join(sorted(set('ABC') - set(classified)))} (at least "
+            "3 answered right for two values): the scalar, digit and helix views below use every prompt. Raise "
+            "'Prompts per op' in the sidebar for the classification probes.")
 st.altair_chart(probe_lines(df, "logistic", DECODE_THRESHOLD), width="stretch")
 st.caption("The number as a scalar: a ridge probe's held-out R².")
 st.altair_chart(probe_lines(df, "ridge"), width="stretch")
+st.caption("Each digit on its own (Levy & Geva, 2025): a circular probe maps the residual stream to the digit's point "
+           "on a circle (cos, sin of 2π·digit/10) and reads the digit back from the angle — held-out accuracy per "
+           "layer for the units and tens digits (grey: shuffled digits; chance ≈ 1 / number of digit values).")
+st.altair_chart(digit_lines(df), width="stretch")
 st.download_button("Probe and helix rows (CSV)", df.to_csv(index=False).encode(), "numbers.csv", "text/csv")
 
 if df["method"].str.startswith("mod").any():
@@ -73,14 +94,15 @@ if sp is not None:
     st.altair_chart(spectrum_bars(sdf), width="stretch")
 
 st.subheader("Helix fit")
-st.caption("In-sample least squares of the residual stream on the target number's helix basis, against a line and "
-           "against one mean per value (the most any function of n can explain). With few distinct values the helix "
-           "already spans every function of n and equals the class means.")
+st.caption("In-sample least squares of the residual stream on the target number's helix basis, against a line, "
+           "against PCA of the same dimension (the most any subspace that size explains) and against one mean per "
+           "value (the most any function of n can explain). With few distinct values the helix already spans every "
+           "function of n and equals the class means.")
 c1, c2, c3 = st.columns(3)
 position = c1.selectbox("Position", POSITIONS, key="numbers_position")
 target = c2.selectbox("Target", TARGETS, index=TARGETS.index("C"), key="numbers_target")
 layers = sorted(df["layer"].unique().tolist())
-default = first if first is not None else layers[-1]
+default = default_layer(rows)
 layer = c3.selectbox("Layer of the circle", layers, index=layers.index(default), key="numbers_layer")
 st.altair_chart(helix_lines(df, position, target), width="stretch")
 circ = run_with_progress("Helix circle", "fit the helix",
@@ -91,12 +113,28 @@ if circ is not None and circ[0]:
                f"directions of the strongest period, T = {int(cdf['period'].iloc[0])}; labels at each value's mean.")
     st.altair_chart(circle_scatter(cdf), width="stretch")
 
+st.subheader("Helix-subspace patching")
+hp = run_with_progress("Helix-subspace patching", "patch the helix subspace",
+                       lambda cb: cached_helix_patch(model, pairs, int(layer), position, target, cache=cache,
+                                                     progress=cb))
+if hp is not None:
+    hdf = pd.DataFrame([r.__dict__ for r in hp[0]])
+    got = {r.method: r for r in hp[0]}
+    st.caption(f"Layer {layer}, position {position}, target {target}, {got['helix'].n_prompts} prompts: each "
+               f"prompt's residual stream at that token moved to a donor prompt's value of {target} — the whole "
+               f"activation (full), only along the fitted helix (helix, {got['helix'].rank} dimensions), the top "
+               f"{got['helix'].rank} principal directions (pca) or {got['helix'].rank} random ones (random). The "
+               f"helix recovers {got['helix'].recovered:.0%} [{got['helix'].recovered_low:.0%}, "
+               f"{got['helix'].recovered_high:.0%}] of the full patch's change in logit[C'] − logit[C], PCA "
+               f"{got['pca'].recovered:.0%}, random {got['random'].recovered:.0%}.")
+    st.altair_chart(patch_bars(hdf), width="stretch")
+
 st.subheader("Causal check")
 try:
     at_layer = causal_layer(rows)
 except USER_ERRORS:
     st.info("The causal check moves the last token's residual stream towards another answer's class mean, so it "
-            "needs C probed at the last token: these prompts give too few per answer value (5 answered right each). "
+            "needs C probed at the last token: these prompts give too few per answer value (3 answered right each). "
             "Raise 'Prompts per op' in the sidebar.")
 else:
     cc = run_with_progress("Causal check", "run the causal check",

@@ -42,7 +42,7 @@ PAGE_OF: dict[str, str] = {
     "mlp-projections": "MLP_projections", "logit-lens": "MLP_projections",
     "knockout": "Knockout", "knockout-curve": "Knockout", "transfer": "Transfer",
     "faithfulness": "Faithfulness", "circuit": "Circuit", "operand-grid": "Operand_grid",
-    "heuristic-neurons": "Operand_grid",
+    "heuristic-neurons": "Operand_grid", "helix-patch": "Numbers",
     "position-patching": "Position_patching", "numbers": "Numbers", "finetune": "Improve",
 }
 

@@ -1,4 +1,5 @@
-"""Charts of the Numbers page (engine.techniques.numbers): probes, DFT spectrum, helix fit, circle, causal check.
+"""Charts of the Numbers page (engine.techniques.numbers, helix_patch): probes, DFT spectrum, helix fit, circle,
+helix-subspace patching, causal check.
 
 Data in (DataFrames of the technique's rows), Altair chart out; no Streamlit, no engine calls."""
 
@@ -25,7 +26,7 @@ def probe_frame(df: pd.DataFrame, method: str) -> pd.DataFrame:
 def probe_lines(df: pd.DataFrame, method: str = "logistic", threshold: float | None = None) -> alt.LayerChart:
     """Held-out score per layer (x; -1 = embedding), one panel per position, colour = target, dashed = shuffled."""
     long = probe_frame(df, method)
-    title = "held-out accuracy" if method == "logistic" else "held-out R²"
+    title = "held-out R²" if method == "ridge" else "held-out accuracy"
     base = alt.Chart().mark_line(point=True).encode(
         x=alt.X("layer:O", title="layer (-1 = embedding)"),
         y=alt.Y("value:Q", title=title, scale=alt.Scale(domain=[0, 1], clamp=True)),
@@ -71,20 +72,23 @@ def spectrum_bars(df: pd.DataFrame) -> alt.FacetChart:
 
 
 def helix_lines(df: pd.DataFrame, position: str, target: str) -> alt.Chart:
-    """R² per layer of the helix, the linear [n, 1] and the class-means fits of one position and target."""
+    """R² per layer of the helix, the linear [n, 1], the PCA (same dimension) and the class-means fits of one position
+    and target."""
     mine = df[(df["position"] == position) & (df["target"] == target)]
     helix = mine[mine["method"] == "helix"]
     means = mine[mine["method"] == "means"]
+    pca = mine[mine["method"] == "pca"]
     long = pd.concat([
         pd.DataFrame({"layer": helix["layer"], "fit": "helix (periods 2, 5, 10, 100 + linear)", "R2": helix["score"]}),
         pd.DataFrame({"layer": helix["layer"], "fit": "linear (n, 1)", "R2": helix["baseline"]}),
+        pd.DataFrame({"layer": pca["layer"], "fit": "PCA of the helix's dimension (any subspace)", "R2": pca["score"]}),
         pd.DataFrame({"layer": means["layer"], "fit": "class means (any function of n)", "R2": means["score"]}),
         pd.DataFrame({"layer": means["layer"], "fit": "class means, shuffled labels", "R2": means["baseline"]}),
     ])
     return alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("layer:O", title="layer (-1 = embedding)"),
         y=alt.Y("R2:Q", title="R² of the residual stream (in-sample)", scale=alt.Scale(domain=[0, 1], clamp=True)),
-        color=alt.Color("fit:N", scale=alt.Scale(range=list(PALETTE[:4])), legend=LINE_LEGEND),
+        color=alt.Color("fit:N", scale=alt.Scale(range=list(PALETTE[:5])), legend=LINE_LEGEND),
         tooltip=["layer", "fit", alt.Tooltip("R2:Q", format=".3f")],
     ).properties(height=260)
 
@@ -115,3 +119,43 @@ def causal_bars(df: pd.DataFrame) -> alt.Chart:
         yOffset="outcome:N",
         tooltip=["method", "outcome", alt.Tooltip("rate:Q", format=".1%"), "n_prompts", "layer"],
     ).properties(height=140)
+
+
+def digit_lines(df: pd.DataFrame) -> alt.FacetChart:
+    """Held-out accuracy of the per-digit circular probes per layer: one panel per position, colour = target, dash =
+    units / tens digit (shuffled labels in grey)."""
+    mine = df[df["method"].isin(["digit1", "digit10"])]
+    long = pd.concat([
+        pd.DataFrame({"layer": mine["layer"], "position": mine["position"], "target": mine["target"],
+                      "digit": mine["method"].map({"digit1": "units", "digit10": "tens"}), "kind": "probe",
+                      "accuracy": mine["score"], "n_prompts": mine["n_prompts"]}),
+        pd.DataFrame({"layer": mine["layer"], "position": mine["position"], "target": "shuffled",
+                      "digit": mine["method"].map({"digit1": "units", "digit10": "tens"}), "kind": "shuffled labels",
+                      "accuracy": mine["baseline"], "n_prompts": mine["n_prompts"]})])
+    long["line"] = long["target"] + " " + long["digit"]
+    colors = alt.Scale(domain=["A", "B", "C", "shuffled"], range=[PALETTE[1], PALETTE[2], PALETTE[0], "#bbbbbb"])
+    return alt.Chart(long).mark_line(point=True).encode(
+        x=alt.X("layer:O", title="layer (-1 = embedding)"),
+        y=alt.Y("mean(accuracy):Q", title="held-out digit accuracy", scale=alt.Scale(domain=[0, 1], clamp=True)),
+        color=alt.Color("target:N", scale=colors, legend=LINE_LEGEND),
+        strokeDash=alt.StrokeDash("digit:N", sort=["units", "tens"], legend=alt.Legend(orient="bottom", title=None)),
+        detail="line:N",
+        tooltip=["layer", "position", "target", "digit", "kind", alt.Tooltip("mean(accuracy):Q", format=".3f"),
+                 "n_prompts"],
+    ).properties(width=260, height=220).facet(column=alt.Column("position:N", sort=list(POSITION_ORDER),
+                                                                title="position"))
+
+
+def patch_bars(df: pd.DataFrame) -> alt.LayerChart:
+    """Helix-subspace patching: the share of prompts whose answer becomes C' per patch, with its 95 % interval."""
+    order = ["none", "full", "helix", "pca", "random"]
+    bars = alt.Chart(df).mark_bar(color=PALETTE[0]).encode(
+        x=alt.X("success:Q", title="fraction of prompts whose top token becomes C' (95 % interval)",
+                scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("method:N", sort=order, title=None),
+        tooltip=["method", alt.Tooltip("success:Q", format=".1%"), alt.Tooltip("success_low:Q", format=".1%"),
+                 alt.Tooltip("success_high:Q", format=".1%"), alt.Tooltip("stays:Q", format=".1%"),
+                 alt.Tooltip("recovered:Q", format=".2f"), "rank", "n_prompts"])
+    rules = alt.Chart(df).mark_rule(color="black").encode(
+        x="success_low:Q", x2="success_high:Q", y=alt.Y("method:N", sort=order))
+    return alt.layer(bars, rules).properties(height=170)

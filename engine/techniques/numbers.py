@@ -18,17 +18,25 @@ layer, position and target y, ``FOLDS``-fold cross-validation with shuffled fold
 the score is computed over the pooled held-out predictions (every prompt predicted once):
 
 * ``logistic``: ``LogisticRegression(C=LOGREG_C, solver="newton-cg")`` (multinomial) over the values of y, folds
-  ``StratifiedKFold``; only prompts whose value occurs at least ``FOLDS`` times are kept (the rest are
-  dropped, and counted in ``n_prompts``); fewer than two such values is a ValueError.
+  ``StratifiedKFold``; only prompts whose value occurs at least k times are kept, k ≤ ``FOLDS`` folds
+  (:func:`class_folds`: the k in ``MIN_FOLDS..FOLDS`` that keeps the most prompts, the larger k on a tie; the
+  rest are dropped, ``n_prompts`` and ``folds`` say what was used); no k with two such values: no row.
   score = accuracy = #{i : ŷ_i = y_i} / n;
 * ``ridge``: ``Ridge(alpha=RIDGE_ALPHA)`` on the scalar value, folds ``KFold``, all prompts;
   score = R² = 1 - Σ(y_i - ŷ_i)² / Σ(y_i - ȳ)² over the pooled held-out predictions;
 * ``baseline``: the same estimator, folds and score with the labels permuted once
   (``numpy.random.default_rng(seed).permutation``) -- what a probe of this size reads from nothing;
-* ``mod2``, ``mod5``, ``mod10``, ``mod100`` (C at END): the logistic probe of C mod T, StratifiedKFold, score =
-  Cohen's kappa of the pooled held-out predictions (chance = 0), baseline on permuted labels -- whether n mod T is
-  linearly separable, the test a spectrum cannot replace.  A target with too few prompts per value has no
-  logistic row; the other targets and rows are still computed.
+* ``mod2``, ``mod5``, ``mod10``, ``mod100`` (C at END): the logistic probe of C mod T, StratifiedKFold (classes and
+  k as for ``logistic``), score = Cohen's kappa of the pooled held-out predictions (chance = 0), baseline on
+  permuted labels -- whether n mod T is linearly separable, the test a spectrum cannot replace.  A target with
+  too few prompts per value has no logistic row; the other targets and rows are still computed.
+* ``digit1``, ``digit10`` (per-digit circular probes, Levy & Geva 2025): the units (tens) digit
+  d = ⌊n / 10^j⌋ mod 10 of a whole number n ≥ 0 as a point on the circle, (cos 2πd/10, sin 2πd/10); a
+  two-output ``Ridge(alpha=RIDGE_ALPHA)`` (standardized features) predicts it, ``FOLDS``-fold ``KFold``,
+  and the predicted digit is the angle rounded to the nearest tenth of a turn,
+  d̂ = round(10 atan2(ŝ, ĉ) / 2π) mod 10; score = accuracy of d̂ over the pooled held-out predictions,
+  baseline = the same on permuted digits.  A digit place with fewer than two digit values has no row (the
+  tens place of numbers below 10).
 
 **2. Fourier view.**  The numbers 0..99 when each is one token of its own under the answer-token rule,
 else the digits 0..9 (else a ValueError: no number tokens).  E[n] is the number token's embedding
@@ -45,26 +53,31 @@ in-sample) of the P x d matrix X = x[l, pos] on the basis of the target number n
 helix = [cos(2πn/T), sin(2πn/T) for T in PERIODS] + [n, 1], linear = [n, 1],
 means = one indicator column per distinct value of n (the best any function of n can do).
 R²(basis) = 1 - ||X - B Ŵ||²_F / ||X - X̄||²_F with Ŵ = lstsq(B, X).  Rows: method ``helix``
-(score = R²(helix), baseline = R²(linear)) and ``means`` (score = R²(means), baseline = R²(means) of the
-permuted labels).  With few distinct values (operands 1..9) the helix basis spans every function of n
-and R²(helix) = R²(means): the helix is only tested where n takes more values than the basis has columns.
+(score = R²(helix), baseline = R²(linear)), ``means`` (score = R²(means), baseline = R²(means) of the
+permuted labels) and ``pca`` (score = the share of X's variance in its top r principal directions, r = the
+rank of the centred helix columns -- the most *any* r-dimensional subspace explains, which the helix of the same
+dimension is measured against -- baseline = R²(helix)).  With few distinct values (operands 1..9) the helix
+basis spans every function of n and R²(helix) = R²(means): the helix is only tested where n takes more values
+than the basis has columns.
 The circle: for one (layer, position, target), the period T* whose two columns explain the most of the
 fit, ||B_T Ŵ_T - mean||²_F; the rows of X (centred) projected onto an orthonormal basis (QR) of the
 fitted directions Ŵ_cos(T*), Ŵ_sin(T*).
 
 **4. Causal check.**  At the layer l* where C first decodes at END (logistic score ≥ ``DECODE_THRESHOLD``;
 the best layer when none reaches it; never the embedding), with μ_c the mean of x[l*, END] over the
-prompts whose C = c (values kept by the probe): for each prompt i (C_i = c), a target c' drawn (seeded)
-among the kept values whose first answer token differs from c's, the END residual leaving layer l* is
+prompts whose C = c (values kept as for the probe, :func:`class_folds`): for each prompt i (C_i = c), a target
+c' drawn (seeded) among the kept values whose first answer token differs from c's, the END residual leaving layer l* is
 replaced by x + (μ_c' - μ_c) (a hook on ``resid_post[l*]`` at END only), and the rest of the model runs.
 success = fraction of prompts whose top next token is c's' first answer token; stays = fraction whose
 top token is still C's first token.  Control (``random``): the same norm ||μ_c' - μ_c|| along a random
 Gaussian direction (seeded).  relative_norm = mean ||μ_c' - μ_c|| / ||x[l*, END]||.  A probe can read
-C from directions the model does not use; a shift that moves the answer shows a direction it does.
+C from directions the model does not use; a shift that moves the answer shows a direction it does.  Whether the
+model uses the *helix* (not only a class-mean direction) is :mod:`engine.techniques.helix_patch`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,11 +95,13 @@ from engine.techniques.attention import token_roles
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
 
 METHOD = "numbers"
-VERSION = 2  # bumped when a quantity of the docstring changes (part of every cache key below)
+VERSION = 3  # bumped when a quantity of the docstring changes (part of every cache key below)
 POSITIONS: tuple[str, ...] = ("END", "A", "B")
 TARGETS: tuple[str, ...] = ("A", "B", "C")
 ROLE_OF = {"A": "operand A", "B": "operand B"}
 FOLDS = 5
+MIN_FOLDS = 3  # the fewest folds (and prompts per value) a classification probe runs with
+DIGIT_PLACES: tuple[int, ...] = (1, 10)
 LOGREG_C = 1.0
 RIDGE_ALPHA = 1.0
 PERIODS: tuple[int, ...] = (2, 5, 10, 100)
@@ -127,13 +142,18 @@ def check_layers(layers: Sequence[int], n_layers: int) -> list[int]:
     return sorted(set(int(x) for x in layers))
 
 
+def resid_hook(layer: int) -> hooks.HookName:
+    """The residual stream leaving ``layer`` (-1: the embedding, resid_pre[0])."""
+    return hooks.resid_pre(0) if layer < 0 else hooks.resid_post(layer)
+
+
 @torch.no_grad()
 def residuals(backend: ModelBackend, pairs: Sequence[PromptPair], layers: Sequence[int], *, batch_size: int = 64,
               progress: ProgressFn | None = None, total: int | None = None) -> np.ndarray:
     """x[layer, position, prompt, d_model] (float64) for ``layers`` (-1 = resid_pre[0]) and POSITIONS."""
     check_pairs(pairs, backend.facts.vocab_size)
     layers = check_layers(layers, backend.facts.n_layers)
-    names = [hooks.resid_pre(0) if x < 0 else hooks.resid_post(x) for x in layers]
+    names = [resid_hook(x) for x in layers]
     at = [positions(backend, p) for p in pairs]
     pos = torch.tensor([[a[n] for n in POSITIONS] for a in at])  # [P, 3]
     out = np.zeros((len(layers), len(POSITIONS), len(pairs), backend.facts.d_model))
@@ -154,15 +174,21 @@ def residuals(backend: ModelBackend, pairs: Sequence[PromptPair], layers: Sequen
 # 1. probes
 # ---------------------------------------------------------------------------------------------
 
-def kept_values(y: np.ndarray, folds: int = FOLDS) -> np.ndarray:
-    """Boolean mask of the prompts whose value occurs at least ``folds`` times (ValueError below two values)."""
+def class_folds(y: np.ndarray) -> tuple[int, np.ndarray]:
+    """(k, mask): the number of folds k in MIN_FOLDS..FOLDS and the prompts whose value occurs at least k times,
+    for the k that keeps the most prompts (the larger k on a tie) among those that keep two values or more;
+    ValueError when none does."""
     vals, counts = np.unique(y, return_counts=True)
-    ok = vals[counts >= folds]
-    if len(ok) < 2:
-        raise ValueError(f"the probe needs at least {folds} prompts per value for two values or more "
+    best = None
+    for k in range(FOLDS, MIN_FOLDS - 1, -1):
+        ok = vals[counts >= k]
+        if len(ok) >= 2 and (best is None or np.isin(y, ok).sum() > best[1].sum()):
+            best = (k, np.isin(y, ok))
+    if best is None:
+        raise ValueError(f"classifying needs at least {MIN_FOLDS} prompts per value for two values or more "
                          f"(here: {dict(zip(vals.tolist(), counts.tolist()))}): use more prompts per operation "
                          f"or add operations")
-    return np.isin(y, ok)
+    return best
 
 
 def shuffled(y: np.ndarray, seed: int) -> np.ndarray:
@@ -181,20 +207,50 @@ def logistic_accuracy(X: np.ndarray, y: np.ndarray, seed: int = 0, folds: int = 
     return float((pred == labels).mean())
 
 
-def ridge_r2(X: np.ndarray, y: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
-    """Held-out R² of the scalar ridge probe (pooled over KFold folds)."""
+def ridge_predictions(X: np.ndarray, Y: np.ndarray, seed: int = 0, folds: int = FOLDS) -> np.ndarray:
+    """Pooled held-out predictions [P, m] of ``Ridge(alpha=RIDGE_ALPHA)`` on standardized X for the m columns of Y
+    at once (one fit per fold: a multi-output ridge solves each column on its own, with the same folds)."""
     from sklearn.linear_model import Ridge
     from sklearn.model_selection import KFold, cross_val_predict
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     est = make_pipeline(StandardScaler(), Ridge(alpha=RIDGE_ALPHA))
-    pred = cross_val_predict(est, X, y, cv=KFold(folds, shuffle=True, random_state=seed))
-    return r2(y, pred)
+    return cross_val_predict(est, X, Y, cv=KFold(folds, shuffle=True, random_state=seed)).reshape(len(X), -1)
+
+
+def ridge_r2(X: np.ndarray, y: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
+    """Held-out R² of the scalar ridge probe (pooled over KFold folds)."""
+    return r2(y, ridge_predictions(X, y[:, None], seed, folds)[:, 0])
 
 
 def r2(y: np.ndarray, pred: np.ndarray) -> float:
     ss = float(((y - y.mean()) ** 2).sum())
     return float("nan") if ss == 0 else 1.0 - float(((y - pred) ** 2).sum()) / ss
+
+
+def digits(n: np.ndarray, place: int) -> np.ndarray | None:
+    """The digit at ``place`` (1, 10, ...) of each whole number n ≥ 0; None when n is not such a number or the place
+    has fewer than two digit values."""
+    if not (np.all(n == np.round(n)) and np.all(n >= 0)):
+        return None
+    d = (n.astype(np.int64) // place) % 10
+    return d if len(np.unique(d)) >= 2 else None
+
+
+def circle_points(d: np.ndarray) -> np.ndarray:
+    """[P, 2]: digit d as the point (cos 2πd/10, sin 2πd/10)."""
+    angle = 2 * np.pi * d / 10
+    return np.stack([np.cos(angle), np.sin(angle)], 1)
+
+
+def circle_digits(pred: np.ndarray) -> np.ndarray:
+    """The digit whose point is nearest in angle to each predicted point [P, 2]: round(10 atan2 / 2π) mod 10."""
+    return np.mod(np.round(np.arctan2(pred[:, 1], pred[:, 0]) * 10 / (2 * np.pi)), 10)
+
+
+def circular_accuracy(X: np.ndarray, d: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
+    """Held-out accuracy of the circular probe of digits ``d`` (module docstring, 1: ``digit1`` / ``digit10``)."""
+    return float((circle_digits(ridge_predictions(X, circle_points(d), seed, folds)) == d).mean())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +278,24 @@ def fit_r2(B: np.ndarray, X: np.ndarray) -> float:
     return float("nan") if ss == 0 else 1.0 - float(((X - B @ W) ** 2).sum()) / ss
 
 
+def helix_rank(n: np.ndarray) -> int:
+    """r: the rank of the helix basis' columns but the constant, centred -- the dimension the helix fit spans."""
+    B = helix_basis(n)[:, :-1]
+    return int(np.linalg.matrix_rank(B - B.mean(0)))
+
+
+def pca_r2(X: np.ndarray, r: int) -> float:
+    """The share of X's variance (centred) in its top r principal directions: in-sample R² of the best rank-r fit."""
+    s = np.linalg.svd(X - X.mean(0), compute_uv=False)
+    total = float((s ** 2).sum())
+    return float("nan") if total == 0 else float((s[:r] ** 2).sum()) / total
+
+
+def principal_directions(X: np.ndarray, r: int) -> np.ndarray:
+    """[d, r]: the top r principal directions of X [P, d] (centred), orthonormal."""
+    return np.linalg.svd(X - X.mean(0), full_matrices=False)[2][:r].T
+
+
 # ---------------------------------------------------------------------------------------------
 # probes + helix, per layer / position / target: the CSV rows
 # ---------------------------------------------------------------------------------------------
@@ -232,11 +306,13 @@ class NumberRow:
     position: str       # END, A, B
     target: str         # A, B, C
     method: str         # logistic (accuracy) | ridge (R²) | helix (R², baseline linear R²) | means (R²) |
-    #                     mod2 / mod5 / mod10 / mod100 (Cohen's kappa of n mod T; C at END only)
+    #                     mod2 / mod5 / mod10 / mod100 (Cohen's kappa of n mod T; C at END only) |
+    #                     digit1 / digit10 (circular probe of a digit: accuracy) | pca (R² of the top r directions)
     score: float
     baseline: float     # probes and means: permuted labels; helix: the linear fit [n, 1]
     n_prompts: int
     n_classes: int
+    folds: int = FOLDS  # cross-validation folds (logistic / mod T: also the fewest prompts per kept value)
 
 
 def mod_kappa(X: np.ndarray, labels: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
@@ -252,48 +328,67 @@ def mod_kappa(X: np.ndarray, labels: np.ndarray, seed: int = 0, folds: int = FOL
 
 
 def layer_rows(layer: int, X: np.ndarray, values: dict[str, np.ndarray], seed: int) -> list[NumberRow]:
-    """Every row of one layer; X [3, P, d] (POSITIONS).  A target with fewer than two values of FOLDS prompts has no
-    logistic row (its other rows stay)."""
+    """Every row of one layer; X [3, P, d] (POSITIONS).  A target with too few prompts per value has no logistic row
+    (its other rows stay)."""
     out = []
     for pi, pos in enumerate(POSITIONS):
         for t in TARGETS:
             y, x = values[t], X[pi]
             try:
-                keep = kept_values(y)
+                k, keep = class_folds(y)
             except ValueError:
                 keep = None
             if keep is not None:
                 yk, xk = y[keep], x[keep]
-                nk = len(np.unique(yk))
-                out.append(NumberRow(layer, pos, t, "logistic", logistic_accuracy(xk, yk, seed),
-                                     logistic_accuracy(xk, shuffled(yk, seed), seed), int(keep.sum()), nk))
+                out.append(NumberRow(layer, pos, t, "logistic", logistic_accuracy(xk, yk, seed, k),
+                                     logistic_accuracy(xk, shuffled(yk, seed), seed, k), int(keep.sum()),
+                                     len(np.unique(yk)), k))
             if pos == "END" and t == "C" and np.all(y == np.round(y)):
                 out.extend(mod_rows(layer, x, y.astype(int), seed))
             nv = len(np.unique(y))
-            out.append(NumberRow(layer, pos, t, "ridge", ridge_r2(x, y, seed), ridge_r2(x, shuffled(y, seed), seed),
-                                 len(y), nv))
-            out.append(NumberRow(layer, pos, t, "helix", fit_r2(helix_basis(y), x), fit_r2(linear_basis(y), x),
-                                 len(y), nv))
+            for method, score, baseline, n_classes in ridge_scores(x, y, seed):
+                out.append(NumberRow(layer, pos, t, method, score, baseline, len(y), n_classes))
+            helix = fit_r2(helix_basis(y), x)
+            out.append(NumberRow(layer, pos, t, "helix", helix, fit_r2(linear_basis(y), x), len(y), nv))
+            out.append(NumberRow(layer, pos, t, "pca", pca_r2(x, helix_rank(y)), helix, len(y), nv))
             out.append(NumberRow(layer, pos, t, "means", fit_r2(means_basis(y), x),
                                  fit_r2(means_basis(shuffled(y, seed)), x), len(y), nv))
     return out
 
 
+def ridge_scores(x: np.ndarray, y: np.ndarray, seed: int) -> list[tuple[str, float, float, int]]:
+    """(method, score, shuffled-label score, values) of the ridge probe of y and the circular probe of each digit place
+    with two digit values or more, from one multi-output ridge (the labels permuted once, for every column)."""
+    perm = np.random.default_rng(seed).permutation(len(y))  # = shuffled(): the same permutation for y and digits
+    cols, parts = [y[:, None], y[perm][:, None]], [("ridge", None)]
+    for place in DIGIT_PLACES:
+        d = digits(y, place)
+        if d is not None:
+            cols += [circle_points(d), circle_points(d[perm])]
+            parts.append((f"digit{place}", d))
+    pred = ridge_predictions(x, np.concatenate(cols, 1), seed)  # [P, 2 + 4 per digit place]
+    out = [("ridge", r2(y, pred[:, 0]), r2(y[perm], pred[:, 1]), len(np.unique(y)))]
+    for j, (method, d) in enumerate(parts[1:]):
+        at = 2 + 4 * j
+        out.append((method, float((circle_digits(pred[:, at:at + 2]) == d).mean()),
+                    float((circle_digits(pred[:, at + 2:at + 4]) == d[perm]).mean()), len(np.unique(d))))
+    return out
+
+
 def mod_rows(layer: int, x: np.ndarray, n: np.ndarray, seed: int) -> list[NumberRow]:
     """``mod T`` rows (method ``mod2`` ...): is n mod T linearly separable in x, held out -- Cohen's kappa of the
-    logistic probe of n mod T for T in PERIODS, beside the same probe on shuffled labels; classes with fewer than
-    FOLDS prompts left out, no row below two classes."""
+    logistic probe of n mod T for T in PERIODS, beside the same probe on shuffled labels; classes and folds by
+    :func:`class_folds`, no row below two classes."""
     out = []
     for T in PERIODS:
         labels = np.mod(n, T)
-        vals, counts = np.unique(labels, return_counts=True)
-        keep = np.isin(labels, vals[counts >= FOLDS])
-        if len(np.unique(labels[keep])) < 2:
+        try:
+            k, keep = class_folds(labels)
+        except ValueError:
             continue
         lk, xk = labels[keep], x[keep]
-        out.append(NumberRow(layer, "END", "C", f"mod{T}", mod_kappa(xk, lk, seed), mod_kappa(xk, shuffled(lk, seed),
-                                                                                              seed),
-                             int(keep.sum()), len(np.unique(lk))))
+        out.append(NumberRow(layer, "END", "C", f"mod{T}", mod_kappa(xk, lk, seed, k),
+                             mod_kappa(xk, shuffled(lk, seed), seed, k), int(keep.sum()), len(np.unique(lk)), k))
     return out
 
 
@@ -302,24 +397,20 @@ def number_probes(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers:
     """The probe and helix rows of the module docstring for ``layers`` (default: -1 .. L-1)."""
     layers = check_layers(all_layers(backend) if layers is None else layers, backend.facts.n_layers)
     values = target_values(pairs)
-    fails = []
-    for t in TARGETS:
-        try:
-            kept_values(values[t])
-        except ValueError as e:
-            fails.append(e)
-    if len(fails) == len(TARGETS):
-        raise fails[0]  # the user error before any forward pass; one target with enough prompts is enough
+    if len(pairs) < FOLDS:  # the user error before any forward pass
+        raise ValueError(f"the probes need at least {FOLDS} prompt pairs (here {len(pairs)}), and {MIN_FOLDS} "
+                         f"prompts per value to classify: use more prompts per operation or add operations")
     n_batches = len(batches(len(pairs), 64))
     total = n_batches + len(layers)
     X = residuals(backend, pairs, layers, progress=progress, total=total)
-    from threadpoolctl import threadpool_limits
+    from joblib import Parallel, delayed
     out = []
-    with threadpool_limits(1):  # small matrices: BLAS threads (beside torch's) only oversubscribe the cores
-        for j, layer in enumerate(layers):
-            out.extend(layer_rows(layer, X[j], values, seed))
-            if progress is not None:
-                progress(n_batches + j + 1, total)
+    # one process per core, one layer per task: each fits many small probes (BLAS threads would only oversubscribe)
+    jobs = Parallel(n_jobs=min(len(layers), os.cpu_count() or 1), return_as="generator", inner_max_num_threads=1)
+    for j, rows in enumerate(jobs(delayed(layer_rows)(layer, X[j], values, seed) for j, layer in enumerate(layers))):
+        out.extend(rows)
+        if progress is not None:
+            progress(n_batches + j + 1, total)
     return out
 
 
@@ -333,12 +424,18 @@ def cached_number_probes(backend: ModelBackend, pairs: Sequence[PromptPair], *, 
     """:func:`number_probes` through the result cache: (rows, computed)."""
     from engine.results import run_cached_rows
     params = {"version": VERSION, "dtype": backend.facts.dtype, "layers": layers_param(layers), "seed": seed,
-              "folds": FOLDS, "logreg_C": LOGREG_C, "ridge_alpha": RIDGE_ALPHA, "periods": list(PERIODS)}
+              "folds": [MIN_FOLDS, FOLDS], "logreg_C": LOGREG_C, "ridge_alpha": RIDGE_ALPHA, "periods": list(PERIODS)}
     rows, _, computed = run_cached_rows(
         backend, pairs, METHOD, params,
         lambda: (number_probes(backend, pairs, layers=layers, seed=seed, progress=progress), None),
         NumberRow, ("score", "baseline"), cache)
     return rows, computed
+
+
+def default_layer(rows: Sequence[NumberRow]) -> int:
+    """The layer the helix views start at: where C first decodes at END, else the last layer probed."""
+    first = first_decode_layer(rows)
+    return first if first is not None else max(r.layer for r in rows)
 
 
 def first_decode_layer(rows: Sequence[NumberRow], target: str = "C", position: str = "END",
@@ -555,7 +652,7 @@ class CausalPlan:
 def causal_plan(backend: ModelBackend, pairs: Sequence[PromptPair], X: np.ndarray, seed: int = 0) -> CausalPlan:
     """X [P, d]: the END residual at l*.  C' per prompt and the shifts (module docstring, 4)."""
     c = target_values(pairs)["C"]
-    keep = kept_values(c)
+    keep = class_folds(c)[1]
     vals = np.unique(c[keep])
     mu = {float(v): X[c == v].mean(0) for v in vals}
     tok = {float(v): value_token(backend, pairs[int(np.flatnonzero(c == v)[0])], float(v)) for v in vals}
@@ -582,24 +679,36 @@ def causal_plan(backend: ModelBackend, pairs: Sequence[PromptPair], X: np.ndarra
 
 
 @torch.no_grad()
+def shifted_readout(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, at: Sequence[int] | None,
+                    shift: np.ndarray, tokens: np.ndarray | None = None, batch_size: int = 64
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Each prompt run with ``shift[i]`` [d] added to the residual stream leaving ``layer`` (-1: the embedding) at
+    position ``at[i]`` (None: its END): (top next token at END [P], END logits of ``tokens[i]`` [P, m])."""
+    top, picked = [], []
+    for idx in batches(len(pairs), batch_size):
+        ids, mask, end = pad([pairs[i].ref_ids for i in idx], pad_id(backend))
+        where = end if at is None else torch.tensor([at[i] for i in idx])
+        delta = torch.tensor(shift[list(idx)])
+
+        def add(act: torch.Tensor, where=where, delta=delta) -> torch.Tensor:  # [b, pos, d_model]
+            act = act.clone()
+            rows = torch.arange(act.shape[0], device=act.device)
+            act[rows, where.to(act.device)] += delta.to(act.device, act.dtype)
+            return act
+
+        with backend.hooks([(resid_hook(layer), add)]):
+            logits = backend.end_logits(ids, mask, end)  # [b, vocab]
+        top.append(logits.argmax(-1).cpu().numpy())
+        if tokens is not None:
+            want = torch.as_tensor(tokens[list(idx)], device=logits.device)  # [b, m]
+            picked.append(logits.gather(1, want).double().cpu().numpy())
+    return np.concatenate(top), (np.concatenate(picked) if tokens is not None else np.zeros((len(pairs), 0)))
+
+
 def shifted_top_tokens(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, shift: np.ndarray,
                        batch_size: int = 64) -> np.ndarray:
     """Top next token at END of each prompt with ``shift[i]`` added to resid_post[layer] at its END. [P]"""
-    out = []
-    for idx in batches(len(pairs), batch_size):
-        ids, mask, end = pad([pairs[i].ref_ids for i in idx], pad_id(backend))
-        delta = torch.tensor(shift[list(idx)])
-
-        def add(act: torch.Tensor, end=end, delta=delta) -> torch.Tensor:  # [b, pos, d_model]
-            act = act.clone()
-            rows = torch.arange(act.shape[0], device=act.device)
-            act[rows, end.to(act.device)] += delta.to(act.device, act.dtype)
-            return act
-
-        with backend.hooks([(hooks.resid_post(layer), add)]):
-            logits = backend.end_logits(ids, mask, end)  # [b, vocab]
-        out.append(logits.argmax(-1).cpu().numpy())
-    return np.concatenate(out)
+    return shifted_readout(backend, pairs, layer, None, shift, batch_size=batch_size)[0]
 
 
 def causal_check(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, *, seed: int = 0,
@@ -633,7 +742,8 @@ def causal_layer(rows: Sequence[NumberRow]) -> int:
 def cached_causal_check(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, *, seed: int = 0,
                         cache=None, progress: ProgressFn | None = None) -> tuple[list[CausalRow], bool]:
     from engine.results import run_cached_rows
-    params = {"version": VERSION, "dtype": backend.facts.dtype, "layer": layer, "seed": seed, "folds": FOLDS}
+    params = {"version": VERSION, "dtype": backend.facts.dtype, "layer": layer, "seed": seed,
+              "folds": [MIN_FOLDS, FOLDS]}
     rows, _, computed = run_cached_rows(backend, pairs, METHOD + "_causal", params,
                                         lambda: (causal_check(backend, pairs, layer, seed=seed, progress=progress),
                                                  None),
@@ -680,7 +790,11 @@ def cli(args, ctx) -> dict:
     res["number_tokens"] = max(r.k for r in spec) * 2 if spec else 0
     res["dominant_periods"] = {s: dominant_periods(spec, s) for s in ("embedding", "unembedding")}
     if not args.no_causal:
-        layer = causal_layer(rows)
+        try:
+            layer = causal_layer(rows)
+        except ValueError as e:  # C has too few prompts per value: the other results stand
+            res["causal_check"] = str(e)
+            return res
         with ctx.progress("causal check") as bar:
             causal, _ = cached_causal_check(model, pairs, layer, cache=ctx.cache, progress=bar)
         res["causal_check"] = [r.__dict__ for r in causal]

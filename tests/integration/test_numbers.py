@@ -124,6 +124,42 @@ def hand_ridge(X, y, seed=0, folds=N.FOLDS) -> float:
     return 1 - ((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum()
 
 
+def hand_class_folds(y):
+    """(k, mask): 5 folds and values with 5 prompts each, or 4 and 4, or 3 and 3 -- whichever keeps the most prompts
+    (the more folds on a tie) with two values or more."""
+    best = None
+    for k in (5, 4, 3):
+        ok = [v for v in set(y.tolist()) if (y == v).sum() >= k]
+        mask = np.isin(y, ok)
+        if len(ok) >= 2 and (best is None or mask.sum() > best[1].sum()):
+            best = (k, mask)
+    return best
+
+
+def hand_circular(X, d, seed=0, folds=N.FOLDS) -> float:
+    """The circular digit probe by hand: closed-form ridge (standardized on the training fold, intercept) onto
+    (cos, sin) of 2π d / 10, the digit read back as the nearest of the ten points on the circle."""
+    from sklearn.model_selection import KFold
+    pts = np.array([[np.cos(2 * np.pi * k / 10), np.sin(2 * np.pi * k / 10)] for k in range(10)])
+    Y = pts[d]
+    pred = np.zeros_like(Y)
+    for train, test in KFold(folds, shuffle=True, random_state=seed).split(X):
+        mu, sd = X[train].mean(0), X[train].std(0)
+        sd[sd == 0] = 1.0
+        A, B = (X[train] - mu) / sd, (X[test] - mu) / sd
+        ym = Y[train].mean(0)
+        w = np.linalg.solve(A.T @ A + N.RIDGE_ALPHA * np.eye(A.shape[1]), A.T @ (Y[train] - ym))
+        pred[test] = B @ w + ym
+    unit = pred / np.linalg.norm(pred, axis=1, keepdims=True)
+    return float(((unit @ pts.T).argmax(1) == d).mean())  # the nearest point = the nearest angle
+
+
+def eig_pca_r2(X, r) -> float:
+    """Top-r eigenvalues of the covariance over their sum."""
+    ev = np.sort(np.linalg.eigvalsh(np.cov(X.T)))[::-1]
+    return float(ev[:r].sum() / ev.sum())
+
+
 def normal_eq_r2(B, X) -> float:
     W = np.linalg.pinv(B) @ X
     return 1 - ((X - B @ W) ** 2).sum() / ((X - X.mean(0)) ** 2).sum()
@@ -181,25 +217,36 @@ def test_probe_scores_equal_a_hand_written_fold_loop(organism, add_pairs, plain)
     vals = N.target_values(add_pairs)
     got = {(r.position, r.target, r.method): r for r in rows}
     mods = [r for r in rows if r.method.startswith("mod")]
-    assert len(rows) - len(mods) == len(N.POSITIONS) * len(N.TARGETS) * 4 and 0 < len(mods) <= len(N.PERIODS)
+    digit_rows = [r for r in rows if r.method.startswith("digit")]
+    assert len(rows) - len(mods) - len(digit_rows) == len(N.POSITIONS) * len(N.TARGETS) * 5
+    assert 0 < len(mods) <= len(N.PERIODS)
     c = vals["C"].astype(int)
-    for r in mods:  # C mod T at END: kappa of the held-out logistic probe, classes with FOLDS prompts
+    for r in mods:  # C mod T at END: kappa of the held-out logistic probe, classes with k prompts, k folds
         labels = np.mod(c, int(r.method[3:]))
-        v, n = np.unique(labels, return_counts=True)
-        keep = np.isin(labels, v[n >= N.FOLDS])
-        assert (r.position, r.target, r.n_prompts) == ("END", "C", int(keep.sum()))
-        assert r.score == pytest.approx(hand_kappa(X[0][keep], labels[keep]), abs=0.03)
+        k, keep = hand_class_folds(labels)
+        assert (r.position, r.target, r.n_prompts, r.folds) == ("END", "C", int(keep.sum()), k)
+        assert r.score == pytest.approx(hand_kappa(X[0][keep], labels[keep], folds=k), abs=0.03)
+    # per-digit circular probes: the units digit of every target, the tens digit where one is >= 10 (C here)
+    assert {(r.target, r.method) for r in digit_rows if r.position == "END"} == {
+        (t, "digit1") for t in N.TARGETS} | {("C", "digit10")}
+    for r in digit_rows:
+        y = vals[r.target].astype(int)
+        place = int(r.method[5:])
+        d = (y // place) % 10
+        x = X[N.POSITIONS.index(r.position)]
+        assert r.score == pytest.approx(hand_circular(x, d), abs=1e-9)
+        assert r.baseline == pytest.approx(hand_circular(x, np.random.default_rng(0).permutation(d)), abs=1e-9)
+        assert r.n_classes == len(np.unique(d))
     for pi, pos in enumerate(N.POSITIONS):
         for t in N.TARGETS:
             y = vals[t]
-            counts = {v: int((y == v).sum()) for v in np.unique(y)}
-            keep = np.array([counts[v] >= N.FOLDS for v in y])
+            k, keep = hand_class_folds(y)
             yk, xk = y[keep], X[pi][keep]
             r = got[(pos, t, "logistic")]
-            assert (r.n_prompts, r.n_classes) == (int(keep.sum()), len(np.unique(yk)))
-            assert r.score == pytest.approx(hand_logistic(xk, yk), abs=0.02)
+            assert (r.n_prompts, r.n_classes, r.folds) == (int(keep.sum()), len(np.unique(yk)), k)
+            assert r.score == pytest.approx(hand_logistic(xk, yk, folds=k), abs=0.02)
             perm = np.random.default_rng(0).permutation(yk)
-            assert r.baseline == pytest.approx(hand_logistic(xk, perm), abs=0.02)
+            assert r.baseline == pytest.approx(hand_logistic(xk, perm, folds=k), abs=0.02)
             r = got[(pos, t, "ridge")]
             assert r.score == pytest.approx(hand_ridge(X[pi], y), abs=1e-4)
             assert r.baseline == pytest.approx(hand_ridge(X[pi], np.random.default_rng(0).permutation(y)), abs=1e-4)
@@ -214,6 +261,10 @@ def test_probe_scores_equal_a_hand_written_fold_loop(organism, add_pairs, plain)
             assert means.score == pytest.approx(normal_eq_r2(onehot, X[pi]), abs=1e-6)
             if len(np.unique(y)) <= 9:  # the helix basis (rank 9 on integers) spans every function of n
                 assert r.score == pytest.approx(means.score, abs=1e-6)
+            pca = got[(pos, t, "pca")]  # the best subspace of the helix's dimension explains at least as much
+            rank = np.linalg.matrix_rank(helix[:, :-1] - helix[:, :-1].mean(0))
+            assert pca.score == pytest.approx(eig_pca_r2(X[pi], rank), abs=1e-6)
+            assert pca.baseline == pytest.approx(r.score, abs=1e-9) and pca.score >= r.score - 1e-9
 
 
 def test_acceptance_on_the_bundled_model(organism, add_pairs):
@@ -286,6 +337,78 @@ def test_causal_check_equals_a_per_prompt_loop(organism, add_pairs, plain):
     assert got["class-means"].success > got["random"].success
 
 
+@torch.no_grad()
+def per_prompt_patched(backend, pairs, layer, at, new_vectors, want) -> tuple[np.ndarray, np.ndarray]:
+    """Each prompt run alone with the residual leaving ``layer`` at position at[i] *replaced* by new_vectors[i]:
+    (top token at the last position, logit[want[i, 0]] - logit[want[i, 1]])."""
+    top, ld = [], []
+    name = hooks.resid_pre(0) if layer < 0 else hooks.resid_post(layer)
+    for p, a, v, w in zip(pairs, at, new_vectors, want):
+        def put(act, a=a, v=v):
+            act = act.clone()
+            act[0, a] = torch.tensor(v, dtype=act.dtype, device=act.device)
+            return act
+        with backend.hooks([(name, put)]):
+            logits = backend.logits(torch.tensor([p.ref_ids]))[0, -1]
+        top.append(int(logits.argmax()))
+        ld.append(float(logits[w[0]] - logits[w[1]]))
+    return np.array(top), np.array(ld)
+
+
+def check_helix_patch(backend, pairs, layer, position, target, X, n_loop=None):
+    """The rows of helix_patch against the docstring's formulas computed here and a per-prompt loop that writes the
+    patched vector (x_i + δ_i) into an unpadded run of each prompt."""
+    from engine.techniques import helix_patch as H
+    rows = {r.method: r for r in H.helix_patch(backend, pairs, layer, position, target)}
+    d = H.donors(backend, pairs, target)
+    n = N.target_values(pairs)[target]
+    for i, j, t in zip(d.idx, d.donor, d.new_token):  # a donor with another value and another first answer token
+        p = pairs[i]
+        c = int(n[j]) if target == "C" else {"add": np.add, "sub": np.subtract, "mul": np.multiply}[p.op](
+            *((int(n[j]), int(p.b)) if target == "A" else (int(p.a), int(n[j]))))
+        assert n[j] != n[i] and c >= 0 and t != p.answer_id
+        assert t == answer_tokens(backend.tokenizer, p.ref_text, c).answer_id
+    B = np.stack([f(2 * np.pi * n / T) for T in (2, 5, 10, 100) for f in (np.cos, np.sin)] + [n, np.ones_like(n)], 1)
+    W = np.linalg.pinv(B) @ X
+    r = np.linalg.matrix_rank(B[:, :-1] - B[:, :-1].mean(0))
+    ev, V = np.linalg.eigh(np.cov(X.T))
+    P = V[:, np.argsort(ev)[::-1][:r]]
+    i, j = np.array(d.idx), np.array(d.donor)
+    new = {"none": X[i], "full": X[j], "helix": X[i] + (B[j] - B[i]) @ W, "pca": X[i] + (X[j] - X[i]) @ P @ P.T}
+    moved = [pairs[k] for k in d.idx]
+    at = [N.positions(backend, p)[position] for p in moved]
+    want = np.array([[t, p.answer_id] for t, p in zip(d.new_token, moved)])
+    m = len(moved) if n_loop is None else n_loop
+    ld = {}
+    for name, V_new in new.items():
+        top, ld[name] = per_prompt_patched(backend, moved[:m], layer, at[:m], V_new[:m], want[:m])
+        assert rows[name].rank == r and rows[name].n_prompts == len(moved)
+        if n_loop is None:
+            assert rows[name].success == pytest.approx((top == want[:, 0]).mean())
+            assert rows[name].stays == pytest.approx((top == want[:, 1]).mean())
+            assert rows[name].logit_diff == pytest.approx(ld[name].mean(), abs=1e-3)
+        else:  # the batched run's own success on the first prompts
+            from engine.techniques.numbers import shifted_readout
+            _, delta = H.shifts(X, n, d)
+            got, _ = shifted_readout(backend, moved[:m], layer, at[:m], delta[name][:m])
+            np.testing.assert_array_equal(got, top)
+    if n_loop is None:
+        span = ld["full"].mean() - ld["none"].mean()
+        assert rows["helix"].recovered == pytest.approx((ld["helix"].mean() - ld["none"].mean()) / span, abs=1e-3)
+        assert rows["helix"].success_low <= rows["helix"].success <= rows["helix"].success_high
+    return rows
+
+
+def test_helix_patch_equals_a_per_prompt_loop(organism, add_pairs, plain):
+    """The bundled model at the embedding, operand A at its own token: the full activation, the helix and PCA of the
+    same dimension all move the answer; a random subspace of that dimension does not."""
+    rows = check_helix_patch(organism, add_pairs, -1, "A", "A", plain[-1][1])
+    assert rows["none"].success == 0 and rows["none"].stays == 1
+    assert rows["full"].success >= 0.9 and rows["helix"].success >= 0.9 and rows["random"].success_high < 0.2
+    rows = check_helix_patch(organism, add_pairs, 4, "END", "C", plain[4][0])
+    assert rows["helix"].recovered_low > rows["random"].recovered_high
+
+
 def test_cached_equals_uncached_and_the_finding(organism, add_pairs, tmp_path):
     from cache import ResultCache
     cache = ResultCache(tmp_path / "c.duckdb")
@@ -325,8 +448,8 @@ def test_cli_csv_json_and_bad_inputs(tmp_path):
     res = json.loads(r.stdout)
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0])[:6] == ["layer", "position", "target", "method", "score", "baseline"]
-    plain_rows = [x for x in rows if not x["method"].startswith("mod")]
-    assert {x["layer"] for x in rows} == {"-1", "0", "7"} and len(plain_rows) == 3 * 9 * 4
+    plain_rows = [x for x in rows if not x["method"].startswith(("mod", "digit"))]
+    assert {x["layer"] for x in rows} == {"-1", "0", "7"} and len(plain_rows) == 3 * 9 * 5
     assert res["first_layer_C_decodes_at_END"] == 7 and res["last_layer"]["C@END"]["accuracy"] >= 0.9
     assert res["dominant_periods"]["embedding"] and {c["method"] for c in res["causal_check"]} == {
         "class-means", "random"}
@@ -340,13 +463,33 @@ def test_cli_csv_json_and_bad_inputs(tmp_path):
         assert r.returncode == 2 and len(lines) == 1 and phrase in lines[0], r.stderr
 
 
+def test_helix_patch_cli_csv_json_and_bad_inputs(tmp_path):
+    out = tmp_path / "p.csv"
+    cache = tmp_path / "c.duckdb"
+    r = run_cli("helix-patch", "--op", "add", "--n", "100", "--layer=-1", "--position", "A", "--target", "A",
+                "--out", str(out), cache=cache)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    rows = list(csv.DictReader(out.open()))
+    assert [x["method"] for x in rows] == ["none", "full", "helix", "pca", "random"]
+    assert res["layer"] == -1 and res["patches"]["helix"]["success"][0] >= 0.9  # as the bundled model's test
+    assert res["patches"]["random"]["success"][2] < 0.2
+    r = run_cli("helix-patch", "--op", "add", "--n", "100", "--out", str(out), cache=cache)  # the default layer
+    assert r.returncode == 0 and json.loads(r.stdout)["layer"] == 4, r.stderr  # where C first decodes at END
+    for args, phrase in ((("--layer", "99"), "do not exist"), (("--position", "Q"), "invalid choice")):
+        r = run_cli("helix-patch", "--op", "add", "--n", "20", "--out", str(out), *args, cache=cache)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and phrase in lines[0], r.stderr
+
+
 def test_page_renders_its_charts_and_a_bad_prompt_set_is_an_error(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
     from tests.app.conftest import REPO
     monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "page.duckdb"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for n, charts in ((40, 7), (2, 0)):  # probes 2, mod-T kappa, spectrum, helix 2, causal
+    for n, charts in ((40, 9), (2, 0)):  # probes 3 (class, scalar, digits), mod-T kappa, spectrum, helix 2, patch,
+        #                              causal
         at = AppTest.from_file(str(REPO / "pages" / "10_Numbers.py"), default_timeout=300)
         at.session_state["prompt_set"] = {"ops": ["add"], "families": "paper (Fig. 8, 32 templates)", "n": n,
                                           "seed": 0}
@@ -391,12 +534,14 @@ def test_smollm2_positions_probes_spectrum_and_causal_check(smol, smol_pairs):
     got = {(r.position, r.target, r.method): r for r in rows}
     for pi, pos in ((0, "END"), (1, "A")):
         y = vals["A"]
-        keep = N.kept_values(y)
-        assert got[(pos, "A", "logistic")].score == pytest.approx(hand_logistic(X[pi][keep], y[keep]), abs=0.03)
+        k, keep = hand_class_folds(y)
+        assert got[(pos, "A", "logistic")].score == pytest.approx(hand_logistic(X[pi][keep], y[keep], folds=k),
+                                                                  abs=0.03)
         assert got[(pos, "A", "ridge")].score == pytest.approx(hand_ridge(X[pi], y), abs=1e-3)
         helix = N.helix_basis(vals["C"])
         assert got[(pos, "C", "helix")].score == pytest.approx(normal_eq_r2(helix, X[pi]), abs=1e-5)
-    assert got[("A", "A", "logistic")].score >= 0.9
+    a_at_a = got[("A", "A", "logistic")]  # A reads at its own token, far above shuffled labels
+    assert a_at_a.score >= 0.85 and a_at_a.score >= a_at_a.baseline + 0.5
     nums, ids = N.number_range(smol, p.ref_text)
     assert len(nums) in (10, 100)
     vecs = N.number_vectors(smol, ids)
@@ -410,3 +555,6 @@ def test_smollm2_positions_probes_spectrum_and_causal_check(smol, smol_pairs):
     batched = N.shifted_top_tokens(smol, moved[:8], last, plan.shift[:8])
     np.testing.assert_array_equal(batched, per_prompt_top(smol, moved[:8], last, plan.shift[:8]))
     assert rows["class-means"].success > rows["random"].success
+    # helix-subspace patching at operand A's own token after the first block: the batched hook vs 6 prompts alone
+    hp = check_helix_patch(smol, smol_pairs, 0, "A", "A", N.residuals(smol, smol_pairs, [0])[0, 1], n_loop=6)
+    assert hp["full"].success > hp["random"].success_high
