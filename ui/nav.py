@@ -32,7 +32,7 @@ PAGES = (
     PageDef("pages/11_Faithfulness.py", "Faithfulness", ":material/verified:", "Faithfulness"),
     PageDef("pages/12_Circuit.py", "Circuit", ":material/hub:", "Circuit"),
     PageDef("pages/13_Templates.py", "Your templates", ":material/edit_note:", "Templates"),
-    PageDef("pages/14_Operand_grid.py", "Operand grid", ":material/grid_view:", "Operand_grid"),
+    PageDef("pages/14_Atlas.py", "Atlas", ":material/grid_view:", "Atlas"),
 )
 
 #: registry name (``engine.registry``; ``finetune``: the CLI's fine-tuning) -> URL path of the page that shows it
@@ -41,8 +41,8 @@ PAGE_OF: dict[str, str] = {
     "stability": "Path_patching", "carries": "Path_patching",
     "mlp-projections": "MLP_projections", "logit-lens": "MLP_projections",
     "knockout": "Knockout", "knockout-curve": "Knockout", "transfer": "Transfer",
-    "faithfulness": "Faithfulness", "circuit": "Circuit", "operand-grid": "Operand_grid",
-    "heuristic-neurons": "Operand_grid", "helix-patch": "Numbers",
+    "faithfulness": "Faithfulness", "circuit": "Circuit", "operand-grid": "Atlas",
+    "heuristic-neurons": "Atlas", "helix-patch": "Numbers",
     "position-patching": "Position_patching", "numbers": "Numbers", "finetune": "Improve",
 }
 

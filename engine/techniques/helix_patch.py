@@ -27,9 +27,12 @@ position and layer runs as it would), x_i ← x_i + δ_i with
   helix's dimension that explains the most variance, found without n);
 * ``random``: δ = R Rᵀ (x_j - x_i), R [d, r] orthonormal (QR of a seeded Gaussian matrix): the control.
 
-**Read-out** at END: success = fraction of prompts whose top next token is C'_i's first token; stays = fraction
-still on C_i's; ld = logit[C'_i] - logit[C_i] (first tokens), recovered = (mean ld_patch - mean ld_none) /
-(mean ld_full - mean ld_none) -- the share of the full patch's logit-difference change the patch achieves.
+**Read-out** at END (a patch at END continues every position before END from the prompt's own keys and
+values, computed once, where that is less work and reproduces the unpatched END logits:
+:func:`engine.techniques.numbers.shifted_readouts`): success = fraction of prompts whose top next token is
+C'_i's first token; stays = fraction still on C_i's; ld = logit[C'_i] - logit[C_i] (first tokens), recovered =
+(mean ld_patch - mean ld_none) / (mean ld_full - mean ld_none) -- the share of the full patch's
+logit-difference change the patch achieves.
 Intervals: percentile bootstrap over the prompts (:mod:`engine.techniques.intervals`; success and recovered,
 from the per-prompt results, no extra forward pass).
 """
@@ -57,8 +60,8 @@ from engine.techniques.numbers import (
     helix_rank,
     positions,
     principal_directions,
-    residuals,
-    shifted_readout,
+    residuals_and_end_logits,
+    shifted_readouts,
     target_values,
     value_token,
 )
@@ -156,18 +159,19 @@ def helix_patch(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, 
         raise ValueError(f"position must be one of {POSITIONS} and target one of {TARGETS}")
     layer = check_layers([layer], backend.facts.n_layers)[0]
     d = donors(backend, pairs, target, seed)
-    X = residuals(backend, pairs, [layer])[0, POSITIONS.index(position)]  # [P, d_model]
+    X, lg = residuals_and_end_logits(backend, pairs, [layer])
+    X = X[0, POSITIONS.index(position)]  # [P, d_model]
     r, delta = shifts(X, target_values(pairs)[target], d, seed)
     moved = [pairs[i] for i in d.idx]
-    at = [positions(backend, p)[position] for p in moved]
+    at = None if position == "END" else [positions(backend, p)[position] for p in moved]
     tokens = np.array([[t, p.answer_id] for t, p in zip(d.new_token, moved)])  # [m, 2]: C', C
+    runs = shifted_readouts(backend, moved, layer, at, [delta[name] for name in PATCHES], tokens, lg[d.idx])
     hits, ld = {}, {}
-    for k, name in enumerate(PATCHES):
-        top, logit = shifted_readout(backend, moved, layer, at, delta[name], tokens)
+    for name, (top, logit) in zip(PATCHES, runs):
         hits[name] = np.stack([top == tokens[:, 0], top == tokens[:, 1]], 1).astype(float)  # [m, 2]
         ld[name] = logit[:, 0] - logit[:, 1]  # [m]
-        if progress is not None:
-            progress(k + 1, len(PATCHES))
+    if progress is not None:
+        progress(len(PATCHES), len(PATCHES))
 
     def recovered(name: str) -> intervals.Interval:
         def stat(idx: np.ndarray) -> float:

@@ -151,23 +151,34 @@ def resid_hook(layer: int) -> hooks.HookName:
 def residuals(backend: ModelBackend, pairs: Sequence[PromptPair], layers: Sequence[int], *, batch_size: int = 64,
               progress: ProgressFn | None = None, total: int | None = None) -> np.ndarray:
     """x[layer, position, prompt, d_model] (float64) for ``layers`` (-1 = resid_pre[0]) and POSITIONS."""
+    return residuals_and_end_logits(backend, pairs, layers, batch_size=batch_size, progress=progress, total=total)[0]
+
+
+@torch.no_grad()
+def residuals_and_end_logits(backend: ModelBackend, pairs: Sequence[PromptPair], layers: Sequence[int], *,
+                             batch_size: int = 64, progress: ProgressFn | None = None, total: int | None = None
+                             ) -> tuple[np.ndarray, torch.Tensor]:
+    """(:func:`residuals`, the next-token logits at END [P, vocab]) of one pass: the final norm and the unembedding
+    run on END only."""
     check_pairs(pairs, backend.facts.vocab_size)
     layers = check_layers(layers, backend.facts.n_layers)
     names = [resid_hook(x) for x in layers]
     at = [positions(backend, p) for p in pairs]
     pos = torch.tensor([[a[n] for n in POSITIONS] for a in at])  # [P, 3]
     out = np.zeros((len(layers), len(POSITIONS), len(pairs), backend.facts.d_model))
+    logits = torch.empty(len(pairs), backend.facts.vocab_size)
     chunks = batches(len(pairs), batch_size)
     for ci, idx in enumerate(chunks):
-        ids, mask, _ = pad([pairs[i].ref_ids for i in idx], pad_id(backend))
-        _, c = backend.run_with_cache(ids, mask, names)
+        ids, mask, end = pad([pairs[i].ref_ids for i in idx], pad_id(backend))
+        lg, c = backend.run_with_cache_at(ids, mask, names, end[:, None])  # lg [b, 1, vocab]
+        logits[list(idx)] = lg[:, 0].float().cpu()
         rows = torch.arange(len(idx))[:, None]
         for j, name in enumerate(names):
             act = c[name][rows, pos[list(idx)].to(c[name].device)]  # [b, 3, d_model]
             out[j][:, list(idx)] = act.double().cpu().numpy().transpose(1, 0, 2)
         if progress is not None:
             progress(ci + 1, total or len(chunks))
-    return out
+    return out, logits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,16 +206,19 @@ def shuffled(y: np.ndarray, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(y)
 
 
-def logistic_accuracy(X: np.ndarray, y: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
-    """Held-out accuracy of the logistic probe (pooled over StratifiedKFold folds)."""
+def logistic_predictions(X: np.ndarray, labels: np.ndarray, seed: int = 0, folds: int = FOLDS) -> np.ndarray:
+    """Pooled held-out predictions [P] of the logistic probe of ``labels`` (StratifiedKFold folds)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
-    labels = np.unique(y, return_inverse=True)[1]
     est = make_pipeline(StandardScaler(), LogisticRegression(C=LOGREG_C, solver="newton-cg", max_iter=1000))
-    pred = cross_val_predict(est, X, labels, cv=StratifiedKFold(folds, shuffle=True, random_state=seed))
-    return float((pred == labels).mean())
+    return cross_val_predict(est, X, labels, cv=StratifiedKFold(folds, shuffle=True, random_state=seed))
+
+
+def logistic_accuracy(X: np.ndarray, y: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
+    """Held-out accuracy of the logistic probe (pooled over StratifiedKFold folds)."""
+    return float((logistic_predictions(X, y, seed, folds) == y).mean())
 
 
 def ridge_predictions(X: np.ndarray, Y: np.ndarray, seed: int = 0, folds: int = FOLDS) -> np.ndarray:
@@ -315,15 +329,12 @@ class NumberRow:
     folds: int = FOLDS  # cross-validation folds (logistic / mod T: also the fewest prompts per kept value)
 
 
-def mod_kappa(X: np.ndarray, labels: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
-    """Held-out Cohen's kappa of the logistic probe of ``labels`` (pooled over StratifiedKFold folds)."""
-    from sklearn.linear_model import LogisticRegression
+def mod_kappa(X: np.ndarray, labels: np.ndarray, seed: int = 0, folds: int = FOLDS,
+              pred: np.ndarray | None = None) -> float:
+    """Held-out Cohen's kappa of the logistic probe of ``labels`` (pooled over StratifiedKFold folds; ``pred``: its
+    predictions when already made)."""
     from sklearn.metrics import cohen_kappa_score
-    from sklearn.model_selection import StratifiedKFold, cross_val_predict
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-    est = make_pipeline(StandardScaler(), LogisticRegression(C=LOGREG_C, solver="newton-cg", max_iter=1000))
-    pred = cross_val_predict(est, X, labels, cv=StratifiedKFold(folds, shuffle=True, random_state=seed))
+    pred = logistic_predictions(X, labels, seed, folds) if pred is None else pred
     return float(cohen_kappa_score(labels, pred))
 
 
@@ -338,13 +349,15 @@ def layer_rows(layer: int, X: np.ndarray, values: dict[str, np.ndarray], seed: i
                 k, keep = class_folds(y)
             except ValueError:
                 keep = None
+            made = None
             if keep is not None:
                 yk, xk = y[keep], x[keep]
-                out.append(NumberRow(layer, pos, t, "logistic", logistic_accuracy(xk, yk, seed, k),
-                                     logistic_accuracy(xk, shuffled(yk, seed), seed, k), int(keep.sum()),
+                made = (logistic_predictions(xk, yk, seed, k), logistic_predictions(xk, shuffled(yk, seed), seed, k))
+                out.append(NumberRow(layer, pos, t, "logistic", float((made[0] == yk).mean()),
+                                     float((made[1] == shuffled(yk, seed)).mean()), int(keep.sum()),
                                      len(np.unique(yk)), k))
             if pos == "END" and t == "C" and np.all(y == np.round(y)):
-                out.extend(mod_rows(layer, x, y.astype(int), seed))
+                out.extend(mod_rows(layer, x, y.astype(int), seed, made))
             nv = len(np.unique(y))
             for method, score, baseline, n_classes in ridge_scores(x, y, seed):
                 out.append(NumberRow(layer, pos, t, method, score, baseline, len(y), n_classes))
@@ -375,10 +388,12 @@ def ridge_scores(x: np.ndarray, y: np.ndarray, seed: int) -> list[tuple[str, flo
     return out
 
 
-def mod_rows(layer: int, x: np.ndarray, n: np.ndarray, seed: int) -> list[NumberRow]:
+def mod_rows(layer: int, x: np.ndarray, n: np.ndarray, seed: int,
+             made: tuple[np.ndarray, np.ndarray] | None = None) -> list[NumberRow]:
     """``mod T`` rows (method ``mod2`` ...): is n mod T linearly separable in x, held out -- Cohen's kappa of the
     logistic probe of n mod T for T in PERIODS, beside the same probe on shuffled labels; classes and folds by
-    :func:`class_folds`, no row below two classes."""
+    :func:`class_folds`, no row below two classes.  ``made``: the logistic probe of n itself (predictions on the
+    labels and on the shuffled labels), the same fits as n mod T where every n < T."""
     out = []
     for T in PERIODS:
         labels = np.mod(n, T)
@@ -387,8 +402,10 @@ def mod_rows(layer: int, x: np.ndarray, n: np.ndarray, seed: int) -> list[Number
         except ValueError:
             continue
         lk, xk = labels[keep], x[keep]
-        out.append(NumberRow(layer, "END", "C", f"mod{T}", mod_kappa(xk, lk, seed, k),
-                             mod_kappa(xk, shuffled(lk, seed), seed, k), int(keep.sum()), len(np.unique(lk)), k))
+        same = made if made is not None and np.array_equal(labels, n) else (None, None)
+        out.append(NumberRow(layer, "END", "C", f"mod{T}", mod_kappa(xk, lk, seed, k, same[0]),
+                             mod_kappa(xk, shuffled(lk, seed), seed, k, same[1]), int(keep.sum()),
+                             len(np.unique(lk)), k))
     return out
 
 
@@ -705,6 +722,74 @@ def shifted_readout(backend: ModelBackend, pairs: Sequence[PromptPair], layer: i
     return np.concatenate(top), (np.concatenate(picked) if tokens is not None else np.zeros((len(pairs), 0)))
 
 
+def shifted_readouts(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, at: Sequence[int] | None,
+                     shifts: Sequence[np.ndarray], tokens: np.ndarray | None = None,
+                     end_logits: torch.Tensor | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`shifted_readout` of each of ``shifts``.  At END (``at`` None) with the unshifted END logits
+    ``end_logits`` [P, vocab] at hand, X_r's keys and values before END are computed once and each shift
+    continues them with END alone (:func:`continued_readouts`) where that is less work; else full passes."""
+    if at is None and end_logits is not None and continuation_pays(backend, pairs, len(shifts)):
+        done = continued_readouts(backend, pairs, layer, shifts, tokens, end_logits)
+        if done is not None:
+            return done
+    return [shifted_readout(backend, pairs, layer, at, s, tokens) for s in shifts]
+
+
+def continuation_pays(backend: ModelBackend, pairs: Sequence[PromptPair], n_shifts: int) -> bool:
+    """Whether prefix + one continuation per shift and chunk costs fewer token positions (a call's fixed cost
+    counted, :func:`engine.techniques.batching.call_tokens`) than one padded pass per shift."""
+    if not backend.continues:
+        return False
+    from engine.techniques.batching import TOKENS_PER_PASS, call_tokens, length_chunks
+    call = call_tokens(backend.facts)
+    width = max(len(p.ref_ids) for p in pairs)
+    full = n_shifts * (len(pairs) * width + len(batches(len(pairs), 64)) * call)
+    chunks = len(length_chunks(pairs, TOKENS_PER_PASS))
+    cont = sum(len(p.ref_ids) for p in pairs) + chunks * call + (n_shifts + 1) * (chunks * call + len(pairs))
+    return cont < full
+
+
+@torch.no_grad()
+def continued_readouts(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, shifts: Sequence[np.ndarray],
+                       tokens: np.ndarray | None, end_logits: torch.Tensor
+                       ) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """:func:`shifted_readouts` at END from X_r's prefix: per chunk of equal-length prompts, the keys and values of
+    every position before END once; the unshifted continuation must reproduce ``end_logits`` (else None: the
+    caller runs full passes); then each shift continues with END alone, ``shift[i]`` added to its residual."""
+    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, logit_scale
+    out = [(np.zeros(len(pairs), dtype=np.int64), np.zeros((len(pairs), 0 if tokens is None else tokens.shape[1])))
+           for _ in shifts]
+    for idx in length_chunks(pairs, TOKENS_PER_PASS):
+        ids = torch.tensor([pairs[i].ref_ids for i in idx])  # [n, T]: one length, no padding
+        T = ids.shape[1]
+        if T < 2:
+            return None
+        prefix = backend.prefix(ids[:, :T - 1])
+        rows = torch.arange(len(idx))
+        clean = backend.continue_end_logits(prefix, rows, ids[:, T - 1:], start=T - 1).float()  # [n, vocab]
+        want = end_logits[idx]
+        try:
+            check_reproduces("continuing the prompts' END token from their own keys and values", clean, want,
+                             logit_scale(want)[:, None].expand_as(want), backend.facts.dtype)
+        except ShortcutMismatch:
+            return None
+        for (top, picked), shift in zip(out, shifts):
+            delta = torch.tensor(shift[idx])
+
+            def add(act: torch.Tensor, delta=delta) -> torch.Tensor:  # [n, 1, d_model]: END alone
+                act = act.clone()
+                act[:, 0] += delta.to(act.device, act.dtype)
+                return act
+
+            with backend.hooks([(resid_hook(layer), add)]):
+                lg = backend.continue_end_logits(prefix, rows, ids[:, T - 1:], start=T - 1)  # [n, vocab]
+            top[idx] = lg.argmax(-1).cpu().numpy()
+            if tokens is not None:
+                picked[idx] = lg.gather(1, torch.as_tensor(tokens[idx], device=lg.device)).double().cpu().numpy()
+    return out
+
+
 def shifted_top_tokens(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, shift: np.ndarray,
                        batch_size: int = 64) -> np.ndarray:
     """Top next token at END of each prompt with ``shift[i]`` added to resid_post[layer] at its END. [P]"""
@@ -715,18 +800,18 @@ def causal_check(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int,
                  progress: ProgressFn | None = None) -> list[CausalRow]:
     """The causal check of the module docstring at ``layer`` (≥ 0)."""
     hooks.validate_layer(layer, backend.facts.n_layers)
-    X = residuals(backend, pairs, [layer])[0, POSITIONS.index("END")]  # [P, d]
+    X, lg = residuals_and_end_logits(backend, pairs, [layer])
+    X = X[0, POSITIONS.index("END")]  # [P, d]
     plan = causal_plan(backend, pairs, X, seed)
     moved = [pairs[i] for i in plan.idx]
     clean = np.array([p.answer_id for p in moved])
     want = np.array(plan.target_token)
     rel = float((np.linalg.norm(plan.shift, axis=1) / np.linalg.norm(X[plan.idx], axis=1)).mean())
-    out = []
-    for k, (name, S) in enumerate((("class-means", plan.shift), ("random", plan.random))):
-        top = shifted_top_tokens(backend, moved, layer, S)
-        out.append(CausalRow(layer, name, len(moved), float((top == want).mean()), float((top == clean).mean()), rel))
-        if progress is not None:
-            progress(k + 1, 2)
+    runs = shifted_readouts(backend, moved, layer, None, [plan.shift, plan.random], end_logits=lg[plan.idx])
+    out = [CausalRow(layer, name, len(moved), float((top == want).mean()), float((top == clean).mean()), rel)
+           for name, (top, _) in zip(("class-means", "random"), runs)]
+    if progress is not None:
+        progress(2, 2)
     return out
 
 

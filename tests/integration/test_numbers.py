@@ -409,6 +409,28 @@ def test_helix_patch_equals_a_per_prompt_loop(organism, add_pairs, plain):
     assert rows["helix"].recovered_low > rows["random"].recovered_high
 
 
+def check_continued_equals_full(backend, pairs, layer):
+    """Shifts at END continued from each prompt's own prefix = the same shifts in full padded passes; END logits
+    that the continuation does not reproduce send it back to the full passes (None)."""
+    X, lg = N.residuals_and_end_logits(backend, pairs, [layer])
+    rng = np.random.default_rng(1)
+    scale = np.linalg.norm(X[0, 0], axis=1, keepdims=True)
+    shifts = [np.zeros_like(X[0, 0]), rng.standard_normal(X[0, 0].shape) * scale / np.sqrt(X.shape[-1]) * 3]
+    tokens = np.array([[p.answer_id, (p.answer_id + 1) % backend.facts.vocab_size] for p in pairs])
+    got = N.continued_readouts(backend, pairs, layer, shifts, tokens, lg)
+    assert got is not None
+    for (top, picked), shift in zip(got, shifts):
+        want_top, want_picked = N.shifted_readout(backend, pairs, layer, None, shift, tokens)
+        assert (top == want_top).mean() >= 0.97  # a near-tie may flip within float32
+        np.testing.assert_allclose(picked, want_picked, atol=2e-3 * np.abs(want_picked).max())
+    assert (got[0][0] == np.array([p.answer_id for p in pairs])).all()  # unshifted: the kept answers
+    assert N.continued_readouts(backend, pairs, layer, shifts, tokens, lg + 1.0) is None
+
+
+def test_shifts_at_end_continue_each_prompts_prefix(organism, add_pairs):
+    check_continued_equals_full(organism, add_pairs, 4)
+
+
 def test_cached_equals_uncached_and_the_finding(organism, add_pairs, tmp_path):
     from cache import ResultCache
     cache = ResultCache(tmp_path / "c.duckdb")
@@ -555,6 +577,7 @@ def test_smollm2_positions_probes_spectrum_and_causal_check(smol, smol_pairs):
     batched = N.shifted_top_tokens(smol, moved[:8], last, plan.shift[:8])
     np.testing.assert_array_equal(batched, per_prompt_top(smol, moved[:8], last, plan.shift[:8]))
     assert rows["class-means"].success > rows["random"].success
+    check_continued_equals_full(smol, smol_pairs, layer)
     # helix-subspace patching at operand A's own token after the first block: the batched hook vs 6 prompts alone
     hp = check_helix_patch(smol, smol_pairs, 0, "A", "A", N.residuals(smol, smol_pairs, [0])[0, 1], n_loop=6)
     assert hp["full"].success > hp["random"].success_high

@@ -1,4 +1,4 @@
-"""Operand grid: one component (head, MLP or neuron) over every operand pair of one template."""
+"""Atlas: one component (head, MLP or neuron) over every operand pair of one template, and the heuristic neurons."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from ui.session import result_cache, setup_page
 from views.operand_grid import grid_chart
 
 model, spec = setup_page(
-    "Operand grid",
-    "One component over the operand grid: every (A, B) of the sidebar's operand range filled into one template, "
-    "with the sidebar's counterfactual. A head shows its END-row attention on A and on B and its path-patching "
-    "value per pair, an MLP its value, a neuron (LAYER.mlp.N) its activation at END too. Cells whose column sum "
-    "carries (or borrows) are outlined; pairs the model answers wrong are crossed.")
+    "Atlas",
+    "The arithmetic atlas. One component over the operand grid: every (A, B) of the sidebar's operand range filled "
+    "into one template, with the sidebar's counterfactual. A head shows its END-row attention on A and on B and its "
+    "path-patching value per pair, an MLP its value, a neuron (LAYER.mlp.N) its activation at END too. Cells whose "
+    "column sum carries (or borrows) are outlined; pairs the model answers wrong are crossed.")
 cache = result_cache()
 f = model.facts
 sel = state.selected()
