@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.reproduce import MODELS, open_bench_model
-from bench.work import Counter, fe
+from bench.work import Counter, fe, print_table
 
 
 def steps(model, spec, cache, keep_all: bool):
@@ -111,11 +111,7 @@ def main() -> None:
     for name in args.models.split(","):
         keep_all = args.keep_all or name == "qwen-shape"
         rows = bench(name, keep_all)
-        print(f"\n{name}  (the sidebar's default set{', every prompt kept' if keep_all else ''})")
-        print(f"| {'step':<40} | {'seconds':>8} | {'forward-equivalents':>19} |")
-        print(f"| {'-' * 40} | {'-' * 8}: | {'-' * 19}: |")
-        for key, s, f in rows:
-            print(f"| {key:<40} | {s:8.1f} | {f:19.1f} |")
+        print_table(f"{name}  (the sidebar's default set{', every prompt kept' if keep_all else ''})", "step", rows, 40)
 
 
 if __name__ == "__main__":

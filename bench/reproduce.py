@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.work import Counter, fe
+from bench.work import Counter, fe, print_table
 from engine.backends import open_model
 
 MODELS = ("smollm2", "gemma3", "qwen-shape")
@@ -75,11 +75,8 @@ def main() -> None:
     args = ap.parse_args()
     for name in args.models.split(","):
         rows = bench(name, tuple(args.op.split(",")), args.n, args.keep_all or name == "qwen-shape")
-        print(f"\n{name}  (reproduce --op {args.op} --n {args.n}{', every prompt kept' if args.keep_all else ''})")
-        print(f"| {'row':<24} | {'seconds':>8} | {'forward-equivalents':>19} |")
-        print(f"| {'-' * 24} | {'-' * 8}: | {'-' * 19}: |")
-        for key, s, f in rows:
-            print(f"| {key:<24} | {s:8.1f} | {f:19.1f} |")
+        print_table(f"{name}  (reproduce --op {args.op} --n {args.n}{', every prompt kept' if args.keep_all else ''})",
+                    "row", rows)
 
 
 if __name__ == "__main__":

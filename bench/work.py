@@ -71,3 +71,12 @@ def fe(facts, unit_tokens: int, body: float, unembed: float, mlp_rows: float = 0
     """Forward-equivalents of counted work; ``unit_tokens`` = positions of one padded pass of the set."""
     c_body, c_unembed, c_mlp = macs_per_position(facts)
     return (body * c_body + unembed * c_unembed + mlp_rows * c_mlp) / (unit_tokens * (c_body + c_unembed))
+
+
+def print_table(title: str, first: str, rows, width: int = 24) -> None:
+    """``title``, then a Markdown table of (name, seconds, forward-equivalents) rows, ``first`` heading the names."""
+    print(f"\n{title}")
+    print(f"| {first:<{width}} | {'seconds':>8} | {'forward-equivalents':>19} |")
+    print(f"| {'-' * width} | {'-' * 8}: | {'-' * 19}: |")
+    for key, s, f in rows:
+        print(f"| {key:<{width}} | {s:8.1f} | {f:19.1f} |")
