@@ -33,6 +33,7 @@ def steps(model, spec, cache, keep_all: bool):
     from engine.prompts.promptsets import generate
     from engine.techniques import numbers as N
     from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.helix_patch import cached_helix_patch
     from engine.techniques.heuristic_neurons import heuristic_neurons, neuron_circuit
     from engine.techniques.operand_grid import grid_template, operand_grid
     pairs = generate(model.tokenizer, spec)[0] if keep_all else kept_pairs(model, spec, cache=cache)[0]
@@ -40,14 +41,9 @@ def steps(model, spec, cache, keep_all: bool):
 
     def probes():
         state["rows"] = N.cached_number_probes(model, pairs, cache=cache)[0]
-        first = N.first_decode_layer(state["rows"])  # the page's default layer (N.default_layer)
-        state["layer"] = first if first is not None else max(r.layer for r in state["rows"])
+        state["layer"] = N.default_layer(state["rows"])
 
     def helix_patch():
-        try:
-            from engine.techniques.helix_patch import cached_helix_patch
-        except ImportError:  # a commit before it (the "before" column of docs/benchmarks.md)
-            return
         cached_helix_patch(model, pairs, state["layer"], "END", "C", cache=cache)
 
     def causal():

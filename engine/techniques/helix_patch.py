@@ -205,7 +205,6 @@ def cached_helix_patch(backend: ModelBackend, pairs: Sequence[PromptPair], layer
     return rows, computed
 
 
-
 def cli(args, ctx) -> dict:
     """One row per patch -> CSV; prints each patch's success with its interval and the share recovered."""
     layer = args.layer
