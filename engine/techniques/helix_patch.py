@@ -20,7 +20,8 @@ drawn uniformly (``numpy.random.default_rng(seed)``); prompts with none are left
 **Patches.**  The residual stream leaving layer l at prompt i's ``pos`` token only (one hook; every other
 position and layer runs as it would), x_i ← x_i + δ_i with
 
-* ``none``:   δ = 0 (the unpatched model: success 0, stays 1 on kept prompts);
+* ``none``:   δ = 0 (the unpatched model, read from the residual pass's END logits: success 0, stays 1 on kept
+  prompts);
 * ``full``:   δ = x_j - x_i (the whole activation of the donor: activation patching, the reference);
 * ``helix``:  δ = (B(n_j) - B(n_i)) Ŵ (x moved along the fitted helix from n_i to n_j, nothing else);
 * ``pca``:    δ = P_r P_rᵀ (x_j - x_i), P_r [d, r] the top r principal directions of X (a subspace of the
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn
@@ -60,7 +62,7 @@ from engine.techniques.numbers import (
     helix_rank,
     positions,
     principal_directions,
-    residuals_and_end_logits,
+    residual_pass,
     shifted_readouts,
     target_values,
     value_token,
@@ -159,13 +161,15 @@ def helix_patch(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, 
         raise ValueError(f"position must be one of {POSITIONS} and target one of {TARGETS}")
     layer = check_layers([layer], backend.facts.n_layers)[0]
     d = donors(backend, pairs, target, seed)
-    X, lg = residuals_and_end_logits(backend, pairs, [layer])
-    X = X[0, POSITIONS.index(position)]  # [P, d_model]
+    X, lg = residual_pass(backend, pairs)
+    X = X[layer + 1, POSITIONS.index(position)]  # [P, d_model]
     r, delta = shifts(X, target_values(pairs)[target], d, seed)
     moved = [pairs[i] for i in d.idx]
     at = None if position == "END" else [positions(backend, p)[position] for p in moved]
     tokens = np.array([[t, p.answer_id] for t, p in zip(d.new_token, moved)])  # [m, 2]: C', C
-    runs = shifted_readouts(backend, moved, layer, at, [delta[name] for name in PATCHES], tokens, lg[d.idx])
+    clean = lg[d.idx]  # [m, vocab]: the unpatched model, from the residual pass itself
+    runs = [(clean.argmax(-1).numpy(), clean.gather(1, torch.as_tensor(tokens)).double().numpy())]
+    runs += shifted_readouts(backend, pairs, layer, at, [delta[name] for name in PATCHES[1:]], tokens, lg, d.idx)
     hits, ld = {}, {}
     for name, (top, logit) in zip(PATCHES, runs):
         hits[name] = np.stack([top == tokens[:, 0], top == tokens[:, 1]], 1).astype(float)  # [m, 2]

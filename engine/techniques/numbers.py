@@ -12,6 +12,9 @@ positions: ``END`` (the last prompt token, where the answer's first token is pre
 token of operand A) and ``B`` (the last token of operand B) -- the operand positions are the last
 positions with the roles "operand A" / "operand B" of :func:`engine.techniques.attention.token_roles`.
 Targets are the numbers A, B and C of each prompt (C = the answer, not its first token).
+One forward pass per prompt set reads every layer at the three positions and the END logits; the probes, the
+circle, helix patching and the causal check of the same prompt set and weights share it, and shifts at END share one
+computation of the prompts' keys and values before END (:func:`remembered`: the last of each, in memory).
 
 **1. Probes** (scikit-learn, features standardized per training fold: ``StandardScaler``), for every
 layer, position and target y, ``FOLDS``-fold cross-validation with shuffled folds seeded by ``seed``;
@@ -79,6 +82,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -89,7 +93,7 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn
-from engine.prompts.pairs import PromptError, PromptPair, answer_tokens
+from engine.prompts.pairs import PromptError, PromptPair, answer_tokens, prompt_set_hash
 from engine.prompts.templates import TEMPLATES_BY_ID
 from engine.techniques.attention import token_roles
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
@@ -179,6 +183,39 @@ def residuals_and_end_logits(backend: ModelBackend, pairs: Sequence[PromptPair],
         if progress is not None:
             progress(ci + 1, total or len(chunks))
     return out, logits
+
+
+_LAST_LOCK = threading.Lock()
+_LAST: dict[str, tuple[tuple, object]] = {}  # kind -> (key, value): the last pass of each kind
+
+
+def remembered(kind: str, backend: ModelBackend, pairs: Sequence[PromptPair], make):
+    """``make()``, kept for the last (weights, dtype, prompt set) of ``kind``: the probes, the circle, helix
+    patching and the causal check of one prompt set share one residual pass and one prefix (a page's first visit
+    runs them one after the other)."""
+    key = (backend.facts.fingerprint, backend.facts.dtype, prompt_set_hash(pairs))
+    with _LAST_LOCK:
+        hit = _LAST.get(kind)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    value = make()
+    with _LAST_LOCK:
+        _LAST[kind] = (key, value)
+    return value
+
+
+def residual_pass(backend: ModelBackend, pairs: Sequence[PromptPair], *, progress: ProgressFn | None = None,
+                  total: int | None = None) -> tuple[np.ndarray, torch.Tensor]:
+    """:func:`residuals_and_end_logits` of every layer (-1 .. L-1: layer l at index l + 1), remembered for the last
+    prompt set (:func:`remembered`)."""
+    return remembered("residuals", backend, pairs, lambda: residuals_and_end_logits(
+        backend, pairs, all_layers(backend), progress=progress, total=total))
+
+
+def layer_residuals(backend: ModelBackend, pairs: Sequence[PromptPair], layers: Sequence[int], **kw) -> np.ndarray:
+    """x[layer, position, prompt, d_model] of :func:`residuals`, read from :func:`residual_pass`."""
+    layers = check_layers(layers, backend.facts.n_layers)
+    return residual_pass(backend, pairs, **kw)[0][[x + 1 for x in layers]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,7 +456,7 @@ def number_probes(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers:
                          f"prompts per value to classify: use more prompts per operation or add operations")
     n_batches = len(batches(len(pairs), 64))
     total = n_batches + len(layers)
-    X = residuals(backend, pairs, layers, progress=progress, total=total)
+    X = layer_residuals(backend, pairs, layers, progress=progress, total=total)
     from joblib import Parallel, delayed
     out = []
     # one process per core, one layer per task: each fits many small probes (BLAS threads would only oversubscribe)
@@ -616,7 +653,7 @@ def helix_circle(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int,
                  target: str) -> list[CirclePoint]:
     if position not in POSITIONS or target not in TARGETS:
         raise ValueError(f"position must be one of {POSITIONS} and target one of {TARGETS}")
-    X = residuals(backend, pairs, [layer])[0, POSITIONS.index(position)]
+    X = layer_residuals(backend, pairs, [layer])[0, POSITIONS.index(position)]
     n = target_values(pairs)[target]
     T, xy = circle(X, n)
     return [CirclePoint(layer, position, target, T, i, float(n[i]), float(xy[i, 0]), float(xy[i, 1]))
@@ -724,15 +761,20 @@ def shifted_readout(backend: ModelBackend, pairs: Sequence[PromptPair], layer: i
 
 def shifted_readouts(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, at: Sequence[int] | None,
                      shifts: Sequence[np.ndarray], tokens: np.ndarray | None = None,
-                     end_logits: torch.Tensor | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`shifted_readout` of each of ``shifts``.  At END (``at`` None) with the unshifted END logits
-    ``end_logits`` [P, vocab] at hand, X_r's keys and values before END are computed once and each shift
-    continues them with END alone (:func:`continued_readouts`) where that is less work; else full passes."""
+                     end_logits: torch.Tensor | None = None, idx: Sequence[int] | None = None
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`shifted_readout` of each of ``shifts`` for the prompts ``idx`` of ``pairs`` (default all; ``at``,
+    ``shift`` and ``tokens`` have one row per prompt of ``idx``).  At END (``at`` None) with the unshifted END
+    logits of every pair ``end_logits`` [P, vocab] at hand, X_r's keys and values before END are computed once per
+    prompt set (:func:`prefixes`) and each shift continues them with END alone (:func:`continued_readouts`) where
+    that is less work; else full passes."""
+    idx = list(range(len(pairs))) if idx is None else list(idx)
     if at is None and end_logits is not None and continuation_pays(backend, pairs, len(shifts)):
-        done = continued_readouts(backend, pairs, layer, shifts, tokens, end_logits)
+        done = continued_readouts(backend, pairs, layer, shifts, tokens, end_logits, idx)
         if done is not None:
             return done
-    return [shifted_readout(backend, pairs, layer, at, s, tokens) for s in shifts]
+    moved = [pairs[i] for i in idx]
+    return [shifted_readout(backend, moved, layer, at, s, tokens) for s in shifts]
 
 
 def continuation_pays(backend: ModelBackend, pairs: Sequence[PromptPair], n_shifts: int) -> bool:
@@ -749,33 +791,67 @@ def continuation_pays(backend: ModelBackend, pairs: Sequence[PromptPair], n_shif
     return cont < full
 
 
+@dataclass
+class Prefix:
+    """One chunk of equal-length prompts: their indices, the keys and values of every position before END (the
+    backend's opaque cache), END's token [n, 1] and the unshifted continuation's END logits [n, vocab]."""
+
+    idx: list[int]
+    cache: object
+    end_ids: torch.Tensor
+    clean: torch.Tensor
+
+
+@torch.no_grad()
+def prefixes(backend: ModelBackend, pairs: Sequence[PromptPair]) -> list[Prefix] | None:
+    """X_r's prefixes of every prompt, per chunk of equal length (None: a prompt of one token), remembered for the
+    last prompt set (:func:`remembered`)."""
+    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+
+    def make() -> list[Prefix] | None:
+        out = []
+        for idx in length_chunks(pairs, TOKENS_PER_PASS):
+            ids = torch.tensor([pairs[i].ref_ids for i in idx])  # [n, T]: one length, no padding
+            T = ids.shape[1]
+            if T < 2:
+                return None
+            cache = backend.prefix(ids[:, :T - 1])
+            clean = backend.continue_end_logits(cache, torch.arange(len(idx)), ids[:, T - 1:], start=T - 1)
+            out.append(Prefix(list(idx), cache, ids[:, T - 1:], clean.float()))
+        return out
+
+    return remembered("prefixes", backend, pairs, make)
+
+
 @torch.no_grad()
 def continued_readouts(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, shifts: Sequence[np.ndarray],
-                       tokens: np.ndarray | None, end_logits: torch.Tensor
+                       tokens: np.ndarray | None, end_logits: torch.Tensor, idx: Sequence[int] | None = None
                        ) -> list[tuple[np.ndarray, np.ndarray]] | None:
-    """:func:`shifted_readouts` at END from X_r's prefix: per chunk of equal-length prompts, the keys and values of
-    every position before END once; the unshifted continuation must reproduce ``end_logits`` (else None: the
-    caller runs full passes); then each shift continues with END alone, ``shift[i]`` added to its residual."""
-    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    """:func:`shifted_readouts` at END from X_r's prefixes (:func:`prefixes`): the unshifted continuation must
+    reproduce ``end_logits`` [P, vocab] (else None: the caller runs full passes); then each shift continues the
+    prompts ``idx`` (default all) with END alone, ``shift[j]`` added to the residual of prompt ``idx[j]``."""
     from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, logit_scale
-    out = [(np.zeros(len(pairs), dtype=np.int64), np.zeros((len(pairs), 0 if tokens is None else tokens.shape[1])))
-           for _ in shifts]
-    for idx in length_chunks(pairs, TOKENS_PER_PASS):
-        ids = torch.tensor([pairs[i].ref_ids for i in idx])  # [n, T]: one length, no padding
-        T = ids.shape[1]
-        if T < 2:
-            return None
-        prefix = backend.prefix(ids[:, :T - 1])
-        rows = torch.arange(len(idx))
-        clean = backend.continue_end_logits(prefix, rows, ids[:, T - 1:], start=T - 1).float()  # [n, vocab]
-        want = end_logits[idx]
+    idx = list(range(len(pairs))) if idx is None else list(idx)
+    chunks = prefixes(backend, pairs)
+    if chunks is None:
+        return None
+    row_of = {i: j for j, i in enumerate(idx)}  # prompt -> its row in shifts / tokens
+    m = 0 if tokens is None else tokens.shape[1]
+    out = [(np.zeros(len(idx), dtype=np.int64), np.zeros((len(idx), m))) for _ in shifts]
+    for c in chunks:
+        want = end_logits[c.idx]
         try:
-            check_reproduces("continuing the prompts' END token from their own keys and values", clean, want,
+            check_reproduces("continuing the prompts' END token from their own keys and values", c.clean, want,
                              logit_scale(want)[:, None].expand_as(want), backend.facts.dtype)
         except ShortcutMismatch:
             return None
+        mine = [r for r, i in enumerate(c.idx) if i in row_of]  # rows of the chunk that are shifted
+        if not mine:
+            continue
+        rows, to = torch.tensor(mine), [row_of[c.idx[r]] for r in mine]
+        T = len(pairs[c.idx[0]].ref_ids)
         for (top, picked), shift in zip(out, shifts):
-            delta = torch.tensor(shift[idx])
+            delta = torch.tensor(shift[to])
 
             def add(act: torch.Tensor, delta=delta) -> torch.Tensor:  # [n, 1, d_model]: END alone
                 act = act.clone()
@@ -783,10 +859,10 @@ def continued_readouts(backend: ModelBackend, pairs: Sequence[PromptPair], layer
                 return act
 
             with backend.hooks([(resid_hook(layer), add)]):
-                lg = backend.continue_end_logits(prefix, rows, ids[:, T - 1:], start=T - 1)  # [n, vocab]
-            top[idx] = lg.argmax(-1).cpu().numpy()
+                lg = backend.continue_end_logits(c.cache, rows, c.end_ids[rows], start=T - 1)  # [n, vocab]
+            top[to] = lg.argmax(-1).cpu().numpy()
             if tokens is not None:
-                picked[idx] = lg.gather(1, torch.as_tensor(tokens[idx], device=lg.device)).double().cpu().numpy()
+                picked[to] = lg.gather(1, torch.as_tensor(tokens[to], device=lg.device)).double().cpu().numpy()
     return out
 
 
@@ -800,14 +876,14 @@ def causal_check(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int,
                  progress: ProgressFn | None = None) -> list[CausalRow]:
     """The causal check of the module docstring at ``layer`` (≥ 0)."""
     hooks.validate_layer(layer, backend.facts.n_layers)
-    X, lg = residuals_and_end_logits(backend, pairs, [layer])
-    X = X[0, POSITIONS.index("END")]  # [P, d]
+    X, lg = residual_pass(backend, pairs)
+    X = X[layer + 1, POSITIONS.index("END")]  # [P, d]
     plan = causal_plan(backend, pairs, X, seed)
     moved = [pairs[i] for i in plan.idx]
     clean = np.array([p.answer_id for p in moved])
     want = np.array(plan.target_token)
     rel = float((np.linalg.norm(plan.shift, axis=1) / np.linalg.norm(X[plan.idx], axis=1)).mean())
-    runs = shifted_readouts(backend, moved, layer, None, [plan.shift, plan.random], end_logits=lg[plan.idx])
+    runs = shifted_readouts(backend, pairs, layer, None, [plan.shift, plan.random], end_logits=lg, idx=plan.idx)
     out = [CausalRow(layer, name, len(moved), float((top == want).mean()), float((top == clean).mean()), rel)
            for name, (top, _) in zip(("class-means", "random"), runs)]
     if progress is not None:

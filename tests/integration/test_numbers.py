@@ -431,6 +431,36 @@ def test_shifts_at_end_continue_each_prompts_prefix(organism, add_pairs):
     check_continued_equals_full(organism, add_pairs, 4)
 
 
+def test_one_pass_and_one_prefix_serve_every_step_of_a_prompt_set(organism, add_pairs, monkeypatch):
+    """Probes, circle, helix patching and the causal check of one prompt set run one residual pass and compute the
+    prompts' prefixes once; another prompt set runs its own, equal to a direct pass."""
+    from engine.techniques import helix_patch as H
+    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    calls = {"pass": 0, "prefix": 0}
+    real_pass, real_prefix = N.residuals_and_end_logits, organism.prefix
+
+    def counted_pass(*a, **k):
+        calls["pass"] += 1
+        return real_pass(*a, **k)
+
+    def counted_prefix(*a, **k):
+        calls["prefix"] += 1
+        return real_prefix(*a, **k)
+    monkeypatch.setattr(N, "residuals_and_end_logits", counted_pass)
+    monkeypatch.setattr(organism, "prefix", counted_prefix)
+    monkeypatch.setattr(N, "continuation_pays", lambda *a: True)  # the bundled model is small enough for either
+    pairs = add_pairs[:-1]  # a prompt set no other test has remembered
+    N.number_probes(organism, pairs, layers=[4])
+    N.helix_circle(organism, pairs, 4, "END", "C")
+    H.helix_patch(organism, pairs, 4, "END", "C")
+    N.causal_check(organism, pairs, 4)
+    H.helix_patch(organism, pairs, 2, "END", "A")
+    assert calls == {"pass": 1, "prefix": len(length_chunks(pairs, TOKENS_PER_PASS))}
+    X = N.layer_residuals(organism, add_pairs, [-1, 4])  # the last set remembered was the other one
+    assert calls["pass"] == 2
+    np.testing.assert_array_equal(X, real_pass(organism, add_pairs, [-1, 4])[0])
+
+
 def test_cached_equals_uncached_and_the_finding(organism, add_pairs, tmp_path):
     from cache import ResultCache
     cache = ResultCache(tmp_path / "c.duckdb")
