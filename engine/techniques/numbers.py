@@ -110,6 +110,7 @@ LOGREG_C = 1.0
 RIDGE_ALPHA = 1.0
 PERIODS: tuple[int, ...] = (2, 5, 10, 100)
 DECODE_THRESHOLD = 0.9
+CONTINUE_ROWS = 256  # rows one continuation call takes: shifts of a chunk share a call up to this
 N_DOMINANT = 3
 
 
@@ -778,16 +779,18 @@ def shifted_readouts(backend: ModelBackend, pairs: Sequence[PromptPair], layer: 
 
 
 def continuation_pays(backend: ModelBackend, pairs: Sequence[PromptPair], n_shifts: int) -> bool:
-    """Whether prefix + one continuation per shift and chunk costs fewer token positions (a call's fixed cost
-    counted, :func:`engine.techniques.batching.call_tokens`) than one padded pass per shift."""
+    """Whether the prefixes + their continuations (per chunk: the check, then the shifts ``CONTINUE_ROWS`` rows a
+    call) cost fewer token positions (a call's fixed cost counted, :func:`engine.techniques.batching.call_tokens`)
+    than one padded pass per shift."""
     if not backend.continues:
         return False
     from engine.techniques.batching import TOKENS_PER_PASS, call_tokens, length_chunks
     call = call_tokens(backend.facts)
     width = max(len(p.ref_ids) for p in pairs)
     full = n_shifts * (len(pairs) * width + len(batches(len(pairs), 64)) * call)
-    chunks = len(length_chunks(pairs, TOKENS_PER_PASS))
-    cont = sum(len(p.ref_ids) for p in pairs) + chunks * call + (n_shifts + 1) * (chunks * call + len(pairs))
+    chunks = length_chunks(pairs, TOKENS_PER_PASS)
+    calls = sum(1 + -(-n_shifts // max(1, CONTINUE_ROWS // len(c))) for c in chunks)  # the check, then the shifts
+    cont = sum(len(p.ref_ids) for p in pairs) + len(chunks) * call + calls * call + (n_shifts + 1) * len(pairs)
     return cont < full
 
 
@@ -850,19 +853,25 @@ def continued_readouts(backend: ModelBackend, pairs: Sequence[PromptPair], layer
             continue
         rows, to = torch.tensor(mine), [row_of[c.idx[r]] for r in mine]
         T = len(pairs[c.idx[0]].ref_ids)
-        for (top, picked), shift in zip(out, shifts):
-            delta = torch.tensor(shift[to])
+        per_call = max(1, CONTINUE_ROWS // len(mine))  # shifts continued together: one call, their rows stacked
+        for g in range(0, len(shifts), per_call):
+            group = list(range(g, min(g + per_call, len(shifts))))
+            delta = torch.cat([torch.tensor(shifts[k][to]) for k in group])  # [len(group) * n, d_model]
 
-            def add(act: torch.Tensor, delta=delta) -> torch.Tensor:  # [n, 1, d_model]: END alone
+            def add(act: torch.Tensor, delta=delta) -> torch.Tensor:  # [len(group) * n, 1, d_model]: END alone
                 act = act.clone()
                 act[:, 0] += delta.to(act.device, act.dtype)
                 return act
 
             with backend.hooks([(resid_hook(layer), add)]):
-                lg = backend.continue_end_logits(c.cache, rows, c.end_ids[rows], start=T - 1)  # [n, vocab]
-            top[to] = lg.argmax(-1).cpu().numpy()
-            if tokens is not None:
-                picked[to] = lg.gather(1, torch.as_tensor(tokens[to], device=lg.device)).double().cpu().numpy()
+                lg = backend.continue_end_logits(c.cache, rows.repeat(len(group)), c.end_ids[rows].repeat(
+                    len(group), 1), start=T - 1)  # [len(group) * n, vocab]
+            for j, k in enumerate(group):
+                part = lg[j * len(mine):(j + 1) * len(mine)]
+                top, picked = out[k]
+                top[to] = part.argmax(-1).cpu().numpy()
+                if tokens is not None:
+                    picked[to] = part.gather(1, torch.as_tensor(tokens[to], device=part.device)).double().cpu().numpy()
     return out
 
 
