@@ -32,7 +32,8 @@ model, spec = setup_page(
     "counterfactual prompt (operator removed) and every other head is frozen: red = the answer logit "
     "drops, i.e. the head carries the operation (the colour range follows the heads; MLP cells saturate). "
     "Only prompts the model answers right are used. "
-    "Click a cell to see that head's attention from the last token (an MLP cell: that layer's MLP view).")
+    "Click a cell to see that head's attention from the last token (an MLP cell: that layer's MLP view); its "
+    "tooltip gives the cell's 95 % bootstrap interval over the prompt pairs.")
 prompt_caption()
 
 c1, c2, c3 = st.columns([2, 2, 1])
@@ -92,7 +93,7 @@ elif metric == "effect" and note:
     st.info(note)
 
 heads, mlps = shown.heatmap(metric, shown_group)
-df = heatmap_frame(heads, mlps)
+df = heatmap_frame(heads, mlps, shown.heatmap_intervals(metric, shown_group))
 tab_map, tab_atp, tab_stab, tab_carry = st.tabs(["Heatmap", "Exact vs attribution", "Stability",
                                                  "What each head carries"])
 with tab_carry:

@@ -30,11 +30,16 @@ def percent(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
-def heatmap_frame(heads: list[list[float]], mlps: list[float]) -> pd.DataFrame:
-    """The long table ``heatmap`` draws: one row per head, plus each layer's MLP as column "MLP"."""
-    return pd.DataFrame([{"layer": layer, "head": h, "column": str(h), "value": v}
-                         for layer, row in enumerate(heads) for h, v in enumerate(row)]
-                        + [{"layer": layer, "head": -1, "column": "MLP", "value": v} for layer, v in enumerate(mlps)])
+def heatmap_frame(heads: list[list[float]], mlps: list[float], intervals=None) -> pd.DataFrame:
+    """The long table ``heatmap`` draws: one row per head, plus each layer's MLP as column "MLP"; ``intervals``
+    ((heads, mlps) low, (heads, mlps) high) of the same shapes add the columns low and high."""
+    df = pd.DataFrame([{"layer": layer, "head": h, "column": str(h), "value": v}
+                       for layer, row in enumerate(heads) for h, v in enumerate(row)]
+                      + [{"layer": layer, "head": -1, "column": "MLP", "value": v} for layer, v in enumerate(mlps)])
+    if intervals is not None:
+        for name, (h, m) in zip(("low", "high"), intervals):
+            df[name] = [v for row in h for v in row] + list(m)
+    return df
 
 
 def component_frame(cells, n_layers: int, n_heads: int) -> pd.DataFrame:
@@ -68,7 +73,8 @@ def heatmap(df: pd.DataFrame, metric: str, lim: float | None = None) -> alt.Char
                         scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0, clamp=True)),
         stroke=alt.condition(sel, alt.value("black"), alt.value("white")),
         strokeWidth=alt.condition(sel, alt.value(3), alt.value(0.5)),
-        tooltip=["layer", "column", alt.Tooltip("value:Q", format=".4f")],
+        tooltip=["layer", "column", alt.Tooltip("value:Q", format=".4f")]
+        + [alt.Tooltip(f"{c}:Q", format=".4f", title=f"95 % interval, {c}") for c in ("low", "high") if c in df],
     ).add_params(sel).properties(height=max(220, 26 * df["layer"].nunique()))
 
 

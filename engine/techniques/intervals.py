@@ -32,6 +32,7 @@ RESAMPLES = 1000
 NULL_DRAWS = 200
 SEED = 0
 NULL_QUANTILE = 0.95  # the null's upper quantile a share must clear
+BATCH_VALUES = 4_000_000  # resampled values one bootstrap batch holds (memory)
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,10 @@ def mean_intervals(x: np.ndarray, *, resamples: int = RESAMPLES, seed: int = SEE
         nan = np.full(x.shape[1:], np.nan)
         return mean, nan, nan.copy()
     flat = x.reshape(x.shape[0], -1)
+    batch = max(1, BATCH_VALUES // flat.size)  # resamples held at once (the draws are the same in any batches)
     res = stats.bootstrap((flat,), lambda s, axis: np.nanmean(s, axis=axis), vectorized=True, axis=0,
                           n_resamples=resamples, method="percentile", confidence_level=LEVEL,
-                          random_state=np.random.default_rng(seed))
+                          random_state=np.random.default_rng(seed), batch=batch)
     ci = res.confidence_interval
     return mean, np.asarray(ci.low).reshape(x.shape[1:]), np.asarray(ci.high).reshape(x.shape[1:])
 

@@ -85,6 +85,7 @@ EFFECT_MIN_LOGIT = 1.0
 #: A group whose share of left-out pairs exceeds this is ranked by logit_diff instead of effect.
 EFFECT_MAX_EXCLUDED = 0.5
 GUARD = "guard"  # component of the per-group guard counts
+Grid = tuple[list[list[float]], list[float]]  # (heads [L][H], mlps [L]) of a heatmap
 
 
 @dataclass
@@ -361,6 +362,20 @@ class PatchingTable:
         if self.ranking_metric(group) == "logit_diff":
             note += " That is more than half of them: heads are ranked by logit_diff instead."
         return note
+
+    def heatmap_intervals(self, metric: str = "effect", group: str = "*") -> tuple[Grid, Grid] | None:
+        """((heads, mlps) low, (heads, mlps) high): each cell of :meth:`heatmap` with its 95 % percentile bootstrap
+        interval over the group's pairs, every cell from the same resamples, from the stored per-pair results (no
+        forward pass; :func:`engine.techniques.intervals.mean_intervals`).  None: no per-pair results stored."""
+        from engine.techniques.intervals import mean_intervals
+        if self.per_pair is None:
+            return None
+        heads, mlps = self.per_pair.per_pair(metric)
+        idx = torch.tensor(self.per_pair.groups()[group])
+        x = torch.cat([heads, mlps[:, :, None]], 2)[idx].double().numpy()  # [P, L, H + 1]
+        _, low, high = mean_intervals(x)
+        H = self.n_heads
+        return (low[:, :H].tolist(), low[:, H].tolist()), (high[:, :H].tolist(), high[:, H].tolist())
 
     def top_heads(self, k: int, metric: str | None = None, group: str = "*") -> list[tuple[int, int, float]]:
         """The k heads with the most negative ``metric`` (the key heads): (layer, head, value).

@@ -121,3 +121,34 @@ def test_paper_rows_read_their_intervals_from_the_cache(three, tmp_path):
     assert again == first
     for v in first:
         assert "[" in v.lab and v.holds is not False, v
+
+
+def test_heatmap_cells_carry_their_bootstrap_interval(three, tmp_path):
+    """Each heatmap cell's interval is the percentile bootstrap of that cell's mean over the group's pairs: a loop of
+    one scipy bootstrap per cell (the lab's one-cell ``interval``) on the per-pair results of the textbook mean."""
+    from cache import ResultCache
+    from engine.techniques.intervals import interval
+    organism = three[0]
+    pairs, _ = kept_pairs(organism, SPEC)
+    table, _ = cached_path_patching(organism, pairs, cache=ResultCache(tmp_path / "c.duckdb"))
+    for metric, group in (("logit_diff", "*"), ("effect", "op:add")):
+        heads, mlps = table.heatmap(metric, group)
+        (lo_h, lo_m), (hi_h, hi_m) = table.heatmap_intervals(metric, group)
+        idx = table.per_pair.groups()[group]
+        per_h, per_m = table.per_pair.per_pair(metric)
+        cells = [(1, 1), (0, 0), (organism.facts.n_layers - 1, organism.facts.n_heads - 1)]
+        for layer, head in cells:
+            x = per_h[idx, layer, head].double().numpy()
+            want = interval(lambda i, x=x: float(np.nanmean(x[i])), len(x))
+            assert (want.value, want.low, want.high) == pytest.approx(
+                (heads[layer][head], lo_h[layer][head], hi_h[layer][head]), abs=1e-6)
+        x = per_m[idx, 1].double().numpy()
+        want = interval(lambda i, x=x: float(np.nanmean(x[i])), len(x))
+        assert (want.value, want.low, want.high) == pytest.approx((mlps[1], lo_m[1], hi_m[1]), abs=1e-6)
+        assert all(lo <= v <= hi for row_l, row_v, row_h in zip(lo_h, heads, hi_h)
+                   for lo, v, hi in zip(row_l, row_v, row_h) if v == v)
+    from views.charts import heatmap, heatmap_frame
+    df = heatmap_frame(heads, mlps, table.heatmap_intervals(metric, group))
+    assert (df["low"] <= df["value"] + 1e-12).all() and (df["value"] <= df["high"] + 1e-12).all()
+    tips = [t.get("title") for t in heatmap(df, metric).to_dict()["encoding"]["tooltip"]]
+    assert "95 % interval, low" in tips and "95 % interval, high" in tips
