@@ -11,6 +11,7 @@ QUANTITIES = {
     "attn_a": ("END-row attention on A", "blues", False),
     "attn_b": ("END-row attention on B", "blues", False),
     "effect": ("path-patching value", "redblue", True),
+    "direct": ("direct effect on the answer logit", "redblue", True),
     "act": ("neuron activation at END", "redblue", True),
 }
 
@@ -42,6 +43,6 @@ def grid_charts(rows: list[dict]) -> list[alt.LayerChart]:
     return [grid_panel(rows, q) for q in QUANTITIES if q in keys]
 
 
-def grid_chart(rows: list[dict]) -> alt.HConcatChart:
-    """:func:`grid_charts` side by side in one chart, each panel with its own colour scale and legend."""
-    return alt.hconcat(*grid_charts(rows)).resolve_scale(color="independent")
+def grid_chart(rows: list[dict]) -> alt.ConcatChart:
+    """:func:`grid_charts` two to a row in one chart, each panel with its own colour scale and legend."""
+    return alt.concat(*grid_charts(rows), columns=2).resolve_scale(color="independent")

@@ -12,11 +12,18 @@ per pair:
    logit difference when the effect guard says so);
 3. **attention**: every head's END-row attention mass on the tokens of A and on those of B (the token roles of
    :func:`engine.techniques.attention.token_roles`);
+3b. **direct**: every head's and MLP's direct effect on the answer's logit at END of X_r: logit(x) - logit(x - c),
+   x the last residual stream at END and c what the component adds to the stream at END (an MLP: its output; a
+   head: o_h = z_h W_O[h], or, where a norm follows the attention, attn_branch(a) - attn_branch(a - o_h) with a
+   the attention module's output) -- the component removed from the direct path to the logits only, the final
+   norm (and any logit soft cap) recomputed; direct logit attribution with the norm's scale frozen is its first
+   order;
 4. **activation**: for the neurons asked for, the MLP's hidden activation at END (hook ``mlp_post``).
 
 Every pair is kept, answered right or not (a grid with holes hides its structure); the view marks the wrong ones
 and overlays the answer's structure (sum, difference, carry).  One batched pass per quantity: path patching and the
-attention patterns as the pages compute them (cached), the neurons' activations in one ``run_with_cache`` per batch.
+attention patterns as the pages compute them (cached), the direct effects in one ``run_with_cache_at`` per batch
+(cached), the neurons' activations in one ``run_with_cache`` per batch.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from engine.prompts.pairs import (
     template_operands,
 )
 from engine.prompts.templates import TEMPLATES_BY_ID, Template, templates_for
+from engine.techniques import end_chain
 from engine.techniques.batching import pad, pad_id
 
 #: Most pairs one grid holds (0..99 x 0..99 of an addition is 10 000).
@@ -135,6 +143,8 @@ class OperandGrid:
     mlp_effect: torch.Tensor     # [P, L]
     attn_a: torch.Tensor         # [P, L, H]  END-row mass on A's tokens
     attn_b: torch.Tensor         # [P, L, H]  END-row mass on B's tokens
+    direct_head: torch.Tensor    # [P, L, H]  direct effect on the answer logit
+    direct_mlp: torch.Tensor     # [P, L]
     neurons: dict[str, list[float]]  # neuron name -> [P] activation at END
 
     def top_head(self) -> Component:
@@ -144,8 +154,8 @@ class OperandGrid:
         return Component(layer, head=head)
 
     def rows(self, component: Component) -> list[dict]:
-        """One row per pair for ``component``: a, b, answer, right, carry, effect (+ attn_a / attn_b for a head, act
-        for a neuron)."""
+        """One row per pair for ``component``: a, b, answer, right, carry, effect, direct (+ attn_a / attn_b for a
+        head, act for a neuron; a neuron's effect and direct are its MLP's)."""
         from engine.prompts.pairs import column_carry
         out = []
         for i in range(len(self.a)):
@@ -153,10 +163,12 @@ class OperandGrid:
                    "carry": column_carry(self.op, self.a[i], self.b[i])}
             if component.kind == "head":
                 row.update(effect=float(self.head_effect[i, component.layer, component.head]),
+                           direct=float(self.direct_head[i, component.layer, component.head]),
                            attn_a=float(self.attn_a[i, component.layer, component.head]),
                            attn_b=float(self.attn_b[i, component.layer, component.head]))
             else:
                 row["effect"] = float(self.mlp_effect[i, component.layer])
+                row["direct"] = float(self.direct_mlp[i, component.layer])
                 if component.kind == "neuron":
                     row["act"] = self.neurons[component.name][i]
             out.append(row)
@@ -179,6 +191,44 @@ def neuron_activations(backend: ModelBackend, pairs: Sequence[PromptPair], neuro
             act = c[hooks.mlp_post(n.layer)]                      # [batch, pos, d_mlp]
             out[n.name] += act[rows, end.to(act.device)][:, n.neuron].float().cpu().tolist()
     return out
+
+
+def removal_effects(backend: ModelBackend, x: torch.Tensor, answer: torch.Tensor, parts: torch.Tensor
+                    ) -> torch.Tensor:
+    """logit(x) - logit(x - part) of the answer for each of n parts: x [b, d_model], parts [b, n, d_model] -> [b, n]."""
+    b, n, d = parts.shape
+    clean = backend.answer_logits(x, answer)  # [b]
+    gone = backend.answer_logits((x[:, None] - parts).reshape(b * n, d), answer.repeat_interleave(n)).reshape(b, n)
+    return (clean[:, None] - gone).float().cpu()
+
+
+@torch.no_grad()
+def direct_effects(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head's and MLP's direct effect on the answer logit at END of X_r (module docstring, 3b), per pair:
+    ([P, L, H], [P, L])."""
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    identity = backend.attn_branch_is_identity
+    names = [hooks.resid_post(L - 1)] + [n for j in range(L) for n in (
+        hooks.attn_z(j), hooks.mlp_out(j), *(() if identity else (hooks.attn_proj_out(j),)))]
+    W_O = [backend.W_O(j) for j in range(L)]  # [H, d_head, d_model] each
+    heads, mlps = torch.zeros(len(pairs), L, H), torch.zeros(len(pairs), L)
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, mask, end = pad([p.ref_ids for p in chunk], pad_id(backend))
+        _, c = backend.run_with_cache_at(ids, mask, names, end[:, None])
+        rows = torch.arange(len(chunk))
+        at = {name: c[name][rows, end.to(c[name].device)] for name in names}  # the END rows [b, ...]
+        x = at[hooks.resid_post(L - 1)]  # [b, d_model]
+        answer = torch.tensor([p.answer_id for p in chunk], device=x.device)
+        for j in range(L):
+            o = torch.einsum("bhd,hdm->bhm", at[hooks.attn_z(j)].to(W_O[j].dtype), W_O[j])  # [b, H, d_model]
+            if not identity:  # a norm after the attention: the stream loses attn_branch(a) - attn_branch(a - o_h)
+                a = at[hooks.attn_proj_out(j)][:, None].expand_as(o)  # [b, H, d_model]
+                o = end_chain.attn_branch(backend, j, a) - end_chain.attn_branch(backend, j, a - o)
+            heads[s:s + len(chunk), j] = removal_effects(backend, x, answer, o)
+            mlps[s:s + len(chunk), j] = removal_effects(backend, x, answer, at[hooks.mlp_out(j)][:, None])[:, 0]
+    return heads, mlps
 
 
 def operand_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, progress: ProgressFn | None = None
@@ -214,15 +264,18 @@ def operand_grid(backend: ModelBackend, spec, *, template: str | None = None, ne
     def compute():
         right = [s.first_ok for s in score_pairs(backend, pairs)]
         att_a, att_b = operand_attention(backend, pairs, progress=stages.stage(1))
-        return [], {"right": right, "attn_a": att_a.tolist(), "attn_b": att_b.tolist()}
+        d_head, d_mlp = direct_effects(backend, pairs)
+        return [], {"right": right, "attn_a": att_a.tolist(), "attn_b": att_b.tolist(),
+                    "direct_head": d_head.tolist(), "direct_mlp": d_mlp.tolist()}
 
-    _, art, _ = run_cached(backend, pairs, "operand_grid", {"dtype": backend.facts.dtype, "v": 1}, compute, cache)
+    _, art, _ = run_cached(backend, pairs, "operand_grid", {"dtype": backend.facts.dtype, "v": 2}, compute, cache)
     stages.finish(1)
     acts = neuron_activations(backend, pairs, neurons) if neurons else {}
     stages.finish(2)
     return OperandGrid(t.id, t.op, metric, [p.a for p in pairs], [p.b for p in pairs], [p.answer for p in pairs],
                        list(art["right"]), heads.float(), mlps.float(), torch.tensor(art["attn_a"]),
-                       torch.tensor(art["attn_b"]), acts)
+                       torch.tensor(art["attn_b"]), torch.tensor(art["direct_head"]), torch.tensor(art["direct_mlp"]),
+                       acts)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,6 +69,45 @@ def test_attention_effect_and_activation_equal_plain_references(organism, grid):
             assert float(got) == pytest.approx(float((v[0] - lo) / lo), abs=1e-4), s
 
 
+def reference_direct_effect(backend, pair, layer: int, head: int | None) -> float:
+    """logit(x) - logit(x - c) at END of one unbatched prompt, c read off the model itself: a head's c is the change
+    of its layer's attention contribution at END when its z at END is zeroed (a second forward pass), an MLP's its
+    output at END; x - c is written into the last residual stream by a hook."""
+    ids = torch.tensor([pair.ref_ids])
+    L = backend.facts.n_layers
+    if head is None:
+        _, cache = backend.run_with_cache(ids, None, [hooks.mlp_out(layer)])
+        c = cache[hooks.mlp_out(layer)][0, -1]
+    else:
+        _, clean = backend.run_with_cache(ids, None, [hooks.attn_out(layer)])
+
+        def zero(z):  # [1, pos, H, d_head]
+            z = z.clone()
+            z[0, -1, head] = 0
+            return z
+        with backend.hooks([(hooks.attn_z(layer), zero)]):
+            _, gone = backend.run_with_cache(ids, None, [hooks.attn_out(layer)])
+        c = (clean[hooks.attn_out(layer)] - gone[hooks.attn_out(layer)])[0, -1]
+
+    def minus(x):  # [1, pos, d_model]
+        x = x.clone()
+        x[0, -1] -= c.to(x.dtype)
+        return x
+    lo = float(backend.logits(ids)[0, -1, pair.answer_id])
+    with backend.hooks([(hooks.resid_post(L - 1), minus)]):
+        return lo - float(backend.logits(ids)[0, -1, pair.answer_id])
+
+
+def test_direct_effects_equal_a_removal_from_the_last_stream(organism, grid):
+    pairs = grid_pairs(organism.tokenizer, SPEC, grid_template(SPEC))
+    for i in (0, 17, 44):
+        for layer, head in ((1, 3), (7, 0), (4, None), (7, None)):
+            got = grid.direct_head[i, layer, head] if head is not None else grid.direct_mlp[i, layer]
+            want = reference_direct_effect(organism, pairs[i], layer, head)
+            assert float(got) == pytest.approx(want, abs=1e-4), (i, layer, head)
+    assert "direct" in grid.rows(parse_component("1.3", 8, 8))[0]
+
+
 def test_the_bundled_models_key_heads_read_the_larger_operand(organism, grid):
     for name in ("1.0", "1.1", "1.3"):
         d = pd.DataFrame(grid.rows(parse_component(name, 8, 8)))
@@ -163,3 +202,21 @@ def test_the_tagged_neuron_circuit_is_checked_against_its_ends_and_a_plain_hook(
     new = torch.full((1, d_mlp), float("nan"))
     new[0, keep] = mean
     assert int(end_margins(organism, [p], layer, new)[1][0]) == top
+
+
+@pytest.mark.realmodel
+def test_direct_effects_on_gemma3_where_a_norm_follows_the_attention():
+    """Gemma 3 normalises the attention's output before adding it: a head's direct effect goes through that norm
+    (attn_branch(a) - attn_branch(a - o_h)), and equals the removal from the last stream computed on the model."""
+    from tests.helpers.gemma3 import open_gemma3
+    g = open_gemma3()
+    assert not g.attn_branch_is_identity
+    spec = PromptSetSpec(ops=("add",), n=40, operand_lo=2, operand_hi=4)
+    grid = operand_grid(g, spec)
+    pairs = grid_pairs(g.tokenizer, spec, grid_template(spec))
+    L = g.facts.n_layers
+    for i in (0, 5):
+        for layer, head in ((L // 2, 1), (L - 1, 0), (L - 1, None)):
+            got = grid.direct_head[i, layer, head] if head is not None else grid.direct_mlp[i, layer]
+            want = reference_direct_effect(g, pairs[i], layer, head)
+            assert float(got) == pytest.approx(want, abs=2e-3 * max(1.0, abs(want))), (i, layer, head)
