@@ -111,6 +111,7 @@ RIDGE_ALPHA = 1.0
 PERIODS: tuple[int, ...] = (2, 5, 10, 100)
 DECODE_THRESHOLD = 0.9
 CONTINUE_ROWS = 256  # rows one continuation call takes: shifts of a chunk share a call up to this
+KEEP_PREFIX_BYTES = 512 * 2 ** 20  # larger prefixes (a big model on a GPU) are made per call, not kept
 N_DOMINANT = 3
 
 
@@ -190,18 +191,21 @@ _LAST_LOCK = threading.Lock()
 _LAST: dict[str, tuple[tuple, object]] = {}  # kind -> (key, value): the last pass of each kind
 
 
-def remembered(kind: str, backend: ModelBackend, pairs: Sequence[PromptPair], make):
+def remembered(kind: str, backend: ModelBackend, pairs: Sequence[PromptPair], make, *, keep: bool = True):
     """``make()``, kept for the last (weights, dtype, prompt set) of ``kind``: the probes, the circle, helix
     patching and the causal check of one prompt set share one residual pass and one prefix (a page's first visit
-    runs them one after the other)."""
+    runs them one after the other).  ``keep`` False: made, not kept (and the last one of ``kind`` let go)."""
     key = (backend.facts.fingerprint, backend.facts.dtype, prompt_set_hash(pairs))
     with _LAST_LOCK:
         hit = _LAST.get(kind)
     if hit is not None and hit[0] == key:
         return hit[1]
-    value = make()
     with _LAST_LOCK:
-        _LAST[kind] = (key, value)
+        _LAST.pop(kind, None)  # the last one is not needed while the new one is made
+    value = make()
+    if keep:
+        with _LAST_LOCK:
+            _LAST[kind] = (key, value)
     return value
 
 
@@ -820,10 +824,20 @@ def prefixes(backend: ModelBackend, pairs: Sequence[PromptPair]) -> list[Prefix]
                 return None
             cache = backend.prefix(ids[:, :T - 1])
             clean = backend.continue_end_logits(cache, torch.arange(len(idx)), ids[:, T - 1:], start=T - 1)
-            out.append(Prefix(list(idx), cache, ids[:, T - 1:], clean.float()))
+            out.append(Prefix(list(idx), cache, ids[:, T - 1:], clean.float().cpu()))
         return out
 
-    return remembered("prefixes", backend, pairs, make)
+    return remembered("prefixes", backend, pairs, make, keep=prefix_bytes(backend, pairs) <= KEEP_PREFIX_BYTES)
+
+
+def prefix_bytes(backend: ModelBackend, pairs: Sequence[PromptPair]) -> int:
+    """The keys and values :func:`prefixes` holds: 2 x layers x prefix tokens x KV heads x d_head x the dtype's size."""
+    f = backend.facts
+    try:
+        size = torch.empty((), dtype=getattr(torch, f.dtype)).element_size()
+    except (AttributeError, TypeError):
+        size = 4
+    return 2 * f.n_layers * sum(len(p.ref_ids) - 1 for p in pairs) * f.n_kv_heads * f.d_head * size
 
 
 @torch.no_grad()

@@ -459,6 +459,10 @@ def test_one_pass_and_one_prefix_serve_every_step_of_a_prompt_set(organism, add_
     X = N.layer_residuals(organism, add_pairs, [-1, 4])  # the last set remembered was the other one
     assert calls["pass"] == 2
     np.testing.assert_array_equal(X, real_pass(organism, add_pairs, [-1, 4])[0])
+    monkeypatch.setattr(N, "KEEP_PREFIX_BYTES", 0)  # too large to keep (a big model on a GPU): made per call
+    other, before = add_pairs[:-2], calls["prefix"]
+    assert H.helix_patch(organism, other, 4, "END", "C") == H.helix_patch(organism, other, 4, "END", "C")
+    assert calls["prefix"] == before + 2 * len(length_chunks(other, TOKENS_PER_PASS))
 
 
 def test_cached_equals_uncached_and_the_finding(organism, add_pairs, tmp_path):
