@@ -193,11 +193,11 @@ def neuron_activations(backend: ModelBackend, pairs: Sequence[PromptPair], neuro
     return out
 
 
-def removal_effects(backend: ModelBackend, x: torch.Tensor, answer: torch.Tensor, parts: torch.Tensor
-                    ) -> torch.Tensor:
-    """logit(x) - logit(x - part) of the answer for each of n parts: x [b, d_model], parts [b, n, d_model] -> [b, n]."""
+def removal_effects(backend: ModelBackend, x: torch.Tensor, answer: torch.Tensor, clean: torch.Tensor,
+                    parts: torch.Tensor) -> torch.Tensor:
+    """clean - logit(x - part) of the answer for each of n parts (``clean`` = logit(x) [b]): x [b, d_model], parts
+    [b, n, d_model] -> [b, n]."""
     b, n, d = parts.shape
-    clean = backend.answer_logits(x, answer)  # [b]
     gone = backend.answer_logits((x[:, None] - parts).reshape(b * n, d), answer.repeat_interleave(n)).reshape(b, n)
     return (clean[:, None] - gone).float().cpu()
 
@@ -221,13 +221,14 @@ def direct_effects(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_
         at = {name: c[name][rows, end.to(c[name].device)] for name in names}  # the END rows [b, ...]
         x = at[hooks.resid_post(L - 1)]  # [b, d_model]
         answer = torch.tensor([p.answer_id for p in chunk], device=x.device)
+        clean = backend.answer_logits(x, answer)  # [b]
         for j in range(L):
             o = torch.einsum("bhd,hdm->bhm", at[hooks.attn_z(j)].to(W_O[j].dtype), W_O[j])  # [b, H, d_model]
             if not identity:  # a norm after the attention: the stream loses attn_branch(a) - attn_branch(a - o_h)
-                a = at[hooks.attn_proj_out(j)][:, None].expand_as(o)  # [b, H, d_model]
+                a = at[hooks.attn_proj_out(j)][:, None]  # [b, 1, d_model]
                 o = end_chain.attn_branch(backend, j, a) - end_chain.attn_branch(backend, j, a - o)
-            heads[s:s + len(chunk), j] = removal_effects(backend, x, answer, o)
-            mlps[s:s + len(chunk), j] = removal_effects(backend, x, answer, at[hooks.mlp_out(j)][:, None])[:, 0]
+            heads[s:s + len(chunk), j] = removal_effects(backend, x, answer, clean, o)
+            mlps[s:s + len(chunk), j] = removal_effects(backend, x, answer, clean, at[hooks.mlp_out(j)][:, None])[:, 0]
     return heads, mlps
 
 
