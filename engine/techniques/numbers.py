@@ -20,10 +20,12 @@ computation of the prompts' keys and values before END (:func:`remembered`: the 
 layer, position and target y, ``FOLDS``-fold cross-validation with shuffled folds seeded by ``seed``;
 the score is computed over the pooled held-out predictions (every prompt predicted once):
 
-* ``logistic``: ``LogisticRegression(C=LOGREG_C, solver="newton-cg")`` (multinomial) over the values of y, folds
-  ``StratifiedKFold``; only prompts whose value occurs at least k times are kept, k ≤ ``FOLDS`` folds
-  (:func:`class_folds`: the k in ``MIN_FOLDS..FOLDS`` that keeps the most prompts, the larger k on a tie; the
-  rest are dropped, ``n_prompts`` and ``folds`` say what was used); no k with two such values: no row.
+* ``logistic``: the L2 logistic regression of ``LogisticRegression(C=LOGREG_C)`` (multinomial; binary for two
+  values) over the values of y, folds ``StratifiedKFold``, a layer's fits solved in one batch
+  (:mod:`engine.techniques.logistic`: Newton-CG to 100x scikit-learn's default tolerance); only prompts whose value
+  occurs at least k times are kept, k ≤ ``FOLDS`` folds (:func:`class_folds`: the k in ``MIN_FOLDS..FOLDS`` that
+  keeps the most prompts, the larger k on a tie; the rest are dropped, ``n_prompts`` and ``folds`` say what was
+  used); no k with two such values: no row.
   score = accuracy = #{i : ŷ_i = y_i} / n;
 * ``ridge``: ``Ridge(alpha=RIDGE_ALPHA)`` on the scalar value, folds ``KFold``, all prompts;
   score = R² = 1 - Σ(y_i - ŷ_i)² / Σ(y_i - ȳ)² over the pooled held-out predictions;
@@ -95,11 +97,12 @@ from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptError, PromptPair, answer_tokens, prompt_set_hash
 from engine.prompts.templates import TEMPLATES_BY_ID
+from engine.techniques import logistic
 from engine.techniques.attention import token_roles
 from engine.techniques.batching import batches, check_pairs, pad, pad_id
 
 METHOD = "numbers"
-VERSION = 3  # bumped when a quantity of the docstring changes (part of every cache key below)
+VERSION = 4  # bumped when a quantity of the docstring changes (part of every cache key below)
 POSITIONS: tuple[str, ...] = ("END", "A", "B")
 TARGETS: tuple[str, ...] = ("A", "B", "C")
 ROLE_OF = {"A": "operand A", "B": "operand B"}
@@ -250,12 +253,7 @@ def shuffled(y: np.ndarray, seed: int) -> np.ndarray:
 
 def logistic_predictions(X: np.ndarray, labels: np.ndarray, seed: int = 0, folds: int = FOLDS) -> np.ndarray:
     """Pooled held-out predictions [P] of the logistic probe of ``labels`` (StratifiedKFold folds)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import StratifiedKFold, cross_val_predict
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-    est = make_pipeline(StandardScaler(), LogisticRegression(C=LOGREG_C, solver="newton-cg", max_iter=1000))
-    return cross_val_predict(est, X, labels, cv=StratifiedKFold(folds, shuffle=True, random_state=seed))
+    return logistic.cv_predictions([(X, labels, folds)], C=LOGREG_C, seed=seed)[0]
 
 
 def logistic_accuracy(X: np.ndarray, y: np.ndarray, seed: int = 0, folds: int = FOLDS) -> float:
@@ -342,7 +340,11 @@ def helix_rank(n: np.ndarray) -> int:
 
 def pca_r2(X: np.ndarray, r: int) -> float:
     """The share of X's variance (centred) in its top r principal directions: in-sample R² of the best rank-r fit."""
-    s = np.linalg.svd(X - X.mean(0), compute_uv=False)
+    return top_share(np.linalg.svd(X - X.mean(0), compute_uv=False), r)
+
+
+def top_share(s: np.ndarray, r: int) -> float:
+    """The share of the top r of singular values ``s`` (descending) in the sum of their squares."""
     total = float((s ** 2).sum())
     return float("nan") if total == 0 else float((s[:r] ** 2).sum()) / total
 
@@ -371,83 +373,117 @@ class NumberRow:
     folds: int = FOLDS  # cross-validation folds (logistic / mod T: also the fewest prompts per kept value)
 
 
-def mod_kappa(X: np.ndarray, labels: np.ndarray, seed: int = 0, folds: int = FOLDS,
-              pred: np.ndarray | None = None) -> float:
-    """Held-out Cohen's kappa of the logistic probe of ``labels`` (pooled over StratifiedKFold folds; ``pred``: its
-    predictions when already made)."""
+def mod_kappa(labels: np.ndarray, pred: np.ndarray) -> float:
+    """Cohen's kappa of held-out predictions ``pred`` of ``labels`` (chance = 0)."""
     from sklearn.metrics import cohen_kappa_score
-    pred = logistic_predictions(X, labels, seed, folds) if pred is None else pred
     return float(cohen_kappa_score(labels, pred))
 
 
-def layer_rows(layer: int, X: np.ndarray, values: dict[str, np.ndarray], seed: int) -> list[NumberRow]:
-    """Every row of one layer; X [3, P, d] (POSITIONS).  A target with too few prompts per value has no logistic row
-    (its other rows stay)."""
-    out = []
+def logistic_problems(X: np.ndarray, values: dict[str, np.ndarray], seed: int
+                      ) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray, int]]:
+    """(position, target, labels) -> (x, labels, folds): every logistic probe of one layer (X [3, P, d]) -- each
+    classifiable target at each position, its shuffled labels (``y`` / ``shuffled``), and C mod T at END
+    (``mod2`` ... and ``mod2 shuffled`` ...; none where n mod T = n, the probe of C itself serves)."""
+    out = {}
     for pi, pos in enumerate(POSITIONS):
         for t in TARGETS:
-            y, x = values[t], X[pi]
+            y = values[t]
             try:
                 k, keep = class_folds(y)
+                out[(pos, t, "y")] = (X[pi][keep], y[keep], k)
+                out[(pos, t, "shuffled")] = (X[pi][keep], shuffled(y[keep], seed), k)
             except ValueError:
-                keep = None
-            made = None
-            if keep is not None:
-                yk, xk = y[keep], x[keep]
-                made = (logistic_predictions(xk, yk, seed, k), logistic_predictions(xk, shuffled(yk, seed), seed, k))
-                out.append(NumberRow(layer, pos, t, "logistic", float((made[0] == yk).mean()),
-                                     float((made[1] == shuffled(yk, seed)).mean()), int(keep.sum()),
-                                     len(np.unique(yk)), k))
+                pass
             if pos == "END" and t == "C" and np.all(y == np.round(y)):
-                out.extend(mod_rows(layer, x, y.astype(int), seed, made))
+                n = y.astype(int)
+                for T in PERIODS:
+                    labels = np.mod(n, T)
+                    if np.array_equal(labels, n) and (pos, t, "y") in out:
+                        continue
+                    try:
+                        k, keep = class_folds(labels)
+                    except ValueError:
+                        continue
+                    out[(pos, t, f"mod{T}")] = (X[pi][keep], labels[keep], k)
+                    out[(pos, t, f"mod{T} shuffled")] = (X[pi][keep], shuffled(labels[keep], seed), k)
+    return out
+
+
+def layer_rows(layer: int, X: np.ndarray, values: dict[str, np.ndarray], seed: int) -> list[NumberRow]:
+    """Every row of one layer; X [3, P, d] (POSITIONS), the layer's logistic probes fitted in one batch.  A target
+    with too few prompts per value has no logistic row (its other rows stay)."""
+    problems = logistic_problems(X, values, seed)
+    predicted = dict(zip(problems, logistic.cv_predictions(list(problems.values()), C=LOGREG_C, seed=seed)))
+    out = []
+    for pi, pos in enumerate(POSITIONS):
+        x = X[pi]
+        ridge = ridge_scores(x, {t: values[t] for t in TARGETS}, seed)
+        spectrum = np.linalg.svd(x - x.mean(0), compute_uv=False)  # for every target's PCA row
+        for t in TARGETS:
+            y = values[t]
+            if (pos, t, "y") in predicted:
+                k, keep = class_folds(y)
+                yk = y[keep]
+                out.append(NumberRow(layer, pos, t, "logistic", float((predicted[(pos, t, "y")] == yk).mean()),
+                                     float((predicted[(pos, t, "shuffled")] == shuffled(yk, seed)).mean()),
+                                     int(keep.sum()), len(np.unique(yk)), k))
+            if pos == "END" and t == "C" and np.all(y == np.round(y)):
+                out.extend(mod_rows(layer, y.astype(int), seed, predicted))
             nv = len(np.unique(y))
-            for method, score, baseline, n_classes in ridge_scores(x, y, seed):
+            for method, score, baseline, n_classes in ridge[t]:
                 out.append(NumberRow(layer, pos, t, method, score, baseline, len(y), n_classes))
             helix = fit_r2(helix_basis(y), x)
             out.append(NumberRow(layer, pos, t, "helix", helix, fit_r2(linear_basis(y), x), len(y), nv))
-            out.append(NumberRow(layer, pos, t, "pca", pca_r2(x, helix_rank(y)), helix, len(y), nv))
+            out.append(NumberRow(layer, pos, t, "pca", top_share(spectrum, helix_rank(y)), helix, len(y), nv))
             out.append(NumberRow(layer, pos, t, "means", fit_r2(means_basis(y), x),
                                  fit_r2(means_basis(shuffled(y, seed)), x), len(y), nv))
     return out
 
 
-def ridge_scores(x: np.ndarray, y: np.ndarray, seed: int) -> list[tuple[str, float, float, int]]:
-    """(method, score, shuffled-label score, values) of the ridge probe of y and the circular probe of each digit place
-    with two digit values or more, from one multi-output ridge (the labels permuted once, for every column)."""
-    perm = np.random.default_rng(seed).permutation(len(y))  # = shuffled(): the same permutation for y and digits
-    cols, parts = [y[:, None], y[perm][:, None]], [("ridge", None)]
-    for place in DIGIT_PLACES:
-        d = digits(y, place)
-        if d is not None:
-            cols += [circle_points(d), circle_points(d[perm])]
-            parts.append((f"digit{place}", d))
-    pred = ridge_predictions(x, np.concatenate(cols, 1), seed)  # [P, 2 + 4 per digit place]
-    out = [("ridge", r2(y, pred[:, 0]), r2(y[perm], pred[:, 1]), len(np.unique(y)))]
-    for j, (method, d) in enumerate(parts[1:]):
-        at = 2 + 4 * j
-        out.append((method, float((circle_digits(pred[:, at:at + 2]) == d).mean()),
-                    float((circle_digits(pred[:, at + 2:at + 4]) == d[perm]).mean()), len(np.unique(d))))
+def ridge_scores(x: np.ndarray, ys: dict[str, np.ndarray], seed: int) -> dict[str, list[tuple[str, float, float, int]]]:
+    """Per target: (method, score, shuffled-label score, values) of the ridge probe of y and the circular probe of
+    each digit place with two digit values or more -- every target's columns in one multi-output ridge (each column
+    solved on its own, the same KFold folds; the labels permuted once, the same permutation for every column)."""
+    perm = np.random.default_rng(seed).permutation(len(x))  # = shuffled(): the same permutation for y and digits
+    cols, parts = [], []
+    for t, y in ys.items():
+        parts.append((t, "ridge", None, sum(c.shape[1] for c in cols)))
+        cols += [y[:, None], y[perm][:, None]]
+        for place in DIGIT_PLACES:
+            d = digits(y, place)
+            if d is not None:
+                parts.append((t, f"digit{place}", d, sum(c.shape[1] for c in cols)))
+                cols += [circle_points(d), circle_points(d[perm])]
+    pred = ridge_predictions(x, np.concatenate(cols, 1), seed)  # [P, per target: 2 + 4 per digit place]
+    out: dict[str, list[tuple[str, float, float, int]]] = {t: [] for t in ys}
+    for t, method, d, at in parts:
+        y = ys[t]
+        if d is None:
+            out[t].append((method, r2(y, pred[:, at]), r2(y[perm], pred[:, at + 1]), len(np.unique(y))))
+        else:
+            out[t].append((method, float((circle_digits(pred[:, at:at + 2]) == d).mean()),
+                           float((circle_digits(pred[:, at + 2:at + 4]) == d[perm]).mean()), len(np.unique(d))))
     return out
 
 
-def mod_rows(layer: int, x: np.ndarray, n: np.ndarray, seed: int,
-             made: tuple[np.ndarray, np.ndarray] | None = None) -> list[NumberRow]:
-    """``mod T`` rows (method ``mod2`` ...): is n mod T linearly separable in x, held out -- Cohen's kappa of the
-    logistic probe of n mod T for T in PERIODS, beside the same probe on shuffled labels; classes and folds by
-    :func:`class_folds`, no row below two classes.  ``made``: the logistic probe of n itself (predictions on the
-    labels and on the shuffled labels), the same fits as n mod T where every n < T."""
+def mod_rows(layer: int, n: np.ndarray, seed: int, predicted: dict[tuple[str, str, str], np.ndarray]
+             ) -> list[NumberRow]:
+    """``mod T`` rows (method ``mod2`` ...): is n mod T linearly separable at END, held out -- Cohen's kappa of the
+    logistic probe of n mod T for T in PERIODS (``predicted``, :func:`logistic_problems`), beside the same probe on
+    shuffled labels; classes and folds by :func:`class_folds`, no row below two classes.  Where every n < T the
+    probe of n itself is the probe of n mod T."""
     out = []
     for T in PERIODS:
         labels = np.mod(n, T)
-        try:
-            k, keep = class_folds(labels)
-        except ValueError:
+        name = "y" if np.array_equal(labels, n) else f"mod{T}"
+        if ("END", "C", name) not in predicted:
             continue
-        lk, xk = labels[keep], x[keep]
-        same = made if made is not None and np.array_equal(labels, n) else (None, None)
-        out.append(NumberRow(layer, "END", "C", f"mod{T}", mod_kappa(xk, lk, seed, k, same[0]),
-                             mod_kappa(xk, shuffled(lk, seed), seed, k, same[1]), int(keep.sum()),
-                             len(np.unique(lk)), k))
+        k, keep = class_folds(labels)
+        lk = labels[keep]
+        out.append(NumberRow(layer, "END", "C", f"mod{T}", mod_kappa(lk, predicted[("END", "C", name)]),
+                             mod_kappa(shuffled(lk, seed), predicted[("END", "C", "shuffled" if name == "y" else
+                                                                      f"mod{T} shuffled")]),
+                             int(keep.sum()), len(np.unique(lk)), k))
     return out
 
 
@@ -464,7 +500,8 @@ def number_probes(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers:
     X = layer_residuals(backend, pairs, layers, progress=progress, total=total)
     from joblib import Parallel, delayed
     out = []
-    # one process per core, one layer per task: each fits many small probes (BLAS threads would only oversubscribe)
+    # one process per core, one layer per task: each fits a batch of logistic probes and many small ridge and
+    # least-squares fits (more threads would only oversubscribe)
     jobs = Parallel(n_jobs=min(len(layers), os.cpu_count() or 1), return_as="generator", inner_max_num_threads=1)
     for j, rows in enumerate(jobs(delayed(layer_rows)(layer, X[j], values, seed) for j, layer in enumerate(layers))):
         out.extend(rows)
