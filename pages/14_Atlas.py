@@ -26,7 +26,7 @@ sel = state.selected()
 default = (f"{sel[0]}.mlp" if sel[1] == state.MLP else f"{sel[0]}.{sel[1]}") if sel else ""
 c1, c2 = st.columns(2)
 text = c1.text_input("Component", value=default, key=f"atlas_component_{default}",
-                     placeholder="the top head of the grid", help="LAYER.HEAD (1.3), LAYER.mlp (6.mlp) or "
+                     placeholder="the grid's top head", help="LAYER.HEAD (1.3), LAYER.mlp (6.mlp) or "
                      "LAYER.mlp.NEURON (6.mlp.120). A click on the Path patching heatmap picks it.")
 try:
     first = grid_template(spec)
@@ -37,14 +37,19 @@ except PromptError as e:
     st.error(f"{str(e)[:1].upper()}{str(e)[1:]}.")
     st.stop()
 grid = run_with_progress("Computing the operand grid", "compute the operand grid",
-                         lambda cb: operand_grid(model, spec, template=template,
+                         lambda cb: operand_grid(model, spec, template=template, component=comp,
                                                  neurons=[comp] if comp is not None and comp.kind == "neuron" else (),
                                                  cache=cache, progress=cb), key="atlas", stop=True)
-comp = comp or grid.top_head()  # none typed: the grid's own strongest head
+picked = comp is None
+comp = comp or grid.top_head()  # none typed: the grid's strongest head among attribution patching's candidates
 rows = grid.rows(comp)
 right = sum(r["right"] for r in rows)
 st.markdown(f"**{comp.kind} {comp.name}** on `{template}`: {len(rows)} operand pairs, the model answers {right} "
             f"right; path-patching metric `{grid.metric}`.")
+if picked:
+    st.caption(f"None typed: of the {len(grid.candidates)} heads attribution patching (a first-order estimate) ranks "
+               f"first over the grid, the one with the most negative exact path-patching mean. Every value shown is "
+               f"exact; the estimate only chose which heads to compute.")
 st.altair_chart(grid_chart(rows), width="content")
 st.download_button("Grid (CSV)", pd.DataFrame(rows).to_csv(index=False).encode(), f"grid_{comp.name}.csv",
                    "text/csv")

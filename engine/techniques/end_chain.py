@@ -167,19 +167,23 @@ def mlp_start(acts: EndActs, layer: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def run_chains(backend: ModelBackend, acts: EndActs, W_O: Sequence[torch.Tensor]
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every head and MLP of every layer as sender, plus the unchanged chain from layer 0 (the self-check).
+def run_chains(backend: ModelBackend, acts: EndActs, W_O: Sequence[torch.Tensor],
+               heads: Sequence[Sequence[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every MLP and every head of every layer (``heads[l]``: only those heads of layer l) as sender, plus the
+    unchanged chain from layer 0 (the self-check).
 
-    Returns (senders [P, L * (H + 1), d_model], layer-major: heads 0..H-1 then the MLP; check [P, d_model])."""
+    Returns (senders [P, chains, d_model], layer-major: the layer's heads in order, then its MLP;
+    check [P, d_model])."""
     L = len(acts.pre)
     x: torch.Tensor | None = None  # [P, chains, d_model]: the check chain, then every sender started so far
     for j in range(L):
         if x is not None:  # advance the chains started below layer j
             x = step(backend, j, x, acts.attn[j][:, None])
         delta = acts.head_deltas(j, W_O[j])  # [P, H, d_model]
+        if heads is not None:
+            delta = delta[:, list(heads[j])]
         if x is None:  # layer 0: the check chain starts as a head sender with no change
-            delta = torch.cat([torch.zeros_like(delta[:, :1]), delta], dim=1)
+            delta = torch.cat([delta.new_zeros(delta.shape[0], 1, delta.shape[2]), delta], dim=1)
         new = torch.cat([head_starts(backend, acts, j, delta), mlp_start(acts, j)], dim=1)
         x = new if x is None else torch.cat([x, new], dim=1)
     return x[:, 1:], x[:, 0]

@@ -7,9 +7,14 @@ operation -- all of them, no sampling or balancing -- the pair (X_r, X_c) is bui
 per pair:
 
 1. **right**: whether the model's top first token is the answer's (the accuracy filter's scoring);
-2. **effect**: every head's and MLP's path-patching value (:mod:`engine.techniques.path_patching`, exact: its END
-   output from X_c, every other head frozen at X_r), in the metric the heatmap ranks by (relative effect, or the
-   logit difference when the effect guard says so);
+2. **effect**: the path-patching value (:mod:`engine.techniques.path_patching`, exact: the sender's END output from
+   X_c, every other head frozen at X_r) of every MLP and of the heads asked for, in the metric the heatmap ranks by
+   (relative effect, or the logit difference when the effect guard says so).  Heads asked for: the one typed, else
+   the ``n_heads`` heads that path attribution patching (:func:`engine.techniques.attribution.path_atp`, a first-order
+   estimate over the grid's pairs, mean in the same metric) ranks first -- and of those, the one whose exact mean
+   value is the most negative is the grid's default head (:meth:`OperandGrid.top_head`).  Exact path patching of
+   every head costs one END chain per head and pair (about 9 TFLOP on a 0.5B model's 81-pair grid); the estimate
+   only picks which heads get their exact values;
 3. **attention**: every head's END-row attention mass on the tokens of A and on those of B (the token roles of
    :func:`engine.techniques.attention.token_roles`);
 3b. **direct**: every head's and MLP's direct effect on the answer's logit at END of X_r: logit(x) - logit(x - c),
@@ -22,8 +27,8 @@ per pair:
 
 Every pair is kept, answered right or not (a grid with holes hides its structure); the view marks the wrong ones
 and overlays the answer's structure (sum, difference, carry).  One batched pass per quantity: path patching and the
-attention patterns as the pages compute them (cached), the direct effects in one ``run_with_cache_at`` per batch
-(cached), the neurons' activations in one ``run_with_cache`` per batch.
+attention patterns as the pages compute them (cached), the direct effects in one ``run_with_cache_at`` per batch and
+the attribution-patching ranking (cached with them), the neurons' activations in one ``run_with_cache`` per batch.
 """
 
 from __future__ import annotations
@@ -135,11 +140,12 @@ class OperandGrid:
     template: str
     op: str
     metric: str                  # the path-patching metric of ``head_effect`` / ``mlp_effect``
+    candidates: list[tuple[int, int]]  # the heads attribution patching ranks first (their exact values computed)
     a: list[float]
     b: list[float]
     answer: list[float]
     right: list[bool]
-    head_effect: torch.Tensor    # [P, L, H]
+    head_effect: torch.Tensor    # [P, L, H]  NaN for the heads not computed
     mlp_effect: torch.Tensor     # [P, L]
     attn_a: torch.Tensor         # [P, L, H]  END-row mass on A's tokens
     attn_b: torch.Tensor         # [P, L, H]  END-row mass on B's tokens
@@ -148,8 +154,9 @@ class OperandGrid:
     neurons: dict[str, list[float]]  # neuron name -> [P] activation at END
 
     def top_head(self) -> Component:
-        """The head with the most negative mean path-patching value over the grid."""
-        mean = self.head_effect.nan_to_num().mean(0)                 # [L, H]
+        """Of the heads computed, the one with the most negative mean path-patching value over the grid."""
+        done = ~self.head_effect.isnan().all(0)                      # [L, H]
+        mean = torch.where(done, self.head_effect.nanmean(0).nan_to_num(), torch.full_like(done, 1e30, dtype=float))
         layer, head = divmod(int(mean.argmin()), mean.shape[1])
         return Component(layer, head=head)
 
@@ -248,35 +255,51 @@ def operand_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, pro
     return a, b
 
 
-def operand_grid(backend: ModelBackend, spec, *, template: str | None = None, neurons: Sequence[Component] = (),
-                 cache=None, progress: ProgressFn | None = None) -> OperandGrid:
-    """The grid of one template of ``spec`` (module docstring); path patching and the answers through the cache."""
+def atp_candidates(backend: ModelBackend, pairs: Sequence[PromptPair], k: int) -> list[tuple[int, int]]:
+    """The k heads with the most negative mean path-AtP value over ``pairs`` (in the ranking metric), best first."""
+    from engine.techniques.attribution import path_atp
+    raw = path_atp(backend, pairs)
+    heads, _ = raw.per_pair(raw.ranking_metric())                   # [P, L, H]
+    mean = heads.double().nanmean(0).nan_to_num(nan=1e30)            # [L, H]
+    order = mean.flatten().argsort()[:k].tolist()
+    return [divmod(int(i), mean.shape[1]) for i in order]
+
+
+def operand_grid(backend: ModelBackend, spec, *, template: str | None = None, component: Component | None = None,
+                 neurons: Sequence[Component] = (), cache=None, progress: ProgressFn | None = None) -> OperandGrid:
+    """The grid of one template of ``spec`` (module docstring): exact path-patching values of every MLP and of
+    ``component`` (a head), else of the heads attribution patching ranks first; cached."""
     from engine.results import run_cached
     from engine.techniques.accuracy import score_pairs
     from engine.techniques.path_patching import cached_path_patching
     t = grid_template(spec, template)
     pairs = grid_pairs(backend.tokenizer, replace(spec, balance=False), t)
     stages = Stages(progress, (len(pairs), len(pairs), len(pairs)))
-    table, _ = cached_path_patching(backend, pairs, cache=cache, progress=stages.stage(0))
-    stages.finish(0)
-    metric = table.ranking_metric()
-    heads, mlps = table.per_pair.per_pair(metric)
+    k = backend.facts.n_heads
 
     def compute():
         right = [s.first_ok for s in score_pairs(backend, pairs)]
-        att_a, att_b = operand_attention(backend, pairs, progress=stages.stage(1))
+        att_a, att_b = operand_attention(backend, pairs, progress=stages.stage(0))
         d_head, d_mlp = direct_effects(backend, pairs)
         return [], {"right": right, "attn_a": att_a.tolist(), "attn_b": att_b.tolist(),
-                    "direct_head": d_head.tolist(), "direct_mlp": d_mlp.tolist()}
+                    "direct_head": d_head.tolist(), "direct_mlp": d_mlp.tolist(),
+                    "candidates": [list(h) for h in atp_candidates(backend, pairs, k)]}
 
-    _, art, _ = run_cached(backend, pairs, "operand_grid", {"dtype": backend.facts.dtype, "v": 2}, compute, cache)
+    _, art, _ = run_cached(backend, pairs, "operand_grid", {"dtype": backend.facts.dtype, "v": 3, "candidates": k},
+                           compute, cache)
+    stages.finish(0)
+    candidates = [(int(a), int(b)) for a, b in art["candidates"]]
+    heads = [(component.layer, component.head)] if component is not None and component.kind == "head" else candidates
+    table, _ = cached_path_patching(backend, pairs, cache=cache, heads=heads, progress=stages.stage(1))
     stages.finish(1)
+    metric = table.ranking_metric()
+    head_effect, mlp_effect = table.per_pair.per_pair(metric)
     acts = neuron_activations(backend, pairs, neurons) if neurons else {}
     stages.finish(2)
-    return OperandGrid(t.id, t.op, metric, [p.a for p in pairs], [p.b for p in pairs], [p.answer for p in pairs],
-                       list(art["right"]), heads.float(), mlps.float(), torch.tensor(art["attn_a"]),
-                       torch.tensor(art["attn_b"]), torch.tensor(art["direct_head"]), torch.tensor(art["direct_mlp"]),
-                       acts)
+    return OperandGrid(t.id, t.op, metric, candidates, [p.a for p in pairs], [p.b for p in pairs],
+                       [p.answer for p in pairs], list(art["right"]), head_effect.float(), mlp_effect.float(),
+                       torch.tensor(art["attn_a"]), torch.tensor(art["attn_b"]), torch.tensor(art["direct_head"]),
+                       torch.tensor(art["direct_mlp"]), acts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +311,7 @@ def cli(args, ctx) -> dict:
     f = ctx.model.facts
     comp = parse_component(args.component, f.n_layers, f.n_heads, f.d_mlp) if args.component else None
     with ctx.progress("operand grid") as bar:
-        grid = operand_grid(ctx.model, ctx.spec(), template=args.grid_template,
+        grid = operand_grid(ctx.model, ctx.spec(), template=args.grid_template, component=comp,
                             neurons=[comp] if comp is not None and comp.kind == "neuron" else (), cache=ctx.cache,
                             progress=bar)
     comp = comp or grid.top_head()

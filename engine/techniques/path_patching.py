@@ -119,6 +119,10 @@ class PatchingRaw:
         """[P] bool: pairs left out of the relative effect (unpatched answer logit < EFFECT_MIN_LOGIT)."""
         return ~(self.logit_o >= EFFECT_MIN_LOGIT)  # NaN logits are left out too
 
+    def ranking_metric(self) -> str:
+        """The metric heads are ranked by over all the pairs (:meth:`PatchingTable.ranking_metric` of group ``*``)."""
+        return "logit_diff" if int(self.effect_excluded().sum()) > EFFECT_MAX_EXCLUDED * len(self.logit_o) else "effect"
+
     def metrics(self) -> tuple[str, ...]:
         return METRICS if self.head_prob is not None else METRICS[:2]
 
@@ -162,22 +166,36 @@ def summarize(raw: PatchingRaw) -> list[SenderValue]:
 
 @torch.no_grad()
 def path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
-                  with_prob: bool = False, progress: ProgressFn | None = None) -> PatchingRaw:
-    """Every head and MLP as sender, answer logit as receiver -- exact: the END chains where the model's block
-    model checks out (module docstring), the textbook loop where it does not (``fallback`` says why)."""
+                  with_prob: bool = False, heads: Sequence[tuple[int, int]] | None = None,
+                  progress: ProgressFn | None = None) -> PatchingRaw:
+    """Every head (``heads``: only those (layer, head), the others NaN) and every MLP as sender, answer logit as
+    receiver -- exact: the END chains where the model's block model checks out (module docstring), the textbook
+    loop where it does not (``fallback`` says why)."""
     try:
-        return _path_patching_chains(backend, pairs, batch_size=batch_size, with_prob=with_prob, progress=progress)
+        return _path_patching_chains(backend, pairs, batch_size=batch_size, with_prob=with_prob, heads=heads,
+                                     progress=progress)
     except ShortcutMismatch as e:
-        raw = path_patching_loop(backend, pairs, with_prob=with_prob, progress=progress)
+        raw = path_patching_loop(backend, pairs, with_prob=with_prob, heads=heads, progress=progress)
         raw.fallback = fallback_note("path patching", str(e))
         return raw
 
 
+def heads_per_layer(heads: Sequence[tuple[int, int]] | None, n_layers: int, n_heads: int) -> list[list[int]]:
+    """[l] -> the heads of layer l among ``heads`` (None: all), sorted."""
+    if heads is None:
+        return [list(range(n_heads)) for _ in range(n_layers)]
+    return [sorted({h for layer, h in heads if layer == j}) for j in range(n_layers)]
+
+
 def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int,
-                          with_prob: bool, progress: ProgressFn | None) -> PatchingRaw:
+                          with_prob: bool, heads: Sequence[tuple[int, int]] | None,
+                          progress: ProgressFn | None) -> PatchingRaw:
     f = backend.facts
     L, H = f.n_layers, f.n_heads
     end_chain.check_components(backend)
+    per_layer = heads_per_layer(heads, L, H)
+    # where each chain's value goes in [L, H + 1] (layer-major, the layer's heads then its MLP)
+    slots = torch.tensor([j * (H + 1) + h for j in range(L) for h in [*per_layer[j], H]])
     W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
     logit_o, head_logit, mlp_logit = [], [], []
     prob_o, head_prob, mlp_prob = [], [], []
@@ -186,24 +204,32 @@ def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *,
         P, answer, lo = len(eb.batch.pairs), eb.answer, eb.logits  # lo: [P, vocab]
         index.append(eb.batch.index)
         acts = end_chain.EndActs.checked(backend, eb, W_O)
-        x, check = end_chain.run_chains(backend, acts, W_O)  # [P, L * (H + 1), d_model], [P, d_model]
+        x, check = end_chain.run_chains(backend, acts, W_O, per_layer)  # [P, chains, d_model], [P, d_model]
         check_reproduces("the unchanged END chain", backend.answer_logits(check, answer), eb.model_logit,
                          logit_scale(lo), f.dtype)
         logit_o.append(eb.model_logit.cpu())
         if with_prob:
             prob_o.append(torch.softmax(lo, -1)[torch.arange(P), answer].cpu())
-        n_chains = x.shape[1]  # L * (H + 1), layer-major: heads 0..H-1 then the MLP
+        n_chains = x.shape[1]
         flat = x.reshape(P * n_chains, -1)
         ans = answer.repeat_interleave(n_chains)
-        lp = backend.answer_logits(flat, ans).float().reshape(P, L, H + 1).cpu()
+
+        lp = placed(backend.answer_logits(flat, ans), slots, L, H)
         head_logit.append(lp[:, :, :H])
         mlp_logit.append(lp[:, :, H])
         if with_prob:
-            pp = _answer_probs(backend, flat, ans).reshape(P, L, H + 1).cpu()
+            pp = placed(_answer_probs(backend, flat, ans), slots, L, H)
             head_prob.append(pp[:, :, :H])
             mlp_prob.append(pp[:, :, H])
     return _joined(pairs, (logit_o, head_logit, mlp_logit), (prob_o, head_prob, mlp_prob) if with_prob else None,
                    index)
+
+
+def placed(v: torch.Tensor, slots: torch.Tensor, n_layers: int, n_heads: int) -> torch.Tensor:
+    """[P * chains] (pair-major) -> [P, L, H + 1]: chain c of a pair at flat place ``slots[c]``, NaN elsewhere."""
+    out = torch.full((v.numel() // len(slots), n_layers * (n_heads + 1)), float("nan"))
+    out[:, slots] = v.float().reshape(-1, len(slots)).cpu()
+    return out.reshape(-1, n_layers, n_heads + 1)
 
 
 def _joined(pairs: Sequence[PromptPair], logits: tuple[list, list, list], probs: tuple[list, list, list] | None,
@@ -274,13 +300,16 @@ def sender_hooks(n_layers: int) -> list[HookName]:
 
 @torch.no_grad()
 def path_patching_loop(backend: ModelBackend, pairs: Sequence[PromptPair], *, with_prob: bool = False,
-                       batch_size: int = 32, rows_per_pass: int = 128,
+                       batch_size: int = 32, rows_per_pass: int = 128, heads: Sequence[tuple[int, int]] | None = None,
                        progress: ProgressFn | None = None) -> PatchingRaw:
-    """Algorithm 1 as written, every sender's own hooked forward pass (senders stacked as rows): the fallback
-    of :func:`path_patching` where the END chains do not reproduce the model.  Exact on any architecture."""
+    """Algorithm 1 as written, every sender's own hooked forward pass (senders stacked as rows; ``heads``: only
+    those head senders, the others NaN): the fallback of :func:`path_patching` where the END chains do not
+    reproduce the model.  Exact on any architecture."""
     f = backend.facts
     L, H = f.n_layers, f.n_heads
-    senders = all_senders(L, H)
+    per_layer = heads_per_layer(heads, L, H)
+    senders = [s for s in all_senders(L, H) if s.component == "mlp" or s.head in per_layer[s.layer]]
+    slots = torch.tensor([s.layer * (H + 1) + (H if s.component == "mlp" else s.head) for s in senders])
     logit_o, head_logit, mlp_logit, prob_o, head_prob, mlp_prob = [], [], [], [], [], []
     chunks = batches(len(pairs), batch_size)
     for ci, idx in enumerate(chunks):
@@ -291,7 +320,9 @@ def path_patching_loop(backend: ModelBackend, pairs: Sequence[PromptPair], *, wi
         for values, heads, mlps in ((lg, head_logit, mlp_logit), (pr, head_prob, mlp_prob)):
             if values is None:
                 continue
-            per = values.T.reshape(len(idx), L, H + 1)  # [P, L, H + 1]: senders are layer-major, MLP last
+            per = torch.full((len(idx), L * (H + 1)), float("nan"), dtype=values.dtype)
+            per[:, slots] = values.T
+            per = per.reshape(len(idx), L, H + 1)  # [P, L, H + 1]: senders are layer-major, MLP last
             heads.append(per[:, :, :H])
             mlps.append(per[:, :, H])
         logit_o.append(run.logit_o)
@@ -388,18 +419,22 @@ class PatchingTable:
 
 
 def cached_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,
-                         with_prob: bool = False, batch_size: int = 32,
+                         with_prob: bool = False, batch_size: int = 32, heads: Sequence[tuple[int, int]] | None = None,
                          progress: ProgressFn | None = None) -> tuple[PatchingTable, bool]:
-    """Path patching through the result cache: (table, computed)."""
+    """Path patching through the result cache: (table, computed); ``heads``: only those head senders (every MLP)."""
     from engine.results import run_cached_rows
 
     f = backend.facts
+    heads = None if heads is None else sorted({(int(a), int(b)) for a, b in heads})
     params = {"with_prob": with_prob, "dtype": f.dtype, "senders": "heads+mlps", "position": "END",
               "effect_guard": {"min_logit": EFFECT_MIN_LOGIT, "max_excluded": EFFECT_MAX_EXCLUDED},
               "per_pair": "f32"}
+    if heads is not None:
+        params["senders"] = {"heads": [list(h) for h in heads], "mlps": "all"}
 
     def compute():
-        raw = path_patching(backend, pairs, batch_size=batch_size, with_prob=with_prob, progress=progress)
+        raw = path_patching(backend, pairs, batch_size=batch_size, with_prob=with_prob, heads=heads,
+                            progress=progress)
         return summarize(raw), {"n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs),
                                 "fallback": raw.fallback or "", "per_pair": per_pair_artifact(raw)}
 

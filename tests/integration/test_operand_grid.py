@@ -46,6 +46,8 @@ def test_attention_effect_and_activation_equal_plain_references(organism, grid):
     tok = organism.tokenizer
     pairs = grid_pairs(tok, SPEC, grid_template(SPEC))
     head, neuron = parse_component("1.3", 8, 8), parse_component("6.mlp.5", 8, 8, organism.facts.d_mlp)
+    typed = operand_grid(organism, SPEC, component=head)  # the head typed: its exact path patching, whatever AtP says
+    assert torch.equal(typed.mlp_effect, grid.mlp_effect) and int((~typed.head_effect[0].isnan()).sum()) == 1
     for i in (0, 17, 44, 80):
         p = pairs[i]
         assert p.a != p.b or i in (0, 80)
@@ -65,8 +67,23 @@ def test_attention_effect_and_activation_equal_plain_references(organism, grid):
         ref = path_patching_reference(organism, [p], [Sender("head", 1, 3), Sender("mlp", 6)])
         lo = organism.logits(ids)[0, -1, p.answer_id]
         for s, v in ref.items():
-            got = grid.head_effect[i, 1, 3] if s.component == "head" else grid.mlp_effect[i, 6]
+            got = typed.head_effect[i, 1, 3] if s.component == "head" else grid.mlp_effect[i, 6]
             assert float(got) == pytest.approx(float((v[0] - lo) / lo), abs=1e-4), s
+
+
+def test_the_default_head_is_the_exact_top_head_of_every_head(organism, grid):
+    """Attribution patching only picks the candidates; of them the grid shows the exact best -- on the bundled model
+    the same head that exact path patching of all 64 heads ranks first, though AtP ranks another first."""
+    from engine.techniques.path_patching import path_patching
+    full = path_patching(organism, grid_pairs(organism.tokenizer, SPEC, grid_template(SPEC)))
+    mean = full.per_pair(grid.metric)[0].nanmean(0)                     # [L, H]
+    assert grid.top_head().name == "1.1" == "{}.{}".format(*divmod(int(mean.argmin()), 8))
+    assert len(grid.candidates) == 8 and grid.candidates[0] != (1, 1)
+    computed = ~grid.head_effect.isnan().all(0)
+    assert sorted(map(tuple, computed.nonzero().tolist())) == sorted(grid.candidates)
+    for layer, head in grid.candidates:
+        assert torch.allclose(grid.head_effect[:, layer, head], full.per_pair(grid.metric)[0][:, layer, head],
+                              atol=1e-5, equal_nan=True)
 
 
 def reference_direct_effect(backend, pair, layer: int, head: int | None) -> float:

@@ -94,3 +94,23 @@ def test_second_call_is_served_from_cache(organism, tmp_path):
     assert len(heads) == organism.facts.n_layers and len(heads[0]) == organism.facts.n_heads
     top = t2.top_heads(3)
     assert top == sorted(top, key=lambda t: t[2]) and len(top) == 3
+
+
+@pytest.mark.parametrize("arch", ("qwen2", "gpt2"))
+def test_a_subset_of_head_senders_equals_the_full_run(arch, tmp_path):
+    """Only some heads as senders (the operand grid's candidates): those heads and every MLP equal the full run's, on
+    the END chains and on the textbook loop; every other head is NaN."""
+    from engine.techniques.path_patching import path_patching_loop
+    backend = open_model(str(build_tiny_model(arch, tmp_path / arch)), device="cpu")
+    pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add", "sub"), n=4, seed=1))
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    heads = [(1, H - 1), (L - 1, 0), (L - 1, H - 1)]  # none of layer 0: the self-check chain still starts there
+    full = path_patching(backend, pairs)
+    for part in (path_patching(backend, pairs, heads=heads), path_patching_loop(backend, pairs, heads=heads)):
+        assert torch.allclose(part.logit_o, full.logit_o, atol=1e-5)
+        assert torch.allclose(part.mlp_logit, full.mlp_logit, atol=1e-4)
+        for layer, h in heads:
+            assert torch.allclose(part.head_logit[:, layer, h], full.head_logit[:, layer, h], atol=1e-4)
+        chosen = torch.zeros(L, H, dtype=torch.bool)
+        chosen[[a for a, _ in heads], [b for _, b in heads]] = True
+        assert bool(part.head_logit[:, ~chosen].isnan().all()) and not bool(part.head_logit[:, chosen].isnan().any())
