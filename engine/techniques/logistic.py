@@ -86,12 +86,12 @@ def cv_predictions(problems: Sequence[tuple[np.ndarray, np.ndarray, int]], *, C:
     xs = [torch.as_tensor(np.asarray(p[0], dtype=np.float64)) for p in problems]
     out = [np.empty(len(p[1]), dtype=c.dtype) for p, c in zip(problems, classes)]
     stats = stats if stats is not None else Stats()
-    by_k: dict[int, list[Fit]] = {}
+    by_k: dict[tuple[int, int], list[Fit]] = {}  # a batch: one number of classes and of features
     for f in fits:
-        by_k.setdefault(f.K, []).append(f)
-    for K, group in by_k.items():
+        by_k.setdefault((f.K, xs[f.problem].shape[1]), []).append(f)
+    for (K, d), group in by_k.items():
         n = max(len(f.y) for f in group)
-        per_batch = max(1, BATCH_ENTRIES // (n * xs[0].shape[1]))
+        per_batch = max(1, BATCH_ENTRIES // (n * d))
         for s in range(0, len(group), per_batch):
             batch = group[s:s + per_batch]
             for f, pred in zip(batch, predict_batch(xs, batch, K, C, stats)):
