@@ -62,6 +62,14 @@ class Counter:
                 count_last(ids)
                 return cont(pre, rows, ids, **kw)
             backend.prefix, backend.continue_end_logits = prefix_w, cont_w
+            from engine.backends.base import ModelBackend
+            if type(backend).prefix_with_cache_at is not ModelBackend.prefix_with_cache_at:  # its own one pass
+                with_acts = backend.prefix_with_cache_at
+
+                def with_acts_w(ids, names, positions):
+                    count_last(ids)
+                    return with_acts(ids, names, positions)
+                backend.prefix_with_cache_at = with_acts_w
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return self.body, self.unembed, self.mlp_rows, self.calls

@@ -228,6 +228,16 @@ class ModelBackend(ABC):
         """The keys and values of unpadded prompts: the model's own KV cache, opaque.  # [batch, pos]"""
         raise NotImplementedError(f"the {self.name} backend cannot keep a prefix's keys and values")
 
+    def prefix_with_cache_at(self, input_ids: torch.Tensor, names: Sequence[HookName], positions: torch.Tensor
+                             ) -> tuple[object, torch.Tensor, dict[HookName, torch.Tensor]]:
+        """(:meth:`prefix` of unpadded prompts [n, T], their last position's logits [n, vocab], the activations
+        ``names`` at ``positions`` [n, m] as {name: [n, m, ...]}).  Here two passes; a backend that can read
+        activations while it keeps the keys and values does it in one."""
+        last = torch.full((input_ids.shape[0], 1), input_ids.shape[1] - 1, dtype=torch.long)
+        lg, acts = self.run_with_cache_at(input_ids, None, names, last)  # acts: every position
+        rows = torch.arange(input_ids.shape[0])[:, None]
+        return self.prefix(input_ids), lg[:, 0], {n: a[rows, positions.to(a.device)] for n, a in acts.items()}
+
     def continue_end_logits(self, prefix: object, rows: torch.Tensor, input_ids: torch.Tensor, *,
                             start: int | None = None) -> torch.Tensor:
         """Next-token logits after ``input_ids`` [n, m], row i continuing prompt ``rows[i]`` of ``prefix``

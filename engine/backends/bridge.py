@@ -84,6 +84,25 @@ class BridgeBackend(ModelBackend):
         self.meter.record(input_ids, lg)
         return cache
 
+    def prefix_with_cache_at(self, input_ids, names, positions):
+        got: dict = {}
+        pos = positions.to(torch.long)
+
+        def keep(name):
+            def fn(act):  # [n, T, ...]: read the rows' positions, change nothing
+                got[name] = act[torch.arange(act.shape[0], device=act.device)[:, None], pos.to(act.device)].detach()
+            return fn
+        T = input_ids.shape[1]
+        with self._lock, torch.no_grad(), self.hooks([(self._alias(n), keep(n)) for n in names]), \
+                self.last_position_only(T):
+            lg, cache = self.bridge(input_ids.to(self.device), return_type="logits_and_cache", use_cache=True)
+        self.meter.record(input_ids, lg)
+        missing = set(names) - set(got)
+        if missing:
+            raise MissingActivation(f"{self.facts.architecture} exposes no activation(s) {sorted(missing)} (its "
+                                    f"TransformerBridge adapter has no such hook point on this model)")
+        return cache, lg[:, -1].to(self.device), {n: got[n].to(self.device) for n in names}
+
     def continue_end_logits(self, prefix, rows, input_ids, *, start=None):
         cache = select_rows(prefix, rows, start)
         with self._lock, self.last_position_only(input_ids.shape[1]):

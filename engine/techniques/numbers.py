@@ -14,7 +14,8 @@ positions with the roles "operand A" / "operand B" of :func:`engine.techniques.a
 Targets are the numbers A, B and C of each prompt (C = the answer, not its first token).
 One forward pass per prompt set reads every layer at the three positions and the END logits; the probes, the
 circle, helix patching and the causal check of the same prompt set and weights share it, and shifts at END share one
-computation of the prompts' keys and values before END (:func:`remembered`: the last of each, in memory).
+computation of the prompts' keys and values before END (:func:`remembered`: the last of each, in memory) -- made by
+that same pass where the shifts will continue them (:func:`keeps_prefixes`).
 
 **1. Probes** (scikit-learn, features standardized per training fold: ``StandardScaler``), for every
 layer, position and target y, ``FOLDS``-fold cross-validation with shuffled folds seeded by ``seed``;
@@ -215,9 +216,55 @@ def remembered(kind: str, backend: ModelBackend, pairs: Sequence[PromptPair], ma
 def residual_pass(backend: ModelBackend, pairs: Sequence[PromptPair], *, progress: ProgressFn | None = None,
                   total: int | None = None) -> tuple[np.ndarray, torch.Tensor]:
     """:func:`residuals_and_end_logits` of every layer (-1 .. L-1: layer l at index l + 1), remembered for the last
-    prompt set (:func:`remembered`)."""
-    return remembered("residuals", backend, pairs, lambda: residuals_and_end_logits(
-        backend, pairs, all_layers(backend), progress=progress, total=total))
+    prompt set (:func:`remembered`); where shifts at END will continue the prompts' prefixes
+    (:func:`keeps_prefixes`), the same pass keeps them (:func:`residuals_and_prefixes`)."""
+    def make():
+        if not keeps_prefixes(backend, pairs):
+            return residuals_and_end_logits(backend, pairs, all_layers(backend), progress=progress, total=total)
+        out, kept = residuals_and_prefixes(backend, pairs, all_layers(backend), progress=progress, total=total)
+        remembered("prefixes", backend, pairs, lambda: kept)
+        return out
+    return remembered("residuals", backend, pairs, make)
+
+
+def keeps_prefixes(backend: ModelBackend, pairs: Sequence[PromptPair]) -> bool:
+    """Whether the residual pass keeps X_r's keys and values for the shifts at END: the backend continues prompts,
+    every prompt has a token before END, the keys and values fit :data:`KEEP_PREFIX_BYTES`, and continuing them pays
+    for a single shift (:func:`continuation_pays`)."""
+    return (backend.continues and min(len(p.ref_ids) for p in pairs) >= 2
+            and prefix_bytes(backend, pairs) <= KEEP_PREFIX_BYTES and continuation_pays(backend, pairs, 1))
+
+
+@torch.no_grad()
+def residuals_and_prefixes(backend: ModelBackend, pairs: Sequence[PromptPair], layers: Sequence[int], *,
+                           progress: ProgressFn | None = None, total: int | None = None
+                           ) -> tuple[tuple[np.ndarray, torch.Tensor], list["Prefix"]]:
+    """(:func:`residuals_and_end_logits`, :func:`prefixes`) from one pass per chunk of equal-length prompts that
+    keeps their keys and values (``prefix_with_cache_at``): the END logits are the full prompt's, and each chunk's
+    unshifted continuation of END from its keys and values cropped before END is the check
+    :func:`continued_readouts` holds against them."""
+    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    check_pairs(pairs, backend.facts.vocab_size)
+    names = [resid_hook(x) for x in check_layers(layers, backend.facts.n_layers)]
+    out = np.zeros((len(names), len(POSITIONS), len(pairs), backend.facts.d_model))
+    logits = torch.empty(len(pairs), backend.facts.vocab_size)
+    kept = []
+    chunks = length_chunks(pairs, TOKENS_PER_PASS)
+    for ci, idx in enumerate(chunks):
+        idx = list(idx)
+        ids = torch.tensor([pairs[i].ref_ids for i in idx])  # [n, T]: one length, no padding
+        T = ids.shape[1]
+        pos = torch.tensor([[positions(backend, pairs[i])[n] for n in POSITIONS] for i in idx])  # [n, 3]
+        cache, lg, acts = backend.prefix_with_cache_at(ids, names, pos)
+        logits[idx] = lg.float().cpu()
+        for j, name in enumerate(names):
+            out[j][:, idx] = acts[name].double().cpu().numpy().transpose(1, 0, 2)  # [n, 3, d] -> [3, n, d]
+        clean = backend.continue_end_logits(cache, torch.arange(len(idx)), ids[:, T - 1:], start=T - 1)
+        kept.append(Prefix(idx, cache, ids[:, T - 1:], clean.float().cpu()))
+        if progress is not None:  # in the padded pass's units (its batches of 64), as the caller's total counts
+            units = len(batches(len(pairs), 64))
+            progress(-(-(ci + 1) * units // len(chunks)), total or units)
+    return (out, logits), kept
 
 
 def layer_residuals(backend: ModelBackend, pairs: Sequence[PromptPair], layers: Sequence[int], **kw) -> np.ndarray:

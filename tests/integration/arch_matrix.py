@@ -237,7 +237,14 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
         return rel_err(raw.prob, want), raw.fallback or ""
 
     def numbers():
-        from engine.techniques.numbers import POSITIONS, positions, residuals, shifted_top_tokens
+        from engine.techniques.numbers import (
+            POSITIONS,
+            positions,
+            residuals,
+            residuals_and_end_logits,
+            residuals_and_prefixes,
+            shifted_top_tokens,
+        )
         L = backend.facts.n_layers
         layers = [-1, 0, L - 1]
         got = torch.tensor(residuals(backend, pairs, layers))  # [layers, 3, P, d]
@@ -247,6 +254,11 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
             return torch.stack([P.residual_at(pl, [p.ref_ids for p in pairs], layer, at).transpose(0, 1)
                                 for layer in layers])
         err = rel_err(got, refs.get("num_x", plain_x))
+        if backend.continues:  # the pass that keeps the prefixes: the same residuals and END logits, its check holds
+            (fx, flg), kept = residuals_and_prefixes(backend, pairs, layers)
+            _, plg = residuals_and_end_logits(backend, pairs, layers)
+            err = max(err, rel_err(torch.tensor(fx), got), rel_err(flg, plg),
+                      max(rel_err(k.clean, plg[k.idx]) for k in kept))
         shift = torch.randn(len(pairs), backend.facts.d_model, generator=torch.Generator().manual_seed(0)) * 3
         top = torch.tensor(shifted_top_tokens(backend, pairs, 1, shift.double().numpy()))
         want = refs.get("num_top", lambda: P.shifted_top(pl, [p.ref_ids for p in pairs], 1, shift))

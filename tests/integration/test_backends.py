@@ -109,6 +109,16 @@ def check_continuation(bridge, nns, vocab_ids: list[int]) -> None:
             assert close(backend.continue_end_logits(prefix, rows, ids[rows, -1:]), want)  # prefix unchanged
             assert close(backend.continue_end_logits(prefix, rows, ids[rows, 2:], start=2), want)  # from position 2
     assert seen == [(3, 1, bridge.facts.n_heads, bridge.facts.d_head)] * 2
+    # a prefix that also reads activations and the last logits (the bridge in one pass, nnsight in two)
+    names, at = [H.resid_pre(0), H.resid_post(bridge.facts.n_layers - 1)], torch.tensor([[0, 2], [1, 3]])
+    with torch.no_grad():
+        _, full = bridge.run_with_cache(ids, None, names)
+        for backend in (bridge, nns):
+            prefix, last, acts = backend.prefix_with_cache_at(ids, names, at)
+            assert close(last, bridge.logits(ids)[:, -1]), backend.name
+            for n in names:
+                assert close(acts[n], full[n][torch.arange(2)[:, None], at]), (backend.name, n)
+            assert close(backend.continue_end_logits(prefix, rows, ids[rows, -1:], start=ids.shape[1] - 1), want)
 
 
 def check_patching(bridge, nns, pairs, senders, full: bool = True) -> None:

@@ -432,22 +432,26 @@ def test_shifts_at_end_continue_each_prompts_prefix(organism, add_pairs):
 
 
 def test_one_pass_and_one_prefix_serve_every_step_of_a_prompt_set(organism, add_pairs, monkeypatch):
-    """Probes, circle, helix patching and the causal check of one prompt set run one residual pass and compute the
-    prompts' prefixes once; another prompt set runs its own, equal to a direct pass."""
+    """Probes, circle, helix patching and the causal check of one prompt set run one residual pass, which keeps the
+    prompts' keys and values for the shifts at END (one pass per chunk of equal length, nothing else); it equals the
+    padded pass, and the backends' two-pass default equals the bridge's one pass.  Another prompt set runs its own;
+    where continuing does not pay or the prefix is too large to keep, the padded pass runs."""
+    from engine.backends.base import ModelBackend
     from engine.techniques import helix_patch as H
     from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
-    calls = {"pass": 0, "prefix": 0}
-    real_pass, real_prefix = N.residuals_and_end_logits, organism.prefix
+    calls = {"padded": 0, "fused": 0, "one pass": 0, "prefix": 0}
+    real = {"padded": N.residuals_and_end_logits, "fused": N.residuals_and_prefixes,
+            "one pass": organism.prefix_with_cache_at, "prefix": organism.prefix}
 
-    def counted_pass(*a, **k):
-        calls["pass"] += 1
-        return real_pass(*a, **k)
-
-    def counted_prefix(*a, **k):
-        calls["prefix"] += 1
-        return real_prefix(*a, **k)
-    monkeypatch.setattr(N, "residuals_and_end_logits", counted_pass)
-    monkeypatch.setattr(organism, "prefix", counted_prefix)
+    def counted(name):
+        def fn(*a, **k):
+            calls[name] += 1
+            return real[name](*a, **k)
+        return fn
+    monkeypatch.setattr(N, "residuals_and_end_logits", counted("padded"))
+    monkeypatch.setattr(N, "residuals_and_prefixes", counted("fused"))
+    monkeypatch.setattr(organism, "prefix_with_cache_at", counted("one pass"))
+    monkeypatch.setattr(organism, "prefix", counted("prefix"))
     monkeypatch.setattr(N, "continuation_pays", lambda *a: True)  # the bundled model is small enough for either
     pairs = add_pairs[:-1]  # a prompt set no other test has remembered
     N.number_probes(organism, pairs, layers=[4])
@@ -455,14 +459,30 @@ def test_one_pass_and_one_prefix_serve_every_step_of_a_prompt_set(organism, add_
     H.helix_patch(organism, pairs, 4, "END", "C")
     N.causal_check(organism, pairs, 4)
     H.helix_patch(organism, pairs, 2, "END", "A")
-    assert calls == {"pass": 1, "prefix": len(length_chunks(pairs, TOKENS_PER_PASS))}
+    chunks = length_chunks(pairs, TOKENS_PER_PASS)
+    assert calls == {"padded": 0, "fused": 1, "one pass": len(chunks), "prefix": 0}
+    layers = N.all_layers(organism)
+    (X, lg), _ = real["fused"](organism, pairs, layers)
+    X_pad, lg_pad = real["padded"](organism, pairs, layers)
+    np.testing.assert_allclose(X, X_pad, atol=1e-5)
+    torch.testing.assert_close(lg, lg_pad, atol=1e-4, rtol=0)
+    idx = list(chunks[0])
+    ids = torch.tensor([pairs[i].ref_ids for i in idx])
+    pos = torch.tensor([[N.positions(organism, pairs[i])[n] for n in N.POSITIONS] for i in idx])
+    names = [N.resid_hook(x) for x in layers]
+    _, lg1, acts1 = real["one pass"](ids, names, pos)
+    _, lg2, acts2 = ModelBackend.prefix_with_cache_at(organism, ids, names, pos)
+    torch.testing.assert_close(lg1, lg2, atol=1e-4, rtol=0)
+    for n in names:
+        torch.testing.assert_close(acts1[n], acts2[n], atol=1e-5, rtol=0)
     X = N.layer_residuals(organism, add_pairs, [-1, 4])  # the last set remembered was the other one
-    assert calls["pass"] == 2
-    np.testing.assert_array_equal(X, real_pass(organism, add_pairs, [-1, 4])[0])
+    assert calls["fused"] == 2
+    np.testing.assert_allclose(X, real["padded"](organism, add_pairs, [-1, 4])[0], atol=1e-5)
     monkeypatch.setattr(N, "KEEP_PREFIX_BYTES", 0)  # too large to keep (a big model on a GPU): made per call
-    other, before = add_pairs[:-2], calls["prefix"]
+    other, before = add_pairs[:-2], dict(calls)
     assert H.helix_patch(organism, other, 4, "END", "C") == H.helix_patch(organism, other, 4, "END", "C")
-    assert calls["prefix"] == before + 2 * len(length_chunks(other, TOKENS_PER_PASS))
+    assert calls["padded"] == before["padded"] + 1 and calls["fused"] == before["fused"]
+    assert calls["prefix"] == before["prefix"] + 2 * len(length_chunks(other, TOKENS_PER_PASS))
 
 
 def test_cached_equals_uncached_and_the_finding(organism, add_pairs, tmp_path):
