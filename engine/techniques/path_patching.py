@@ -121,7 +121,7 @@ class PatchingRaw:
 
     def ranking_metric(self) -> str:
         """The metric heads are ranked by over all the pairs (:meth:`PatchingTable.ranking_metric` of group ``*``)."""
-        return "logit_diff" if int(self.effect_excluded().sum()) > EFFECT_MAX_EXCLUDED * len(self.logit_o) else "effect"
+        return ranking_metric_of(int(self.effect_excluded().sum()), len(self.logit_o))
 
     def metrics(self) -> tuple[str, ...]:
         return METRICS if self.head_prob is not None else METRICS[:2]
@@ -129,6 +129,11 @@ class PatchingRaw:
     def groups(self) -> dict[str, list[int]]:
         """Pair indices of each breakdown group: ``*`` (all), ``op:add``, ``template:add.qa.0`` ..."""
         return groups_of(self.pairs)
+
+
+def ranking_metric_of(excluded: int, n: int) -> str:
+    """``effect``, or ``logit_diff`` when the guard left out more than EFFECT_MAX_EXCLUDED of the n pairs."""
+    return "logit_diff" if n and excluded > EFFECT_MAX_EXCLUDED * n else "effect"
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,12 @@ def heads_per_layer(heads: Sequence[tuple[int, int]] | None, n_layers: int, n_he
     return [sorted({h for layer, h in heads if layer == j}) for j in range(n_layers)]
 
 
+def sender_slots(per_layer: Sequence[Sequence[int]], n_heads: int) -> torch.Tensor:
+    """Each sender's flat place in [L, H + 1], senders layer-major (the layer's heads ``per_layer[l]``, then its MLP:
+    the order of the END chains and of :func:`all_senders`)."""
+    return torch.tensor([j * (n_heads + 1) + h for j, hs in enumerate(per_layer) for h in [*hs, n_heads]])
+
+
 def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int,
                           with_prob: bool, heads: Sequence[tuple[int, int]] | None,
                           progress: ProgressFn | None) -> PatchingRaw:
@@ -194,8 +205,7 @@ def _path_patching_chains(backend: ModelBackend, pairs: Sequence[PromptPair], *,
     L, H = f.n_layers, f.n_heads
     end_chain.check_components(backend)
     per_layer = heads_per_layer(heads, L, H)
-    # where each chain's value goes in [L, H + 1] (layer-major, the layer's heads then its MLP)
-    slots = torch.tensor([j * (H + 1) + h for j in range(L) for h in [*per_layer[j], H]])
+    slots = sender_slots(per_layer, H)
     W_O = [backend.W_O(layer) for layer in range(L)]  # [H, d_head, d_model] each
     logit_o, head_logit, mlp_logit = [], [], []
     prob_o, head_prob, mlp_prob = [], [], []
@@ -309,7 +319,7 @@ def path_patching_loop(backend: ModelBackend, pairs: Sequence[PromptPair], *, wi
     L, H = f.n_layers, f.n_heads
     per_layer = heads_per_layer(heads, L, H)
     senders = [s for s in all_senders(L, H) if s.component == "mlp" or s.head in per_layer[s.layer]]
-    slots = torch.tensor([s.layer * (H + 1) + (H if s.component == "mlp" else s.head) for s in senders])
+    slots = sender_slots(per_layer, H)
     logit_o, head_logit, mlp_logit, prob_o, head_prob, mlp_prob = [], [], [], [], [], []
     chunks = batches(len(pairs), batch_size)
     for ci, idx in enumerate(chunks):
@@ -320,9 +330,7 @@ def path_patching_loop(backend: ModelBackend, pairs: Sequence[PromptPair], *, wi
         for values, heads, mlps in ((lg, head_logit, mlp_logit), (pr, head_prob, mlp_prob)):
             if values is None:
                 continue
-            per = torch.full((len(idx), L * (H + 1)), float("nan"), dtype=values.dtype)
-            per[:, slots] = values.T
-            per = per.reshape(len(idx), L, H + 1)  # [P, L, H + 1]: senders are layer-major, MLP last
+            per = placed(values.T.reshape(-1), slots, L, H)  # values [senders, P] -> [P, L, H + 1]
             heads.append(per[:, :, :H])
             mlps.append(per[:, :, H])
         logit_o.append(run.logit_o)
@@ -379,8 +387,7 @@ class PatchingTable:
 
     def ranking_metric(self, group: str = "*") -> str:
         """``effect``, or ``logit_diff`` when the guard left out more than EFFECT_MAX_EXCLUDED of the pairs."""
-        excluded, n = self.guard_counts(group)
-        return "logit_diff" if n and excluded > EFFECT_MAX_EXCLUDED * n else "effect"
+        return ranking_metric_of(*self.guard_counts(group))
 
     def effect_note(self, group: str = "*") -> str | None:
         """What the reader must know about the relative effect of a group (None when every pair counts)."""
