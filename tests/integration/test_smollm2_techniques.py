@@ -155,7 +155,7 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
     import torch
 
     from engine.backends.base import WorkMeter
-    from engine.techniques.accuracy import score_pairs
+    from engine.techniques.accuracy import first_token_right, forget_scores, score_pairs
     from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
     from engine.techniques.knockout_curve import curve_knockouts, knockout_curve
     ps, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add", "mul"), n=4, seed=1))
@@ -163,7 +163,10 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
         answer = smol.tokenizer.decode(p.answer_ids).strip()
         assert answer == str(p.answer) and smol.tokenizer.decode([p.answer_id]).strip()[:1].isdigit()
         assert not smol.tokenizer.decode([p.ref_ids[-1]]).strip()[-1:].isdigit()
+    forget_scores()
+    alone = first_token_right(smol, ps)  # the filter's own pass: the prompts alone, END their last position
     scores = score_pairs(smol, ps)
+    assert alone == [s.first_ok for s in scores]
     width = max(len(p.ref_ids) + len(p.answer_ids) for p in ps)
     for p, s in zip(ps, scores):
         seq = torch.tensor([p.ref_ids + p.answer_ids])

@@ -124,6 +124,25 @@ def test_accuracy_scores_equal_full_logits(organism):
     assert any(not s.first_ok for s in scores) and any(s.first_ok for s in scores)
 
 
+def test_the_first_token_filter_equals_full_logits_without_the_answer(organism):
+    """The filter's own pass (the prompts alone, END their last position) keeps what full logits keep."""
+    from engine.techniques.accuracy import first_token_right, forget_scores
+    ps, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul", "pow"), n=8, seed=12))
+    forget_scores()  # not read from the memo: the filter's own pass
+    organism.meter = WorkMeter()
+    right = first_token_right(organism, ps)
+    own = organism.meter.body_tokens
+    organism.meter = WorkMeter()
+    assert right == [s.first_ok for s in score_pairs(organism, ps)]  # the teacher-forced pass agrees
+    assert own < organism.meter.body_tokens  # and costs more positions
+    assert first_token_right(organism, ps) == right  # now read from the memo
+    ids, mask = _padded(organism, [p.ref_ids for p in ps])
+    with torch.no_grad():
+        full = organism.logits(ids, mask).float()
+    assert right == [int(lg[len(p.ref_ids) - 1].argmax()) == p.answer_id for p, lg in zip(ps, full)]
+    assert any(right) and not all(right)
+
+
 def test_filter_and_accuracy_share_one_forward_pass(organism):
     from engine.techniques.accuracy import accuracy_report, kept_pairs
     spec = PromptSetSpec(ops=("sub",), n=5, seed=99 + len(organism.name))  # the backends share memo entries
