@@ -48,7 +48,10 @@ class Evidence:
     formats; ``power_pairs`` / ``gsm8k_pairs``: the correctly answered exponentiation and GSM8K pairs
     (``gsm8k_pairs`` None: the data are not available); ``second``: (name, a function giving the path-patching
     table of a second model); ``sft``: a function giving {method: gain in points} of the newest finished
-    fine-tuning jobs, or a sentence saying why not; ``progress``: the running check's progress callback."""
+    fine-tuning jobs, or a sentence saying why not; ``answered``: every pair of ``pairs``, ``power_pairs`` and
+    ``gsm8k_pairs`` is one the plain model answers right (the filter kept it), so a knockout row's accuracy before
+    the knockout is 100 % by construction and is not evaluated again (False: ``reproduce --keep-all``'s every
+    pair; then it is); ``progress``: the running check's progress callback."""
 
     model: Any
     pairs: Sequence[PromptPair]
@@ -58,6 +61,7 @@ class Evidence:
     gsm8k_pairs: Sequence[PromptPair] | None = None
     second: tuple[str, Callable[[], Any]] | None = None
     sft: Callable[[], dict[str, float] | str] | None = None
+    answered: bool = True
     progress: ProgressFn | None = None
     _table: Any = field(default=None, init=False, repr=False)  # the path-patching table, once computed
 
@@ -85,6 +89,15 @@ def rel_interval(before: np.ndarray, after: np.ndarray) -> Interval:
         b = before[idx].mean()
         return (after[..., idx].mean() - b) / b if b else 0.0
     return interval(stat, before.shape[-1])
+
+
+def before_and_after(ev: Evidence, pairs: Sequence[PromptPair], ko) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``pairs`` the model answers right ([P] 0/1 each) before and after the knockout ``ko`` (mean
+    ablation over the pairs' X_c); before is all right when ``ev.answered`` (the filter kept them)."""
+    from engine.techniques.knockout import Knockout, knockout_correct, mean_activations
+    kos = [ko] if ev.answered else [Knockout(), ko]
+    right = knockout_correct(ev.model, pairs, kos, mean_activations(ev.model, pairs)).double().numpy()
+    return (np.ones(len(pairs)) if ev.answered else right[0]), right[-1]
 
 
 def pct(iv: Interval, fmt: str = "{:+.0f}") -> str:
@@ -121,11 +134,12 @@ def knockout(ev: Evidence) -> Verdict:
     k_max = min(KNOCKOUT_K, f.n_layers * f.n_heads)
     ranked = [(a, b) for a, b, _ in ev.table.top_heads(k_max)]
     k_eval = min(k_max, max(1, round(SPARSE_SHARE * f.n_layers * f.n_heads)))  # the top 5 % of the heads
-    (p0, at), right = cached_knockout_points(ev.model, ev.pairs, ranked, (0, k_eval), k_max=k_max,
-                                             draws=KNOCKOUT_DRAWS, cache=ev.cache, progress=ev.progress)
-    base = right[0, 0]  # [P]: k = 0
-    top, rand = rel_interval(base, right[1, 0]), rel_interval(base, right[1, 1:])
-    return Verdict(f"top-{at.k} {pct(top)}, random {pct(rand)} (from {100 * p0.top_accuracy:.0f} %)",
+    points, right = cached_knockout_points(ev.model, ev.pairs, ranked, (k_eval,) if ev.answered else (0, k_eval),
+                                           k_max=k_max, draws=KNOCKOUT_DRAWS, cache=ev.cache, progress=ev.progress)
+    at = points[-1]
+    base = np.ones(len(ev.pairs)) if ev.answered else right[0, 0]  # [P]: k = 0
+    top, rand = rel_interval(base, right[-1, 0]), rel_interval(base, right[-1, 1:])
+    return Verdict(f"top-{at.k} {pct(top)}, random {pct(rand)} (from {100 * base.mean():.0f} %)",
                    all_hold(top.below(-TOP_DROP), rand.above(-RANDOM_DROP)),
                    f"holds when the interval of the top-{at.k} heads' relative accuracy change lies below "
                    f"-{TOP_DROP:.0%} and that of {at.k} random heads (mean of {KNOCKOUT_DRAWS} draws) above "
@@ -201,7 +215,7 @@ def transfer(ev: Evidence) -> Verdict:
 
 def power(ev: Evidence) -> Verdict:
     """Table 3: exponentiation's own key heads, knocked out."""
-    from engine.techniques.knockout import Knockout, knockout_correct, mean_activations
+    from engine.techniques.knockout import Knockout
     from engine.techniques.path_patching import cached_path_patching
     pp = ev.power_pairs
     if len(pp) < MIN_PAIRS:
@@ -209,8 +223,8 @@ def power(ev: Evidence) -> Verdict:
                                  f"(at least {MIN_PAIRS} are needed; fine-tuning can teach it)")
     p_table, _ = cached_path_patching(ev.model, pp, cache=ev.cache, progress=ev.progress)
     p_top = tuple((a, b) for a, b, _ in p_table.top_heads(TOP_READERS))
-    right = knockout_correct(ev.model, pp, [Knockout(), Knockout(p_top)], mean_activations(ev.model, pp))
-    r = rel_interval(right[0].double().numpy(), right[1].double().numpy())
+    base, after = before_and_after(ev, pp, Knockout(p_top))
+    r = rel_interval(base, after)
     return Verdict(f"top-{len(p_top)} heads {', '.join(f'{a}.{b}' for a, b in p_top)}: {pct(r)} on "
                    f"{len(pp)} prompts", r.below(-TOP_DROP),
                    f"holds when the interval of the relative accuracy change lies below -{TOP_DROP:.0%}")
@@ -223,14 +237,16 @@ def gsm8k(ev: Evidence) -> Verdict:
     if len(ev.gsm8k_pairs) < MIN_PAIRS:
         return Verdict("", None, f"the model answers {len(ev.gsm8k_pairs)} GSM8K questions right at the first "
                                  f"answer token (at least {MIN_PAIRS} are needed)")
-    from engine.techniques.transfer import transfer as two_sets
+    from engine.techniques.knockout import Knockout
+    from engine.techniques.transfer import overlap, top_heads_of
     f = ev.model.facts
     k = min(10, f.n_layers * f.n_heads)
-    res = two_sets(ev.model, ev.pairs, ev.gsm8k_pairs, names=("templates", "gsm8k"), k=k, cache=ev.cache,
-                   progress=ev.progress)
-    r = rel(res.b.accuracy_ko_own, res.b.accuracy)
-    return Verdict(f"{res.overlap} of {k} shared; {100 * r:+.0f} % on {res.b.n_pairs} GSM8K questions",
-                   res.overlap / k >= 0.5 and -r >= TOP_DROP,
+    own = top_heads_of(ev.model, ev.gsm8k_pairs, k, cache=ev.cache, progress=ev.progress)
+    shared, _ = overlap([(a, b) for a, b, _ in ev.table.top_heads(k)], own)
+    base, after = before_and_after(ev, ev.gsm8k_pairs, Knockout(tuple(own)))  # GSM8K's own top-k knocked out
+    r = rel(float(after.mean()), float(base.mean()))
+    return Verdict(f"{shared} of {k} shared; {100 * r:+.0f} % on {len(ev.gsm8k_pairs)} GSM8K questions",
+                   shared / k >= 0.5 and -r >= TOP_DROP,
                    f"holds when at least half the top-{k} heads are shared and GSM8K's own top-{k} "
                    f"knockout costs at least {TOP_DROP:.0%}")
 

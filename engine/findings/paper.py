@@ -94,18 +94,19 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
                    format_pairs: dict[str, Sequence[PromptPair]] | None = None,
                    power_pairs: Sequence[PromptPair] = (), gsm8k_pairs: Sequence[PromptPair] | None = None,
                    second: tuple[str, Callable[[], Any]] | None = None,
-                   sft: Callable[[], dict[str, float] | str] | None = None,
+                   sft: Callable[[], dict[str, float] | str] | None = None, answered: bool = True,
                    progress: ProgressFn | None = None,
                    on_row: Callable[[str], None] | None = None) -> list[PaperFinding]:
     """One row per checked step of :data:`engine.findings.steps.STEPS` for ``model`` on ``pairs`` (its correctly
-    answered prompt pairs); the other arguments are :class:`~engine.findings.checks.Evidence`'s.
+    answered prompt pairs; ``answered`` False: any pairs); the other arguments are
+    :class:`~engine.findings.checks.Evidence`'s.
     ``on_row(key)`` is called after each row (``bench/reproduce.py`` times the rows with it; :func:`reproduce`
     calls it with ``"inputs"`` once the prompt sets are gathered)."""
     if not pairs:
         raise PromptError("the model answers none of these prompts right: pick other operations or another model")
     todo = checked_steps()
     stages = Stages(progress, [s.weight for s in todo])
-    ev = Evidence(model, pairs, cache, format_pairs or {}, power_pairs, gsm8k_pairs, second, sft)
+    ev = Evidence(model, pairs, cache, format_pairs or {}, power_pairs, gsm8k_pairs, second, sft, answered)
     out = []
     for i, s in enumerate(todo):
         ev.progress = stages.stage(i)
@@ -180,4 +181,5 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
             return cached_path_patching(second, p2, cache=cache)[0]
     return paper_findings(model, pairs, cache, format_pairs=formats, power_pairs=power, gsm8k_pairs=gsm8k,
                           second=None if second is None else (second.facts.spec, second_table),
-                          sft=lambda: sft_gains(model, cache), progress=progress, on_row=on_row)
+                          sft=lambda: sft_gains(model, cache), answered=not keep_all, progress=progress,
+                          on_row=on_row)

@@ -104,13 +104,11 @@ def transfer(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b: Sequ
     n_heads = backend.facts.n_layers * backend.facts.n_heads
     if not 1 <= k <= n_heads:
         raise ValueError(f"k must lie in 1..{n_heads} (the model's heads), got {k}")
-    batch = 32  # cached_path_patching's default: its progress counts batches of 32 pairs
-    stages = Stages(progress, [-(-len(pairs_a) // batch), -(-len(pairs_b) // batch), 1, 1])
-    tables = []
+    stages = Stages(progress, [-(-len(pairs_a) // PP_BATCH), -(-len(pairs_b) // PP_BATCH), 1, 1])
+    tops = []
     for i, p in enumerate((pairs_a, pairs_b)):
-        tables.append(cached_path_patching(backend, p, cache=cache, batch_size=batch, progress=stages.stage(i))[0])
+        tops.append(top_heads_of(backend, p, k, cache=cache, progress=stages.stage(i)))
         stages.finish(i)
-    tops = [[(layer, head) for layer, head, _ in t.top_heads(k)] for t in tables]
     sets = []
     for i, pairs in enumerate((pairs_a, pairs_b)):
         means = mean_activations(backend, pairs)
@@ -121,9 +119,23 @@ def transfer(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b: Sequ
             progress=stages.stage(2 + i))
         sets.append(SetTransfer(names[i], len(pairs), own, base, ko_own, ko_other))
         stages.finish(2 + i)
-    inter = len(set(tops[0]) & set(tops[1]))
-    union = len(set(tops[0]) | set(tops[1]))
-    return TransferResult(k, sets[0], sets[1], inter, inter / union if union else 0.0)
+    return TransferResult(k, sets[0], sets[1], *overlap(tops[0], tops[1]))
+
+
+PP_BATCH = 32  # cached_path_patching's default: its progress counts batches of 32 pairs
+
+
+def top_heads_of(backend: ModelBackend, pairs: Sequence[PromptPair], k: int, *, cache=None,
+                 progress: ProgressFn | None = None) -> list[tuple[int, int]]:
+    """The set's top-k heads by path patching (through the result cache)."""
+    table = cached_path_patching(backend, pairs, cache=cache, batch_size=PP_BATCH, progress=progress)[0]
+    return [(layer, head) for layer, head, _ in table.top_heads(k)]
+
+
+def overlap(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> tuple[int, float]:
+    """(heads in both lists, Jaccard index)."""
+    inter, union = len(set(a) & set(b)), len(set(a) | set(b))
+    return inter, inter / union if union else 0.0
 
 # ---------------------------------------------------------------------------------------------
 # the command line (``python -m engine transfer``, registered in engine.registry)

@@ -83,6 +83,31 @@ def test_findings_are_their_techniques_numbers(organism):
         assert rows[key].holds is None and rows[key].lab == "" and why in rows[key].note, rows[key]
 
 
+def test_knockout_rows_equal_their_techniques_with_and_without_the_kept_shortcut(organism):
+    """Table 3 / Table 4 rows equal the transfer technique's numbers (GSM8K's and exponentiation's stand-ins here:
+    other correctly answered sets of the bundled model), whether the accuracy before a knockout is taken as 100 %
+    (the pairs were kept because the model answers them right) or evaluated again (``answered`` False)."""
+    from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
+    from engine.techniques.transfer import transfer
+    pairs, _ = kept_pairs(organism, SPEC)
+    other, _ = kept_pairs(organism, replace(SPEC, ops=("sub",), n=12, seed=3))
+    assert len(other) >= checks.MIN_PAIRS
+    res = transfer(organism, pairs, other, k=10)
+    own5 = tuple((a, b) for a, b, _ in cached_path_patching(organism, other)[0].top_heads(5))
+    base5, ko5 = knockout_accuracies(organism, other, [Knockout(), Knockout(own5)], mean_activations(organism, other))
+    assert res.b.accuracy == base5 == 1.0  # kept pairs: 100 % before any knockout
+    knockout_rows = set()
+    for answered in (True, False):
+        rows = {r.key: r for r in paper.paper_findings(organism, pairs, None, power_pairs=other, gsm8k_pairs=other,
+                                                        sft=lambda: "no job", answered=answered)}
+        knockout_rows.add(rows["knockout"].lab)  # Fig. 3: k = 0 read as 100 % or evaluated: the same row
+        r = (res.b.accuracy_ko_own - res.b.accuracy) / res.b.accuracy
+        assert rows["gsm8k"].lab == f"{res.overlap} of 10 shared; {100 * r:+.0f} % on {len(other)} GSM8K questions"
+        assert rows["power"].lab.startswith(f"top-5 heads {', '.join(f'{a}.{b}' for a, b in own5)}: "
+                                            f"{100 * (ko5 - base5) / base5:+.0f} % [")
+    assert len(knockout_rows) == 1 and "(from 100 %)" in knockout_rows.pop()
+
+
 def test_sft_row_compares_the_newest_precise_and_full_jobs(organism):
     pairs, _ = kept_pairs(organism, replace(SPEC, n=4))
     rows = {r.key: r for r in paper.paper_findings(organism, pairs, None, sft=lambda: {"precise": 9.5, "full": 10.0})}
