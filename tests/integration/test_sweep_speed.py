@@ -143,15 +143,21 @@ def test_the_first_token_filter_equals_full_logits_without_the_answer(organism):
     assert any(right) and not all(right)
 
 
-def test_filter_and_accuracy_share_one_forward_pass(organism):
-    from engine.techniques.accuracy import accuracy_report, kept_pairs
+def test_filter_reads_the_accuracy_tables_pass(organism):
+    """The accuracy table first: the filter of the same set reads its pass.  The filter first: its own pass of the
+    prompts alone, fewer positions than the table's teacher-forced one."""
+    from engine.techniques.accuracy import accuracy_report, forget_scores, kept_pairs
     spec = PromptSetSpec(ops=("sub",), n=5, seed=99 + len(organism.name))  # the backends share memo entries
     organism.meter = WorkMeter()
-    kept_pairs(organism, spec)
-    calls = organism.meter.forward_calls
-    assert calls >= 1
     accuracy_report(organism, spec)
+    calls, table_tokens = organism.meter.forward_calls, organism.meter.body_tokens
+    assert calls >= 1
+    kept_pairs(organism, spec)
     assert organism.meter.forward_calls == calls
+    forget_scores()
+    organism.meter = WorkMeter()
+    kept_pairs(organism, spec)
+    assert 1 <= organism.meter.forward_calls and organism.meter.body_tokens < table_tokens
 
 
 def test_transfer_knockouts_one_pass_per_set(organism):
