@@ -232,17 +232,18 @@ def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: t
 
 @contextmanager
 def counterfactual_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: torch.Tensor,
-                        z_cf: torch.Tensor, mlp_cf: torch.Tensor, copies: int = 1, start: int = 0) -> Iterator[None]:
+                        z_cf: torch.Tensor, mlp_cf: torch.Tensor, prompt_of: torch.Tensor, start: int = 0
+                        ) -> Iterator[None]:
     """Within the block, the masked heads and MLPs of each row take their values on that row's own
     counterfactual prompt X_c, at every position (interchange ablation; X_r and X_c have the same length).
 
-    z_cf: [n, L, pos, H, d_head]; mlp_cf: [n, L, pos, d_model]: the X_c activations of n prompts; the batch is
-    ``copies`` x n rows (set-major: row r is prompt r mod n); ``start``: the forward passes run positions
-    ``start ..`` only (a continued prefix)."""
-    every = torch.ones(copies * z_cf.shape[0], z_cf.shape[2], dtype=torch.bool)
+    z_cf: [n, L, pos, H, d_head]; mlp_cf: [n, L, pos, d_model]: the X_c activations of n prompts; ``prompt_of``
+    [batch]: which of them each row of the batch is; ``start``: the forward passes run positions ``start ..``
+    only (a continued prefix)."""
+    every = torch.ones(len(prompt_of), z_cf.shape[2], dtype=torch.bool)
 
-    def rows(x: torch.Tensor) -> torch.Tensor:  # [n, pos, ...] -> [copies * n, pos, ...]
-        return x.repeat(copies, *([1] * (x.dim() - 1)))
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [n, pos, ...] -> [batch, pos, ...]
+        return x[prompt_of]
     with replaced_rows(backend, head_mask, mlp_mask,
                        lambda layer, width: (rows(z_cf[:, layer, start:start + width]), every[:, :width]),
                        lambda layer, width: (rows(mlp_cf[:, layer, start:start + width]), every[:, :width])):
@@ -312,9 +313,11 @@ class EndReadout:
 
 @torch.no_grad()
 def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequence[Knockout],
-                 means: MeanActivations | None, *, sets_per_pass: int | None = None,
-                 tokens_per_pass: int = TOKENS_PER_PASS, progress: ProgressFn | None = None) -> EndReadout:
-    """Each reference prompt's END readout (right or not, answer-logit margin) under each knockout of ``kos``.
+                 means: MeanActivations | None, *, cells: torch.Tensor | None = None,
+                 sets_per_pass: int | None = None, tokens_per_pass: int = TOKENS_PER_PASS,
+                 progress: ProgressFn | None = None) -> EndReadout:
+    """Each reference prompt's END readout (right or not, answer-logit margin) under each knockout of ``kos``;
+    ``cells`` [len(kos), P] bool: only these (knockout, prompt) readouts (the others: not right, margin NaN).
 
     ``means`` None: **counterfactual** ablation -- a knocked-out component takes its value on the prompt's own
     X_c (:func:`counterfactual_rows`; one extra pass of X_c per chunk) instead of the mean over X_c.  X_r and
@@ -325,13 +328,13 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
 
     Each **distinct** knockout set is evaluated once, reading only the END position's logits.  The
     prompts go in chunks of equal length (no padding, see :func:`length_chunks`), and several sets
-    share one forward pass (the chunk repeated, each copy with its own head mask): ``sets_per_pass``
+    share one forward pass (the chunk's rows repeated, each copy with its own head mask): ``sets_per_pass``
     of them, or as many as fit ``tokens_per_pass``.  So the forward passes number, per chunk,
-    ceil(distinct sets / sets per pass).  Work that fits one pass anyway (every set x every prompt,
+    ceil(distinct sets / sets per pass) (fewer with ``cells``: a pass carries as many rows).  Work that fits one pass anyway (every set x every prompt,
     padded, within ``tokens_per_pass``; ``sets_per_pass`` not given) is one padded pass when the
     padding costs less than the calls it saves (:func:`_padding_pays`: a small model).
-    ``progress(done, total)`` is called after every pass
-    (chunk x knockout-set evaluations so far); an exception raised there stops the computation.
+    ``progress(done, total)`` is called after every pass (readouts so far, of every asked one); an exception
+    raised there stops the computation.
     """
     if not pairs:
         raise ValueError("no prompt pairs")
@@ -342,14 +345,19 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
         return EndReadout(torch.zeros(0, len(pairs), dtype=torch.bool), torch.zeros(0, len(pairs)))
     answers = torch.tensor([p.answer_id for p in pairs])
     right = torch.zeros(len(distinct), len(pairs), dtype=torch.bool)
-    margin = torch.zeros(len(distinct), len(pairs))
+    margin = torch.full((len(distinct), len(pairs)), float("nan"))
     heads_all, mlps_all = head_masks(distinct, L, H)
+    at = {ko: i for i, ko in enumerate(distinct)}
+    row = [at[ko] for ko in valid]  # each knockout's distinct set
+    want = torch.zeros(len(distinct), len(pairs), dtype=torch.bool)  # the (distinct set, prompt) readouts asked
+    for k, j in enumerate(row):
+        want[j] |= True if cells is None else cells[k].to(torch.bool)
     continues = means is None and backend.continues
     chunks = shared_prefix_chunks(pairs, tokens_per_pass) if continues else length_chunks(pairs, tokens_per_pass)
     if sets_per_pass is None and _padding_pays(backend, pairs, len(distinct), len(chunks), tokens_per_pass):
         chunks, continues = [list(range(len(pairs)))], False  # small work on a small model: one padded pass
     pad_token = pad_id(backend)
-    total, done = len(distinct) * len(chunks), 0
+    total, done = int(want.sum()), 0
     for idx in chunks:
         chunk = [pairs[i] for i in idx]
         ids, mask, end = pad([p.ref_ids for p in chunk], pad_token)  # [n, width]; no padding within a length chunk
@@ -362,27 +370,26 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
             cf, _, _ = pad([p.cf_ids for p in chunk], pad_token)
             lg_c, z_cf, mlp_cf = cf_activations(backend, cf, mask, end)
         run = _continued(backend, ids, cf, lg_c, start, len(distinct)) if start else None
-        for g in range(0, len(distinct), per_pass):
-            m = min(per_pass, len(distinct) - g)
-            hm = heads_all[g:g + m].repeat_interleave(n, 0)  # [m * n, L, H]: set-major rows
-            mm = mlps_all[g:g + m].repeat_interleave(n, 0)
-            ablated = (knocked_out_rows(backend, hm, mm, means, [p.template for p in chunk] * m, end.tolist() * m)
+        sets, prompts = want[:, idx].nonzero(as_tuple=True)  # [rows]: set-major (distinct set, chunk prompt)
+        for g in range(0, len(sets), per_pass * n):
+            js, ps = sets[g:g + per_pass * n], prompts[g:g + per_pass * n]  # [rows] each
+            hm, mm = heads_all[js], mlps_all[js]  # [rows, L, H], [rows, L]
+            ablated = (knocked_out_rows(backend, hm, mm, means, [chunk[i].template for i in ps.tolist()],
+                                        end[ps].tolist())
                        if means is not None
-                       else counterfactual_rows(backend, hm, mm, z_cf, mlp_cf, m, 0 if run is None else start))
+                       else counterfactual_rows(backend, hm, mm, z_cf, mlp_cf, ps, 0 if run is None else start))
             with ablated:
                 if run is None:
-                    lg = backend.end_logits(ids.repeat(m, 1), None if mask is None else mask.repeat(m, 1),
-                                            end.repeat(m)).float()  # [m * n, vocab]
+                    lg = backend.end_logits(ids[ps], None if mask is None else mask[ps], end[ps]).float()
                 else:  # positions start .. END of every row, after X_r's first ``start`` keys and values
-                    lg = backend.continue_end_logits(run, torch.arange(n).repeat(m), ids[:, start:].repeat(m, 1),
-                                                     start=start).float()
-            ans = answers[idx].repeat(m).to(lg.device)  # [m * n]
-            right[g:g + m, idx] = (lg.argmax(-1) == ans).cpu().view(m, n)
-            margin[g:g + m, idx] = (lg.gather(1, ans[:, None])[:, 0] - lg.mean(-1)).cpu().view(m, n)
-            done += m
+                    lg = backend.continue_end_logits(run, ps, ids[ps, start:], start=start).float()  # [rows, vocab]
+            cols = torch.tensor(idx)[ps]
+            ans = answers[cols].to(lg.device)  # [rows]
+            right[js, cols] = (lg.argmax(-1) == ans).cpu()
+            margin[js, cols] = (lg.gather(1, ans[:, None])[:, 0] - lg.mean(-1)).cpu()
+            done += len(js)
             if progress is not None:
                 progress(done, total)
-    row = [{ko: i for i, ko in enumerate(distinct)}[ko] for ko in valid]
     return EndReadout(right[row], margin[row])
 
 
