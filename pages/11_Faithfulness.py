@@ -26,7 +26,9 @@ prompt_caption()
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 c1, c2, c3 = st.columns(3)
-draws = c1.slider("Random orders (the random ranking)", 2, 20, RANDOM_DRAWS)
+draws = c1.slider("Random orders (the random ranking)", 2, 20, RANDOM_DRAWS,
+                  help="Prompt pair i is read under random order i mod this number: more orders mix more random "
+                       "circuits into the random curve, at the same cost.")
 ablation = c2.radio("Outside the circuit", ABLATIONS, horizontal=True, key="faith_ablation",
                     format_func={"counterfactual": "the pair's own counterfactual",
                                  "mean": "mean over the counterfactuals"}.get,
@@ -44,8 +46,9 @@ if table is None:
     if not st.button("Compute the curves", key="faithfulness_go",
                      help="Path patching and attribution patching rank the components; each circuit is one "
                           "END-only evaluation, several per forward pass; the result is cached."):
-        st.info(f"The curves evaluate {11 * (2 + draws)} circuits of the {len(pairs)} prompts: press the button "
-                "to compute them (they are read from the cache once computed).")
+        st.info(f"The curves evaluate 11 circuit sizes for each of three rankings on the {len(pairs)} prompts "
+                f"(the random ranking: each prompt under one of {draws} random orders): press the button to compute "
+                "them (they are read from the cache once computed).")
         st.stop()
     table, _ = run_with_progress("Evaluating circuits", "compute the faithfulness curves",
                                  lambda cb: cached_faithfulness(model, pairs, draws=draws, ablation=ablation,

@@ -10,7 +10,9 @@ The paper validates its key heads one knockout at a time (Fig. 3).  The field no
      the component's END output from X_c, every other head frozen at X_r);
    * ``atp``    -- |mean of its attribution-patching estimate| (:func:`engine.techniques.attribution.path_atp`:
      the same quantity to first order, one backward pass);
-   * ``random`` -- ``RANDOM_DRAWS`` random orders (seeded); its curve is the mean of theirs.
+   * ``random`` -- ``RANDOM_DRAWS`` random orders (seeded), pair i under order i mod ``RANDOM_DRAWS``
+     (:func:`circuit_for`): every pair is read under one random circuit of each size, so the random ranking costs
+     what one ranking costs, and its curve is the mean over the pairs like the others'.
 
 3. **Circuits.**  For each size x of MIB's grid (``SIZES``: 0, 0.1 %, 0.2 %, 0.5 %, 1 %, 2 %, 5 %, 10 %, 20 %, 50 %,
    100 %), the circuit C keeps the top k = floor(x N) components ("no more than x", as MIB's submissions) and every
@@ -29,10 +31,11 @@ The paper validates its key heads one knockout at a time (Fig. 3).  The field no
    f (higher is better), and CMD, the area between f and 1, |1 - f| (lower is better).
 7. **Intervals.**  Every f(x), CPR and CMD with a percentile bootstrap over the prompt pairs
    (:mod:`engine.techniques.intervals`: ``RESAMPLES`` resamples, seeded), from the stored per-pair readouts -- no
-   forward pass again.  The random ranking's interval is over the pairs only (its draws are fixed).
+   forward pass again.  Resampling the pairs resamples the random ranking's orders with them.
 
-Cost: one END-only forward pass per distinct circuit and prompt chunk, several circuits per pass
-(:func:`engine.techniques.knockout.knockout_end`); the x = 0 and x = 1 circuits are shared by every ranking.
+Cost: one END-only readout per distinct circuit and pair it applies to, several circuits per pass
+(:func:`engine.techniques.knockout.knockout_end` with its ``cells``); the x = 0 and x = 1 circuits are shared by
+every ranking.
 
 The circuit of one ranking can be written in MIB's submission format (:func:`mib_graph`): the JSON that EAP-IG's
 ``Graph.from_json`` reads (``EAP-IG/src/eap/graph.py`` in MIB's circuit-track repository): ``cfg``, ``nodes``
@@ -250,21 +253,45 @@ class FaithRaw:
     margin: np.ndarray   # [S, P] float32
     scores: dict[str, np.ndarray]  # ranking -> [N] component scores (exact, atp)
     orders: dict[str, list[np.ndarray]]
+    n_layers: int
+    n_heads: int
 
 
 def faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray],
                  means: MeanActivations | None, *, draws: int = RANDOM_DRAWS, seed: int = SEED,
                  sizes: Sequence[float] = SIZES, progress: ProgressFn | None = None) -> FaithRaw:
-    """Evaluate every circuit of every ranking (``scores``: ranking -> [N]; plus ``draws`` random orders); the
-    components outside a circuit take their mean over X_c (``means``) or, ``means`` None, their value on the
-    pair's own X_c."""
+    """Evaluate every circuit of every ranking (``scores``: ranking -> [N]; plus ``draws`` random orders, pair i
+    under order i mod ``draws``); the components outside a circuit take their mean over X_c (``means``) or,
+    ``means`` None, their value on the pair's own X_c.  The random ranking's rows: one per size, each pair's
+    readout under its own order's circuit."""
     L, H = backend.facts.n_layers, backend.facts.n_heads
     n = L * H + L
     orders = {name: [order_of(s)] for name, s in scores.items()}
     orders["random"] = random_orders(n, draws, seed)
     circuits, kos = plan(orders, L, H, sizes)
-    out = knockout_end(backend, pairs, kos, means, progress=progress)
-    return FaithRaw(circuits, out.right.numpy(), out.margin.numpy(), dict(scores), orders)
+    draw = np.arange(len(pairs)) % draws  # [P]: the random order each pair is read under
+    cells = np.stack([draw == c.draw if c.ranking == "random" else np.ones(len(pairs), bool) for c in circuits])
+    out = knockout_end(backend, pairs, kos, means, cells=torch.from_numpy(cells), progress=progress)
+    keep = [i for i, c in enumerate(circuits) if c.ranking != "random" or c.draw == 0]  # one random row per size
+    right, margin = out.right.numpy(), out.margin.numpy()
+    for i in keep:
+        if circuits[i].ranking == "random":  # each pair's readout under its own order's circuit of this size
+            row_of = {c.draw: j for j, c in enumerate(circuits) if c.ranking == "random" and c.size == circuits[i].size}
+            pick = np.array([row_of[d] for d in draw])  # [P]
+            right[i], margin[i] = right[pick, np.arange(len(pairs))], margin[pick, np.arange(len(pairs))]
+    return FaithRaw([circuits[i] for i in keep], right[keep], margin[keep], dict(scores), orders, L, H)
+
+
+def circuit_for(raw: FaithRaw, circuit: Circuit, pair: int) -> Knockout:
+    """The knockout that ``circuit`` of ``raw`` applies to pair number ``pair`` (a random circuit: the pair's own
+    order, ``pair`` mod the number of orders)."""
+    L, H = raw.n_layers, raw.n_heads
+    if circuit.ranking == "model":
+        return Knockout()
+    if circuit.ranking == "empty":
+        return circuit_knockout(np.arange(L * H + L), 0, L, H)
+    draws = raw.orders[circuit.ranking]
+    return circuit_knockout(draws[pair % len(draws)], circuit.k, L, H)
 
 
 @dataclass
@@ -306,7 +333,8 @@ def cached_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], *, d
         raise ValueError(f"unknown ablation {ablation!r}: choose from {', '.join(ABLATIONS)}")
     f = backend.facts
     params = {"sizes": list(SIZES), "draws": draws, "seed": seed, "dtype": f.dtype,
-              "rankings": "exact |mean logit_diff| (path patching), atp |mean| (path AtP), random",
+              "rankings": "exact |mean logit_diff| (path patching), atp |mean| (path AtP), "
+                          "random (pair i under order i mod draws)",
               "ablation": {"counterfactual": "the pair's own X_c, every position",
                            "mean": "mean over X_c, per template, END-aligned"}[ablation],
               "metric": "answer logit - mean logit; accuracy",

@@ -48,13 +48,16 @@ def test_readouts_equal_a_per_pair_loop(organism, pairs, ablation):
     scores = {"exact": np.arange(L * H + L, dtype=float)[::-1].copy()}
     means = mean_activations(organism, sub) if ablation == "mean" else None
     raw = F.faithfulness(organism, sub, scores, means, draws=2, sizes=(0.0, 0.1, 0.5, 1.0))
-    _, kos = F.plan(raw.orders, L, H, (0.0, 0.1, 0.5, 1.0))
-    for s, ko in enumerate(kos):
-        for i, p in enumerate(sub):
+    assert [c.ranking for c in raw.circuits] == ["model", "empty"] + ["exact"] * 4 + ["random"] * 4
+    for s, c in enumerate(raw.circuits):
+        for i, p in enumerate(sub):  # a random circuit: the pair's own order (pair i: order i mod 2)
+            ko = F.circuit_for(raw, c, i)
             right, margin = (interchange_margin_full_logits(organism, p, ko) if means is None
                              else mean_ablated_margin_full_logits(organism, p, ko, means))
             assert bool(raw.right[s, i]) == right
             assert abs(float(raw.margin[s, i]) - margin) < 1e-4 * max(1.0, abs(margin)), (s, i)
+    ko0 = F.circuit_for(raw, raw.circuits[-2], 0)  # the two orders' circuits of one size differ
+    assert ko0 != F.circuit_for(raw, raw.circuits[-2], 1) and ko0 == F.circuit_for(raw, raw.circuits[-2], 2)
 
 
 def test_exact_circuits_beat_random_ones_on_the_bundled_model(organism, pairs, tmp_path):
