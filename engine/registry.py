@@ -178,7 +178,8 @@ TECHNIQUES: tuple[Technique, ...] = (
         "faithfulness", "Circuit faithfulness (MIB)",
         "faithfulness curves, CPR and CMD of the exact, AtP and random rankings' circuits -> CSV", "faithfulness",
         (out("output .csv, one row per ranking, metric and circuit size"),
-         opt("--draws", type=positive_int, default=5, help="random orders of the random ranking, pair i under order i mod this (default 5)"),
+         opt("--draws", type=positive_int, default=5,
+             help="random orders of the random ranking, pair i under order i mod this (default 5)"),
          opt("--ablation", choices=("counterfactual", "mean"), default="counterfactual",
              help="what a component outside the circuit takes: its value on the pair's own X_c (default, MIB's "
                   "patching) or its mean over X_c (the knockouts' mean ablation)"),

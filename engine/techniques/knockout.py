@@ -330,9 +330,10 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
     prompts go in chunks of equal length (no padding, see :func:`length_chunks`), and several sets
     share one forward pass (the chunk's rows repeated, each copy with its own head mask): ``sets_per_pass``
     of them, or as many as fit ``tokens_per_pass``.  So the forward passes number, per chunk,
-    ceil(distinct sets / sets per pass) (fewer with ``cells``: a pass carries as many rows).  Work that fits one pass anyway (every set x every prompt,
-    padded, within ``tokens_per_pass``; ``sets_per_pass`` not given) is one padded pass when the
-    padding costs less than the calls it saves (:func:`_padding_pays`: a small model).
+    ceil(distinct sets / sets per pass) (fewer with ``cells``: a pass carries as many rows).  Work that fits
+    one pass anyway (every set x every prompt, padded, within ``tokens_per_pass``; ``sets_per_pass`` not given)
+    is one padded pass when the padding costs less than the calls it saves (:func:`_padding_pays`: a small
+    model).
     ``progress(done, total)`` is called after every pass (readouts so far, of every asked one); an exception
     raised there stops the computation.
     """
