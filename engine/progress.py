@@ -115,6 +115,18 @@ class CliBar:
             self._bar.total = total
         self._bar.update(done - self._bar.n)
 
+    def relabel(self, label: str) -> None:
+        """What the bar is computing now (its description)."""
+        self.label = label
+        if self._bar is not None:
+            self._bar.set_description(label)
+
+    def note(self, line: str) -> None:
+        """One line above the bar (nothing when the bar is off)."""
+        if self.enabled:
+            from tqdm import tqdm
+            tqdm.write(line, file=sys.stderr)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any
+from typing import Any, Callable
 
 from engine.paths import REPO_ROOT
 from engine.progress import ProgressFn
@@ -63,10 +63,11 @@ def versions() -> dict[str, str]:
 
 
 def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: int = 3, paper: bool = False,
-                 second=None, progress: ProgressFn | None = None) -> Report:
+                 second=None, progress: ProgressFn | None = None, paper_progress: ProgressFn | None = None,
+                 on_row: Callable[[str], None] | None = None) -> Report:
     """Every number of the report for ``model`` on the prompt set ``spec`` (cached where possible); with
     ``paper``, also the paper's findings one row each (:func:`engine.findings.paper.reproduce`, ``second``:
-    a second loaded model for Fig. 12)."""
+    a second loaded model for Fig. 12; ``paper_progress`` and ``on_row`` its progress and finished rows)."""
     from engine.techniques.accuracy import kept_pairs
     from engine.techniques.attention import cached_role_attention
     from engine.techniques.circuit import circuit_diagram
@@ -112,7 +113,8 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     findings = []
     if paper:
         from engine.findings.paper import reproduce
-        findings = [r.to_json() for r in reproduce(model, spec, cache, second=second)]
+        findings = [r.to_json() for r in reproduce(model, spec, cache, second=second, progress=paper_progress,
+                                                   on_row=on_row)]
     return Report(
         title=f"Arithmetic circuits of {f.spec}",
         created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -86,3 +86,27 @@ def test_a_page_computation_survives_a_short_disconnect(monkeypatch):
     assert bar.reason() is None
     clock[0] += progress.GONE_GRACE_S
     assert bar.reason() == "gone"
+
+
+def test_reproduce_names_the_row_it_computes_and_times_each_finished_one():
+    """`engine reproduce`'s bar: a line per finished row with its seconds, the bar named after the next row."""
+    from engine.cli.commands.reproduce import row_timer
+    from engine.findings.paper import checked_steps
+
+    class Bar:
+        def __init__(self):
+            self.notes, self.labels = [], []
+
+        def note(self, line):
+            self.notes.append(line)
+
+        def relabel(self, label):
+            self.labels.append(label)
+    bar = Bar()
+    done = row_timer(bar)
+    keys = [s.key for s in checked_steps()]
+    for key in ["inputs"] + keys:
+        done(key)
+    assert [n.rsplit(":", 1)[0] for n in bar.notes] == ["the report and the prompt sets"] + keys
+    assert all(n.endswith(" s") for n in bar.notes)
+    assert bar.labels == [f"reproduce: {k}" for k in keys]  # after the last row: no next label
