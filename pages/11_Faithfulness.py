@@ -46,7 +46,7 @@ if table is None:
     if not st.button("Compute the curves", key="faithfulness_go",
                      help="Path patching and attribution patching rank the components; each circuit is one "
                           "END-only evaluation, several per forward pass; the result is cached."):
-        st.info(f"The curves evaluate 11 circuit sizes for each of three rankings on the {len(pairs)} prompts "
+        st.info(f"The curves evaluate the circuits of 11 sizes for each of three rankings on the {len(pairs)} prompts "
                 f"(the random ranking: each prompt under one of {draws} random orders): press the button to compute "
                 "them (they are read from the cache once computed).")
         st.stop()

@@ -93,7 +93,8 @@ def knockout_curve_chart(cdf: pd.DataFrame) -> alt.Chart:
         y=alt.Y("acc:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%")))
 
 
-FAITH_SERIES = {"exact": "exact path patching", "atp": "attribution patching (AtP)", "random": "random (mean of draws)"}
+FAITH_SERIES = {"exact": "exact path patching", "atp": "attribution patching (AtP)",
+                "random": "random (one order per pair)"}
 
 
 def faithfulness_chart(fdf: pd.DataFrame, metric_title: str) -> alt.Chart:

@@ -199,7 +199,8 @@ def resample_indices(n: int, resamples: int = RESAMPLES, seed: int = SEED) -> np
 
 def curves(values: np.ndarray, circuits: Sequence[Circuit], sizes: Sequence[float], idx: np.ndarray
            ) -> dict[str, np.ndarray]:
-    """Per ranking, f [R, len(sizes)] on each row of ``idx`` (the pairs of one resample); random: mean of draws.
+    """Per ranking, f [R, len(sizes)] on each row of ``idx`` (the pairs of one resample); several draws of a
+    ranking: their mean.
 
     values: [S, P] one metric per circuit and pair, in the order of ``circuits``."""
     means = values[:, idx].mean(-1)                       # [S, R]: the metric's mean over each resample's pairs

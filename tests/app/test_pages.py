@@ -144,7 +144,8 @@ def test_faithfulness_page_on_demand_then_cached():
     _ok(at)
     assert _charts(at) == 1
     scores = at.dataframe[0].value
-    assert list(scores["ranking"]) == ["exact path patching", "attribution patching (AtP)", "random (mean of draws)"]
+    assert list(scores["ranking"]) == ["exact path patching", "attribution patching (AtP)",
+                                       "random (one order per pair)"]
     assert all("[" in v for v in scores["CPR"])  # every CPR with its interval
     at.radio(key="faith_metric").set_value("accuracy").run()  # another metric: read from the same cached result
     _ok(at)
