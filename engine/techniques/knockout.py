@@ -372,6 +372,7 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
             lg_c, z_cf, mlp_cf = cf_activations(backend, cf, mask, end)
         run = _continued(backend, ids, cf, lg_c, start, len(distinct)) if start else None
         sets, prompts = want[:, idx].nonzero(as_tuple=True)  # [rows]: set-major (distinct set, chunk prompt)
+        columns = torch.tensor(idx)  # [n]: the chunk's prompts among all pairs
         for g in range(0, len(sets), per_pass * n):
             js, ps = sets[g:g + per_pass * n], prompts[g:g + per_pass * n]  # [rows] each
             hm, mm = heads_all[js], mlps_all[js]  # [rows, L, H], [rows, L]
@@ -384,7 +385,7 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
                     lg = backend.end_logits(ids[ps], None if mask is None else mask[ps], end[ps]).float()
                 else:  # positions start .. END of every row, after X_r's first ``start`` keys and values
                     lg = backend.continue_end_logits(run, ps, ids[ps, start:], start=start).float()  # [rows, vocab]
-            cols = torch.tensor(idx)[ps]
+            cols = columns[ps]
             ans = answers[cols].to(lg.device)  # [rows]
             right[js, cols] = (lg.argmax(-1) == ans).cpu()
             margin[js, cols] = (lg.gather(1, ans[:, None])[:, 0] - lg.mean(-1)).cpu()

@@ -36,6 +36,7 @@ OPERATION_WORDS = ("more", "less", "fewer", "left", "total", "altogether", "each
                    "plus", "minus", "per", "divided", "multiplied", "shared", "split", "together")
 _OP_RE = re.compile(r"\b(" + "|".join(OPERATION_WORDS) + r")\b", re.IGNORECASE)
 SUFFIX = " The answer is"
+PP_BATCH = 32  # cached_path_patching's default: its progress counts batches of 32 pairs
 
 
 def benchmark_pairs(tokenizer, data_dir: str | Path, bench: str, n: int, seed: int = 0,
@@ -121,8 +122,6 @@ def transfer(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b: Sequ
         stages.finish(2 + i)
     return TransferResult(k, sets[0], sets[1], *overlap(tops[0], tops[1]))
 
-
-PP_BATCH = 32  # cached_path_patching's default: its progress counts batches of 32 pairs
 
 
 def top_heads_of(backend: ModelBackend, pairs: Sequence[PromptPair], k: int, *, cache=None,
