@@ -16,6 +16,14 @@ LINE_LEGEND = alt.Legend(orient="bottom", direction="vertical", labelLimit=0, ti
                          symbolStrokeWidth=3, symbolOpacity=1)
 
 
+def stretched(chart):
+    """A single or layered chart that a page shows at its full width (``width="stretch"``) with its ``height`` kept
+    for the plot: the width fits the page and the legend and axis titles go below the plot.  Without it Streamlit
+    fits the whole chart, legend included, into ``height``, and a legend below the plot squeezes the plot to a line.
+    Apply it to the outermost chart (facets and concatenations are laid out at their own size anyway)."""
+    return chart.properties(autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
+
+
 def display_token(token: str) -> str:
     """A tokenizer piece as a reader sees it: leading-space markers as ␣, newlines as ⏎."""
     return token.replace("Ġ", "␣").replace("▁", "␣").replace("Ċ", "⏎").replace("\n", "⏎")
@@ -106,14 +114,14 @@ def ranked_bars(df: pd.DataFrame, title: str = "probability") -> alt.Chart:
 def template_bars(df: pd.DataFrame) -> alt.Chart:
     """First-token accuracy per template, every template name shown in full (one row each, no label
     dropped or cut).  ``df`` columns: op, template, n, first_token, full_answer."""
-    return alt.Chart(df).mark_bar().encode(
+    return stretched(alt.Chart(df).mark_bar().encode(
         x=alt.X("first_token:Q", title="first-token accuracy", scale=alt.Scale(domain=[0, 1]),
                 axis=alt.Axis(format="%")),
         y=alt.Y("template:N", sort=None, title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
         color=alt.Color("op:N", title="operation", scale=alt.Scale(range=list(PALETTE)), legend=LEGEND),
         tooltip=["op", "template", "n", alt.Tooltip("first_token:Q", format=".1%"),
                  alt.Tooltip("full_answer:Q", format=".1%")],
-    ).properties(height=22 * len(df) + 20)
+    ).properties(height=22 * len(df) + 20))
 
 
 def grouped_bars(df: pd.DataFrame, x: str, y: str, color: str, title: str) -> alt.Chart:

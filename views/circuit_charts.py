@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from views.charts import HEAD_SELECTION
+from views.charts import HEAD_SELECTION, stretched
 
 
 def exact_vs_estimate(df: pd.DataFrame, exact: str, estimate: str, metric: str) -> alt.Chart:
@@ -88,9 +88,9 @@ def knockout_curve_chart(cdf: pd.DataFrame) -> alt.Chart:
             pd.DataFrame({"k": cdf.k, "series": RANDOM_SERIES, "acc": cdf.random_mean,
                           "lo": cdf.random_mean - cdf.random_std, "hi": cdf.random_mean + cdf.random_std}),
         ])
-    return lines_with_band(long, "k", "acc", "lo", "hi", "series", "first-token accuracy", main=TOP_K_SERIES,
-                           yfmt=".1%").encode(
-        y=alt.Y("acc:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%")))
+    return stretched(lines_with_band(long, "k", "acc", "lo", "hi", "series", "first-token accuracy", main=TOP_K_SERIES,
+                                     yfmt=".1%").encode(
+        y=alt.Y("acc:Q", scale=alt.Scale(domain=[0, 1]), axis=alt.Axis(format="%"))))
 
 
 FAITH_SERIES = {"exact": "exact path patching", "atp": "attribution patching (AtP)",
@@ -108,7 +108,7 @@ def faithfulness_chart(fdf: pd.DataFrame, metric_title: str) -> alt.Chart:
                             main=FAITH_SERIES["exact"], yfmt=".2f", xsort=list(dict.fromkeys(long.kept)),
                             xtitle="components kept (share of heads and MLPs)")
     one = alt.Chart(pd.DataFrame({"f": [1.0]})).mark_rule(strokeDash=[4, 4], color="#888").encode(y="f:Q")
-    return chart + one
+    return stretched(chart + one)
 
 
 def stability_chart(sdf: pd.DataFrame, k: int) -> alt.Chart:
@@ -138,4 +138,4 @@ def carries_chart(cdf: pd.DataFrame, metric: str) -> alt.Chart:
         tooltip=["name", "kind", alt.Tooltip("value:Q", format=".4f"), alt.Tooltip("low:Q", format=".4f"),
                  alt.Tooltip("high:Q", format=".4f"), "n"])
     rules = base.mark_rule(color="black").encode(y="low:Q", y2="high:Q")
-    return (bars + rules).properties(height=300)
+    return stretched((bars + rules).properties(height=300))

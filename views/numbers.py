@@ -8,7 +8,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from views.charts import LINE_LEGEND, PALETTE
+from views.charts import LEGEND, LINE_LEGEND, PALETTE, stretched
 
 POSITION_ORDER = ("END", "A", "B")
 TARGET_COLORS = alt.Scale(domain=["A", "B", "C"], range=[PALETTE[1], PALETTE[2], PALETTE[0]])
@@ -49,13 +49,13 @@ def kappa_lines(df: pd.DataFrame) -> alt.Chart:
                       "n_prompts": mods["n_prompts"]}),
         pd.DataFrame({"layer": mods["layer"], "T": mods["method"].str[3:], "kind": "shuffled labels",
                       "kappa": mods["baseline"], "n_prompts": mods["n_prompts"]})])
-    return alt.Chart(long).mark_line(point=True).encode(
+    return stretched(alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("layer:O", title="layer (-1 = embedding)"),
         y=alt.Y("kappa:Q", title="held-out Cohen's κ of C mod T", scale=alt.Scale(domain=[-0.2, 1], clamp=True)),
         color=alt.Color("T:N", title="T", sort=["2", "5", "10", "100"], legend=LINE_LEGEND),
         strokeDash=alt.StrokeDash("kind:N", legend=alt.Legend(orient="bottom", title=None)),
         tooltip=["layer", "T", "kind", alt.Tooltip("kappa:Q", format=".3f"), "n_prompts"],
-    ).properties(width=560, height=220)
+    ).properties(height=220))
 
 
 def spectrum_bars(df: pd.DataFrame) -> alt.FacetChart:
@@ -85,12 +85,12 @@ def helix_lines(df: pd.DataFrame, position: str, target: str) -> alt.Chart:
         pd.DataFrame({"layer": means["layer"], "fit": "class means (any function of n)", "R2": means["score"]}),
         pd.DataFrame({"layer": means["layer"], "fit": "class means, shuffled labels", "R2": means["baseline"]}),
     ])
-    return alt.Chart(long).mark_line(point=True).encode(
+    return stretched(alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("layer:O", title="layer (-1 = embedding)"),
         y=alt.Y("R2:Q", title="R² of the residual stream (in-sample)", scale=alt.Scale(domain=[0, 1], clamp=True)),
         color=alt.Color("fit:N", scale=alt.Scale(range=list(PALETTE[:5])), legend=LINE_LEGEND),
         tooltip=["layer", "fit", alt.Tooltip("R2:Q", format=".3f")],
-    ).properties(height=260)
+    ).properties(height=260))
 
 
 def circle_scatter(df: pd.DataFrame) -> alt.LayerChart:
@@ -112,13 +112,13 @@ def causal_bars(df: pd.DataFrame) -> alt.Chart:
     long = df.melt(id_vars=["method", "layer", "n_prompts"], value_vars=["success", "stays"], var_name="outcome",
                    value_name="rate")
     long["outcome"] = long["outcome"].map({"success": "top token becomes C'", "stays": "top token stays C"})
-    return alt.Chart(long).mark_bar().encode(
+    return stretched(alt.Chart(long).mark_bar().encode(
         x=alt.X("rate:Q", title="fraction of prompts", scale=alt.Scale(domain=[0, 1])),
         y=alt.Y("method:N", title=None),
-        color=alt.Color("outcome:N", scale=alt.Scale(range=[PALETTE[0], PALETTE[1]]), legend=LINE_LEGEND),
+        color=alt.Color("outcome:N", scale=alt.Scale(range=[PALETTE[0], PALETTE[1]]), legend=LEGEND),
         yOffset="outcome:N",
         tooltip=["method", "outcome", alt.Tooltip("rate:Q", format=".1%"), "n_prompts", "layer"],
-    ).properties(height=140)
+    ).properties(height=140))
 
 
 def digit_lines(df: pd.DataFrame) -> alt.FacetChart:
@@ -158,4 +158,4 @@ def patch_bars(df: pd.DataFrame) -> alt.LayerChart:
                  alt.Tooltip("recovered:Q", format=".2f"), "rank", "n_prompts"])
     rules = alt.Chart(df).mark_rule(color="black").encode(
         x="success_low:Q", x2="success_high:Q", y=alt.Y("method:N", sort=order))
-    return alt.layer(bars, rules).properties(height=170)
+    return stretched(alt.layer(bars, rules).properties(height=170))

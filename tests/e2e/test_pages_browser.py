@@ -118,3 +118,30 @@ def test_two_sessions_computing_the_same_result_at_once(server, browser):
     finally:
         for ctx, _ in pages:
             ctx.close()
+
+
+#: the y-axis label spans of every visible chart (pixels): a plot squeezed by its own legend has none left
+PLOT_SPANS = """(el) => [...el.querySelectorAll('svg g.role-axis[aria-label^="Y-axis"]')].map(g => {
+    const labels = g.querySelector('.role-axis-label'); return (labels || g).getBoundingClientRect().height; })"""
+
+
+def test_every_chart_keeps_its_plot_area(server, page):
+    """A chart stretched to the page keeps its height for the plot: the legend below it does not squeeze the plot to
+    a line (the Numbers page's single-panel charts and the Faithfulness curves once drew flat, with no y labels)."""
+    checked = 0
+    for path, marker in (("Numbers", "Linear probes"), ("Faithfulness", "Compute the curves"), ("Home", "Model")):
+        _goto(page, server, path)
+        page.get_by_text(marker).first.wait_for(timeout=WAIT)
+        _idle(page)
+        charts = page.locator("[data-testid='stVegaLiteChart']")
+        for i in range(charts.count()):
+            chart = charts.nth(i)
+            if not chart.is_visible():
+                continue
+            chart.scroll_into_view_if_needed()
+            page.wait_for_function("(el) => el.querySelector('svg') !== null", arg=chart.element_handle(),
+                                   timeout=60_000)
+            spans = chart.evaluate(PLOT_SPANS)
+            assert all(s >= 40 for s in spans), (path, i, spans)
+            checked += len(spans)
+    assert checked >= 9, checked  # the Numbers page alone draws nine charts with a y axis
