@@ -511,10 +511,14 @@ class Sparsity:
     n: int              # all heads
     share: Interval     # their share of sum over heads |mean logit_diff|, with its bootstrap interval
     null: float         # the same share's NULL_QUANTILE with each pair's head labels shuffled
+    pairs: int          # the prompt pairs it is measured on
 
     def holds(self) -> bool | None:
         """True: the share's whole interval lies above the null's quantile; False: the share itself does not
-        exceed it (what effects spread over the heads give); None: the share does, its interval does not."""
+        exceed it (what effects spread over the heads give); None: the share does, its interval does not -- or
+        there is one pair, whose shuffled labels give its own share back (the null cannot be told apart)."""
+        if self.pairs < 2:
+            return None
         if self.share.value <= self.null:
             return False
         return self.share.above(self.null) or None
@@ -522,7 +526,8 @@ class Sparsity:
     def text(self) -> str:
         return (f"the top {100 * TOP_HEADS:.0f} % of the heads ({self.k} of {self.n}) carry "
                 f"{self.share.scaled(100).text('{:.0f}', ' %')} of "
-                f"the heads' total effect on the answer logit (shuffled head labels: {100 * self.null:.0f} %)")
+                f"the heads' total effect on the answer logit (shuffled head labels: {100 * self.null:.0f} %"
+                + ("; one pair: shuffling its labels gives the same share, no verdict)" if self.pairs < 2 else ")"))
 
 
 def head_sparsity(raw: PatchingRaw) -> Sparsity:
@@ -533,7 +538,7 @@ def head_sparsity(raw: PatchingRaw) -> Sparsity:
     k = max(1, round(TOP_HEADS * n))
     share = interval(lambda idx: top_share(d[idx], k), d.shape[0])
     null = float(np.quantile(shuffled_null(lambda x: top_share(x, k), d), NULL_QUANTILE))
-    return Sparsity(k, n, share, null)
+    return Sparsity(k, n, share, null, d.shape[0])
 
 
 def finding(model, pairs, cache, table: PatchingTable) -> str:

@@ -103,6 +103,18 @@ def test_the_share_and_its_null_are_plain_numpy(three):
     assert (s.share.low, s.share.high) == pytest.approx(tuple(np.percentile(boots, [2.5, 97.5])), abs=0.015)
 
 
+def test_one_pair_gives_no_sparsity_verdict(three):
+    """With one pair, shuffling its head labels gives its own share back (the share is the same for any order of
+    the heads), so the null equals the share by construction: no verdict, not "does not hold"."""
+    organism = three[0]
+    pairs, _ = kept_pairs(organism, SPEC)
+    one = head_sparsity(path_patching(organism, pairs[:1]))
+    assert one.share.value == pytest.approx(one.null, abs=1e-12)
+    assert one.holds() is None and "one pair" in one.text()
+    two = head_sparsity(path_patching(organism, pairs[:2]))
+    assert two.pairs == 2 and "one pair" not in two.text()
+
+
 def test_paper_rows_read_their_intervals_from_the_cache(three, tmp_path):
     """The per-pair results are stored with each cached result: a second run computes nothing and gives the
     same rows (intervals included)."""
