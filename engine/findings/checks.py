@@ -155,8 +155,9 @@ def faithfulness(ev: Evidence) -> Verdict:
     lab, holds = verdict_text(table)
     return Verdict(lab, holds,
                    "holds when the interval of the exact ranking's CPR minus the random ranking's (the same "
-                   "resampled pairs) lies above 0: keeping the top path-patching components and mean-ablating the "
-                   "rest keeps more of the answer logit than keeping as many random ones, over MIB's sizes "
+                   "resampled pairs) lies above 0: keeping the top path-patching components, and giving every other "
+                   "one its value on the pair's own counterfactual X_c (MIB's counterfactual ablation), keeps more "
+                   "of the answer logit than keeping as many random ones, over MIB's sizes "
                    "(0.1 % ... 100 %). Extends §4.1's Fig. 3 from the heads one at a time to the circuit as a whole")
 
 

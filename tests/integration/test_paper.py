@@ -77,6 +77,12 @@ def test_findings_are_their_techniques_numbers(organism):
     assert rows["transfer"].lab.endswith(f"({len(word)} prompts)")
     n_dec = len(formats["decimals"])
     assert rows["transfer"].holds is not (w_share < 0.5) and f"decimals: only {n_dec} answered" in rows["transfer"].note
+    # the MIB row is the Faithfulness technique's default (counterfactual ablation), and its note says so
+    from engine.techniques.faithfulness import cached_faithfulness, verdict_text
+    cf, _ = cached_faithfulness(organism, pairs, ablation="counterfactual")
+    assert rows["faithfulness"].lab == verdict_text(cf)[0]
+    assert "its value on the pair's own counterfactual X_c" in rows["faithfulness"].note
+    assert "mean-ablat" not in rows["faithfulness"].note
     # rows without their inputs say why
     for key, why in (("power", "exponentiation prompts right"), ("gsm8k", "not available"),
                      ("models", "no second model was given"), ("sft", "no job")):
