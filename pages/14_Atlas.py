@@ -15,11 +15,12 @@ from views.operand_grid import grid_chart
 
 model, spec = setup_page(
     "Atlas",
-    "The arithmetic atlas. One component over the operand grid: every (A, B) of the sidebar's operand range filled "
-    "into one template, with the sidebar's counterfactual. A head shows its END-row attention on A and on B, its "
-    "path-patching value and its direct effect on the answer's logit (the head's output removed from the last "
-    "residual stream only) per pair; an MLP its value and direct effect, a neuron (LAYER.mlp.N) its activation at "
-    "END too. Cells whose column sum carries (or borrows) are outlined; pairs the model answers wrong are crossed.")
+    "The arithmetic atlas. One component over the operand grid: every (A, B) of the prompt set's operands (1 to 9 on "
+    "the dashboard) filled into one template, with the sidebar's counterfactual. A head shows its END-row attention "
+    "on A and on B, its path-patching value and its direct effect on the answer's logit (the head's output removed "
+    "from the last residual stream only) per pair; an MLP its value and direct effect, a neuron (LAYER.mlp.N) its "
+    "activation at END too. Cells whose column sum carries (or borrows) are outlined; pairs the model answers wrong "
+    "are crossed.")
 cache = result_cache()
 f = model.facts
 sel = state.selected()

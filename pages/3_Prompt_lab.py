@@ -56,7 +56,8 @@ with c2:
         st.markdown(f"Counterfactual: `{p.cf_text}`")
         if st.button("Analyse its template on every page", key="lab_template",
                      help="Its operands become {A} and {B} and its operator is marked: every operand pair of the "
-                          "sidebar's range fills it, and every page runs on the prompts the model answers right."):
+                          "prompt set's range (1 to 9) fills it, and every page runs on the prompts the model "
+                          "answers right."):
             use_typed_template(text, result_cache())
             st.rerun()
         if rep.p_answer_cf is not None:

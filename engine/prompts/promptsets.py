@@ -239,9 +239,8 @@ class AnswerTokenStats:
             return None
         return (f"{self.top_share:.0%} of the {self.top_op} prompts have the same first answer token "
                 f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. "
-                f"Use a balanced set (the default; the CLI's --no-balance turns it off); if it is balanced "
-                f"already, keeping only the prompts the model answers right unbalanced it: use more prompts or "
-                f"other operations.")
+                f"Balance the set's first answer tokens (on by default); if it is balanced already, keeping "
+                f"only the prompts the model answers right unbalanced it: use more prompts or other operations.")
 
     def summary(self) -> str:
         """One line (Markdown) for the pages: each token with its count and share."""
