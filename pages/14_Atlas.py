@@ -79,9 +79,13 @@ if out is not None:
         c = run_with_progress("Checking the tagged neurons as a circuit", "check the tagged neurons",
                               lambda cb: neuron_circuit(model, spec, tags, template=template), key="atlas_circuit")
         if c is not None:
+            faith = (f"faithfulness {c.faithfulness.text()}" if c.measurable else
+                     f"faithfulness not measurable here: the whole layer's neurons at their mean change m by only "
+                     f"{c.layer_effect.text()} (m(M) − m(∅), its interval reaches 0), so "
+                     f"f = {c.faithfulness.value:.2f} divides by about nothing")
             st.markdown(
                 f"**The {len(c.neurons)} tagged neurons as a circuit** ({c.n_pairs} pairs answered right): "
-                f"faithfulness {c.faithfulness.text()} — the other neurons of MLP {c.layer} at their mean over the "
+                f"{faith} — the other neurons of MLP {c.layer} at their mean over the "
                 f"counterfactuals at END, f = (m(C) − m(∅)) / (m(M) − m(∅)), m = answer logit − mean logit; "
                 f"steering {c.steering.scaled(100).text('{:.0f}', ' %')} of {c.n_steer} pairs — the tagged neurons "
                 f"set to their mean for another answer make the model predict that answer's first token.")

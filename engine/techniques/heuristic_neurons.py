@@ -167,6 +167,13 @@ class NeuronCircuit:
     faithfulness: Interval  # f = (m(C) - m(0)) / (m(M) - m(0)), m = answer logit - mean logit at END
     n_steer: int
     steering: Interval      # share of pairs whose first answer token becomes the target's
+    layer_effect: Interval  # m(M) - m(0): what mean-ablating every neuron of the layer at END costs the margin
+
+    @property
+    def measurable(self) -> bool:
+        """f divides by ``layer_effect``: it means something only where that interval lies wholly above 0 (the layer's
+        neurons matter at END at all); else f is a ratio of noise to about nothing and is not reported as a result."""
+        return self.layer_effect.above(0.0) is True
 
 
 @torch.no_grad()
@@ -205,7 +212,8 @@ def neuron_circuit(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, te
     * **Faithfulness.**  Every other neuron of the layer takes its mean activation over the grid's X_c at END (mean
       ablation over the counterfactuals, at the position the answer is read); the tagged ones keep their own.  m =
       answer logit - mean logit at END; f = (m(C) - m(0)) / (m(M) - m(0)) with 0 = every neuron of the layer
-      mean-ablated and M = the model, means over the pairs, its interval a bootstrap over the pairs.
+      mean-ablated and M = the model, means over the pairs, its interval a bootstrap over the pairs.  It is
+      :attr:`NeuronCircuit.measurable` only where the interval of m(M) - m(0) lies above 0.
     * **Steering.**  For each pair, the target is the next answer of the grid (in grid order) with another first
       token; the tagged neurons are set to their mean activation at END over the grid's X_r with that answer; a
       success is the model's top first token becoming the target's.  The share and its bootstrap interval.
@@ -240,6 +248,7 @@ def neuron_circuit(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, te
         den = m_m[i].mean() - m_0[i].mean()
         return float((m_c[i].mean() - m_0[i].mean()) / den) if den != 0 else float("nan")
     faith = interval(f, len(pairs))
+    layer_effect = interval(lambda i: float(m_m[i].mean() - m_0[i].mean()), len(pairs))
 
     by_answer: dict = {}
     for i, p in enumerate(all_pairs):
@@ -261,7 +270,7 @@ def neuron_circuit(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, te
     success = np.array([int(t == g.answer_id) for t, g in zip(top_s, targets)], dtype=float)
     mean, lo, hi = mean_intervals(success[:, None])
     return NeuronCircuit(layer, neurons, len(pairs), faith, len(steer_pairs),
-                         Interval(float(mean[0]), float(lo[0]), float(hi[0])))
+                         Interval(float(mean[0]), float(lo[0]), float(hi[0])), layer_effect)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,6 +290,8 @@ def cli(args, ctx) -> dict:
         c = neuron_circuit(ctx.model, ctx.spec(), rows, template=args.grid_template)
         out["circuit"] = {"neurons": list(c.neurons), "pairs": c.n_pairs,
                           "faithfulness": [c.faithfulness.value, c.faithfulness.low, c.faithfulness.high],
+                          "layer_effect": [c.layer_effect.value, c.layer_effect.low, c.layer_effect.high],
+                          "faithfulness_measurable": c.measurable,
                           "steering_pairs": c.n_steer,
                           "steering_success": [c.steering.value, c.steering.low, c.steering.high]}
     return out

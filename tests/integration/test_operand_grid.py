@@ -194,6 +194,17 @@ def test_the_tagged_neuron_circuit_is_checked_against_its_ends_and_a_plain_hook(
     assert c.neurons == tuple(t.neuron for t in tags if t.tagged) and c.n_pairs == 81
     assert c.faithfulness.low <= c.faithfulness.value <= c.faithfulness.high
     assert 0 <= c.steering.low <= c.steering.value <= c.steering.high <= 1
+    # f's denominator by hand: the margin of the model minus that with every neuron of the layer at its X_c mean
+    from engine.techniques.heuristic_neurons import end_activations, end_margins
+    grid = grid_pairs(organism.tokenizer, SPEC, grid_template(SPEC))
+    m_full, top = end_margins(organism, grid, layer, None)
+    right = [q for q, t in zip(grid, top) if t == q.answer_id]
+    mean_c = end_activations(organism, [q.cf_ids for q in grid], layer).mean(0)
+    m_0, _ = end_margins(organism, right, layer, mean_c.expand(len(right), -1).clone())
+    effect = m_full[[t == q.answer_id for q, t in zip(grid, top)]].mean() - m_0.mean()
+    assert c.layer_effect.value == pytest.approx(effect, abs=1e-9)
+    assert c.measurable == (c.layer_effect.low > 0)
+    assert c.measurable  # on the bundled model the layer's neurons matter at END: its f is a result
     # every neuron of the layer kept: the model itself, f = 1; the circuit is never better than that here
     d_mlp = organism.facts.d_mlp
     every = [dc_replace(tags[0], neuron=n, tagged=True) for n in range(d_mlp)]
