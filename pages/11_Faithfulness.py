@@ -43,13 +43,15 @@ try:
 except NotCached:
     table = None
 if table is None:
-    if not st.button("Compute the curves", key="faithfulness_go",
+    go = st.empty()  # the button goes once pressed: the curves computed, nothing is left to press
+    if not go.button("Compute the curves", key="faithfulness_go",
                      help="Path patching and attribution patching rank the components; each circuit is one "
                           "END-only evaluation, several per forward pass; the result is cached."):
         st.info(f"The curves evaluate the circuits of 11 sizes for each of three rankings on the {len(pairs)} prompts "
                 f"(the random ranking: each prompt under one of {draws} random orders): press the button to compute "
                 "them (they are read from the cache once computed).")
         st.stop()
+    go.empty()
     table, _ = run_with_progress("Evaluating circuits", "compute the faithfulness curves",
                                  lambda cb: cached_faithfulness(model, pairs, draws=draws, ablation=ablation,
                                                                 cache=cache, progress=cb),

@@ -92,11 +92,13 @@ if pts is None:
     fe = curve_cost(model, pairs, ranked, k_max=k_max, draws=draws)
     per_fe = live_s / max(curve_cost(model, pairs, [], k_max=0, draws=1) * (1 if ko.empty else 2), 1e-9)
     label = f"Compute the curve (≈ {fe:.0f} forward passes, ≈ {fe * per_fe:.0f} s)"
-    if not st.button(label, key="knockout_curve_go", help="Each distinct knockout set is evaluated once, "
+    go = st.empty()  # the button goes once pressed: the curve computed, nothing is left to press
+    if not go.button(label, key="knockout_curve_go", help="Each distinct knockout set is evaluated once, "
                      "END-only, several per forward pass; the result is cached."):
         st.info("The curve knocks out the top-k heads and k random heads for every k: press the button to "
                 "compute it (it is read from the cache once computed).")
         st.stop()
+    go.empty()
     pts, _ = run_with_progress("Knocking out", "compute the knockout curve",
                                lambda cb: cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=draws,
                                                                 cache=cache, progress=cb),

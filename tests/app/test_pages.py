@@ -130,7 +130,7 @@ def test_knockout_page_changes_prediction():
     assert "forward passes" in go.label and " s)" in go.label
     go.click().run()
     _ok(at)
-    assert _charts(at) >= 1
+    assert _charts(at) >= 1 and not [b for b in at.button if b.key == "knockout_curve_go"]  # pressed: gone
     assert any("95 % bootstrap intervals" in c.value for c in at.caption)  # the curve's bands are intervals
     at.run()
     assert _charts(at) >= 1 and not [b for b in at.button if b.key == "knockout_curve_go"]
@@ -142,7 +142,7 @@ def test_faithfulness_page_on_demand_then_cached():
     assert _charts(at) == 0 and any("circuits" in i.value for i in at.info)
     next(b for b in at.button if b.key == "faithfulness_go").click().run()
     _ok(at)
-    assert _charts(at) == 1
+    assert _charts(at) == 1 and not [b for b in at.button if b.key == "faithfulness_go"]  # pressed: gone
     scores = at.dataframe[0].value
     assert list(scores["ranking"]) == ["exact path patching", "attribution patching (AtP)",
                                        "random (one order per pair)"]
