@@ -107,7 +107,8 @@ def grid_template(spec, template_id: str | None = None) -> Template:
     """The template of the grid: ``template_id`` (one of the set's), else the set's first (a written one first)."""
     pool = grid_templates(spec)
     if not pool:
-        raise PromptError("the prompt set has no template for its operations")
+        raise PromptError(f"the prompt set's templates ({', '.join(spec.families)}) have none for "
+                          f"{', '.join(spec.ops)}: pick other operations or other templates")
     if template_id is None:
         return pool[0]
     t = next((t for t in pool if t.id == template_id), None) or TEMPLATES_BY_ID.get(template_id)
