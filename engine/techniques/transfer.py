@@ -123,7 +123,6 @@ def transfer(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b: Sequ
     return TransferResult(k, sets[0], sets[1], *overlap(tops[0], tops[1]))
 
 
-
 def top_heads_of(backend: ModelBackend, pairs: Sequence[PromptPair], k: int, *, cache=None,
                  progress: ProgressFn | None = None) -> list[tuple[int, int]]:
     """The set's top-k heads by path patching (through the result cache)."""
