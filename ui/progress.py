@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import streamlit as st
 from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlException, StopException
@@ -13,6 +13,9 @@ from streamlit.runtime.scriptrunner_utils.exceptions import ScriptControlExcepti
 from cache import CacheError
 from engine.progress import cancel_check, collect_notes
 from engine.prompts.pairs import PromptError
+
+if TYPE_CHECKING:
+    from engine.cost import Cost
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -200,6 +203,57 @@ def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], 
     for text_ in notes:  # a fast path that gave way to its textbook loop says so beside the numbers
         st.info(text_, icon=":material/info:")
     return out
+
+
+def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | Callable[[], Cost]", *,
+                      button: str, key: str, text: str, failure: str, note: str | None = None,
+                      stop: bool = False) -> T | None:
+    """The one gate of a page computation (nothing heavy unasked):
+
+    * ``compute``'s result read from the cache when it holds it -- at once, no forward pass
+      (``engine.results.cache_only``);
+    * not cached and ``cost`` (an ``engine.cost.Cost``, or a function giving it: called only on a miss) at most
+      ``engine.cost.HEAVY_S`` estimated seconds: computed now under a progress bar (:func:`run_with_progress`);
+    * else a button labelled "``button`` (estimated: about 40 s, 60 forward passes of the set)", with ``note``
+      beside it: None until it is pressed, then computed under the progress bar (the button goes).
+
+    None after a user error too (one ``st.error``, "Cannot {failure}: ..."); ``stop``: the page ends where this
+    returns None."""
+    from engine.cost import HEAVY_S
+    from engine.results import NotCached, cache_only
+    try:
+        with cache_only():
+            return compute(None)
+    except NotCached:
+        pass
+    except USER_ERRORS as e:
+        return _failed(failure, e, stop)
+    try:
+        c = cost() if callable(cost) else cost
+    except USER_ERRORS as e:
+        return _failed(failure, e, stop)
+    if c.seconds <= HEAVY_S:
+        return run_with_progress(text, failure, compute, key=key, stop=stop)
+    go = st.empty()  # the button goes once pressed: nothing is left to press beside the result
+    with go.container():
+        pressed = st.button(f"{button} ({c.label()})", key=key,
+                            help="The lab's cost model: forward passes counted from the code, seconds measured on "
+                                 "this machine. The result is cached: next time it shows at once.")
+        if not pressed and note:
+            st.info(note)
+    if not pressed:
+        if stop:
+            st.stop()
+        return None
+    go.empty()
+    return run_with_progress(text, failure, compute, key=key, stop=stop, on_demand=True)
+
+
+def _failed(failure: str, e: BaseException, stop: bool) -> None:
+    st.error(f"Cannot {failure}: {e}")
+    if stop:
+        st.stop()
+    return None
 
 
 def cached_or_button(compute: Callable[[ProgressBar | None], T], *, button: str, key: str, text: str,

@@ -59,7 +59,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("finetune", ("engine/finetune/",)),
     ("studies", ("engine/organism/", "engine/evaluation/")),
     ("techniques", ("engine/techniques/",)),
-    ("core", ("engine/results.py", "engine/backends/")),
+    ("core", ("engine/results.py", "engine/cost.py", "engine/backends/")),
     ("base", ("engine/prompts/", "engine/models/", "engine/progress.py", "engine/paths.py", "cache/")),
 )
 

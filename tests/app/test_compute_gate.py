@@ -1,0 +1,72 @@
+"""ui/progress.py's ``compute_or_button``, the one gate of a page computation: cached -> shown at once (nothing
+computed); cheap -> computed now; heavy -> a button that carries the cost model's label, and nothing computed
+until it is pressed."""
+
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+
+def gate_page():
+    """A page that gates one cached computation whose estimated seconds are in ``st.session_state["secs"]``."""
+    from types import SimpleNamespace
+
+    import streamlit as st
+
+    from cache import ResultCache
+    from engine.cost import Cost
+    from engine.results import run_cached
+    from ui.progress import compute_or_button
+
+    model = SimpleNamespace(facts=SimpleNamespace(fingerprint="gate-test-model"))
+    cache = ResultCache()
+
+    def compute(progress):
+        def work():
+            st.session_state["computed"] = st.session_state.get("computed", 0) + 1
+            return [], {"answer": 42}
+        return run_cached(model, [], "gate_test", {"secs": st.session_state["secs"]}, work, cache)[1]["answer"]
+
+    costs_asked = st.session_state.setdefault("costs_asked", [])
+
+    def cost():
+        costs_asked.append(1)
+        return Cost(60.0, st.session_state["secs"])
+
+    got = compute_or_button(compute, cost, button="Compute it", key="gate", text="Computing", failure="compute it",
+                            note="Press the button to compute it.")
+    st.markdown(f"result: {got}")
+
+
+def _page(tmp_path, monkeypatch, secs: float) -> AppTest:
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "gate.duckdb"))
+    at = AppTest.from_function(gate_page, default_timeout=60)
+    at.session_state["secs"] = secs
+    return at.run()
+
+
+def test_heavy_work_waits_for_its_button_and_the_button_states_the_cost(tmp_path, monkeypatch):
+    at = _page(tmp_path, monkeypatch, 40.0)
+    assert not at.exception
+    assert at.markdown[-1].value == "result: None"
+    assert "computed" not in at.session_state
+    [button] = at.button
+    assert button.label == "Compute it (estimated: about 40 s, 60 forward passes of the set)"
+    assert [i.value for i in at.info] == ["Press the button to compute it."]
+    button.click().run()
+    assert at.markdown[-1].value == "result: 42" and at.session_state["computed"] == 1
+    assert not [b for b in at.button if b.label.startswith("Compute it")]  # the button goes once pressed
+    at.run()  # a rerun reads the cache: no computation, no button, no cost estimated
+    asked = len(at.session_state["costs_asked"])
+    at.run()
+    assert at.markdown[-1].value == "result: 42" and at.session_state["computed"] == 1
+    assert len(at.session_state["costs_asked"]) == asked
+    assert not [b for b in at.button if b.label.startswith("Compute it")]
+
+
+def test_cheap_work_is_computed_at_once(tmp_path, monkeypatch):
+    at = _page(tmp_path, monkeypatch, 2.0)
+    assert not at.exception
+    assert at.markdown[-1].value == "result: 42" and at.session_state["computed"] == 1
+    assert not [b for b in at.button if b.label.startswith("Compute it")]
+    assert not at.info
