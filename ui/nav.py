@@ -35,6 +35,9 @@ PAGES = (
     PageDef("pages/14_Atlas.py", "Atlas", ":material/grid_view:", "Atlas"),
 )
 
+#: a second address of Home (the default page, at ``/``): the router sends ``/Home`` there, the link kept
+HOME_ALIAS = "Home"
+
 #: registry name (``engine.registry``; ``finetune``: the CLI's fine-tuning) -> URL path of the page that shows it
 PAGE_OF: dict[str, str] = {
     "path-patching": "Path_patching", "attention": "Path_patching", "attribution": "Path_patching",

@@ -153,3 +153,16 @@ def test_a_bad_link_says_what_it_ignored_and_the_page_renders(server, page):
     _param(page, "ko", None)
     _param(page, "prompt", PROMPT)
     shot(page, "share_link_bad")
+
+
+def test_home_opens_at_slash_home_and_at_the_root(server, page):
+    """``/Home`` was "Page not found": it now opens Home, at its own address ``/``, with the link's parameters."""
+    for path, query in ((f"Home?prompt={quote(PROMPT)}", {"prompt": [PROMPT]}), ("", {})):
+        _goto(page, server, path)
+        page.get_by_text("Circuit summary").first.wait_for(timeout=WAIT)
+        _idle(page)
+        assert page.locator("h1", has_text="Arithmetic-circuits lab").count() == 1, path
+        assert page.get_by_text("Page not found").count() == 0, path
+        assert page.locator("[data-testid='stException']").count() == 0, path
+        # the link's prompt is the app state's: the address bar would drop it at its default
+        assert urlsplit(page.url).path == "/" and parse_qs(urlsplit(page.url).query) == query, page.url
