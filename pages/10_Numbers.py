@@ -20,6 +20,7 @@ from engine.techniques.numbers import (
     dominant_periods,
     first_decode_layer,
 )
+from ui import url_state
 from ui.progress import USER_ERRORS, run_with_progress
 from ui.session import analysed_pairs, result_cache, setup_page
 from views.numbers import (
@@ -99,11 +100,12 @@ st.caption("In-sample least squares of the residual stream on the target number'
            "value (the most any function of n can explain). With few distinct values the helix already spans every "
            "function of n and equals the class means.")
 c1, c2, c3 = st.columns(3)
-position = c1.selectbox("Position", POSITIONS, key="numbers_position")
-target = c2.selectbox("Target", TARGETS, index=TARGETS.index("C"), key="numbers_target")
 layers = sorted(df["layer"].unique().tolist())
-default = default_layer(rows)
-layer = c3.selectbox("Layer of the circle", layers, index=layers.index(default), key="numbers_layer")
+for key, options in (("num_pos", POSITIONS), ("num_target", TARGETS), ("num_layer", layers)):
+    url_state.check(key, options)
+position = c1.selectbox("Position", POSITIONS, **url_state.bound("num_pos", POSITIONS[0]))
+target = c2.selectbox("Target", TARGETS, **url_state.bound("num_target"))
+layer = c3.selectbox("Layer of the circle", layers, **url_state.bound("num_layer", default_layer(rows)))
 st.altair_chart(helix_lines(df, position, target), width="stretch")
 circ = run_with_progress("Helix circle", "fit the helix",
                          lambda cb: cached_helix_circle(model, pairs, int(layer), position, target, cache=cache))

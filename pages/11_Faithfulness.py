@@ -7,9 +7,11 @@ import json
 import pandas as pd
 import streamlit as st
 
+from engine.findings.glossary import help_text
 from engine.results import NotCached, cache_only
 from engine.techniques.faithfulness import ABLATIONS, RANDOM_DRAWS, cached_faithfulness, mib_submission
 from engine.techniques.path_patching import cached_path_patching
+from ui import url_state
 from ui.progress import run_with_progress
 from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page
 from views.circuit_charts import FAITH_SERIES, faithfulness_chart
@@ -26,17 +28,23 @@ prompt_caption()
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 c1, c2, c3 = st.columns(3)
-draws = c1.slider("Random orders (the random ranking)", 2, 20, RANDOM_DRAWS,
+for key, options in (("faith_draws", range(2, 21)), ("faith_ablation", ABLATIONS)):
+    url_state.check(key, options)
+draws = c1.slider("Random orders (the random ranking)", 2, 20, **url_state.bound("faith_draws", RANDOM_DRAWS),
                   help="Prompt pair i is read under random order i mod this number: more orders mix more random "
                        "circuits into the random curve, at the same cost.")
-ablation = c2.radio("Outside the circuit", ABLATIONS, horizontal=True, key="faith_ablation",
+ablation = c2.radio("Outside the circuit", ABLATIONS, horizontal=True,
+                    **url_state.bound("faith_ablation", ABLATIONS[0]),
                     format_func={"counterfactual": "the pair's own counterfactual",
                                  "mean": "mean over the counterfactuals"}.get,
-                    help="What a component left out of the circuit takes: its value on the same prompt with the "
-                         "operation removed (MIB's patching), or its mean over all counterfactual prompts (the "
-                         "knockouts' ablation, which also removes the operands).")
-metric = c3.radio("Metric", ["logit", "accuracy"], horizontal=True, key="faith_metric",
-                  format_func={"logit": "answer logit difference", "accuracy": "first-token accuracy"}.get)
+                    help=help_text("circuit", "counterfactual", "knockout",
+                                   lead="What a component left out of the circuit takes: its value on the same prompt "
+                                        "with the operation removed (MIB's patching), or its mean over all "
+                                        "counterfactual prompts (the knockouts' ablation, which also removes the "
+                                        "operands)."))
+metric = c3.radio("Metric", ["logit", "accuracy"], horizontal=True, **url_state.bound("faith_metric"),
+                  format_func={"logit": "answer logit difference", "accuracy": "first-token accuracy"}.get,
+                  help=help_text("faithfulness", "CPR", "CMD", "answer logit", "accuracy", "bootstrap interval"))
 try:
     with cache_only():
         table, _ = cached_faithfulness(model, pairs, draws=draws, ablation=ablation, cache=cache)

@@ -8,7 +8,7 @@ import streamlit as st
 from engine.prompts.pairs import PromptError
 from engine.techniques.heuristic_neurons import TAG_R2, heuristic_neurons, neuron_circuit
 from engine.techniques.operand_grid import grid_template, grid_templates, operand_grid, parse_component
-from ui import state
+from ui import state, url_state
 from ui.progress import run_with_progress
 from ui.session import result_cache, setup_page
 from views.operand_grid import grid_chart
@@ -32,7 +32,8 @@ text = c1.text_input("Component", value=default, key=f"atlas_component_{default}
 try:
     first = grid_template(spec)
     ids = [t.id for t in grid_templates(spec)]
-    template = c2.selectbox("Template", ids, index=ids.index(first.id), key="atlas_template")
+    url_state.check("atlas_template", ids)
+    template = c2.selectbox("Template", ids, **url_state.bound("atlas_template", first.id))
     comp = parse_component(text, f.n_layers, f.n_heads, f.d_mlp) if text.strip() else None
 except PromptError as e:
     st.error(f"{str(e)[:1].upper()}{str(e)[1:]}.")
@@ -60,9 +61,10 @@ st.caption(f"The neurons of one MLP that react most to the operation (mean |acti
            f"the grid), each tagged with the heuristic that best predicts its activation over the grid — fitted on "
            f"half the pairs, R² on the other half; tagged at R² ≥ {TAG_R2} (Nikankin et al. 2025's bag of heuristics).")
 c1, c2 = st.columns(2)
+url_state.check("atlas_layer", (None, *range(f.n_layers)))
 layer = c1.number_input("MLP layer (empty: the grid's strongest MLP)", 0, f.n_layers - 1, value=None,
-                        key="atlas_neuron_layer")
-top = c2.number_input("Neurons", 1, 200, 20, key="atlas_neuron_top")
+                        **url_state.bound("atlas_layer"))
+top = c2.number_input("Neurons", 1, 200, **url_state.bound("atlas_top"))
 out = run_with_progress("Tagging the neurons", "tag the neurons",
                         lambda cb: heuristic_neurons(model, spec, layer=None if layer is None else int(layer),
                                                      top=int(top), template=template, cache=cache, progress=cb),

@@ -6,12 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
+from engine.findings.glossary import help_text
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention, prompt_attention
 from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import check_typed_text, typed_pair
-from ui import state
+from ui import state, url_state
 from ui.circuit_panels import (
     attribution_view,
     carries_view,
@@ -37,10 +38,10 @@ model, spec = setup_page(
 prompt_caption()
 
 c1, c2, c3 = st.columns([2, 2, 1])
-metric = c1.selectbox("Metric", ("effect", "logit_diff"),
-                      help="effect: relative change (logit_p - logit_o) / logit_o, the paper's measure (pairs "
-                           "whose unpatched answer logit is below 1 are left out of it); logit_diff: logit_p - "
-                           "logit_o, every pair")
+metric = c1.selectbox("Metric", ("effect", "logit_diff"), **url_state.bound("pp_metric"), help=help_text(
+    "effect", "logit difference", "answer logit",
+    lead="effect: relative change (logit_p - logit_o) / logit_o, the paper's measure (pairs whose unpatched answer "
+         "logit is below 1 are left out of it); logit_diff: logit_p - logit_o, every pair."))
 cache = result_cache()
 pairs, n_gen = analysed_pairs(model, spec, cache)
 try:
@@ -55,10 +56,14 @@ if table.fallback:  # the fast path did not reproduce this model: the textbook l
 
 TYPED = "typed"  # the typed prompt's own pair, patched alone
 groups = ["*"] + sorted(g for g in table.groups() if g.startswith("op:")) + [TYPED]
-group = c2.selectbox("Operation", groups, format_func=lambda g: "all operations" if g == "*" else
+url_state.check("pp_group", groups)
+group = c2.selectbox("Operation", groups, **url_state.bound("pp_group"),
+                     format_func=lambda g: "all operations" if g == "*" else
                      "the typed prompt alone" if g == TYPED else g[3:],
                      help="An operation's pairs, or the typed prompt (Prompt lab) and its counterfactual alone")
-k = c3.number_input("Top k", 1, table.n_layers * table.n_heads, 5)
+url_state.check("pp_k", range(1, table.n_layers * table.n_heads + 1))
+k = c3.number_input("Top k", 1, table.n_layers * table.n_heads, **url_state.bound("pp_k"),
+                    help=help_text("key heads"))
 st.caption(f"{len(pairs)} of {n_gen} prompt pairs answered right · "
            + ("computed now, stored in the cache" if computed else "read from the cache"))
 shown, shown_group = table, group
@@ -94,8 +99,9 @@ elif metric == "effect" and note:
 
 heads, mlps = shown.heatmap(metric, shown_group)
 df = heatmap_frame(heads, mlps, shown.heatmap_intervals(metric, shown_group))
-tab_map, tab_atp, tab_stab, tab_carry = st.tabs(["Heatmap", "Exact vs attribution", "Stability",
-                                                 "What each head carries"])
+TABS = ["Heatmap", "Exact vs attribution", "Stability", "What each head carries"]
+url_state.check("pp_tab", TABS)
+tab_map, tab_atp, tab_stab, tab_carry = st.tabs(TABS, **url_state.bound("pp_tab"))
 with tab_carry:
     st.caption(f"Does a key head carry operand A, operand B or the operator? The top {k} heads (the heatmap's ranking "
                f"under the sidebar's prompt set, operator removed) path-patched again with counterfactuals that "

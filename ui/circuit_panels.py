@@ -19,6 +19,7 @@ from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
 from engine.techniques.position_patching import cached_layer_position_patching
 from engine.techniques.stability import ALL, head_stability, summaries
+from ui import url_state
 from ui.nav import link_to, page_link, page_of
 from ui.progress import USER_ERRORS, cached_or_button, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap
@@ -192,12 +193,13 @@ def position_view(model, pairs, cache) -> None:
     tok = model.tokenizer
     groups = sorted(groups_of(pairs), key=lambda g: (not g.startswith("template:"), not g.startswith("op:"), g))
     c1, c2 = st.columns([3, 2])
-    group = c1.selectbox("Prompts", groups, key="lp_group",
+    url_state.check("pos_group", groups)
+    group = c1.selectbox("Prompts", groups, **url_state.bound("pos_group", groups[0]),
                          format_func=lambda g: (f"all prompts ({len(pairs)})" if g == "*" else
                                                 f"{g.replace(':', ': ', 1)} ({len(groups_of(pairs)[g])})"),
                          help="each group is patched on its own prompts when chosen (a template: a few seconds; "
                               "all prompts: the whole set)")
-    metric = c2.radio("Metric", ("logit_diff", "restored"), horizontal=True, key="lp_metric",
+    metric = c2.radio("Metric", ("logit_diff", "restored"), horizontal=True, **url_state.bound("pos_metric"),
                       help="logit_diff: patched minus original answer logit; restored: that change as a "
                            "fraction of the counterfactual's own change (1 = as if the operation were gone)")
     out = run_with_progress("Layer x position patching, batch", "run layer x position patching",
@@ -225,7 +227,8 @@ def logit_lens_view(model, pairs, cache) -> None:
         return
     rows, computed = out
     groups = sorted({r.group for r in rows}, key=lambda g: (g != "*", g))
-    group = st.selectbox("Prompts", groups, key="lens_group",
+    url_state.check("lens_group", groups)
+    group = st.selectbox("Prompts", groups, **url_state.bound("lens_group"),
                          format_func=lambda g: "all operations" if g == "*" else g[3:])
     mine = [r for r in rows if r.group == group]
     df = pd.DataFrame([r.__dict__ for r in mine])

@@ -17,6 +17,11 @@ Keys (all optional; absent = the default)::
     ops=add,mul  families=word|all|notation  tpl=OP:TEMPLATE  n=40  seed=0  balance=0  cf=operand-a|operand-b
     prompt=TEXT  head=LAYER.HEAD | head=LAYER.mlp  ko=LAYER.HEAD,...  ko_mlp=LAYER,...
 
+and each page's own controls (:data:`CHOICES`: the Story's ``step=`` and ``large=1``, Path patching's
+``pp_metric=``/``pp_group=``/``pp_k=``/``pp_tab=``, Knockout's ``ko_k=``/``ko_kmax=``/``ko_draws=``, ...).  A page
+control's value that the page alone can check (a layer of the model, an operation of the set) is checked by the
+page before it draws the control (:func:`check`).
+
 A link never turns on remote (NDIF) execution: that spends the server's API key and stays a sidebar choice.
 Other keys in the address bar (the Improve page's ``job``) are left alone.
 """
@@ -24,7 +29,8 @@ Other keys in the address bar (the Improve page's ``job``) are left alone.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, NoReturn
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, NoReturn
 
 import streamlit as st
 
@@ -38,14 +44,77 @@ from ui.state import BACKEND_CHOICES, DEVICES, FAMILY_CHOICES, ModelChoice, defa
 MODEL, DEVICE, DTYPE, BACKEND = "model", "device", "dtype", "backend"
 OPS, FAMILIES, N, SEED, BALANCE, CF, TPL = "ops", "families", "n", "seed", "balance", "cf", "tpl"
 PROMPT, HEAD, KO, KO_MLP = "prompt", "head", "ko", "ko_mlp"
-KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, CF, PROMPT, HEAD, KO, KO_MLP)
 MODEL_KEYS = (MODEL, DEVICE, DTYPE, BACKEND)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A page's control in the link: its URL key, the app-state entry its widget is bound to (``ui.state.bind``)
+    and the values the link may give it: ``values`` (text), a whole number from ``lo`` to ``hi``, or ``flag``
+    (1 / 0); none of them: any text, checked by the page (:func:`check`).  ``default`` (None: the page's own,
+    e.g. one that depends on the model) is left out of the URL."""
+
+    key: str
+    entry: str
+    widget: str
+    default: Any = None
+    values: tuple[str, ...] = ()
+    lo: int | None = None
+    hi: int | None = None
+    flag: bool = False
+
+    def parse(self, raw: str) -> tuple[Any, str | None]:
+        """(the value, None), or (None, why the text is not one)."""
+        text = raw.strip()
+        if self.flag:
+            return (_BOOL[text.lower()], None) if text.lower() in _BOOL else (None, "use 1 or 0")
+        if self.lo is not None:
+            hi = self.hi if self.hi is not None else 10**6
+            if _INT.match(text) and self.lo <= int(text) <= hi:
+                return int(text), None
+            return None, f"not a whole number from {self.lo} to {hi}"
+        if self.values:
+            return (text, None) if text in self.values else (None, f"choose from {', '.join(self.values)}")
+        return (text, None) if text and len(text) <= 200 else (None, "empty" if not text else "too long")
+
+    def text(self, value: Any) -> str:
+        return ("1" if value else "0") if self.flag else str(value)
+
+
+#: every page's controls kept in the link, in URL order (docs/dashboard.md lists them)
+CHOICES: tuple[Choice, ...] = (
+    Choice("step", "story_step", "story_step_input", 1, lo=1, hi=99),
+    Choice("large", "story_large", "story_large_input", False, flag=True),
+    Choice("pp_metric", "pp_metric", "pp_metric_input", "effect", values=("effect", "logit_diff")),
+    Choice("pp_group", "pp_group", "pp_group_input", "*"),
+    Choice("pp_k", "pp_k", "pp_k_input", 5, lo=1),
+    Choice("pp_tab", "pp_tab", "pp_tab_input", "Heatmap"),
+    Choice("ko_k", "ko_k", "ko_k_input", 3, lo=1),
+    Choice("ko_kmax", "ko_kmax", "ko_kmax_input", lo=1, hi=30),
+    Choice("ko_draws", "ko_draws", "ko_draws_input", 10, lo=2, hi=30),
+    Choice("lens_group", "lens_group_pick", "lens_group", "*"),
+    Choice("pos_group", "pos_group", "lp_group"),
+    Choice("pos_metric", "pos_metric", "lp_metric", "logit_diff", values=("logit_diff", "restored")),
+    Choice("num_pos", "num_pos", "numbers_position"),
+    Choice("num_target", "num_target", "numbers_target", "C"),
+    Choice("num_layer", "num_layer", "numbers_layer", lo=0),
+    Choice("faith_draws", "faith_draws", "faith_draws_input", lo=2, hi=20),
+    Choice("faith_ablation", "faith_ablation_pick", "faith_ablation"),
+    Choice("faith_metric", "faith_metric_pick", "faith_metric", "logit", values=("logit", "accuracy")),
+    Choice("atlas_template", "atlas_template_pick", "atlas_template"),
+    Choice("atlas_layer", "atlas_layer", "atlas_neuron_layer", lo=0),
+    Choice("atlas_top", "atlas_top", "atlas_neuron_top", 20, lo=1, hi=200),
+)
+CHOICE = {c.key: c for c in CHOICES}
+KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, CF, PROMPT, HEAD, KO, KO_MLP,
+        *CHOICE)
 
 READ = "_url_read"              # set once the session's first run has read the link
 NOTES = "_url_notes"            # what the link held that was ignored, and why
 NOTES_PAGE = "_url_notes_page"  # the page the link opened: the notes are shown there, and dropped elsewhere
 MODEL_PENDING = "_url_model"    # the link's model parameters, until setup_page has tried to load that model
 PICKS_PENDING = "_url_picks"    # the link's selection / knockout parameters, until checked against the model
+CHOICES_PENDING = "_url_choices"  # the link's page controls that their page checks (:func:`check`), until it has
 
 _HEAD = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
 _MLP = re.compile(r"^(\d{1,4})\.mlp$", re.IGNORECASE)
@@ -96,6 +165,10 @@ def url_params() -> dict[str, str]:
         out[KO] = ",".join(sorted(set(state.ko_heads()), key=lambda h: tuple(map(int, h.split(".")))))
     if state.ko_mlps():
         out[KO_MLP] = ",".join(map(str, sorted(set(state.ko_mlps()))))
+    for c in CHOICES:
+        value = st.session_state.get(c.entry)
+        if value is not None and value != c.default:
+            out[c.key] = c.text(value)
     return {k: out[k] for k in KEYS if k in out}
 
 
@@ -117,12 +190,16 @@ def to_url() -> None:
 # URL -> app state (first run of a session)
 # ------------------------------------------------------------------------------------------------
 
-def ignored(key: str, raw: str, why: str, default: str, todo: str = "") -> None:
-    """Note that the link's parameter ``key=raw`` was ignored, why, and what is used instead."""
+def note_text(key: str, raw: str, why: str, default: str, todo: str = "") -> str:
+    """The note that the link's parameter ``key=raw`` was ignored, why, and what is used instead."""
     shown = raw if len(raw) <= 80 else raw[:77] + "..."
     todo = todo or "Change it on the page: the address bar then holds a working link."
-    st.session_state.setdefault(NOTES, []).append(
-        f"Link parameter `{key}={shown}` ignored: {why}. Using {default} instead. {todo}")
+    return f"Link parameter `{key}={shown}` ignored: {why}. Using {default} instead. {todo}"
+
+
+def ignored(key: str, raw: str, why: str, default: str, todo: str = "") -> None:
+    """Note (shown by the page the link opened, :func:`notes`) that the link's ``key=raw`` was ignored."""
+    st.session_state.setdefault(NOTES, []).append(note_text(key, raw, why, default, todo))
 
 
 def notes(page: str) -> list[str]:
@@ -247,6 +324,20 @@ def from_url() -> None:
             picks[KO_MLP] = given[KO_MLP]
     if picks:
         st.session_state[PICKS_PENDING] = picks
+
+    # each page's controls: their form here (a number, one of fixed values), the rest on their page (check)
+    pending = {}
+    for c in CHOICES:
+        if c.key not in given:
+            continue
+        value, why = c.parse(given[c.key])
+        if why is not None:
+            ignored(c.key, given[c.key], why, "the page's default" if c.default is None else f"`{c.text(c.default)}`")
+            continue
+        st.session_state[c.entry] = value
+        pending[c.key] = given[c.key]
+    if pending:
+        st.session_state[CHOICES_PENDING] = pending
     # the picks belong to the link's model: follow_model must not clear them as picked on another one
     state.adopt((st.session_state.get("model_choice") or ModelChoice()).spec)
 
@@ -291,6 +382,41 @@ def check_picks(n_layers: int, n_heads: int, spec: str) -> None:
         state.put(state.KO_MLPS, [m for m in state.ko_mlps() if m < n_layers])
         ignored(KO_MLP, picks[KO_MLP], f"`{spec}` has layers 0-{n_layers - 1}",
                 f"the other MLPs ({', '.join(map(str, state.ko_mlps())) or 'none'})")
+
+
+def from_link(key: str) -> bool:
+    """Whether the value of the page control ``key`` came from the link and its page has not checked it yet."""
+    return key in (st.session_state.get(CHOICES_PENDING) or {})
+
+
+def bound(key: str, default: Any = None) -> dict:
+    """``state.bind``'s keyword arguments for the widget of the page control ``key`` (:data:`CHOICES`): bound to
+    its app-state entry, seeded with the control's default (``default``: the page's own, where it depends on
+    the model or the set)."""
+    c = CHOICE[key]
+    return state.bind(c.widget, c.entry, c.default if default is None else default)
+
+
+def check(key: str, allowed: Collection, why: str = "") -> None:
+    """Before its page draws the control of :data:`CHOICES` ``key``: the value must be one of ``allowed`` (the
+    control's options, or a ``range``; known only to the page: the model's layers, the set's operations).  A
+    value that is not goes back to the page's default -- with a warning naming the parameter when the link
+    gave it, quietly when the page's own control did (another model or set since)."""
+    c = CHOICE[key]
+    raw = (st.session_state.get(CHOICES_PENDING) or {}).pop(key, None)
+    bad = [name for name in (c.entry, c.widget) if name in st.session_state and st.session_state[name] not in allowed]
+    for name in bad:
+        st.session_state.pop(name)
+    if bad:
+        to_url()  # at once: the page may stop before the router writes the URL after it
+    if raw is not None and bad:
+        if not why:
+            if isinstance(allowed, range):
+                why = f"not a whole number from {allowed.start} to {allowed.stop - 1} here"
+            else:
+                shown = [str(a) for a in allowed]
+                why = "choose from " + ", ".join(shown[:12]) + (", ..." if len(shown) > 12 else "")
+        st.warning(note_text(key, raw, why, "the page's default" if c.default is None else f"`{c.text(c.default)}`"))
 
 
 def sync() -> None:
