@@ -161,3 +161,10 @@ def loss_curve(df: pd.DataFrame) -> alt.Chart:
         y=alt.Y("loss:Q", title="answer-token loss", scale=alt.Scale(type="log")),
         tooltip=["step", alt.Tooltip("loss:Q", format=".4f")],
     ).properties(height=220)
+
+
+def signed_change(change: float, fmt: str = "+.3f", unit: str = "") -> str | None:
+    """A change as a metric's delta (``+0.123``, ``-4.0 points``), or None when it reads zero at that precision:
+    a metric then shows no arrow (no green "↑ +0.0" for nothing)."""
+    text = f"{change:{fmt}}"
+    return None if float(text) == 0 else text + (f" {unit}" if unit else "")

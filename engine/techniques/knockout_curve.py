@@ -88,6 +88,44 @@ def curve_with_pairs(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_
     return out, right
 
 
+@dataclass(frozen=True)
+class PromptPoint:
+    """One prompt with the top-k heads knocked out."""
+
+    k: int
+    head: str          # the k-th head of the ranking, knocked out from this k on ("" at k = 0)
+    p_answer: float    # the probability of the answer's first token
+    top_token: str     # the most likely next token
+    top_id: int
+    answer_top1: bool  # the answer's first token is still the most likely one
+
+
+@torch.no_grad()
+def prompt_knockout_curve(backend: ModelBackend, ids: Sequence[int], answer_id: int,
+                          ranked_heads: Sequence[tuple[int, int]], means: MeanActivations, *,
+                          k_max: int) -> list[PromptPoint]:
+    """One prompt (the typed prompt, ``ids``; its answer's first token ``answer_id``) with the top-k heads of
+    ``ranked_heads`` knocked out, for k = 0..k_max: P(answer) and whether it is still the top token -- where
+    the answer breaks, which the set's accuracy curve does not show.  The prompt takes the mean over all the
+    counterfactual prompts, END-aligned (a typed prompt has no template: :func:`knockout.next_token_probs`).
+    One END-only forward pass: row k carries the top-k set (per-row head masks)."""
+    from engine.techniques.knockout import head_masks, knocked_out_rows
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    if not 0 <= k_max <= len(ranked_heads):
+        raise ValueError(f"k_max={k_max}: the ranking has {len(ranked_heads)} heads")
+    kos = [Knockout(tuple(ranked_heads[:k])).validate(L, H) for k in range(k_max + 1)]
+    heads, mlps = head_masks(kos, L, H)  # [K + 1, L, H], [K + 1, L]
+    n, end = len(kos), len(ids) - 1
+    x = torch.tensor([list(ids)] * n)  # [K + 1, pos]
+    with knocked_out_rows(backend, heads, mlps, means, [None] * n, [end] * n):
+        probs = torch.softmax(backend.end_logits(x, None, torch.tensor([end] * n)).float(), -1)  # [K + 1, vocab]
+    top = probs.argmax(-1).tolist()
+    names = backend.tokenizer.convert_ids_to_tokens(top)
+    return [PromptPoint(k, "" if k == 0 else f"{ranked_heads[k - 1][0]}.{ranked_heads[k - 1][1]}",
+                        float(probs[k, answer_id]), str(names[k]), int(top[k]), top[k] == answer_id)
+            for k in range(n)]
+
+
 def _curve_params(backend: ModelBackend, ranked_heads: Sequence[tuple[int, int]], k_max: int, draws: int,
                   seed: int) -> dict:
     return {"ranked": [list(h) for h in ranked_heads[:k_max]], "k_max": k_max, "draws": draws, "seed": seed,

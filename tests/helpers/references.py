@@ -94,3 +94,12 @@ def continued_readouts_equal_reference(backend, pairs, kos):
             assert abs(float(out.margin[s, i]) - margin) < 1e-4 * max(1.0, abs(margin)), (s, i)
     return out
 
+
+
+@torch.no_grad()
+def prompt_knockout_full_logits(backend, ids, answer_id: int, ko: Knockout, means: MeanActivations
+                                ) -> tuple[float, int]:
+    """One typed prompt (no template: the mean over every X_c) under ``ko``, full logits: (P(answer), top token)."""
+    with knocked_out(backend, ko, means, [None], [len(ids) - 1]):
+        probs = torch.softmax(backend.logits(torch.tensor([list(ids)]))[0, -1].float(), -1)  # [vocab] at END
+    return float(probs[answer_id]), int(probs.argmax())

@@ -1,0 +1,61 @@
+"""A class on the bundled model (issue 47, Build 6): the Knockout page picks k and shows where the typed prompt
+breaks; a zero change shows no arrow."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+from streamlit.testing.v1 import AppTest
+
+from tests.app.conftest import REPO, errors
+
+SET = {"ops": ["add", "mul"], "families": "paper (Fig. 8, 32 templates)", "n": 8, "seed": 0}
+
+
+def _app() -> AppTest:
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=300)
+    at.session_state["prompt_set"] = dict(SET)
+    return at.run()
+
+
+def _go(at: AppTest, script: str) -> AppTest:
+    at.switch_page(f"pages/{script}").run()
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+    return at
+
+
+def _charts(at: AppTest) -> list[tuple[dict, "pa.Table | None"]]:
+    """(spec, data) of every chart on the page, in order (the data of its first dataset)."""
+    out = []
+    for c in at.get("vega_lite_chart"):
+        data = c.proto.datasets[0].data.data if c.proto.datasets else None
+        out.append((json.loads(c.proto.spec), pa.ipc.open_stream(data).read_pandas() if data else None))
+    return out
+
+
+def _sentences(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if m.value.startswith("<p class='story-sentence'>")]
+
+
+def test_knockout_picks_k_and_shows_where_the_typed_prompt_breaks():
+    at = _go(_app(), "6_Knockout.py")
+    # nothing knocked out: no change, and no green arrow for it
+    assert [(m.label, m.delta) for m in at.metric] == [("P(answer)", ""), ("Accuracy after knockout", "")]
+    at.number_input(key="ko_k_input").set_value(5).run()
+    button = next(b for b in at.button if b.label == "Top-5 heads")
+    button.click().run()
+    assert not at.exception and not errors(at), errors(at)
+    assert len(at.session_state["ko_heads"]) == 5 and at.query_params["ko_k"] == "5"
+    assert all(m.delta for m in at.metric)  # five key heads change both
+    # your prompt, k = 0..10: P(answer) and its top token per k; the sentence reads the same frame
+    frame = next(d for s, d in _charts(at) if d is not None and "answer_top1" in d)
+    assert list(frame["k"]) == list(range(11)) and frame["answer_top1"].iloc[0]
+    broken = frame[~frame["answer_top1"]]
+    said = next(m.value for m in at.markdown if m.value.startswith("Your prompt `The sum of 3 and 5 is`"))
+    if len(broken):
+        k = int(broken["k"].iloc[0])
+        assert f"up to the top {k - 1} heads knocked out" in said and f"the top {k} (adding head " in said, said
+    else:
+        assert "with up to the top 10 heads knocked out" in said, said
