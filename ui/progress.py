@@ -195,10 +195,14 @@ def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], 
         with cancellable(bar), collect_notes() as notes:
             out = compute(cb)
     except USER_ERRORS as e:
+        bar.empty()  # nothing computes any more: the bar and its Stop button go, the error stays
         st.error(f"Cannot {failure}: {e}")
         if stop:
             st.stop()
         return None
+    except Exception:  # a bug: its traceback, not a bar left at "finishing"
+        bar.empty()
+        raise
     bar.empty()
     for text_ in notes:  # a fast path that gave way to its textbook loop says so beside the numbers
         st.info(text_, icon=":material/info:")

@@ -1082,6 +1082,9 @@ def finding(model, pairs, cache, table) -> str | None:
         return None
     first = first_decode_layer(rows)
     end_c = {r.layer: r for r in rows if r.method == "logistic" and r.target == "C" and r.position == "END"}
+    if not end_c:  # a small set: no value of C occurs MIN_FOLDS times for two values (the probe was not fitted)
+        return (f"A linear probe of C was not fitted on these {len(pairs)} prompts: it needs at least {MIN_FOLDS} "
+                f"prompts for each of two answers or more; use more prompts per operation.")
     if first is None:
         best = max(end_c.values(), key=lambda r: r.score)
         return (f"A linear probe never reads C from the last token's residual stream at accuracy "
