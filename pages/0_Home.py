@@ -10,19 +10,27 @@ from engine.prompts.promptsets import PromptSetSpec, answer_token_stats, generat
 from engine.prompts.templates import OPS, PAPER_OPS
 from engine.techniques.accuracy import accuracy_report
 from ui.circuit_panels import circuit_summary_view
+from ui.nav import page_link
 from ui.progress import USER_ERRORS, progress_bar
-from ui.session import result_cache, setup_page
+from ui.session import result_cache, setup_page, words_used
 from views.charts import template_bars
 
 model, summary_spec = setup_page(
     "Arithmetic-circuits lab",
     "Look inside a language model while it does arithmetic, after Zhang et al., ICML 2024, "
     "*Interpreting and Improving Large Language Models in Arithmetic Calculation*. "
-    "Reference prompts such as `3 + 5 =` are paired with counterfactuals whose operator is removed "
-    "(`3 @ 5 =`); patching one attention head at a time from one into the other shows which few heads "
-    "carry the computation. This page shows the chosen model and how well it does the arithmetic "
-    "that the analysis pages study: only prompts it answers right are analysed. The **Story** page walks "
-    "through the paper's argument on this model, one step per screen.")
+    "The model is given a sum such as `3 + 5 =` and the same words with the operator blanked out (`3 @ 5 =`, "
+    "the counterfactual). Giving one small part of the model at a time (an attention head) what it saw on the "
+    "blanked-out prompt shows which few parts carry the calculation: without them, the model no longer answers 8. "
+    "This page shows the chosen model and how well it does the arithmetic the other pages study (only the "
+    "prompts it answers right are studied).")
+c1, c2 = st.columns([3, 1])
+c1.markdown("**New here?** The Story walks through the paper's argument on this model, one step per screen, each "
+            "word explained beside it; the Prompt lab shows what the model answers to a prompt you type.")
+with c2:
+    page_link("pages/1_Story.py", "Start the Story", ":material/auto_stories:")
+    page_link("pages/3_Prompt_lab.py", "Type a prompt", ":material/edit:")
+words_used("prompt", "token", "counterfactual", "attention head", "MLP", "path patching", "knockout", "accuracy")
 
 f = model.facts
 st.subheader(f"Model: `{f.spec}`")
@@ -41,6 +49,9 @@ st.caption("The paper's argument on this model, for the prompt set chosen in the
            "computed by the analysis pages (nothing is computed here). Each sentence links to its page. "
            "The shareable HTML report is built from the sidebar (**Build the report**) on every page.")
 circuit_summary_view(model, summary_spec, result_cache())
+words_used("key heads", "effect", "answer logit", "shuffled head labels", "bootstrap interval", "knockout",
+           "attention", "operand", "operator", "MLP", "END", "logit lens", "faithfulness",
+           label="Words used in the summary")
 
 st.subheader("Arithmetic accuracy")
 st.caption(
@@ -75,8 +86,9 @@ except USER_ERRORS as e:
 df = pd.DataFrame([r.__dict__ for r in rows])
 st.caption("Computed now and stored in the result cache." if computed else "Read from the result cache.")
 stats = answer_token_stats(model.tokenizer, generate(model.tokenizer, spec)[0])  # tokenization only
-st.markdown(f"First answer tokens of these {stats.n} prompts (balanced, docs/methods.md: balance rule): "
-            f"{stats.summary()}")
+st.markdown(f"First answer tokens of these {stats.n} prompts: {stats.summary()}. The prompts are balanced: picked "
+            f"in turn for each first answer token, so that no token (the '1' of every sum from 10 to 18) takes more "
+            f"than its share.")
 if stats.warning:
     st.warning(stats.warning)
 per_op = df[df.template == "*"].drop(columns="template").set_index("op")

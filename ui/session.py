@@ -272,6 +272,14 @@ def prompt_caption() -> None:
     page_link("pages/3_Prompt_lab.py", "change it", ":material/edit:", where=c2)
 
 
+def words_used(*names: str, label: str = "Words used here", where=None) -> None:
+    """An expander (``label``) with each of the glossary's terms ``names`` (``engine.findings.glossary``) in plain
+    words."""
+    from engine.findings.glossary import terms
+    with (where or st).expander(label):
+        st.markdown("\n".join(f"- **{t.name}**: {t.plain}" for t in terms(*names)))
+
+
 def sidebar() -> tuple[ModelChoice, "PromptSetSpec | ValueError"]:
     """The sidebar every page shares: model picker and prompt-set picker (drawn once per run, by setup_page)."""
     choice = model_choice()

@@ -59,3 +59,9 @@ def test_knockout_picks_k_and_shows_where_the_typed_prompt_breaks():
         assert f"up to the top {k - 1} heads knocked out" in said and f"the top {k} (adding head " in said, said
     else:
         assert "with up to the top 10 heads knocked out" in said, said
+
+
+def test_home_speaks_plainly():
+    at = _app()
+    shown = " ".join([c.value for c in at.caption] + [m.value for m in at.markdown])
+    assert "docs/" not in shown and ".md" not in shown, shown
