@@ -64,7 +64,8 @@ if len(classified) < 3:
     st.info(f"Too few prompts per value to classify {', '.join(sorted(set('ABC') - set(classified)))} (at least "
             "3 answered right for two values): the scalar, digit and helix views below use every prompt. Raise "
             "'Prompts per op' in the sidebar for the classification probes.")
-st.altair_chart(probe_lines(df, "logistic", DECODE_THRESHOLD), width="stretch")
+if classified:  # a chart of the targets that could be classified; none: the note above says why there is none
+    st.altair_chart(probe_lines(df, "logistic", DECODE_THRESHOLD), width="stretch")
 st.caption("The number as a scalar: a ridge probe's held-out R².")
 st.altair_chart(probe_lines(df, "ridge"), width="stretch")
 st.caption("Each digit on its own (Levy & Geva, 2025): a circular probe maps the residual stream to the digit's point "

@@ -54,12 +54,7 @@ st.caption("Each number of *this model* is followed by its 95 % interval, a boot
            "(1000 resamples, seeded; no extra forward pass). A finding *holds* when the whole interval is on the "
            "finding's side of its criterion, *does not hold* when it is wholly on the other side, and is "
            "*inconclusive* when the interval straddles it: more prompts per operation narrow it.")
-st.dataframe(df, hide_index=True, width="stretch",
-             column_config={"finding": st.column_config.TextColumn(width="small"),
-                            "verdict": st.column_config.TextColumn(width="medium"),
-                            "this model": st.column_config.TextColumn(width="large"),
-                            "claim": st.column_config.TextColumn(width="medium"),
-                            "how judged": st.column_config.TextColumn(width="large")})
+st.table(df.set_index("finding"))  # a static table: every cell's text wraps in full, every column on the page
 st.download_button("Findings (CSV)", df.to_csv(index=False).encode(), "paper_findings.csv", "text/csv",
                    on_click="ignore")
 

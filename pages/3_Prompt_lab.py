@@ -40,7 +40,7 @@ with c1:
     st.subheader("Next token")
     top = pd.DataFrame([t.__dict__ for t in rep.top5])
     st.caption("Most likely first; ␣ = a leading space, ⏎ = a newline (hover a bar for the raw token and its id).")
-    st.altair_chart(ranked_bars(top), width="stretch")
+    st.altair_chart(ranked_bars(top, answer_id=rep.answer_id if rep.parsed is not None else None), width="stretch")
     st.download_button("Top-5 (CSV)", top.to_csv(index=False).encode(), "top5.csv", "text/csv")
 with c2:
     st.subheader("Operation")

@@ -9,9 +9,9 @@ from cache import CacheError
 from engine.findings.glossary import help_text
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
-from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention, prompt_attention
+from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention
 from engine.techniques.path_patching import cached_path_patching
-from engine.techniques.promptlab import check_typed_text, typed_pair
+from engine.techniques.promptlab import typed_attention, typed_pair
 from ui import state, url_state
 from ui.circuit_panels import (
     attribution_view,
@@ -150,10 +150,10 @@ with tab_map:
                       on_click=state.add_knockout_head, args=(layer, head),
                       help="The Knockout page mean-ablates the heads of the knockout set.")
         try:
-            typed = check_typed_text(model.tokenizer, current_prompt())
-            row = pd.DataFrame([t.__dict__ for t in prompt_attention(model, typed.ids, layer, head)])
-            row["label"] = [f"{i}:{display_token(t)}" for i, t in zip(row.position, row.token)]
-            st.caption(f"Attention of the last token of `{current_prompt()}` (change it in the Prompt lab)")
+            row = pd.DataFrame([t.__dict__ for t in typed_attention(model, current_prompt(), layer, head)])
+            row["label"] = [f"{i}: {display_token(t)}" for i, t in zip(row.position, row.token)]
+            st.caption(f"Your prompt `{current_prompt()}` (change it in the Prompt lab): the attention of its last "
+                       f"token, token by token, coloured by the token's role")
             st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
         except PromptError as e:
             st.error(f"Cannot show the typed prompt's attention: {e}")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.circuit_panels import logit_lens_view, mlp_projections_view, typed_top_numbers
+from ui.circuit_panels import (
+    highlight_answer,
+    logit_lens_view,
+    mlp_projections_view,
+    top_numbers_sentence,
+    typed_top_numbers,
+)
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 
 model, spec = setup_page(
@@ -27,14 +33,20 @@ st.caption("The residual stream at the last token after each layer, read through
            "answer, the lens shows it appear.")
 logit_lens_view(model, pairs, cache)
 
-st.subheader("Top number tokens of each layer's MLP, on the typed prompt")
-st.caption(f"Prompt: `{current_prompt()}` (change it in the Prompt lab). Score = MLP contribution · W_U[n].")
+st.subheader("The numbers each layer's MLP pushes, on your prompt")
+st.caption(f"Your prompt: `{current_prompt()}` (change it in the Prompt lab). Each row is one layer's MLP at the last "
+           f"position; #1 is the number whose logit its output raises most (the MLP's output · that number's "
+           f"unembedding vector), then #2 ...; the answer is highlighted, with its rank when it is not in the top 5.")
 got = typed_top_numbers(model, current_prompt())
 if got is not None:
     top, rep = got
-    wide = top.pivot(index="layer", columns="rank", values="number")
+    st.markdown(top_numbers_sentence(top, rep))
+    wide = top[top["rank"] <= 5].pivot(index="layer", columns="rank", values="number")
     wide.columns = [f"#{c}" for c in wide.columns]
-    st.dataframe(wide, width="stretch")
-    if rep.parsed is not None:
-        st.caption(f"Answer: {rep.parsed.answer}")
+    if top["answer"].any():
+        ranks = top[top["answer"]].set_index("layer")["rank"]
+        wide["rank of the answer"] = ranks.reindex(wide.index)
+    ranked = [c for c in wide.columns if c.startswith("#")]
+    st.dataframe(highlight_answer(wide, ranked, int(top[top["answer"]]["number"].iloc[0]))
+                 if top["answer"].any() else wide, width="stretch")
     st.download_button("Top tokens (CSV)", top.to_csv(index=False).encode(), "top_number_tokens.csv", "text/csv")

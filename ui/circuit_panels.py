@@ -322,7 +322,8 @@ def typed_top_numbers(model, text: str) -> tuple[pd.DataFrame, object] | None:
     from engine.techniques.promptlab import analyse_prompt
     try:
         rep = analyse_prompt(model, text)
-        return pd.DataFrame([t.__dict__ for t in top_number_tokens(model, rep.text, rep.ids)]), rep
+        answer = rep.answer_id if rep.parsed is not None else None
+        return pd.DataFrame([t.__dict__ for t in top_number_tokens(model, rep.text, rep.ids, answer_id=answer)]), rep
     except USER_ERRORS as e:
         st.error(f"Cannot analyse the typed prompt `{text}`: {e}. Change it in the Prompt lab.")
         return None
@@ -357,7 +358,50 @@ def mlp_layer_view(model, pairs, cache, layer: int, text: str) -> None:
     if got is None:
         return
     top, rep = got
-    mine = top[top.layer == layer][["rank", "number", "score"]]
-    st.caption(f"Top number tokens MLP {layer} writes on `{text}` (score = MLP contribution · W_U[n])"
-               + (f"; the answer is {rep.parsed.answer}" if rep.parsed is not None else ""))
-    st.dataframe(mine, hide_index=True, width="stretch")
+    mine = top[top.layer == layer]
+    st.caption(f"The numbers MLP {layer} pushes most on your prompt `{text}`: score = how much its output at the last "
+               f"position raises each number's logit (the MLP's output · the number's unembedding vector).")
+    st.markdown(top_numbers_sentence(top, rep, layer))
+    st.dataframe(highlight_answer(mine[["rank", "number", "score", "answer"]], ["rank", "number"]), hide_index=True,
+                 width="stretch")
+
+
+ANSWER_STYLE = "background-color: #FBE3D6; font-weight: bold"  # the answer's cells in a table of ranked numbers
+
+
+def highlight_answer(df: pd.DataFrame, columns: list[str], answer: int | None = None):
+    """``df`` styled with the answer's cells of ``columns`` highlighted: the cells equal to ``answer``, or (no
+    ``answer``) those of the rows whose ``answer`` column is true."""
+    if answer is not None:
+        return df.style.map(lambda v: ANSWER_STYLE if v == answer else "", subset=columns)
+    marked = df["answer"].to_numpy()
+    return df.style.apply(lambda col: [ANSWER_STYLE if m else "" for m in marked], axis=0, subset=columns)
+
+
+def top_numbers_sentence(top: pd.DataFrame, rep, layer: int | None = None) -> str:
+    """What the ranked numbers say about the answer, from the frame itself (``top``: rows of
+    ``top_number_tokens`` with the answer marked; ``layer``: one MLP, or every layer)."""
+    if rep.parsed is None or not top["answer"].any():
+        return ("Your prompt has no answer the lab can read (no arithmetic problem found), so no number is marked "
+                "as the answer.")
+    ans = top[top["answer"]]
+    word = ans["token"].iloc[0]
+    first = f"the answer's first token `{word}`" if str(rep.parsed.answer) != word.strip("▁Ġ ") else \
+        f"the answer {rep.parsed.answer}"
+    if layer is not None:
+        rank = int(ans[ans.layer == layer]["rank"].iloc[0])
+        above = top[(top.layer == layer) & (top["rank"] < rank)]["number"].tolist()
+        if rank == 1:
+            return f"MLP {layer} pushes {first} more than any other number."
+        return (f"MLP {layer} ranks {first} {rank}{_ordinal(rank)}: it pushes {', '.join(map(str, above))} more. "
+                f"One MLP's push is only part of the answer: the model's output is the sum of every layer's "
+                f"writes (the logit lens shows where the sum settles).")
+    tops = sorted(int(x) for x in ans[ans["rank"] == 1]["layer"])
+    return (f"{first[0].upper()}{first[1:]} (highlighted) is the top number of the MLPs of layer"
+            f"{'s' if len(tops) != 1 else ''} {', '.join(map(str, tops))}." if tops else
+            f"No single MLP ranks {first} (highlighted) first: each pushes other numbers more, and the answer comes "
+            f"from the sum of their writes.")
+
+
+def _ordinal(n: int) -> str:
+    return "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")

@@ -15,6 +15,19 @@ LEGEND = alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title=N
 LINE_LEGEND = alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title=None, symbolType="stroke",
                          symbolStrokeWidth=3, symbolOpacity=1)
 
+def layer_axis(title: str = "layer (-1 = the embedding)", field: str = "layer") -> alt.X:
+    """The x axis of a line over layers: a number line with integer ticks (a model of 30 layers keeps its ticks
+    legible in a narrow panel; a line over layers is read as a curve, not as categories)."""
+    return alt.X(f"{field}:Q", title=title, axis=alt.Axis(format="d", tickMinStep=1),
+                 scale=alt.Scale(nice=False, zero=False))
+
+
+#: the height of one category of a chart whose rows are categories (layers, tokens, templates): room for its label
+ROW_PX = 22
+#: token roles in the order the attention bars list them, and their colours (the problem's tokens strongest)
+ROLE_ORDER = ("operand A", "operand B", "operator", "first token (attention sink)", "other")
+ROLE_COLORS = ("#D55E00", "#0072B2", "#009E73", "#999999", "#CCCCCC")
+
 
 def stretched(chart):
     """A single or layered chart that a page shows at its full width (``width="stretch"``) with its ``height`` kept
@@ -66,7 +79,8 @@ def heatmap(df: pd.DataFrame, metric: str, lim: float | None = None) -> alt.Char
     (outlined in black; the other cells keep their colour).
 
     The colour range is symmetric, ``[-lim, lim]`` (default :func:`heatmap_limit`): give two heatmaps the
-    same ``lim`` to compare them on one scale.
+    same ``lim`` to compare them on one scale.  Each layer is a row of :data:`ROW_PX` pixels, so every layer's
+    label is drawn however many layers the model has (the chart grows with them).
 
     ``df`` columns: layer, column (head number as text, or "MLP"), head (-1 for MLPs), value.
     """
@@ -74,41 +88,66 @@ def heatmap(df: pd.DataFrame, metric: str, lim: float | None = None) -> alt.Char
     sel = alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick",
                               empty=False)
     cols = [c for c in df["column"].unique() if c != "MLP"] + ["MLP"]
-    return alt.Chart(df).mark_rect(stroke="white", strokeWidth=0.5).encode(
-        x=alt.X("column:N", sort=cols, title="head (and the layer's MLP)"),
-        y=alt.Y("layer:O", sort="descending", title="layer"),
+    return stretched(alt.Chart(df).mark_rect(stroke="white", strokeWidth=0.5).encode(
+        x=alt.X("column:N", sort=cols, title="head (and the layer's MLP)",
+                axis=alt.Axis(labelAngle=0, labelOverlap=False)),
+        y=alt.Y("layer:O", sort="descending", title="layer", axis=alt.Axis(labelOverlap=False)),
         color=alt.Color("value:Q", title=metric,
                         scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0, clamp=True)),
         stroke=alt.condition(sel, alt.value("black"), alt.value("white")),
         strokeWidth=alt.condition(sel, alt.value(3), alt.value(0.5)),
         tooltip=["layer", "column", alt.Tooltip("value:Q", format=".4f")]
         + [alt.Tooltip(f"{c}:Q", format=".4f", title=f"95 % interval, {c}") for c in ("low", "high") if c in df],
-    ).add_params(sel).properties(height=max(220, 26 * df["layer"].nunique()))
+    ).add_params(sel).properties(height=alt.Step(ROW_PX)))
 
 
 def token_bars(df: pd.DataFrame, x: str, y: str, title: str, fmt: str = ".3f") -> alt.Chart:
-    """Bars in the order of the rows (e.g. tokens of a prompt)."""
-    return alt.Chart(df).mark_bar().encode(
-        x=alt.X(f"{x}:N", sort=None, title=None, axis=alt.Axis(labelAngle=-40)),
-        y=alt.Y(f"{y}:Q", title=title),
-        tooltip=[x, alt.Tooltip(f"{y}:Q", format=fmt)],
-    ).properties(height=220)
+    """Horizontal bars, one row per category in the order of the rows (e.g. the tokens of a prompt), each label
+    drawn in full on its own row and each bar's value printed on it.  With a ``role`` column (token roles: operand
+    A, operand B, operator, ...) the bars are coloured by role, with a legend unless the rows are the roles
+    themselves.  ``x`` names the category column, ``y`` the value column."""
+    color = alt.value(PALETTE[1])
+    if "role" in df:
+        roles = [r for r in ROLE_ORDER if r in set(df["role"])] + sorted(set(df["role"]) - set(ROLE_ORDER))
+        color = alt.Color("role:N", title="token role", sort=roles, legend=None if x == "role" else LEGEND,
+                          scale=alt.Scale(domain=roles, range=[dict(zip(ROLE_ORDER, ROLE_COLORS)).get(r, PALETTE[4])
+                                                               for r in roles]))
+    top = float(df[y].max()) if len(df) else 0.0
+    inside = alt.datum[y] > 0.75 * top  # a long bar carries its value inside its end, a short one beside it
+    base = alt.Chart(df).encode(
+        y=alt.Y(f"{x}:N", sort=None, title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
+        x=alt.X(f"{y}:Q", title=title),
+        tooltip=[x] + (["role"] if "role" in df else []) + [alt.Tooltip(f"{y}:Q", format=fmt)])
+    bars = base.mark_bar().encode(color=color)
+    beside = base.transform_filter(~inside).mark_text(align="left", dx=3).encode(
+        text=alt.Text(f"{y}:Q", format=fmt))
+    within = base.transform_filter(inside).mark_text(align="right", dx=-3, color="white", fontWeight="bold").encode(
+        text=alt.Text(f"{y}:Q", format=fmt))
+    return stretched((bars + beside + within).properties(height=alt.Step(ROW_PX)))
 
 
-def ranked_bars(df: pd.DataFrame, title: str = "probability") -> alt.Chart:
+def ranked_bars(df: pd.DataFrame, title: str = "probability", answer_id: int | None = None) -> alt.Chart:
     """Next-token bars, most likely first, each with its probability printed; tokens readable (␣ ⏎), the raw
-    piece and its id on hover.  ``df`` columns: token, token_id, prob."""
+    piece and its id on hover.  ``df`` columns: token, token_id, prob.  ``answer_id``: the answer's token, drawn in
+    the strongest colour with a legend (the other tokens in one colour)."""
     df = df.assign(shown=[display_token(t) for t in df["token"]], label=[fmt_prob(p) for p in df["prob"]])
     df = df.sort_values("prob", ascending=False, kind="stable")
     df["shown"] = [f"{t}" if (df["shown"] == t).sum() == 1 else f"{t} #{i}"
                   for t, i in zip(df["shown"], df["token_id"])]
-    x = alt.X("shown:N", sort=list(df["shown"]), title=None, axis=alt.Axis(labelAngle=0, labelLimit=0))
+    color = alt.value(PALETTE[1])
+    if answer_id is not None:
+        kinds = ["the answer", "another token"]
+        df["kind"] = [kinds[0] if int(i) == int(answer_id) else kinds[1] for i in df["token_id"]]
+        color = alt.Color("kind:N", sort=kinds, scale=alt.Scale(domain=kinds, range=[PALETTE[0], PALETTE[1]]),
+                          legend=alt.Legend(orient="top", title=None))
+    x = alt.X("shown:N", sort=list(df["shown"]), title=None, axis=alt.Axis(labelAngle=0, labelLimit=0,
+                                                                          labelOverlap=False))
     base = alt.Chart(df).encode(x=x, tooltip=[alt.Tooltip("token:N", title="raw token"),
                                                alt.Tooltip("token_id:Q", title="id"),
                                                alt.Tooltip("prob:Q", format=".3g")])
-    bars = base.mark_bar(color=PALETTE[1]).encode(y=alt.Y("prob:Q", title=title, scale=alt.Scale(domain=[0, 1])))
+    bars = base.mark_bar().encode(y=alt.Y("prob:Q", title=title, scale=alt.Scale(domain=[0, 1])), color=color)
     text = base.mark_text(dy=-7, fontSize=13).encode(y="prob:Q", text="label:N")
-    return (bars + text).properties(height=240)
+    return stretched((bars + text).properties(height=240))
 
 
 def template_bars(df: pd.DataFrame) -> alt.Chart:
@@ -139,14 +178,17 @@ def lines_with_band(df: pd.DataFrame, x: str, y: str, lo: str, hi: str, color: s
                     xtitle: str | None = None) -> alt.Chart:
     """Lines with a shaded band, colour-blind-safe colours; ``main`` (the main result's series) gets the
     strongest colour and a thicker line.  The legend sits below the chart, its labels never cut.  ``xsort``:
-    the x categories' order (default: sorted); ``xtitle``: the x axis title (default: ``x``)."""
+    the x categories' order (default: sorted); ``xtitle``: the x axis title (default: ``x``).  An integer ``x``
+    with no ``xsort`` (layers, k) is a number line (:func:`layer_axis`)."""
     series = list(dict.fromkeys(df[color]))
     if main in series:
         series = [main] + [s_ for s_ in series if s_ != main]
     palette = list(PALETTE) if main in series else list(PALETTE[1:]) + [PALETTE[0]]
     scale = alt.Scale(domain=series, range=palette[:len(series)])
-    base = alt.Chart(df).encode(x=alt.X(f"{x}:O", title=xtitle or x, sort=xsort or "ascending"),
-                                color=alt.Color(f"{color}:N", scale=scale, legend=LINE_LEGEND))
+    numeric = xsort is None and pd.api.types.is_integer_dtype(df[x])
+    xenc = (layer_axis(xtitle or x, x) if numeric else
+            alt.X(f"{x}:O", title=xtitle or x, sort=xsort or "ascending", axis=alt.Axis(labelOverlap=False)))
+    base = alt.Chart(df).encode(x=xenc, color=alt.Color(f"{color}:N", scale=scale, legend=LINE_LEGEND))
     band = base.mark_area(opacity=0.15).encode(y=alt.Y(f"{lo}:Q", title=ytitle), y2=f"{hi}:Q")
     width = alt.condition(alt.datum[color] == main, alt.value(4), alt.value(2)) if main else alt.value(2)
     line = base.mark_line(point=True).encode(y=f"{y}:Q", strokeWidth=width,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from views.charts import HEAD_SELECTION, stretched
+from views.charts import HEAD_SELECTION, ROW_PX, stretched
 
 
 def exact_vs_estimate(df: pd.DataFrame, exact: str, estimate: str, metric: str) -> alt.Chart:
@@ -34,35 +34,36 @@ def position_heatmap(df: pd.DataFrame, metric: str) -> alt.Chart:
     """Layer x position heatmap (positions left to right ending at END), token labels on the x axis.
 
     ``df`` columns: layer, rel (0 = END), token, value."""
-    df = df.assign(position=[t if t.startswith("END") else (f"{t} ({-r})" if r else f"{t} (END)")
+    df = df.assign(position=[t if t.startswith("END") else (f"{t} ({-r})" if r else f"{t} (last)")
                              for t, r in zip(df["token"], df["rel"])])
     order = [p for _, p in sorted({(-r, p) for r, p in zip(df["rel"], df["position"])})]
     lim = float(df["value"].abs().max() or 1.0)
-    return alt.Chart(df).mark_rect(stroke="white", strokeWidth=0.5).encode(
-        x=alt.X("position:N", sort=order, title="position (token, counted from END)",
-                axis=alt.Axis(labelAngle=-45, labelLimit=160)),
-        y=alt.Y("layer:O", sort="descending", title="layer"),
+    return stretched(alt.Chart(df).mark_rect(stroke="white", strokeWidth=0.5).encode(
+        x=alt.X("position:N", sort=order, title="position (token, and how many positions before the last one)",
+                axis=alt.Axis(labelAngle=-45, labelLimit=0, labelOverlap=False)),
+        y=alt.Y("layer:O", sort="descending", title="layer", axis=alt.Axis(labelOverlap=False)),
         color=alt.Color("value:Q", title=metric,
                         scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0, clamp=True)),
-        tooltip=["layer", "token", alt.Tooltip("rel:Q", title="positions before END"),
+        tooltip=["layer", "token", alt.Tooltip("rel:Q", title="positions before the last one"),
                  alt.Tooltip("value:Q", format=".4f")],
-    ).properties(height=max(260, 30 * df["layer"].nunique()))
+    ).properties(height=alt.Step(ROW_PX)))
 
 
 def lens_lines(df: pd.DataFrame) -> alt.Chart:
     """Answer probability (left) and median rank (right, log scale) per layer; layer -1 = embedding.
 
     ``df`` columns: layer, mean_prob, median_rank, top1."""
-    base = alt.Chart(df).encode(x=alt.X("layer:O", title="layer (-1 = embedding)"))
+    base = alt.Chart(df).encode(x=alt.X("layer:O", title="after layer (-1 = the embedding)",
+                                        axis=alt.Axis(labelOverlap=False)))
     prob = base.mark_line(point=True, color="#D55E00", strokeWidth=3).encode(
-        y=alt.Y("mean_prob:Q", title="mean P(answer) at END (solid)", scale=alt.Scale(domain=[0, 1]),
+        y=alt.Y("mean_prob:Q", title="mean P(answer), solid", scale=alt.Scale(domain=[0, 1]),
                 axis=alt.Axis(titleColor="#D55E00")),
         tooltip=["layer", alt.Tooltip("mean_prob:Q", format=".3f"), alt.Tooltip("top1:Q", format=".0%"),
                  alt.Tooltip("median_rank:Q", format=".0f")])
     rank = base.mark_line(point=True, color="#0072B2", strokeDash=[5, 3]).encode(
-        y=alt.Y("median_rank:Q", title="median rank of the answer (dashed, log)", scale=alt.Scale(type="log"),
+        y=alt.Y("median_rank:Q", title="median rank of the answer, dashed (log scale)", scale=alt.Scale(type="log"),
                 axis=alt.Axis(titleColor="#0072B2")))
-    return alt.layer(prob, rank).resolve_scale(y="independent").properties(height=280)
+    return stretched(alt.layer(prob, rank).resolve_scale(y="independent").properties(height=280))
 
 
 TOP_K_SERIES, RANDOM_SERIES = "top-k key heads (by effect)", "k random heads (mean ± sd)"
@@ -115,13 +116,14 @@ def stability_chart(sdf: pd.DataFrame, k: int) -> alt.Chart:
     """Layer x head grid of one group: the share of resampled prompt sets whose top-k holds each head (0 .. 1),
     the group's own top-k outlined.  ``sdf`` columns: layer, head, in_top, rank, value."""
     base = alt.Chart(sdf.assign(top=sdf["rank"] <= k)).encode(
-        x=alt.X("head:O", title="head"), y=alt.Y("layer:O", title="layer", sort="descending"))
+        x=alt.X("head:O", title="head", axis=alt.Axis(labelOverlap=False)),
+        y=alt.Y("layer:O", title="layer", sort="descending", axis=alt.Axis(labelOverlap=False)))
     cells = base.mark_rect().encode(
         color=alt.Color("in_top:Q", title=f"in top-{k}", scale=alt.Scale(domain=[0, 1], scheme="blues")),
         tooltip=["layer", "head", alt.Tooltip("in_top:Q", format=".0%", title=f"in top-{k} of resamples"),
                  alt.Tooltip("rank:Q", title="rank (all of the group's pairs)"), alt.Tooltip("value:Q", format=".3f")])
     outline = base.transform_filter(alt.datum.top).mark_rect(fill=None, stroke="#d55e00", strokeWidth=2)
-    return (cells + outline).properties(height=max(160, 22 * int(sdf.layer.nunique())))
+    return stretched((cells + outline).properties(height=alt.Step(ROW_PX)))
 
 
 def carries_chart(cdf: pd.DataFrame, metric: str) -> alt.Chart:
@@ -131,7 +133,8 @@ def carries_chart(cdf: pd.DataFrame, metric: str) -> alt.Chart:
     order = list(dict.fromkeys(df.name))
     kinds = list(dict.fromkeys(df.kind))
     color = alt.Color("kind:N", title="X_c changes", sort=kinds, legend=alt.Legend(orient="bottom"))
-    base = alt.Chart(df).encode(x=alt.X("name:N", sort=order, title="key head (layer.head)"),
+    base = alt.Chart(df).encode(x=alt.X("name:N", sort=order, title="key head (layer.head)",
+                                        axis=alt.Axis(labelAngle=0, labelOverlap=False)),
                                 xOffset=alt.XOffset("kind:N", sort=kinds), color=color)
     bars = base.mark_bar().encode(
         y=alt.Y("value:Q", title=f"mean {metric}"),

@@ -8,9 +8,11 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from views.charts import LEGEND, LINE_LEGEND, PALETTE, stretched
+from views.charts import LEGEND, LINE_LEGEND, PALETTE, layer_axis, stretched
 
 POSITION_ORDER = ("END", "A", "B")
+#: the width of one panel of a three-panel chart: the three fit the page's column (about 900 px on a laptop)
+FACET_PX = 220
 TARGET_COLORS = alt.Scale(domain=["A", "B", "C"], range=[PALETTE[1], PALETTE[2], PALETTE[0]])
 
 
@@ -28,7 +30,7 @@ def probe_lines(df: pd.DataFrame, method: str = "logistic", threshold: float | N
     long = probe_frame(df, method)
     title = "held-out R²" if method == "ridge" else "held-out accuracy"
     base = alt.Chart().mark_line(point=True).encode(
-        x=alt.X("layer:O", title="layer (-1 = embedding)"),
+        x=layer_axis(),
         y=alt.Y("value:Q", title=title, scale=alt.Scale(domain=[0, 1], clamp=True)),
         color=alt.Color("target:N", scale=TARGET_COLORS, legend=LINE_LEGEND),
         strokeDash=alt.StrokeDash("kind:N", legend=alt.Legend(orient="bottom", title=None)),
@@ -37,7 +39,7 @@ def probe_lines(df: pd.DataFrame, method: str = "logistic", threshold: float | N
     layers = [base]
     if threshold is not None:
         layers.append(alt.Chart().mark_rule(color="grey", strokeDash=[2, 2]).encode(y=alt.datum(threshold)))
-    return alt.layer(*layers, data=long).properties(width=260, height=220).facet(
+    return alt.layer(*layers, data=long).properties(width=FACET_PX, height=220).facet(
         column=alt.Column("position:N", sort=list(POSITION_ORDER), title="position"))
 
 
@@ -50,7 +52,7 @@ def kappa_lines(df: pd.DataFrame) -> alt.Chart:
         pd.DataFrame({"layer": mods["layer"], "T": mods["method"].str[3:], "kind": "shuffled labels",
                       "kappa": mods["baseline"], "n_prompts": mods["n_prompts"]})])
     return stretched(alt.Chart(long).mark_line(point=True).encode(
-        x=alt.X("layer:O", title="layer (-1 = embedding)"),
+        x=layer_axis(),
         y=alt.Y("kappa:Q", title="held-out Cohen's κ of C mod T", scale=alt.Scale(domain=[-0.2, 1], clamp=True)),
         color=alt.Color("T:N", title="T", sort=["2", "5", "10", "100"], legend=LINE_LEGEND),
         strokeDash=alt.StrokeDash("kind:N", legend=alt.Legend(orient="bottom", title=None)),
@@ -62,13 +64,16 @@ def spectrum_bars(df: pd.DataFrame) -> alt.FacetChart:
     """|DFT| over the number axis per frequency (labelled by its period), dominant periods in the strong colour."""
     d = df.copy()
     d["period_label"] = d["period"].map(lambda p: f"{p:g}")
-    return alt.Chart(d).mark_bar().encode(
-        x=alt.X("k:O", title="frequency k (period N/k below each bar in the tooltip)"),
+    n_k = max(int(d["k"].nunique()), 1)
+    return alt.Chart(d).mark_bar(size=max(2.0, FACET_PX / (n_k + 1) - 1)).encode(
+        x=alt.X("k:Q", title="frequency k (its period N/k in the tooltip)", axis=alt.Axis(format="d", tickMinStep=1),
+                scale=alt.Scale(domain=[float(d["k"].min()) - 0.5, float(d["k"].max()) + 0.5], nice=False)),
         y=alt.Y("magnitude:Q", title="‖F[k]‖"),
         color=alt.condition("datum.dominant", alt.value(PALETTE[0]), alt.value("#bbbbbb")),
         tooltip=["space", "k", "period_label", alt.Tooltip("magnitude:Q", format=".3f"),
                  alt.Tooltip("share:Q", format=".1%"), "dominant"],
-    ).properties(width=280, height=200).facet(column=alt.Column("space:N", title=None)).resolve_scale(y="independent")
+    ).properties(width=FACET_PX, height=200).facet(column=alt.Column("space:N", title=None)).resolve_scale(
+        y="independent")
 
 
 def helix_lines(df: pd.DataFrame, position: str, target: str) -> alt.Chart:
@@ -86,7 +91,7 @@ def helix_lines(df: pd.DataFrame, position: str, target: str) -> alt.Chart:
         pd.DataFrame({"layer": means["layer"], "fit": "class means, shuffled labels", "R2": means["baseline"]}),
     ])
     return stretched(alt.Chart(long).mark_line(point=True).encode(
-        x=alt.X("layer:O", title="layer (-1 = embedding)"),
+        x=layer_axis(),
         y=alt.Y("R2:Q", title="R² of the residual stream (in-sample)", scale=alt.Scale(domain=[0, 1], clamp=True)),
         color=alt.Color("fit:N", scale=alt.Scale(range=list(PALETTE[:5])), legend=LINE_LEGEND),
         tooltip=["layer", "fit", alt.Tooltip("R2:Q", format=".3f")],
@@ -135,14 +140,14 @@ def digit_lines(df: pd.DataFrame) -> alt.FacetChart:
     long["line"] = long["target"] + " " + long["digit"]
     colors = alt.Scale(domain=["A", "B", "C", "shuffled"], range=[PALETTE[1], PALETTE[2], PALETTE[0], "#bbbbbb"])
     return alt.Chart(long).mark_line(point=True).encode(
-        x=alt.X("layer:O", title="layer (-1 = embedding)"),
+        x=layer_axis(),
         y=alt.Y("mean(accuracy):Q", title="held-out digit accuracy", scale=alt.Scale(domain=[0, 1], clamp=True)),
         color=alt.Color("target:N", scale=colors, legend=LINE_LEGEND),
         strokeDash=alt.StrokeDash("digit:N", sort=["units", "tens"], legend=alt.Legend(orient="bottom", title=None)),
         detail="line:N",
         tooltip=["layer", "position", "target", "digit", "kind", alt.Tooltip("mean(accuracy):Q", format=".3f"),
                  "n_prompts"],
-    ).properties(width=260, height=220).facet(column=alt.Column("position:N", sort=list(POSITION_ORDER),
+    ).properties(width=FACET_PX, height=220).facet(column=alt.Column("position:N", sort=list(POSITION_ORDER),
                                                                 title="position"))
 
 

@@ -49,6 +49,15 @@ METHOD = "attention_roles"
 def token_roles(backend: ModelBackend, pair: PromptPair) -> list[str]:
     """The role of every position of ``pair.ref_ids``."""
     toks = backend.tokenizer.convert_ids_to_tokens(pair.ref_ids)
+    tpl = TEMPLATES_BY_ID.get(pair.template)
+    a_first = tpl is None or tpl.text.index("{A}") < tpl.text.index("{B}")
+    return roles_of(toks, [r != c for r, c in zip(pair.ref_ids, pair.cf_ids)], a_first=a_first)
+
+
+def roles_of(toks: Sequence[str | None], operator: Sequence[bool], *, a_first: bool = True) -> list[str]:
+    """The role of every token of a prompt: ``operator[i]`` marks the positions its counterfactual replaces (all
+    False for a prompt with no counterfactual: no operator role); the two runs of digit tokens are the operands,
+    the first one A when ``a_first``."""
     roles = ["other"] * len(toks)
     if toks:
         roles[0] = FIRST_TOKEN  # operand / operator roles below take precedence
@@ -62,16 +71,14 @@ def token_roles(backend: ModelBackend, pair: PromptPair) -> list[str]:
                 runs[-1].append(i)
             else:
                 runs.append([i])
-    tpl = TEMPLATES_BY_ID.get(pair.template)
     if len(runs) == 2:
-        a_first = tpl is None or tpl.text.index("{A}") < tpl.text.index("{B}")
         first, second = ("operand A", "operand B") if a_first else ("operand B", "operand A")
         for i in runs[0]:
             roles[i] = first
         for i in runs[1]:
             roles[i] = second
-    for i, (r, c) in enumerate(zip(pair.ref_ids, pair.cf_ids)):
-        if r != c:
+    for i, differs in enumerate(operator):
+        if differs:
             roles[i] = "operator"
     return roles
 
@@ -142,20 +149,26 @@ class TokenAttention:
     position: int
     token: str
     weight: float
+    role: str = "other"  # the token's role (:data:`ROLES`), when the caller gave them
 
 
 @torch.no_grad()
-def prompt_attention(backend: ModelBackend, ids: Sequence[int], layer: int, head: int) -> list[TokenAttention]:
-    """The END row of head (layer, head) on one prompt, token by token."""
+def prompt_attention(backend: ModelBackend, ids: Sequence[int], layer: int, head: int,
+                     roles: Sequence[str] | None = None) -> list[TokenAttention]:
+    """The END row of head (layer, head) on one prompt, token by token (``roles``: each token's role, e.g.
+    :func:`token_roles`)."""
     hooks.validate_layer(layer, backend.facts.n_layers)
     if not 0 <= head < backend.facts.n_heads:
         raise ValueError(f"head {head} does not exist: heads 0..{backend.facts.n_heads - 1}")
     if not ids:
         raise ValueError("empty prompt")
+    if roles is not None and len(roles) != len(ids):
+        raise ValueError(f"{len(roles)} roles for {len(ids)} tokens")
     _, c = backend.run_with_cache(torch.tensor([list(ids)]), None, [hooks.attn_pattern(layer)])
     row = c[hooks.attn_pattern(layer)][0, head, -1].float().cpu()
     toks = backend.tokenizer.convert_ids_to_tokens(list(ids))
-    return [TokenAttention(i, str(t), float(w)) for i, (t, w) in enumerate(zip(toks, row.tolist()))]
+    roles = roles or ["other"] * len(ids)
+    return [TokenAttention(i, str(t), float(w), r) for i, (t, w, r) in enumerate(zip(toks, row.tolist(), roles))]
 
 
 def cached_role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=None,

@@ -132,15 +132,19 @@ def projections_with_pairs(backend: ModelBackend, pairs: Sequence[PromptPair], *
 @dataclass(frozen=True)
 class TopToken:
     layer: int
-    rank: int
+    rank: int          # 1 = the number this layer's MLP pushes most
     token: str
     number: int
     score: float
+    answer: bool = False  # the answer's first token (listed with its rank even when it is not in the top k)
 
 
 @torch.no_grad()
-def top_number_tokens(backend: ModelBackend, prompt: str, ids: Sequence[int], *, k: int = 5) -> list[TopToken]:
-    """For one prompt: each layer's k number tokens with the largest contribution . w_n (Fig. 6c)."""
+def top_number_tokens(backend: ModelBackend, prompt: str, ids: Sequence[int], *, k: int = 5,
+                      answer_id: int | None = None) -> list[TopToken]:
+    """For one prompt: each layer's k number tokens with the largest contribution . w_n (Fig. 6c).  With
+    ``answer_id`` (the answer's first token, a number token of the prompt's table) that token is marked, and a
+    layer whose top k misses it lists it too, with its rank among all the number tokens."""
     if not ids:
         raise ValueError("empty prompt")
     L = backend.facts.n_layers
@@ -150,13 +154,16 @@ def top_number_tokens(backend: ModelBackend, prompt: str, ids: Sequence[int], *,
     names = [hooks.mlp_out(layer) for layer in range(L)]
     _, c = backend.run_with_cache(torch.tensor([list(ids)]), None, names)
     toks = backend.tokenizer.convert_ids_to_tokens(nums.tolist())
+    where = (nums == answer_id).nonzero().flatten().tolist() if answer_id is not None else []
     out = []
     for layer in range(L):
         contrib = c[hooks.mlp_out(layer)][0, -1].float().cpu()
-        scores = contrib @ W_U.float().cpu()[:, nums]
-        top = scores.topk(min(k, len(nums)))
-        for r, (v, i) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
-            out.append(TopToken(layer, r + 1, str(toks[i]), table[int(nums[i])], float(v)))
+        scores = contrib @ W_U.float().cpu()[:, nums]  # [N]
+        order = scores.argsort(descending=True, stable=True).tolist()
+        shown = order[:min(k, len(nums))] + [i for i in where if i not in order[:k]]
+        for i in shown:
+            out.append(TopToken(layer, order.index(i) + 1, str(toks[i]), table[int(nums[i])], float(scores[i]),
+                                i in where))
     return out
 
 

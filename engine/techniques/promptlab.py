@@ -18,6 +18,7 @@ from engine.backends.base import ModelBackend
 from engine.prompts.pairs import LENGTH_MISMATCH, PromptError, PromptPair, answer_tokens
 from engine.prompts.templates import CF_SYMBOLS, CF_WORDS
 from engine.prompts.typed import MAX_TYPED_CHARS, TypedIds, TypedProblem, parse_typed_prompt, typed_prompt_ids
+from engine.techniques.attention import TokenAttention, prompt_attention, roles_of, token_roles
 from engine.techniques.knockout import Knockout, MeanActivations, TokenProb, next_token_probs, top_of
 
 
@@ -85,6 +86,22 @@ def typed_pair(tok, text: str | None) -> PromptPair:
                               ref_text=p.text.rstrip(), cf_text=cf_text, ref_ids=ref.prompt_ids,
                               cf_ids=cf.prompt_ids, answer_id=ref.answer_id, answer_ids=ref.answer_ids)
     raise PromptError(LENGTH_MISMATCH)
+
+
+def typed_attention(backend: ModelBackend, text: str | None, layer: int, head: int) -> list[TokenAttention]:
+    """Head (layer, head)'s END row on the typed prompt, token by token, each token with its role: the operands and
+    the operator of the prompt and its counterfactual (:func:`typed_pair`, :func:`~engine.techniques.attention.
+    token_roles`); a prompt with no counterfactual has operands (its two digit runs) but no operator."""
+    typed = check_typed_text(backend.tokenizer, text)
+    try:
+        pair = typed_pair(backend.tokenizer, text)
+    except PromptError:
+        pair = None
+    if pair is not None and list(pair.ref_ids) == list(typed.ids):
+        roles = token_roles(backend, pair)
+    else:
+        roles = roles_of(backend.tokenizer.convert_ids_to_tokens(list(typed.ids)), [False] * len(typed.ids))
+    return prompt_attention(backend, typed.ids, layer, head, roles)
 
 
 def _notes(tok, ids: list[int], parsed: TypedProblem | None) -> list[str]:

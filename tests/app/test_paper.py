@@ -8,7 +8,7 @@ from tests.app.conftest import errors, page
 
 
 def _table(at):
-    return at.dataframe[0].value
+    return at.table[0].value.reset_index()  # a static table (every cell wrapped in full), indexed by the finding
 
 
 def test_every_finding_has_a_number_or_a_reason():

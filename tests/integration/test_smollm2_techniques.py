@@ -58,6 +58,24 @@ def test_knockout_attention_projection_on_smollm2(smol, pairs):
     assert len(proj) == 4 * smol.facts.n_layers
     top = top_number_tokens(smol, pairs[0].ref_text, pairs[0].ref_ids, k=2)
     assert len(top) == 2 * smol.facts.n_layers
+    # the answer's first token (a digit: SmolLM2 splits numbers into digits) marked on every layer
+    marked = top_number_tokens(smol, pairs[0].ref_text, pairs[0].ref_ids, k=2, answer_id=pairs[0].answer_id)
+    assert sum(t.answer for t in marked) == smol.facts.n_layers
+    assert {t.token for t in marked if t.answer} == {str(pairs[0].answer)[0]}
+
+
+def test_typed_attention_roles_at_the_digits_on_smollm2(smol):
+    """The typed prompt's roles on a tokenizer that splits numbers into digits: each operand's digits are its role,
+    and END (the last token) is the position that predicts the answer's first digit."""
+    from engine.techniques.promptlab import check_typed_text, typed_attention
+    text = "What is 12 plus 7? Answer:"
+    rows = typed_attention(smol, text, 10, 3)
+    typed = check_typed_text(smol.tokenizer, text)
+    assert [r.token for r in rows] == smol.tokenizer.convert_ids_to_tokens(typed.ids)
+    assert [r.token.strip("Ġ") for r in rows if r.role == "operand A"] == ["1", "2"]
+    assert [r.token.strip("Ġ") for r in rows if r.role == "operand B"] == ["7"]
+    assert "operator" in {r.role for r in rows}
+    assert abs(sum(r.weight for r in rows) - 1) < 1e-4
 
 
 def test_benchmark_pairs_and_transfer_on_smollm2(smol, pairs):

@@ -148,6 +148,46 @@ def test_top_number_tokens(model, pairs):
     assert all(t.token.strip("Ġ▁").isdigit() for t in top)
 
 
+def test_top_number_tokens_mark_the_answer_with_its_rank(model, plain, pairs):
+    """With the answer's token given, every layer lists it with its rank among the number tokens, counted from a
+    plain ranking of that MLP's output . W_U[n] (a layer whose top k misses it lists it after them)."""
+    from engine.techniques.mlp_projections import number_tokens
+    p = pairs[0]
+    top = top_number_tokens(model, p.ref_text, p.ref_ids, k=2, answer_id=p.answer_id)
+    nums = sorted(number_tokens(model, p.ref_text))
+    W_U = plain.lm_head.weight.detach()[nums]  # [N, d]
+    for layer in range(model.facts.n_layers):
+        captured = {}
+        h = plain.model.layers[layer].mlp.register_forward_hook(
+            lambda m, a, o, captured=captured: captured.__setitem__("out", o[0, -1].detach()))
+        try:
+            with torch.no_grad():
+                plain(torch.tensor([p.ref_ids]))
+        finally:
+            h.remove()
+        scores = W_U @ captured["out"]  # [N]
+        rank = int((scores > scores[nums.index(p.answer_id)]).sum()) + 1
+        mine = [t for t in top if t.layer == layer]
+        answer = [t for t in mine if t.answer]
+        assert len(answer) == 1 and answer[0].rank == rank and answer[0].number == p.answer, (layer, mine)
+        assert len(mine) == 2 + (rank > 2)
+
+
+def test_typed_attention_gives_each_token_its_role(model):
+    """The typed prompt's END row token by token equals prompt_attention's, each token with its role: the operands'
+    digits, the operator's tokens (where the prompt and its counterfactual differ); no operator without one."""
+    from engine.techniques.promptlab import check_typed_text, typed_attention
+    text = "The sum of 3 and 5 is"
+    rows = typed_attention(model, text, 1, 3)
+    ids = check_typed_text(model.tokenizer, text).ids
+    assert [r.weight for r in rows] == [r.weight for r in prompt_attention(model, ids, 1, 3)]
+    by_token = {r.token: r.role for r in rows}
+    assert by_token["3"] == "operand A" and by_token["5"] == "operand B" and rows[0].role == FIRST_TOKEN
+    assert [r.token for r in rows if r.role == "operator"] == ["su", "##m"]
+    bare = typed_attention(model, "3 and 5", 1, 3)
+    assert "operator" not in {r.role for r in bare} and {r.role for r in bare} >= {"operand A", "operand B"}
+
+
 def test_analyse_prompt_equals_plain_hf(model, plain):
     """The prompt lab's numbers (top-5, P(answer), rank; the counterfactual's) == plain HF softmax of the last row,
     and under a knockout == plain HF with the heads' o_proj input slices set to the X_c means."""
