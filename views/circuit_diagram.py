@@ -6,52 +6,89 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from views.charts import stretched
+
 KIND_COLOR = {"token": "#7f7f7f", "head": "#d55e00", "mlp": "#0072b2", "answer": "#009e73"}
-EDGE_COLOR = {"attention": "#999999", "effect": "#d55e00", "head-head": "#cc79a7"}
+#: an edge's colour says what it is: a token's attention share, or a patching effect by its sign (red: the answer's
+#: logit drops when the sender's output comes from the counterfactual -- it carries the operation; blue: it rises)
+EDGE_KINDS = {"attention": "attention share (token → head)",
+              "lowers": "patching it lowers the answer logit",
+              "raises": "patching it raises the answer logit"}
+EDGE_COLOR = {EDGE_KINDS["attention"]: "#999999", EDGE_KINDS["lowers"]: "#d55e00", EDGE_KINDS["raises"]: "#0072b2"}
 DIAGRAM_SELECTION = "diagram_node"
+NODE_GAP_PX = 48      # vertical distance between two rows of nodes (a node's label sits above it)
+MIN_HEIGHT_PX = 300
+
+
+def columns(diagram) -> list[str]:
+    """The diagram's columns, left to right: the tokens, each layer that holds a key head or an MLP, the answer."""
+    layers = sorted({n.layer for n in diagram.nodes if n.kind in ("head", "mlp")})
+    return ["tokens"] + [f"layer {layer}" for layer in layers] + ["answer"]
+
+
+def column_of(node) -> str:
+    return {"token": "tokens", "answer": "answer"}.get(node.kind, f"layer {node.layer}")
 
 
 def layout(diagram) -> pd.DataFrame:
-    """One row per node: id, kind, label, layer, effect and its (x, y) position.  x is the layer; the heads and
-    MLPs, in layer order, take alternating rows above and below the middle (so edges between layers do not run
-    along one line), the tokens spread over the same height on the left, the answer in the middle on the right."""
+    """One row per node: id, kind, label, layer, effect, its column and its (x, y) position.  x is the column
+    (:func:`columns`: only the layers that hold a node, so a 30-layer model's circuit is as wide as its few layers,
+    and no head of layer 0 sits on the tokens).  The heads and MLPs, in layer order, each take a row of their own,
+    alternating above and below the middle (no two nodes share a place, and edges between layers do not run along
+    one line); the tokens spread over the same height on the left, the answer in the middle on the right."""
+    cols = columns(diagram)
     middle = sorted((n for n in diagram.nodes if n.kind in ("head", "mlp")), key=lambda n: (n.layer, n.kind, n.head))
-    y = {n.id: (1 if i % 2 else -1) * ((i + 1) // 2) for i, n in enumerate(middle)}
-    lo, hi = min(y.values(), default=-1), max(y.values(), default=1)
+    y = {n.id: float((1 if i % 2 else -1) * ((i + 1) // 2)) for i, n in enumerate(middle)}
+    lo, hi = min(y.values(), default=-1.0), max(y.values(), default=1.0)
     tokens = [n for n in diagram.nodes if n.kind == "token"]
     for i, n in enumerate(tokens):
         y[n.id] = hi - i * (hi - lo) / max(len(tokens) - 1, 1) if hi > lo else i - (len(tokens) - 1) / 2
-    rows = [{"id": n.id, "kind": n.kind, "label": n.label, "layer": n.layer, "effect": n.effect,
-             "x": float(n.layer), "y": float(y.get(n.id, 0.0))} for n in diagram.nodes]
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"id": n.id, "kind": n.kind, "label": n.label, "layer": n.layer, "effect": n.effect,
+                          "column": column_of(n), "x": float(cols.index(column_of(n))), "y": y.get(n.id, 0.0)}
+                         for n in diagram.nodes])
+
+
+def edge_kind(e) -> str:
+    """An edge's legend entry (:data:`EDGE_KINDS`): attention, or the sign of its patching effect."""
+    return EDGE_KINDS["attention" if e.kind == "attention" else "lowers" if e.weight < 0 else "raises"]
 
 
 def diagram_chart(diagram) -> alt.Chart:
-    """Edges (width: attention share, or |effect| relative to the strongest of their kind) under labelled nodes;
-    a click on a node selects it (selection ``DIAGRAM_SELECTION`` on ``id``)."""
+    """Edges (width: attention share, or |effect| relative to the strongest of their kind; colour: attention, or
+    the effect's sign; head -> head edges dashed) under labelled nodes; a click on a node selects it (selection
+    ``DIAGRAM_SELECTION`` on ``id``)."""
     nodes = layout(diagram)
     pos = nodes.set_index("id")
+    cols = columns(diagram)
     edges = []
     for e in diagram.edges:
         strongest = max(abs(x.weight) for x in diagram.edges if x.kind == e.kind) or 1.0
-        edges.append({"source": e.source, "target": e.target, "kind": e.kind, "weight": e.weight,
-                      "width": 1 + 7 * abs(e.weight) / strongest, "x": pos.x[e.source], "y": pos.y[e.source],
-                      "x2": pos.x[e.target], "y2": pos.y[e.target]})
-    edf = pd.DataFrame(edges, columns=["source", "target", "kind", "weight", "width", "x", "y", "x2", "y2"])
-    xs = alt.X("x:Q", title="layer (tokens left, answer right)", axis=alt.Axis(tickMinStep=1, format="d"))
-    ys = alt.Y("y:Q", axis=None)
-    lines = alt.Chart(edf).mark_rule(opacity=0.6).encode(
+        edges.append({"source": e.source, "target": e.target, "kind": e.kind, "sign": edge_kind(e),
+                      "weight": e.weight, "width": 1 + 7 * abs(e.weight) / strongest, "dash": e.kind == "head-head",
+                      "x": pos.x[e.source], "y": pos.y[e.source], "x2": pos.x[e.target], "y2": pos.y[e.target]})
+    edf = pd.DataFrame(edges, columns=["source", "target", "kind", "sign", "weight", "width", "dash", "x", "y", "x2",
+                                       "y2"])
+    names = "[" + ", ".join(repr(c) for c in cols) + "]"
+    xs = alt.X("x:Q", title=None, scale=alt.Scale(domain=[-0.5, len(cols) - 0.5], nice=False),
+               axis=alt.Axis(values=list(range(len(cols))), labelExpr=f"{names}[datum.value]", labelOverlap=False,
+                             grid=False, labelFontSize=12, labelFontWeight="bold", orient="top", ticks=False))
+    lo, hi = (float(nodes.y.min()), float(nodes.y.max())) if len(nodes) else (0.0, 0.0)
+    ys = alt.Y("y:Q", axis=None, scale=alt.Scale(domain=[lo - 0.6, hi + 0.6], nice=False))
+    lines = alt.Chart(edf).mark_rule(opacity=0.7).encode(
         x=xs, y=ys, x2="x2:Q", y2="y2:Q", strokeWidth=alt.StrokeWidth("width:Q", legend=None, scale=None),
-        color=alt.Color("kind:N", title="edge", scale=alt.Scale(domain=list(EDGE_COLOR),
-                                                                range=list(EDGE_COLOR.values()))),
+        strokeDash=alt.condition(alt.datum.dash, alt.value([6, 4]), alt.value([1, 0])),
+        color=alt.Color("sign:N", title="edge", legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0),
+                        scale=alt.Scale(domain=list(EDGE_COLOR), range=list(EDGE_COLOR.values()))),
         tooltip=["source", "target", "kind", alt.Tooltip("weight:Q", format=".3f")])
     sel = alt.selection_point(name=DIAGRAM_SELECTION, fields=["id"], on="click", clear="dblclick")
-    dots = alt.Chart(nodes).mark_circle(size=500, opacity=1).encode(
+    dots = alt.Chart(nodes).mark_circle(size=420, opacity=1).encode(
         x=xs, y=ys, color=alt.Color("kind:N", title="node", scale=alt.Scale(domain=list(KIND_COLOR),
-                                                                           range=list(KIND_COLOR.values()))),
+                                                                           range=list(KIND_COLOR.values())),
+                                    legend=alt.Legend(orient="bottom", direction="vertical")),
         tooltip=["label", "kind", "layer", alt.Tooltip("effect:Q", format=".4f")]).add_params(sel)
-    text = alt.Chart(nodes).mark_text(dy=-18, fontSize=12).encode(x=xs, y=ys, text="label:N")
-    return (lines + dots + text).resolve_scale(color="independent").properties(height=360)
+    text = alt.Chart(nodes).mark_text(dy=-19, fontSize=12).encode(x=xs, y=ys, text="label:N")
+    height = max(MIN_HEIGHT_PX, int(NODE_GAP_PX * (hi - lo + 1.2)))
+    return stretched((lines + dots + text).resolve_scale(color="independent").properties(height=height))
 
 
 def diagram_image(diagram, fmt: str) -> bytes:
