@@ -7,7 +7,7 @@ import streamlit as st
 
 from cache import CacheError
 from engine.findings.glossary import help_text
-from engine.prompts.pairs import PromptError
+from engine.prompts.pairs import PromptError, counterfactual_words
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention
 from engine.techniques.path_patching import cached_path_patching
@@ -26,15 +26,20 @@ from ui.progress import USER_ERRORS, progress_bar
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
 from views.charts import display_token, heatmap, heatmap_frame, token_bars
 
-model, spec = setup_page(
-    "Path patching",
-    "Each cell is one attention head (the last column is the layer's MLP). Its colour is the change of the "
-    "answer token's logit when only that component's output at the last position comes from the "
-    "counterfactual prompt (operator removed) and every other head is frozen: red = the answer logit "
-    "drops, i.e. the head carries the operation (the colour range follows the heads; MLP cells saturate). "
-    "Only prompts the model answers right are used. "
-    "Click a cell to see that head's attention from the last token (an MLP cell: that layer's MLP view); its "
-    "tooltip gives the cell's 95 % bootstrap interval over the prompt pairs.")
+
+def intro(spec) -> str:
+    """The page's text, in the words of the sidebar's counterfactual kind."""
+    name, carries = counterfactual_words(spec.counterfactual if spec else None)
+    return ("Each cell is one attention head (the last column is the layer's MLP). Its colour is the change of the "
+            "answer token's logit when only that component's output at the last position comes from the "
+            f"counterfactual prompt ({name}) and every other head is frozen: red = the answer logit drops, i.e. the "
+            f"head carries {carries} (the colour range follows the heads; MLP cells saturate). Only prompts the "
+            "model answers right are used. Click a cell to see that head's attention from the last token (an MLP "
+            "cell: that layer's MLP view); its tooltip gives the cell's 95 % bootstrap interval over the prompt "
+            "pairs.")
+
+
+model, spec = setup_page("Path patching", intro)
 prompt_caption()
 
 c1, c2, c3 = st.columns([2, 2, 1])
@@ -104,7 +109,8 @@ url_state.check("pp_tab", TABS)
 tab_map, tab_atp, tab_stab, tab_carry = st.tabs(TABS, **url_state.bound("pp_tab"))
 with tab_carry:
     st.caption(f"Does a key head carry operand A, operand B or the operator? The top {k} heads (the heatmap's ranking "
-               f"under the sidebar's prompt set, operator removed) path-patched again with counterfactuals that "
+               f"under the sidebar's prompt set, {counterfactual_words(spec.counterfactual)[0]}) path-patched again "
+               f"with counterfactuals that "
                f"change only A, or only B (the operator kept, the same length in tokens, the answer changed): a "
                f"head's most negative bar is what it carries; black rules are 95 % bootstrap intervals.")
     carries_view(model, spec, cache, int(k))

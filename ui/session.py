@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import streamlit as st
 
@@ -318,8 +318,10 @@ def _run_under_the_router() -> None:
         st.rerun()
 
 
-def setup_page(title: str, caption: str):
-    """Common page header + sidebar; returns (model, spec) or stops the page after an st.error.
+def setup_page(title: str, caption: "str | Callable[[PromptSetSpec | None], str]"):
+    """Common page header + sidebar; returns (model, spec) or stops the page after an st.error.  ``caption`` may
+    be a function of the sidebar's prompt set (None when the set is not valid): the page's words then follow the
+    set (its counterfactual kind, its templates).
 
     Under the router (app.py) the page config is set there; a page run on its own (AppTest) sets it here.
     The sidebar is drawn here, below the router's page list, and not by the router itself: AppTest
@@ -332,7 +334,7 @@ def setup_page(title: str, caption: str):
     _load_link_model()
     choice, spec = sidebar()
     st.title(title)
-    st.caption(caption)
+    st.caption(caption(None if isinstance(spec, ValueError) else spec) if callable(caption) else caption)
     note = state.model_note()
     if note:
         st.warning(note)

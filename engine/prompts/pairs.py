@@ -378,6 +378,18 @@ COUNTERFACTUALS: dict[str, str] = {
 }
 OPERATOR_REMOVED = "operator-removed"
 OPERATOR_SWAPPED = "operator-swapped"
+#: each kind in the pages' words: (its short name, what a component whose patch lowers the answer logit carries)
+COUNTERFACTUAL_WORDS: dict[str, tuple[str, str]] = {
+    "operator-removed": ("operator removed", "the operation"),
+    "operand-a": ("operand A changed", "operand A"),
+    "operand-b": ("operand B changed", "operand B"),
+    "operator-swapped": ("operator swapped", "the operation"),
+}
+
+
+def counterfactual_words(kind: str | None) -> tuple[str, str]:
+    """:data:`COUNTERFACTUAL_WORDS` of ``kind`` (None: the paper's, operator removed)."""
+    return COUNTERFACTUAL_WORDS[kind or OPERATOR_REMOVED]
 
 
 def check_counterfactual(kind: str) -> str:
