@@ -222,3 +222,60 @@ def test_patching_exact_vs_attribution_tab_and_head_to_head_on_demand():
     assert _charts(at) == n_charts + 1  # the head -> head heatmap
     at.run()  # now read from the cache: no button
     assert not [b for b in at.button if b.key == "h2h_go_3.5:q"] and _charts(at) == n_charts + 1
+
+
+def _chart_rows(at, field: str) -> list:
+    """Every value of ``field`` in the data of the page's charts (each chart's datasets, as Arrow streams)."""
+    import pyarrow as pa
+    out = []
+    for c in at.get("arrow_vega_lite_chart") + at.get("vega_lite_chart"):
+        for d in c.proto.datasets:
+            df = pa.ipc.open_stream(d.data.data).read_pandas()
+            out += list(df[field]) if field in df else []
+    return out
+
+
+def test_path_patching_words_follow_the_counterfactual_kind():
+    """The page's text names the sidebar's counterfactual and what a red head carries under it."""
+    at = page("4_Path_patching.py", n=6).run()
+    _ok(at)
+    text = " ".join(c.value for c in at.caption)
+    assert "counterfactual prompt (operator removed)" in text and "carries the operation" in text
+    at.session_state["prompt_set"] = {**at.session_state["prompt_set"], "counterfactual": "operand-a"}
+    at.run()
+    _ok(at)
+    text = " ".join(c.value for c in at.caption)
+    assert "counterfactual prompt (operand A changed)" in text and "carries operand A" in text
+    assert "operator removed" not in text
+
+
+def test_attention_bars_and_their_caption_follow_the_typed_prompt():
+    """The clicked head's attention chart is the typed prompt's, token by token with roles, and its caption names
+    that prompt: another prompt, another chart and caption."""
+    at = page("4_Path_patching.py", n=6)
+    at.session_state["selected_head"] = (1, 3)
+    at.run()
+    _ok(at)
+    assert {"5: 3", "7: 5"} <= set(_chart_rows(at, "label"))
+    assert any("`The sum of 3 and 5 is`" in c.value for c in at.caption)
+    at.session_state["prompt"] = "The sum of 4 and 2 is"
+    at.run()
+    _ok(at)
+    labels = set(_chart_rows(at, "label"))
+    assert {"5: 4", "7: 2"} <= labels and "7: 5" not in labels
+    assert {"operand A", "operand B", "operator"} <= set(_chart_rows(at, "role"))
+    assert any("`The sum of 4 and 2 is`" in c.value for c in at.caption)
+
+
+def test_mlp_page_marks_the_answer_and_says_where_it_ranks():
+    """The top numbers of each layer's MLP mark the typed prompt's answer and the sentence above them is about that
+    answer: another prompt, another answer named."""
+    at = page("5_MLP_projections.py", n=6).run()
+    _ok(at)
+    md = " ".join(m.value for m in at.markdown)
+    assert "the answer 8" in md.lower()
+    at.session_state["prompt"] = "The sum of 4 and 2 is"
+    at.run()
+    _ok(at)
+    md = " ".join(m.value for m in at.markdown)
+    assert "the answer 6" in md.lower() and "the answer 8" not in md.lower()
