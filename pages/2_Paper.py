@@ -5,10 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.results import NotCached, cache_only
+from engine.techniques.accuracy import kept_pairs
 from ui import state
 from ui.nav import page_link, page_of
 from ui.progress import USER_ERRORS, run_with_progress
-from ui.session import ModelChoice, loaded_model, result_cache, setup_page
+from ui.session import ModelChoice, loaded_model, result_cache, set_size_text, setup_page
 from views.charts import heatmap, heatmap_frame, heatmap_limit
 
 model, spec = setup_page(
@@ -40,7 +42,8 @@ rows = run_with_progress("The paper's findings", "check the paper's findings", c
 # what to do where a finding has no number yet, in this dashboard's words
 GO_TO = {"models": "type a second model above", "power": "the Improve page can teach it",
          "sft": "start precise and full SFT on the Improve page"}
-df = pd.DataFrame([{"finding": r.figure, "verdict": r.verdict, "this model": r.lab or "–", "paper": r.paper,
+df = pd.DataFrame([{"finding": r.figure, "verdict": r.verdict, "this model": r.lab or "–", "rests on": r.pairs or "–",
+                    "paper": r.paper,
                     "claim": r.claim,
                     "how judged": r.note + (f" ({GO_TO[r.key]})" if not r.lab and r.key in GO_TO else "")}
                    for r in rows])
@@ -50,6 +53,12 @@ st.markdown(f"**{counts['holds']} of {n_computed}** findings computed on `{model
             f"{counts['does not hold']} do not, {counts['inconclusive']} "
             f"{'is' if counts['inconclusive'] == 1 else 'are'} inconclusive "
             f"({counts['not computed']} not computed: see *how judged*).")
+try:  # the set's size (the filter's pass is cached by now)
+    with cache_only():
+        kept, n_gen = kept_pairs(model, spec, cache=cache)
+    st.caption(f"The set: {set_size_text(spec, len(kept), n_gen)}.")
+except NotCached:
+    pass
 st.caption("Each number of *this model* is followed by its 95 % interval, a bootstrap over the prompt pairs "
            "(1000 resamples, seeded; no extra forward pass). A finding *holds* when the whole interval is on the "
            "finding's side of its criterion, *does not hold* when it is wholly on the other side, and is "
@@ -63,7 +72,6 @@ for p in dict.fromkeys(page_of(r.technique) for r in rows):
     page_link(p.script, f"{p.title}: " + ", ".join(r.figure for r in rows if page_of(r.technique) == p), p.icon)
 
 if second is not None:
-    from engine.techniques.accuracy import kept_pairs
     from engine.techniques.path_patching import cached_path_patching
     st.subheader("Fig. 12: two models on one colour scale")
     frames = []

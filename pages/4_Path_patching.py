@@ -23,7 +23,7 @@ from ui.circuit_panels import (
     stability_view,
 )
 from ui.progress import USER_ERRORS, progress_bar
-from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
+from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, set_size_text, setup_page
 from views.charts import display_token, heatmap, heatmap_frame, token_bars
 
 
@@ -69,8 +69,8 @@ group = c2.selectbox("Operation", groups, **url_state.bound("pp_group"),
 url_state.check("pp_k", range(1, table.n_layers * table.n_heads + 1))
 k = c3.number_input("Top k", 1, table.n_layers * table.n_heads, **url_state.bound("pp_k"),
                     help=help_text("key heads"))
-st.caption(f"{len(pairs)} of {n_gen} prompt pairs answered right · "
-           + ("computed now, stored in the cache" if computed else "read from the cache"))
+st.caption(f"{set_size_text(spec, len(pairs), n_gen)} · every interval on this page rests on these {len(pairs)} "
+           f"pairs · " + ("computed now, stored in the cache" if computed else "read from the cache"))
 shown, shown_group = table, group
 if group == TYPED:  # the heatmap of one pair: the typed prompt and its counterfactual
     try:

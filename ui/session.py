@@ -196,6 +196,12 @@ def _saved_templates() -> list[str]:
         return []
 
 
+#: the sidebar's "Which prompts": label -> (balance, every)
+SAMPLES = {"a balanced sample (Prompts per op)": (True, False),
+           "a sample, unbalanced (Prompts per op)": (False, False),
+           "every prompt the model answers right (unbalanced)": (True, True)}
+
+
 def prompt_set_choice() -> "PromptSetSpec":
     """Sidebar: which prompt set the analysis pages use (kept in session state)."""
     from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED
@@ -218,9 +224,16 @@ def prompt_set_choice() -> "PromptSetSpec":
             c1, c2 = st.columns(2)
             n = c1.number_input("Prompts per op", 1, 1000, cur["n"], key="ps_n")
             seed = c2.number_input("Seed", 0, 10**9, cur["seed"], key="ps_seed")
-            balance = st.checkbox("Balance first answer tokens", value=cur.get("balance", True), key="ps_balance",
-                                  help="Take prompts round-robin over their first answer token, so that e.g. the "
-                                       "'1' of every sum from 10 to 18 does not dominate (README: balance rule).")
+            labels = list(SAMPLES)
+            shown = labels[2] if cur.get("every") else labels[0] if cur.get("balance", True) else labels[1]
+            sample = st.selectbox("Which prompts", labels, index=labels.index(shown), key="ps_sample",
+                                  help="A balanced sample takes the prompts round-robin over their first answer token, "
+                                       "so that e.g. the '1' of every sum from 10 to 18 does not dominate. 'Every "
+                                       "prompt' uses all the problems of the templates (Prompts per op is then "
+                                       "ignored) and keeps every one the model answers right: more pairs and "
+                                       "narrower intervals, but unbalanced -- the heatmap then partly measures "
+                                       "predicting the most common first token.")
+            balance, every = SAMPLES[sample]
             kinds = list(COUNTERFACTUALS)
             cf = st.selectbox("Counterfactual (X_c)", kinds, index=kinds.index(cur.get("counterfactual", kinds[0])),
                               key="ps_counterfactual", format_func=lambda k: k.replace("-", " "),
@@ -228,7 +241,7 @@ def prompt_set_choice() -> "PromptSetSpec":
                                   f"{k.replace('-', ' ')}: {v}" for k, v in COUNTERFACTUALS.items()) + ".")
             if st.form_submit_button("Use this set", width="stretch", key="ps_submit"):
                 cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed), "balance": bool(balance),
-                       "counterfactual": cf}
+                       "every": every, "counterfactual": cf}
                 if choices.get(fam):
                     cur.update(template=choices[fam], ops=[choices[fam].split(":", 1)[0]])
                 st.session_state["prompt_set"] = cur
@@ -237,7 +250,8 @@ def prompt_set_choice() -> "PromptSetSpec":
     template = cur.get("template")
     families = parse_families(FAMILY_CHOICES.get(cur["families"], "paper"))
     return PromptSetSpec(ops=tuple(cur["ops"]), n=cur["n"], seed=cur["seed"], families=families,
-                         balance=cur.get("balance", True), counterfactual=cur.get("counterfactual", OPERATOR_REMOVED),
+                         balance=cur.get("balance", True), every=bool(cur.get("every")),
+                         counterfactual=cur.get("counterfactual", OPERATOR_REMOVED),
                          templates=(template,) if template else ())
 
 
@@ -357,8 +371,21 @@ def setup_page(title: str, caption: "str | Callable[[PromptSetSpec | None], str]
     return model, spec
 
 
+def set_size_text(spec: "PromptSetSpec", n_kept: int, n_generated: int) -> str:
+    """"N of M prompts answered right", and why those counts: how the set was picked and from how many problems."""
+    from engine.prompts.promptsets import problem_count, sample_words
+    total = problem_count(spec)
+    text = (f"{n_kept} of {n_generated} prompts answered right ({sample_words(spec)}, of the {total} problems its "
+            f"templates and operands give)")
+    if not spec.every and total > n_generated:
+        text += ("; 'Which prompts' → 'every prompt the model answers right' in the sidebar keeps all of the "
+                 f"{total} it gets right")
+    return text
+
+
 def analysed_pairs(model: ModelBackend, spec: "PromptSetSpec", cache):
-    """The set's correctly answered pairs (cached filter) or stop the page after an st.error."""
+    """The set's correctly answered pairs (cached filter) or stop the page after an st.error; a set of fewer than
+    ``SMALL_SET`` pairs is said plainly, with how to get more."""
     from engine.techniques.accuracy import kept_pairs
     pairs, n_generated = run_with_progress("Checking which prompts the model answers right", "build the prompt set",
                                            lambda cb: kept_pairs(model, spec, cache=cache, progress=cb), stop=True)
@@ -367,4 +394,8 @@ def analysed_pairs(model: ModelBackend, spec: "PromptSetSpec", cache):
         msg = none_right_message(n_generated, custom=bool(spec.templates))
         st.error(msg[0].upper() + msg[1:].replace("your template", "your template (page 'Your templates')") + ".")
         st.stop()
+    from engine.techniques.intervals import small_set_note
+    note = small_set_note(len(pairs))
+    if note:
+        st.info(f"{note} {set_size_text(spec, len(pairs), n_generated)}.", icon=":material/info:")
     return pairs, n_generated

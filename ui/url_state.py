@@ -14,7 +14,7 @@ layers and heads (:func:`check_picks`), and the notes are shown on the page the 
 Keys (all optional; absent = the default)::
 
     model=PATH-OR-ID  device=cpu|cuda|all GPUs  dtype=bfloat16|float16  backend=nnsight
-    ops=add,mul  families=word|all|notation  tpl=OP:TEMPLATE  n=40  seed=0  balance=0  cf=operand-a|operand-b
+    ops=add,mul  families=word|all|notation  tpl=OP:TEMPLATE  n=40  seed=0  balance=0  every=1  cf=operand-a|operand-b
     prompt=TEXT  head=LAYER.HEAD | head=LAYER.mlp  ko=LAYER.HEAD,...  ko_mlp=LAYER,...
 
 and each page's own controls (:data:`CHOICES`: the Story's ``step=`` and ``large=1``, Path patching's
@@ -43,6 +43,7 @@ from ui.state import BACKEND_CHOICES, DEVICES, FAMILY_CHOICES, ModelChoice, defa
 
 MODEL, DEVICE, DTYPE, BACKEND = "model", "device", "dtype", "backend"
 OPS, FAMILIES, N, SEED, BALANCE, CF, TPL = "ops", "families", "n", "seed", "balance", "cf", "tpl"
+EVERY = "every"
 PROMPT, HEAD, KO, KO_MLP = "prompt", "head", "ko", "ko_mlp"
 MODEL_KEYS = (MODEL, DEVICE, DTYPE, BACKEND)
 
@@ -106,7 +107,7 @@ CHOICES: tuple[Choice, ...] = (
     Choice("atlas_top", "atlas_top", "atlas_neuron_top", 20, lo=1, hi=200),
 )
 CHOICE = {c.key: c for c in CHOICES}
-KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, CF, PROMPT, HEAD, KO, KO_MLP,
+KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF, PROMPT, HEAD, KO, KO_MLP,
         *CHOICE)
 
 READ = "_url_read"              # set once the session's first run has read the link
@@ -154,6 +155,8 @@ def url_params() -> dict[str, str]:
             out[key] = str(int(cur[key]))
     if not cur.get("balance", True):
         out[BALANCE] = "0"
+    if cur.get("every"):
+        out[EVERY] = "1"
     if cur.get("counterfactual", OPERATOR_REMOVED) != OPERATOR_REMOVED:
         out[CF] = cur["counterfactual"]
     if state.prompt() != state.DEFAULT_PROMPT:
@@ -246,7 +249,7 @@ def from_url() -> None:
         st.session_state[MODEL_PENDING] = {k: given[k] for k in MODEL_KEYS if k in given}
 
     # the prompt set: only the fields the link names; the others keep their value
-    if any(k in given for k in (OPS, FAMILIES, TPL, N, SEED, BALANCE, CF)):
+    if any(k in given for k in (OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF)):
         cur = dict(st.session_state.get("prompt_set") or default_prompt_set())
         if OPS in given:
             ops = [o.strip() for o in given[OPS].split(",") if o.strip()]
@@ -276,11 +279,12 @@ def from_url() -> None:
                 value = _int(key, given[key], lo, hi, cur[key])
                 if value is not None:
                     cur[key] = value
-        if BALANCE in given:
-            if given[BALANCE].lower() in _BOOL:
-                cur["balance"] = _BOOL[given[BALANCE].lower()]
-            else:
-                ignored(BALANCE, given[BALANCE], "use 1 or 0", f"`{int(cur.get('balance', True))}`")
+        for key, field, default in ((BALANCE, "balance", True), (EVERY, "every", False)):
+            if key in given:
+                if given[key].lower() in _BOOL:
+                    cur[field] = _BOOL[given[key].lower()]
+                else:
+                    ignored(key, given[key], "use 1 or 0", f"`{int(cur.get(field, default))}`")
         if CF in given:
             if given[CF] in COUNTERFACTUALS:
                 cur["counterfactual"] = given[CF]

@@ -80,6 +80,9 @@ def set_args(p: argparse.ArgumentParser, families_default: str = "paper", with_f
     p.add_argument("--no-balance", action="store_true",
                    help="keep the first n sampled prompts per op instead of balancing their first answer tokens "
                         "(docs/methods.md: balance rule)")
+    p.add_argument("--every", action="store_true",
+                   help="every problem of the templates and operands, not a sample of --n per op: every prompt the "
+                        "model answers right is kept (unbalanced; --n and --no-balance are ignored)")
 
 
 def device_map(text: str | None):
@@ -157,6 +160,7 @@ class Context:
                              families=parse_families(families or a.families), operand_lo=lo, operand_hi=hi,
                              allow_negative=a.allow_negative, decimals=a.decimals, balance=not a.no_balance,
                              counterfactual=getattr(a, "counterfactual", "operator-removed"), templates=templates)
+                             every=getattr(a, "every", False),
 
     def templates(self) -> tuple[str, ...]:
         """``--template`` values as ``op:text`` (checked): an ``op:`` prefix, else the one operation of ``--op``."""

@@ -15,7 +15,7 @@ when it straddles it.  Every criterion is a share, a cosine or a relative change
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -40,6 +40,13 @@ class Verdict:
     lab: str              # the lab's number on this model and set, with its interval ("" when not computed)
     holds: bool | None    # None: inconclusive (the interval straddles the criterion) or not computed (no ``lab``)
     note: str             # the criterion, or why there is no number
+    pairs: str = ""       # what the number (and its interval) rests on: "33 pairs", "40 GSM8K questions" ...
+
+
+def pairs_text(n: int, what: str = "pairs") -> str:
+    """``n`` pairs, with the small-set note when they are few (:func:`~engine.techniques.intervals.small_set_note`)."""
+    from engine.techniques.intervals import SMALL_SET
+    return f"{n} {what}" + (f" (few: under {SMALL_SET}, the interval is wide)" if n < SMALL_SET else "")
 
 
 @dataclass
@@ -124,7 +131,7 @@ def share_interval(per_pair: np.ndarray, heads: Sequence[tuple[int, int]]) -> In
 
 def key_heads(ev: Evidence) -> Verdict:
     """Fig. 2 / 15: few heads matter."""
-    return sparse_heads(ev.table)
+    return replace(sparse_heads(ev.table), pairs=pairs_text(len(ev.pairs)))
 
 
 def knockout(ev: Evidence) -> Verdict:
@@ -145,7 +152,7 @@ def knockout(ev: Evidence) -> Verdict:
                    f"-{TOP_DROP:.0%} and that of {at.k} random heads (mean of {KNOCKOUT_DRAWS} draws) above "
                    f"-{RANDOM_DROP:.0%}. Encodes §4.1: \"the performance of the model drops sharply in "
                    f"'effect-rank', while keeping stable (relatively minor effect within 2%) in 'random-rank'\" "
-                   f"(about -70 % in the paper)")
+                   f"(about -70 % in the paper)", pairs_text(len(ev.pairs)))
 
 
 def faithfulness(ev: Evidence) -> Verdict:
@@ -158,7 +165,8 @@ def faithfulness(ev: Evidence) -> Verdict:
                    "resampled pairs) lies above 0: keeping the top path-patching components, and giving every other "
                    "one its value on the pair's own counterfactual X_c (MIB's counterfactual ablation), keeps more "
                    "of the answer logit than keeping as many random ones, over MIB's sizes "
-                   "(0.1 % ... 100 %). Extends §4.1's Fig. 3 from the heads one at a time to the circuit as a whole")
+                   "(0.1 % ... 100 %). Extends §4.1's Fig. 3 from the heads one at a time to the circuit as a whole",
+                   pairs_text(len(ev.pairs)))
 
 
 def attention(ev: Evidence) -> Verdict:
@@ -172,7 +180,7 @@ def attention(ev: Evidence) -> Verdict:
                    share.above(ATTENTION_SHARE),
                    f"holds when the interval of the top-{len(readers)} heads' END-row attention on the operand "
                    f"and operator tokens lies above {ATTENTION_SHARE:.0%}. Encodes §5.2: the key heads "
-                   f"\"particularly attend to the operands and operators\"")
+                   f"\"particularly attend to the operands and operators\"", pairs_text(len(ev.pairs)))
 
 
 def mlps(ev: Evidence) -> Verdict:
@@ -190,7 +198,8 @@ def mlps(ev: Evidence) -> Verdict:
                    "holds when the MLP most aligned with the answer lies in the second half of the layers, the "
                    "interval of its cosine with W_U[C] lies above the 95th percentile of random directions' and "
                    "the interval of its gap over the other numbers above 0. Encodes §5.2 / Fig. 6: later MLPs' "
-                   "output is aligned with the answer's unembedding (a cosine: the same on every logit scale)")
+                   "output is aligned with the answer's unembedding (a cosine: the same on every logit scale)",
+                   pairs_text(len(ev.pairs)))
 
 
 def transfer(ev: Evidence) -> Verdict:
@@ -211,7 +220,8 @@ def transfer(ev: Evidence) -> Verdict:
     return Verdict(f"the same top-{len(readers)} heads on operands + operator: " + ", ".join(
         f"{fmt} {pct(v, '{:.0f}')} ({n} prompts)" for fmt, (n, v) in shares.items()),
         all_hold(*(v.above(ATTENTION_SHARE) for _, v in shares.values())),
-        f"holds when the interval lies above {ATTENTION_SHARE:.0%} in every format{skipped}")
+        f"holds when the interval lies above {ATTENTION_SHARE:.0%} in every format{skipped}",
+        ", ".join(f"{fmt} {pairs_text(n)}" for fmt, (n, _) in shares.items()))
 
 
 def power(ev: Evidence) -> Verdict:
@@ -228,7 +238,8 @@ def power(ev: Evidence) -> Verdict:
     r = rel_interval(base, after)
     return Verdict(f"top-{len(p_top)} heads {', '.join(f'{a}.{b}' for a, b in p_top)}: {pct(r)} on "
                    f"{len(pp)} prompts", r.below(-TOP_DROP),
-                   f"holds when the interval of the relative accuracy change lies below -{TOP_DROP:.0%}")
+                   f"holds when the interval of the relative accuracy change lies below -{TOP_DROP:.0%}",
+                   pairs_text(len(pp)))
 
 
 def gsm8k(ev: Evidence) -> Verdict:
@@ -249,7 +260,7 @@ def gsm8k(ev: Evidence) -> Verdict:
     return Verdict(f"{shared} of {k} shared; {100 * r:+.0f} % on {len(ev.gsm8k_pairs)} GSM8K questions",
                    shared / k >= 0.5 and -r >= TOP_DROP,
                    f"holds when at least half the top-{k} heads are shared and GSM8K's own top-{k} "
-                   f"knockout costs at least {TOP_DROP:.0%}")
+                   f"knockout costs at least {TOP_DROP:.0%}", pairs_text(len(ev.gsm8k_pairs), "GSM8K questions"))
 
 
 def models(ev: Evidence) -> Verdict:

@@ -72,6 +72,7 @@ class PaperFinding:
     holds: bool | None    # None: not computed (``note`` says why)
     note: str             # the criterion, or why there is no number
     technique: str        # the registry name of the technique that shows it
+    pairs: str = ""       # what the number rests on ("33 pairs"; "" when not computed)
 
     @property
     def verdict(self) -> str:
@@ -111,7 +112,7 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
     for i, s in enumerate(todo):
         ev.progress = stages.stage(i)
         v = s.check(ev)
-        out.append(PaperFinding(s.key, s.figure, s.claim, s.paper, v.lab, v.holds, v.note, s.technique))
+        out.append(PaperFinding(s.key, s.figure, s.claim, s.paper, v.lab, v.holds, v.note, s.technique, v.pairs))
         stages.finish(i)
         if on_row is not None:
             on_row(s.key)

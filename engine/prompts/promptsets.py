@@ -98,6 +98,10 @@ class PromptSetSpec:
     max_exponent: int = 3
     decimals: int = 0  # decimal places of the operands (Figure 4's rational numbers)
     balance: bool = True  # balanced first answer tokens (module docstring)
+    #: every problem of the templates and operands instead of a sample of ``n`` per operation (``n`` and
+    #: ``balance`` are then ignored): all the prompts the model can be asked, so all it answers right are kept --
+    #: unbalanced, the first answer tokens follow the problems (every sum from 10 to 18 starts with "1")
+    every: bool = False
     counterfactual: str = "operator-removed"  # what X_c changes (engine.prompts.pairs.COUNTERFACTUALS)
     #: templates written by a user, ``op:text`` (engine.prompts.custom); they replace ``families`` when given
     templates: tuple[str, ...] = ()
@@ -121,7 +125,11 @@ class PromptSetSpec:
         d["ops"] = list(self.ops)
         d["families"] = list(self.families)
         d["answer_token_rule"] = ANSWER_TOKEN_RULE
-        d["balance_rule"] = BALANCE_RULE if self.balance else "none"
+        d["balance_rule"] = BALANCE_RULE if self.balance and not self.every else "none"
+        if self.every:  # n and balance play no part: one set whatever they are
+            d.update(n=EVERY_CAP, balance=False)
+        else:  # a sample keeps the keys it had before the choice existed
+            d.pop("every")
         if not self.decimals:  # integer sets keep the cache keys they had before decimals existed
             d.pop("decimals")
         if self.counterfactual == OPERATOR_REMOVED:  # the paper's X_c keeps the keys it had before the kinds
@@ -141,6 +149,11 @@ class PromptSetSpec:
     @property
     def operand_range(self) -> OperandRange:
         return OperandRange(self.operand_lo, self.operand_hi, self.allow_negative, self.max_exponent, self.decimals)
+
+
+#: "every problem": at most this many per operation (the paper's 8 templates of an operation over operands 1..9
+#: give 648; a wider operand range is capped here, the first ones after the seeded shuffle)
+EVERY_CAP = 100_000
 
 
 @dataclass(frozen=True)
@@ -195,8 +208,9 @@ def balanced(pairs: Sequence[PromptPair], n: int) -> list[PromptPair]:
 
 
 def generate_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
-    """Tokenized pairs of the spec (balanced when ``spec.balance``), with every dropped candidate."""
-    n_sample = spec.n * BALANCE_OVERSAMPLE if spec.balance else spec.n
+    """Tokenized pairs of the spec (balanced when ``spec.balance``; every problem when ``spec.every``), with every
+    dropped candidate."""
+    n_sample = EVERY_CAP if spec.every else spec.n * BALANCE_OVERSAMPLE if spec.balance else spec.n
     written = spec.written
     problems = sample_problems(spec.ops, n_sample, spec.seed, operands=spec.operand_range,
                                families=spec.families, templates=[w.template for w in written])
@@ -206,9 +220,23 @@ def generate_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
     if not pairs:
         reason = dropped[0][1] if dropped else "no problems"
         raise PromptError(f"no usable prompt pairs for this tokenizer: {reason}")
-    if spec.balance:
+    if spec.balance and not spec.every:
         pairs = balanced(pairs, spec.n)
     return GeneratedSet(pairs, dropped, len(problems))
+
+
+def problem_count(spec: PromptSetSpec) -> int:
+    """How many problems the spec's templates and operands give in all (what ``every`` takes; a sample of ``n`` per
+    operation takes at most ``n`` of each operation's)."""
+    return len(sample_problems(spec.ops, EVERY_CAP, spec.seed, operands=spec.operand_range, families=spec.families,
+                               templates=[w.template for w in spec.written]))
+
+
+def sample_words(spec: PromptSetSpec) -> str:
+    """How the spec picks its prompts, in the pages' words."""
+    if spec.every:
+        return "every problem of its templates"
+    return f"{'a balanced sample' if spec.balance else 'a sample'} of {spec.n} per operation"
 
 
 def generate(tokenizer, spec: PromptSetSpec) -> tuple[list[PromptPair], int]:

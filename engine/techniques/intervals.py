@@ -33,6 +33,16 @@ NULL_DRAWS = 200
 SEED = 0
 NULL_QUANTILE = 0.95  # the null's upper quantile a share must clear
 BATCH_VALUES = 4_000_000  # resampled values one bootstrap batch holds (memory)
+#: fewer prompt pairs than this: an interval is wide and moves with the sample -- the pages say so beside it
+SMALL_SET = 20
+
+
+def small_set_note(n: int) -> str | None:
+    """A sentence for a result that rests on ``n`` pairs, when they are fewer than :data:`SMALL_SET`, else None."""
+    if n >= SMALL_SET:
+        return None
+    return (f"Only {n} prompt pair{'s' if n != 1 else ''}: every interval here rests on {'them' if n != 1 else 'it'}, "
+            f"so it is wide and another sample of prompts could move it (at least {SMALL_SET} pairs are advised).")
 
 
 @dataclass(frozen=True)

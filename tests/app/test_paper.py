@@ -11,6 +11,13 @@ def _table(at):
     return at.table[0].value.reset_index()  # a static table (every cell wrapped in full), indexed by the finding
 
 
+def n_kept(at) -> int:
+    """The pairs the page analyses, from its own caption of the set (\"N of M prompts ... right\")."""
+    import re
+    text = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
+    return int(re.search(r"(\d+) of \d+ prompt", text).group(1))
+
+
 def test_every_finding_has_a_number_or_a_reason():
     at = page("2_Paper.py", n=8).run()
     assert not at.exception, at.exception
@@ -21,6 +28,24 @@ def test_every_finding_has_a_number_or_a_reason():
     for _, row in df.iterrows():
         assert row["this model"] != "–" or row["verdict"].endswith("not computed"), row.to_dict()
         assert row["how judged"], row.to_dict()
+    # each number says how many pairs its interval rests on, and whether they are few
+    from engine.techniques.intervals import SMALL_SET
+    n = n_kept(at)
+    for finding in ("Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14", "MIB"):
+        rests = df.loc[df["finding"] == finding, "rests on"].item()
+        assert rests.startswith(f"{n} pairs") and ("few" in rests) == (n < SMALL_SET), (finding, rests)
+
+
+def test_a_small_set_is_said_plainly():
+    """Four pairs: the rows say they rest on few pairs; the page says how the set was picked and how to get more."""
+    at = page("2_Paper.py", n=1).run()
+    assert not at.exception, at.exception
+    df = _table(at)
+    rests = df.loc[df["finding"] == "Fig. 3", "rests on"].item()
+    assert rests.startswith("4 pairs (few"), rests
+    text = " ".join(c.value for c in at.caption)
+    assert "4 of 4 prompts answered right (a balanced sample of 1 per operation" in text
+    assert "every prompt the model answers right" in text
     # the bundled model does the paper's templates: the circuit rows are computed
     computed = df[df["this model"] != "–"]["finding"].tolist()
     assert {"Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14", "MIB"} <= set(computed), computed

@@ -32,11 +32,13 @@ def _check(page, spec: str) -> float:
     assert page.locator("[data-testid='stException']").count() == 0
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
     head, *rows = _rows(page)
-    assert head == ["finding", "verdict", "this model", "paper", "claim", "how judged"], head
+    assert head == ["finding", "verdict", "this model", "rests on", "paper", "claim", "how judged"], head
     assert tuple(r[0] for r in rows) == FINDINGS
     for r in rows:  # a number (with its interval) and a verdict, or "not computed" and why
         assert (r[2] != "–" and r[1] in ("holds", "does not hold", "inconclusive")) or (
-            r[2] == "–" and r[1] == "not computed" and r[5]), r
+            r[2] == "–" and r[1] == "not computed" and r[6]), r
+        # a number says what it rests on (a second model's and the fine-tuning jobs' rows: their own sets)
+        assert (r[2] == "–") == (r[3] == "–") or r[0] in ("Fig. 12", "Tables 1 / 2 / 5"), r
         # inconclusive: an interval straddles the criterion, or there is none (one pair)
         assert r[1] != "inconclusive" or "[" in r[2] or "one pair: no interval" in r[2], r
     assert sum(r[2] != "–" for r in rows) >= 4, rows  # the circuit rows are computed on every model
