@@ -197,6 +197,22 @@ def test_n_is_capped_by_distinct_problems_and_negatives_optional():
     assert any(p.answer < 0 for p in neg)
 
 
+def test_every_problem_of_the_templates_unbalanced():
+    """``every``: all (template, A, B) of the set, whatever n and balance say; a sample keeps its cache keys."""
+    from engine.prompts.promptsets import problem_count, sample_words
+    tok = build_tokenizer()
+    spec = PromptSetSpec(ops=("add", "div"), n=5, every=True)
+    pairs, dropped = generate(tok, spec)
+    assert len(pairs) + dropped == problem_count(spec) == 8 * 81 + 8 * 23
+    assert len({(p.template, p.a, p.b) for p in pairs}) == len(pairs)
+    assert generate(tok, PromptSetSpec(ops=("add", "div"), n=40, balance=False, every=True))[0] == pairs
+    assert PromptSetSpec(ops=("add",), n=5, every=True).to_params() == PromptSetSpec(ops=("add",), n=9,
+                                                                                        every=True).to_params()
+    assert "every" not in PromptSetSpec(ops=("add",)).to_params()  # a sample's keys are those it always had
+    assert sample_words(spec) == "every problem of its templates"
+    assert sample_words(PromptSetSpec(n=40)) == "a balanced sample of 40 per operation"
+
+
 def _space_tokenizer():
     """A tokenizer that emits a lone whitespace token before numbers, like Llama-2's '▁'."""
     from tokenizers import Tokenizer, models
