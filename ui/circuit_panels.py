@@ -22,7 +22,7 @@ from engine.techniques.stability import ALL, head_stability, summaries
 from ui import url_state
 from ui.nav import link_to, page_link, page_of
 from ui.progress import USER_ERRORS, cached_or_button, run_with_progress
-from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap
+from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap, scaled
 from views.circuit_charts import carries_chart, exact_vs_estimate, lens_lines, position_heatmap, stability_chart
 
 KIND_NAMES = dict(KINDS)
@@ -219,8 +219,8 @@ def position_view(model, pairs, cache) -> None:
     st.download_button("Layer x position data (CSV)", df.to_csv(index=False).encode(), "layer_position.csv", "text/csv")
 
 
-def logit_lens_view(model, pairs, cache) -> None:
-    """The answer's probability and rank at END after each layer."""
+def logit_lens_view(model, pairs, cache, scale: float = 1.0) -> None:
+    """The answer's probability and rank at END after each layer (``scale``: its text, :func:`views.charts.scaled`)."""
     out = run_with_progress("Logit lens, batch", "run the logit lens",
                             lambda cb: cached_logit_lens(model, pairs, cache=cache, progress=cb))
     if out is None:
@@ -236,7 +236,7 @@ def logit_lens_view(model, pairs, cache) -> None:
     st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache") + " · "
                + (f"the answer is the top token for at least half of the prompts from layer {first} on"
                   if first is not None else "the answer never tops the lens for half of the prompts"))
-    st.altair_chart(lens_lines(df), width="stretch")
+    st.altair_chart(scaled(lens_lines(df), scale), width="stretch")
     st.download_button("Logit lens (CSV)", df.to_csv(index=False).encode(), "logit_lens.csv", "text/csv")
 
 
@@ -296,11 +296,11 @@ PROJECTION_LABELS = {"cos_in_A": "cos(MLP in, W_U[A])", "cos_in_B": "cos(MLP in,
 PROJECTION_MAIN = PROJECTION_LABELS["cos_out_C"]
 
 
-def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
+def mlp_projections_view(model, pairs, cache, scale: float = 1.0) -> pd.DataFrame | None:
     """Per layer, the MLP projections (mean ± sd over the set) as lines; returns their frame (None after an
-    ``st.error``).  The answer series is the strongest colour."""
+    ``st.error``).  The answer series is the strongest colour; ``scale``: its text (:func:`views.charts.scaled`)."""
     from engine.techniques.mlp_projections import cached_mlp_projections
-    from views.charts import lines_with_band
+    from views.charts import lines_with_band, stretched
     out = run_with_progress("Projecting", "compute the projections",
                             lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb))
     if out is None:
@@ -310,8 +310,8 @@ def mlp_projections_view(model, pairs, cache) -> pd.DataFrame | None:
     df["series"] = df["metric"].map(PROJECTION_LABELS)
     df["lo"], df["hi"] = df["value"] - df["std"], df["value"] + df["std"]
     st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache"))
-    st.altair_chart(lines_with_band(df, "layer", "value", "lo", "hi", "series", "cosine", main=PROJECTION_MAIN),
-                    width="stretch")
+    lines = lines_with_band(df, "layer", "value", "lo", "hi", "series", "cosine", main=PROJECTION_MAIN)
+    st.altair_chart(scaled(stretched(lines), scale), width="stretch")  # stretched: the legend below keeps the plot
     return df
 
 

@@ -18,7 +18,8 @@ a note says so (:func:`follow_model`), so one model's heads are never applied to
 The address bar mirrors these entries (``ui.url_state``), so that a page's URL is a shareable link: the
 first run of a session (the router's) reads the link's query parameters (``model=``/``device=``/``dtype=``/
 ``backend=``, ``ops=``/``families=``/``n=``/``seed=``/``balance=``, ``prompt=``, ``head=3.1`` or
-``head=4.mlp``, ``ko=3.1,5.0``, ``ko_mlp=4``) into the entries above; from then on the entries are the source
+``head=4.mlp``, ``ko=3.1,5.0``, ``ko_mlp=4``, and each page's controls: ``ui.url_state.CHOICES``, e.g. the
+Story's ``story_step`` and ``story_large``) into the entries above; from then on the entries are the source
 of truth, and every run writes their non-default values into the URL and removes the keys at their default.
 A link's selection and knockouts belong to the link's model (:func:`adopt`), so :func:`follow_model` keeps
 them; they are checked against that model's layers and heads once it is loaded, and each bad value is

@@ -1,10 +1,12 @@
 """The Story page's screens: the paper's argument on the current model, one screen per step.
 
 The screens are the model's answer, then one per distinct ``story`` title of
-:data:`engine.findings.steps.STEPS`, in that table's order.  Each renders one chart and the circuit summary's
-sentences of its steps (``engine.findings.summary.circuit_summary``), measured on this model, once their
-results are in the cache; a missing result is computed here with the usual progress bar.  A step with no
-chart of its own here gets its sentences and a link to the page that shows it.
+:data:`engine.findings.steps.STEPS`, in that table's order.  Each renders its chart and a sentence computed from
+that chart's own data (the circuit summary's sentences, ``engine.findings.summary.circuit_summary``, read the same
+cached results), saying what it is about: the typed prompt, or the mean over the prompt set.  A missing result is
+computed here with the usual progress bar.  A step with no chart of its own here gets its sentences and a link to
+the page that shows it.  Each screen lists the words it uses in plain words (:data:`WORDS`,
+``engine.findings.glossary``); **Large fonts** scales the charts' text with the page's (:func:`chart`).
 """
 
 from __future__ import annotations
@@ -12,14 +14,27 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.findings import glossary
 from engine.findings import steps as argument
 from engine.prompts.pairs import PromptError
+from ui import state
 from ui.nav import link_to
 from ui.progress import USER_ERRORS, run_with_progress
 from ui.session import analysed_pairs, current_prompt
-from views.charts import display_token, heatmap, heatmap_frame, ranked_bars, token_bars
+from views.charts import display_token, heatmap, heatmap_frame, ranked_bars, scaled, token_bars
 
 ANSWERS = "The model answers"
+LARGE = 1.35  # Large fonts: the page's text and every chart's text, this many times their size
+
+
+def font_scale() -> float:
+    """How much larger the Story's text is drawn: :data:`LARGE` with Large fonts on, else 1."""
+    return LARGE if state.get("story_large", False) else 1.0
+
+
+def chart(c, where=None, **kwargs) -> None:
+    """Show the chart ``c`` at the page's width, its text scaled with Large fonts (:func:`views.charts.scaled`)."""
+    (where or st).altair_chart(scaled(c, font_scale()), width="stretch", **kwargs)
 
 
 def sentence(text: str, where=None) -> None:
@@ -43,10 +58,16 @@ def findings(model, pairs, cache, title: str) -> str:
     return " ".join(f.text for f in (found.get(k) for k in keys) if f is not None and f.computed)
 
 
+def computed(text: str, failure: str, compute, *, key: str, stop: bool = False):
+    """A step's computation under a progress bar (its result from the cache when it is there)."""
+    return run_with_progress(text, failure, compute, key=key, stop=stop)
+
+
 def path_patching(model, pairs, cache):
     from engine.techniques.path_patching import cached_path_patching
-    table, _ = run_with_progress("Path patching, batch", "run path patching",
-                                 lambda cb: cached_path_patching(model, pairs, cache=cache, progress=cb), stop=True)
+    table, _ = computed("Path patching, batch", "run path patching",
+                        lambda cb: cached_path_patching(model, pairs, cache=cache, progress=cb), key="story_patching",
+                        stop=True)
     return table
 
 
@@ -62,21 +83,21 @@ def step_answers(model, spec, cache) -> None:
     if rep.parsed is None or rep.p_answer is None:
         st.warning(f"`{text}` has no counterfactual ({rep.parse_error}): type an arithmetic prompt such as "
                    f"`3 + 5 =` in the Prompt lab.")
-        st.altair_chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.top5])), width="stretch")
+        chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.top5])))
         return
     p = rep.parsed
     verdict = "its top token" if rep.answer_rank == 1 else f"rank {rep.answer_rank}, so the model gets it wrong"
     cf = (f"; with the operator removed (`{p.cf_text}`) the answer keeps only P = {rep.p_answer_cf:.3g}"
           if rep.p_answer_cf is not None else "")
-    sentence(f"On `{text}` the model gives the answer `{display_token(rep.answer_token or '')}` P = "
+    sentence(f"On your prompt `{text}` the model gives the answer `{display_token(rep.answer_token or '')}` P = "
              f"{rep.p_answer:.3g} ({verdict}){cf}. Over the sidebar's set it answers {len(pairs)} of {n_gen} "
              f"prompts right; only those are analysed.")
     c1, c2 = st.columns(2)
     c1.caption(f"Next token after `{text}`")
-    c1.altair_chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.top5])), width="stretch")
+    chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.top5])), c1)
     if rep.cf_top5:
         c2.caption(f"Next token after the counterfactual `{p.cf_text}`")
-        c2.altair_chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.cf_top5])), width="stretch")
+        chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.cf_top5])), c2)
 
 
 def step_heads(model, spec, cache) -> None:
@@ -84,28 +105,71 @@ def step_heads(model, spec, cache) -> None:
     table = path_patching(model, pairs, cache)
     sentence(findings(model, pairs, cache, HEADS) or "Path patching found no result.")
     heads, mlps = table.heatmap("effect", "*")
-    st.altair_chart(heatmap(heatmap_frame(heads, mlps), "effect"), width="stretch", key="story_heatmap")
+    st.caption(f"The mean over the {len(pairs)} prompt pairs of the set: one cell per head, the last column each "
+               f"layer's MLP; red = the answer logit drops when that component sees the counterfactual.")
+    chart(heatmap(heatmap_frame(heads, mlps), "effect"), key="story_heatmap")
+
+
+def role_frame(roles, layer: int, head: int) -> pd.DataFrame:
+    """Head (layer, head)'s mean END-row attention by token role (the set's chart): columns role, value."""
+    from engine.techniques.attention import ROLES
+    df = pd.DataFrame([{"role": r.role, "value": r.value} for r in roles if r.layer == layer and r.head == head])
+    return df.assign(order=[ROLES.index(r) for r in df["role"]]).sort_values("order").drop(columns="order")
+
+
+def set_attention_sentence(df: pd.DataFrame, layer: int, head: int, n: int) -> str:
+    """The sentence of the set's chart (:func:`role_frame`), from its rows."""
+    from engine.techniques.attention import role_shares
+    mine = dict(zip(df["role"], df["value"]))
+    on_problem, best = role_shares(mine)
+    return (f"Over the {n} prompts of the set, head {layer}.{head} puts on average {on_problem:.0%} of its "
+            f"last-token attention on the operands and the operator; most on {best}: {mine[best]:.0%}.")
+
+
+def prompt_frame(model, text: str, layer: int, head: int) -> pd.DataFrame:
+    """Head (layer, head)'s END-row attention on the typed prompt, token by token (the prompt's chart): columns
+    position, token, weight, role and label."""
+    from engine.techniques.promptlab import typed_attention
+    row = pd.DataFrame([t.__dict__ for t in typed_attention(model, text, layer, head)])
+    row["label"] = [f"{i}: {display_token(t)}" for i, t in zip(row.position, row.token)]
+    return row
+
+
+def prompt_attention_sentence(df: pd.DataFrame, layer: int, head: int, text: str) -> str:
+    """The sentence of the typed prompt's chart (:func:`prompt_frame`), from its rows."""
+    top = df.loc[df["weight"].idxmax()]
+    role = f" ({top['role']})" if top["role"] != "other" else ""
+    return (f"On your prompt `{text}`, head {layer}.{head} looks most at token {int(top['position'])} "
+            f"`{display_token(str(top['token']))}`{role}: {top['weight']:.0%} of its last-token attention.")
 
 
 def step_attention(model, spec, cache) -> None:
-    from engine.techniques.attention import cached_role_attention, prompt_attention
-    from engine.techniques.promptlab import analyse_prompt
+    from engine.techniques.attention import cached_role_attention
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)
     layer, head, _ = table.top_heads(1)[0]
-    if run_with_progress("Attention by token role", "show the top head's attention",
-                         lambda cb: cached_role_attention(model, pairs, cache=cache, progress=cb)) is None:
+    out = computed("Attention by token role", "show the top head's attention",
+                   lambda cb: cached_role_attention(model, pairs, cache=cache, progress=cb), key="story_roles")
+    if out is None:
         return
-    try:
-        rep = analyse_prompt(model, current_prompt())
-        row = pd.DataFrame([t.__dict__ for t in prompt_attention(model, rep.ids, layer, head)])
-    except USER_ERRORS as e:
-        st.error(f"Cannot show the top head's attention: {e}")
-        return
-    sentence(findings(model, pairs, cache, ATTENTION))
-    row["label"] = [f"{i}:{display_token(t)}" for i, t in zip(row.position, row.token)]
-    st.caption(f"Head {layer}.{head}: attention of the last token of `{current_prompt()}`")
-    st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
+    text = current_prompt()
+    left, right = st.columns(2)
+    with left:
+        rdf = role_frame(out[0], layer, head)
+        sentence(set_attention_sentence(rdf, layer, head, len(pairs)))
+        st.caption(f"Head {layer}.{head} (the top head of the heatmap): its last token's attention by token role, "
+                   f"the mean over the {len(pairs)} prompts of the set")
+        chart(token_bars(rdf, "role", "value", "attention (mean over the set)"))
+    with right:
+        try:
+            row = prompt_frame(model, text, layer, head)
+        except USER_ERRORS as e:
+            st.error(f"Cannot show the top head's attention on your prompt `{text}`: {e}. Change it in the Prompt "
+                     f"lab.")
+            return
+        sentence(prompt_attention_sentence(row, layer, head, text))
+        st.caption(f"Head {layer}.{head}: the attention of the last token of your prompt `{text}`, token by token")
+        chart(token_bars(row, "label", "weight", "attention (your prompt)"))
 
 
 def step_mlps(model, spec, cache) -> None:
@@ -115,11 +179,12 @@ def step_mlps(model, spec, cache) -> None:
     slot = st.empty()
     left, right = st.columns(2)
     with left:
-        st.caption("MLP projections per layer (the answer's series in the strongest colour)")
-        mlp_projections_view(model, pairs, cache)
+        st.caption(f"MLP projections per layer, the mean over the {len(pairs)} prompt pairs of the set (the answer's "
+                   f"series in the strongest colour)")
+        mlp_projections_view(model, pairs, cache, scale=font_scale())
     with right:
-        st.caption("Logit lens of the answer")
-        logit_lens_view(model, pairs, cache)
+        st.caption(f"Logit lens of the answer, over the {len(pairs)} prompt pairs of the set")
+        logit_lens_view(model, pairs, cache, scale=font_scale())
     sentence(findings(model, pairs, cache, MLPS), slot)
 
 
@@ -131,14 +196,16 @@ def step_knockout(model, spec, cache) -> None:
     f = model.facts
     k_max = min(KNOCKOUT_K, f.n_layers * f.n_heads)
     ranked = [(a, b) for a, b, _ in table.top_heads(k_max)]
-    out = run_with_progress("Knocking out", "compute the knockout curve",
-                            lambda cb: cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=KNOCKOUT_DRAWS,
-                                                             cache=cache, progress=cb), key="story_knockout")
+    out = computed("Knocking out", "compute the knockout curve",
+                   lambda cb: cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=KNOCKOUT_DRAWS,
+                                                    cache=cache, progress=cb), key="story_knockout")
     if out is None:
         return
     pts, _ = out
     sentence(findings(model, pairs, cache, KNOCKOUT))
-    st.altair_chart(knockout_curve_chart(pd.DataFrame([p.__dict__ for p in pts])), width="stretch")
+    st.caption(f"Accuracy over the {len(pairs)} prompts of the set after knocking out the top-k heads of the heatmap "
+               f"vs k random heads ({KNOCKOUT_DRAWS} draws)")
+    chart(knockout_curve_chart(pd.DataFrame([p.__dict__ for p in pts])))
 
 
 def step_improve(model, spec, cache) -> None:
@@ -164,7 +231,7 @@ def step_improve(model, spec, cache) -> None:
     sentence(f"{r['method']} fine-tuning (job `{job.job_id}`, {r['steps']} steps, {r['trainable_params']:,} of "
              f"{r['total_params']:,} parameters): " + "; ".join(
                  f"{x.task} {100 * x.base:.1f} % → {100 * x.tuned:.1f} % ({x.delta:+.1f} points)" for x in rows) + ".")
-    st.altair_chart(comparison_chart(rows), width="stretch")
+    chart(comparison_chart(rows))
 
 
 def step_told(title: str):
@@ -183,6 +250,24 @@ HEADS, KNOCKOUT, ATTENTION, MLPS, IMPROVE = (
     argument.step(k).story for k in ("key heads", "knockout", "attention", "MLPs", "sft"))
 CHARTS = {ANSWERS: step_answers, HEADS: step_heads, KNOCKOUT: step_knockout, ATTENTION: step_attention,
           MLPS: step_mlps, IMPROVE: step_improve}
+
+#: the words each screen uses (its sentence, captions and charts), explained beside it from the glossary
+WORDS: dict[str, tuple[str, ...]] = {
+    ANSWERS: ("prompt", "token", "probability", "rank", "counterfactual", "operator", "accuracy"),
+    HEADS: ("attention head", "layer", "MLP", "path patching", "counterfactual", "END", "answer logit", "effect",
+            "key heads", "bootstrap interval", "shuffled head labels"),
+    KNOCKOUT: ("knockout", "key heads", "accuracy", "attention head"),
+    ATTENTION: ("attention head", "attention", "END", "token role", "operand", "operator", "attention sink", "prompt"),
+    MLPS: ("MLP", "MLP projection", "residual stream", "unembedding", "W_U[C]", "cosine", "logit lens", "probability",
+           "rank", "END"),
+    IMPROVE: ("precise SFT", "key heads", "accuracy"),
+}
+
+
+def screen_words(title: str) -> tuple[str, ...]:
+    """The glossary terms screen ``title`` uses: :data:`WORDS`, or those its steps' claims name."""
+    return WORDS.get(title) or tuple(t.name for t in glossary.used_in(" ".join(
+        f"{s.claim} {s.key}" for s in argument.STEPS if s.story == title)))
 
 
 def screens() -> list[tuple[str, object]]:

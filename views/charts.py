@@ -205,6 +205,37 @@ def loss_curve(df: pd.DataFrame) -> alt.Chart:
     ).properties(height=220)
 
 
+#: the text sizes (px) of Streamlit's chart theme: axis and legend labels, their titles, a chart's title, text marks
+TEXT_PX = {"label": 12, "title": 14, "chart": 16, "text": 12}
+_SIZES = ("fontSize", "labelFontSize", "titleFontSize")
+
+
+def scaled(chart, factor: float):
+    """``chart`` with all its text ``factor`` times as large -- axis labels and titles, legends, headers, the
+    chart's title and text marks, the sizes a builder set itself included (the Story's Large fonts) -- and its
+    height too (a number, or the step of a row), so that larger labels keep their room; ``factor`` 1 gives
+    ``chart`` itself.  Apply it to the outermost chart, as the last step before showing it."""
+    if factor == 1:
+        return chart
+
+    def grow(node, key=""):
+        if isinstance(node, dict):
+            return {k: (round(v * factor, 1) if (k in _SIZES or key == "height" and k == "step" or k == "height")
+                        and isinstance(v, (int, float)) and not isinstance(v, bool)
+                        else v if k in ("data", "datasets") else grow(v, k)) for k, v in node.items()}
+        return [grow(v, key) for v in node] if isinstance(node, list) else node
+
+    spec = grow(chart.to_dict())
+    px = {k: round(v * factor, 1) for k, v in TEXT_PX.items()}
+    config = spec.setdefault("config", {})
+    for part in ("axis", "legend", "header"):
+        config.setdefault(part, {}).setdefault("labelFontSize", px["label"])
+        config[part].setdefault("titleFontSize", px["title"])
+    config.setdefault("title", {}).setdefault("fontSize", px["chart"])
+    config.setdefault("text", {}).setdefault("fontSize", px["text"])
+    return type(chart).from_dict(spec)
+
+
 def signed_change(change: float, fmt: str = "+.3f", unit: str = "") -> str | None:
     """A change as a metric's delta (``+0.123``, ``-4.0 points``), or None when it reads zero at that precision:
     a metric then shows no arrow (no green "↑ +0.0" for nothing)."""

@@ -213,10 +213,15 @@ def finding(model, pairs, cache, table) -> str | None:
         return None
     layer, h, _ = top[0]
     mine = {r.role: r.value for r in roles if r.layer == layer and r.head == h}
-    on_problem = sum(v for role, v in mine.items() if role in PROBLEM_ROLES)
-    best = max(mine, key=mine.get)
+    on_problem, best = role_shares(mine)
     return (f"The top head {layer}.{h} puts {on_problem:.0%} of its last-token attention on the operands and the "
             f"operator (most on {best}: {mine[best]:.0%}).")
+
+
+def role_shares(mine: dict[str, float]) -> tuple[float, str]:
+    """Of one head's END-row attention by role (``mine``: role -> mass): the mass on :data:`PROBLEM_ROLES` (the
+    operands and the operator) and the role that holds the most."""
+    return sum(v for role, v in mine.items() if role in PROBLEM_ROLES), max(mine, key=mine.get)
 
 # ---------------------------------------------------------------------------------------------
 # the command line (``python -m engine attention``, registered in engine.registry)

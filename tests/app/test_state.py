@@ -312,3 +312,70 @@ def test_a_link_whose_model_cannot_be_loaded_falls_back_to_the_default_model(tmp
     assert "Head 1.2" in [h.value for h in at.subheader] and at.session_state["ko_heads"] == ["0.1", "1.3"]
     assert "model" not in at.query_params and "dtype" not in at.query_params
     assert at.query_params["head"] == "1.2" and at.query_params["prompt"] == PROMPT
+
+
+# ---------------------------------------------------------------------------------------------
+# every page's own controls in the link (url_state.CHOICES): the Story's step and Large fonts, ...
+# ---------------------------------------------------------------------------------------------
+
+CHOICE_LINK = {"step": "2", "large": "1", "pp_metric": "logit_diff", "pp_k": "3", "pp_tab": "Stability",
+               "ko_k": "5", "ko_draws": "4", "lens_group": "op:mul", "faith_metric": "accuracy"}
+
+
+def test_a_link_sets_each_pages_controls_and_a_changed_control_is_written_back():
+    at = _link(CHOICE_LINK)
+    assert not at.exception and not errors(at) and not _notes(at), (errors(at), _notes(at))
+    _go(at, "1_Story.py")
+    assert at.header[0].value.startswith("2 · ") and at.toggle(key="story_large_input").value is True
+    _go(at, "6_Knockout.py")
+    assert at.number_input(key="ko_k_input").value == 5 and at.slider(key="ko_draws_input").value == 4
+    assert "Top-5 heads" in [b.label for b in at.button]
+    _go(at, "4_Path_patching.py")
+    assert at.selectbox(key="pp_metric_input").value == "logit_diff" and at.number_input(key="pp_k_input").value == 3
+    assert at.session_state["pp_tab_input"] == "Stability"
+    _go(at, "5_MLP_projections.py")
+    assert at.selectbox(key="lens_group").value == "op:mul"
+    _go(at, "11_Faithfulness.py")
+    assert at.radio(key="faith_metric").value == "accuracy"
+    assert not _notes(at) and at.query_params == {"ops": "add,mul", "n": "8", **CHOICE_LINK}
+    # a control changed on its page is written into the URL; back at its default it leaves it
+    _go(at, "6_Knockout.py")
+    at.number_input(key="ko_k_input").set_value(7).run()
+    assert at.query_params["ko_k"] == "7" and "Top-7 heads" in [b.label for b in at.button]
+    at.number_input(key="ko_k_input").set_value(3).run()
+    assert "ko_k" not in at.query_params
+    _go(at, "1_Story.py")
+    at.button(key="story_next").click().run()
+    at.toggle(key="story_large_input").set_value(False).run()
+    assert at.query_params["step"] == "3" and "large" not in at.query_params
+
+
+# parameter -> (bad value, phrase of its note, the page that checks it: None = read with the link)
+BAD_CHOICES = {
+    "step": ("x", "not a whole number from 1 to 99", None),
+    "large": ("big", "use 1 or 0", None),
+    "pp_metric": ("logit", "choose from effect, logit_diff", None),
+    "pp_k": ("999", "not a whole number from 1 to 64 here", "4_Path_patching.py"),
+    "pp_group": ("op:pow", "choose from *, op:add, op:mul, typed", "4_Path_patching.py"),
+    "ko_kmax": ("31", "not a whole number from 1 to 30", None),
+}
+
+
+@pytest.mark.parametrize("key", list(BAD_CHOICES))
+def test_a_bad_page_control_in_a_link_gives_a_note_and_the_default(key):
+    value, phrase, checked_by = BAD_CHOICES[key]
+    at = _link({key: value, "prompt": PROMPT})
+    assert not at.exception and not errors(at), errors(at)
+    if checked_by is not None:
+        assert not _notes(at)  # the value's form is right: its page checks it
+        _go(at, checked_by)
+    note = next((n for n in _notes(at) if n.startswith(f"Link parameter `{key}={value}` ignored")), None)
+    assert note is not None and phrase in note, _notes(at)
+    assert key not in at.query_params and at.query_params["prompt"] == PROMPT
+
+
+def test_a_links_step_beyond_the_story_gives_a_note_and_step_1():
+    at = _link({"step": "9"})
+    _go(at, "1_Story.py")
+    assert any("`step=9` ignored: not a whole number from 1 to 6 here" in n for n in _notes(at)), _notes(at)
+    assert at.header[0].value.startswith("1 · ") and "step" not in at.query_params

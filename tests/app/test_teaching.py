@@ -1,5 +1,7 @@
 """A class on the bundled model (issue 47, Build 6): the Knockout page picks k and shows where the typed prompt
-breaks; a zero change shows no arrow."""
+breaks; a zero change shows no arrow; the Story's sentences are computed from the chart beside them and say what
+they are about (your prompt, or the set's mean), its words are explained beside it, and Large fonts scale the
+charts' text."""
 
 from __future__ import annotations
 
@@ -59,6 +61,47 @@ def test_knockout_picks_k_and_shows_where_the_typed_prompt_breaks():
         assert f"up to the top {k - 1} heads knocked out" in said and f"the top {k} (adding head " in said, said
     else:
         assert "with up to the top 10 heads knocked out" in said, said
+
+
+def test_the_story_attention_sentences_follow_their_charts_and_the_typed_prompt():
+    at = _app()
+    at.session_state["story_step"] = 4
+    _go(at, "1_Story.py")
+    assert at.header[0].value.startswith("4 · What the top head reads")
+    (set_said, prompt_said), charts = _sentences(at), _charts(at)
+    assert set_said.startswith("<p class='story-sentence'>Over the ") and "prompts of the set" in set_said
+    roles = next(d for _, d in charts if d is not None and "value" in d and "role" in d)
+    best = roles.loc[roles["value"].idxmax()]
+    assert f"most on {best['role']}: {best['value']:.0%}." in set_said, (set_said, roles)
+    said = prompt_said
+    for text in ("What is 7 times 8?", "6 - 2 ="):
+        row = next(d for _, d in _charts(at) if d is not None and "weight" in d)
+        top = row.loc[row["weight"].idxmax()]
+        assert f"looks most at token {int(top['position'])} " in said and f"{top['weight']:.0%}" in said, (said, row)
+        _go(at, "3_Prompt_lab.py")
+        at.text_input(key="typed_prompt").set_value(text).run()
+        _go(at, "1_Story.py")
+        said = _sentences(at)[1]
+        assert f"On your prompt <code>{text}</code>" in said, said
+    assert _sentences(at)[0] == set_said  # the set's mean does not depend on the typed prompt
+
+
+def test_the_story_explains_its_words_and_large_fonts_scale_the_charts():
+    from engine.findings.glossary import define
+    at = _app()
+    at.session_state["story_step"] = 1
+    _go(at, "1_Story.py")
+    [words] = [e for e in at.expander if e.label == "Words used here"]
+    text = " ".join(m.value for m in words.markdown)
+    assert define("counterfactual") in text and define("probability") in text
+    small = [spec.get("config", {}).get("axis", {}).get("labelFontSize") for spec, _ in _charts(at)]
+    at.toggle(key="story_large_input").set_value(True).run()
+    assert at.query_params.get("large") == "1"
+    large = [spec["config"]["axis"]["labelFontSize"] for spec, _ in _charts(at)]
+    assert small == [None] * len(small) and large and all(size >= 16 for size in large), (small, large)
+    texts = [layer["mark"].get("fontSize") for spec, _ in _charts(at) for layer in spec.get("layer", [])
+             if layer["mark"]["type"] == "text"]
+    assert texts and all(size >= 17 for size in texts), texts  # the bars' printed values (13 px) too
 
 
 def test_home_speaks_plainly():

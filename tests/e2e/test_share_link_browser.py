@@ -5,6 +5,7 @@ session); a link with a bad value says what it ignored and the page still render
 from __future__ import annotations
 
 import os
+import re
 from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
@@ -166,3 +167,59 @@ def test_home_opens_at_slash_home_and_at_the_root(server, page):
         assert page.locator("[data-testid='stException']").count() == 0, path
         # the link's prompt is the app state's: the address bar would drop it at its default
         assert urlsplit(page.url).path == "/" and parse_qs(urlsplit(page.url).query) == query, page.url
+
+
+def test_a_class_link_keeps_the_story_step_large_fonts_and_a_pages_control(server, browser):
+    """A teacher's link: the Story's step and Large fonts and the Knockout page's k travel in the address bar and
+    reopen in a fresh browser context; at the large size the Story's charts draw their text larger, every label
+    drawn and nothing cut (tests/e2e/chart_reader.py)."""
+    from tests.e2e.chart_reader import chart_problems, read_charts
+    ctx = _context(browser)
+    page = ctx.new_page()
+    try:
+        _goto(page, server, "Story?ops=add&n=8")  # a small set: its path patching takes a second
+        page.locator("h2", has_text=re.compile(r"^1 · ")).first.wait_for(timeout=WAIT)
+        _idle(page)
+        page.get_by_role("button", name="next →").click()
+        page.locator("h2", has_text=re.compile(r"^2 · ")).first.wait_for(timeout=WAIT)
+        _idle(page)
+        page.get_by_text("Large fonts (presenting)").click()
+        _param(page, "large", "1")
+        _idle(page)
+        _param(page, "step", "2")
+        _nav(page, "Knockout")
+        page.get_by_text("Where your prompt breaks").first.wait_for(timeout=WAIT)
+        box = page.get_by_label("k", exact=True)
+        box.fill("5")
+        box.press("Enter")
+        page.get_by_role("button", name="Top-5 heads").wait_for(timeout=WAIT)
+        _idle(page)
+        _param(page, "ko_k", "5")
+        link = page.url
+    finally:
+        ctx.close()
+    assert {k: v for k, v in parse_qs(urlsplit(link).query).items() if k in ("step", "large", "ko_k")} == {
+        "step": ["2"], "large": ["1"], "ko_k": ["5"]}, link
+
+    ctx = _context(browser)
+    page = ctx.new_page()
+    try:
+        page.goto(link)
+        page.get_by_role("button", name="Top-5 heads").wait_for(timeout=WAIT)
+        _idle(page)
+        assert page.get_by_label("k", exact=True).input_value() == "5"
+        _no_notes(page)
+        _nav(page, "Story")
+        page.locator("h2", has_text=re.compile(r"^2 · ")).first.wait_for(timeout=WAIT)
+        page.locator("[data-testid='stVegaLiteChart'] svg.marks").first.wait_for(timeout=WAIT)
+        _idle(page)
+        size = page.evaluate("() => parseFloat(getComputedStyle(document.querySelector('h1')).fontSize)")
+        assert size >= 47, size  # Large fonts: 3rem
+        labels = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] "
+                               "g.role-axis-label text')].map(t => parseFloat(getComputedStyle(t).fontSize))")
+        assert labels and min(labels) >= 16, labels  # the charts' text scaled too (12 px at the normal size)
+        problems = [p for chart in read_charts(page) for p in chart_problems(chart)]
+        assert not problems, problems
+        shot(page, "share_link_story_large")
+    finally:
+        ctx.close()

@@ -77,7 +77,7 @@ def test_one_step_reaches_the_story_page(with_fake, tmp_path, monkeypatch):
     monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "c.duckdb"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     at = page("1_Story.py")
-    at.session_state["story_step"] = 1  # the key heads: path patching is computed here
+    at.session_state["story_step"] = 2  # the key heads (steps count from 1): path patching is computed here
     at.run()
     assert not at.exception and not errors(at)
     at.session_state["story_step"] = 99

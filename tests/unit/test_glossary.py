@@ -1,5 +1,5 @@
 """The glossary (engine/findings/glossary.py): every term the dashboard explains is there, in one or two plain
-sentences, found by its name or its other spellings."""
+sentences, found by its name or its other spellings; the Story's screens name only terms it has."""
 
 from __future__ import annotations
 
@@ -43,3 +43,10 @@ def test_lookup_by_name_or_alias_and_help_text():
 def test_words_found_in_a_text():
     found = [t.name for t in glossary.used_in("Path patching changes the answer logit at END; the end of it.")]
     assert found == ["END", "answer logit", "path patching"]  # "end" in lower case is not END
+
+
+def test_the_story_names_only_glossary_terms():
+    from ui.story import WORDS, screen_words, screens
+    assert set(WORDS) <= {title for title, _ in screens()}
+    for title, _ in screens():
+        assert glossary.terms(*screen_words(title)), title  # KeyError for a word the glossary lacks
