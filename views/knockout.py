@@ -22,7 +22,8 @@ def prompt_knockout_chart(df: pd.DataFrame) -> alt.Chart:
         tooltip=[alt.Tooltip("k:Q"), alt.Tooltip("head:N", title="head added"),
                  alt.Tooltip("p_answer:Q", title="P(answer)", format=".3g"), alt.Tooltip("top:N", title="top token")])
     bars = base.mark_bar().encode(
-        y=alt.Y("p_answer:Q", title="P(answer) on your prompt", scale=alt.Scale(domain=[0, 1.15])),
+        y=alt.Y("p_answer:Q", title="P(answer) on your prompt", scale=alt.Scale(domain=[0, 1.15]),  # room for labels
+                axis=alt.Axis(values=[0, 0.2, 0.4, 0.6, 0.8, 1.0])),
         color=alt.Color("status:N", scale=alt.Scale(domain=[HOLDS, BREAKS], range=[PALETTE[1], PALETTE[0]]),
                         legend=alt.Legend(orient="bottom", title=None, labelLimit=0)))
     text = base.mark_text(dy=-8).encode(y="p_answer:Q", text="top:N")
