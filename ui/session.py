@@ -197,9 +197,8 @@ def _saved_templates() -> list[str]:
 
 
 #: the sidebar's "Which prompts": label -> (balance, every)
-SAMPLES = {"a balanced sample (Prompts per op)": (True, False),
-           "a sample, unbalanced (Prompts per op)": (False, False),
-           "every prompt the model answers right (unbalanced)": (True, True)}
+SAMPLES = {"balanced sample": (True, False), "unbalanced sample": (False, False),
+           "every prompt answered right": (True, True)}
 
 
 def prompt_set_choice() -> "PromptSetSpec":
@@ -227,12 +226,13 @@ def prompt_set_choice() -> "PromptSetSpec":
             labels = list(SAMPLES)
             shown = labels[2] if cur.get("every") else labels[0] if cur.get("balance", True) else labels[1]
             sample = st.selectbox("Which prompts", labels, index=labels.index(shown), key="ps_sample",
-                                  help="A balanced sample takes the prompts round-robin over their first answer token, "
-                                       "so that e.g. the '1' of every sum from 10 to 18 does not dominate. 'Every "
-                                       "prompt' uses all the problems of the templates (Prompts per op is then "
-                                       "ignored) and keeps every one the model answers right: more pairs and "
-                                       "narrower intervals, but unbalanced -- the heatmap then partly measures "
-                                       "predicting the most common first token.")
+                                  help="A sample takes 'Prompts per op' problems of each operation; a balanced one "
+                                       "takes them round-robin over their first answer token, so that e.g. the '1' "
+                                       "of every sum from 10 to 18 does not dominate. 'Every prompt answered right' "
+                                       "uses all the problems of the templates ('Prompts per op' is then ignored) "
+                                       "and keeps every one the model answers right: more pairs and narrower "
+                                       "intervals, but unbalanced -- the heatmap then partly measures predicting the "
+                                       "most common first token.")
             balance, every = SAMPLES[sample]
             kinds = list(COUNTERFACTUALS)
             cf = st.selectbox("Counterfactual (X_c)", kinds, index=kinds.index(cur.get("counterfactual", kinds[0])),
@@ -378,8 +378,8 @@ def set_size_text(spec: "PromptSetSpec", n_kept: int, n_generated: int) -> str:
     text = (f"{n_kept} of {n_generated} prompts answered right ({sample_words(spec)}, of the {total} problems its "
             f"templates and operands give)")
     if not spec.every and total > n_generated:
-        text += ("; 'Which prompts' → 'every prompt the model answers right' in the sidebar keeps all of the "
-                 f"{total} it gets right")
+        text += ("; 'Which prompts' → 'every prompt answered right' in the sidebar keeps all of the "
+                 f"{total} the model gets right")
     return text
 
 

@@ -45,7 +45,7 @@ def test_a_small_set_is_said_plainly():
     assert rests.startswith("4 pairs (few"), rests
     text = " ".join(c.value for c in at.caption)
     assert "4 of 4 prompts answered right (a balanced sample of 1 per operation" in text
-    assert "every prompt the model answers right" in text
+    assert "every prompt answered right" in text
     # the bundled model does the paper's templates: the circuit rows are computed
     computed = df[df["this model"] != "–"]["finding"].tolist()
     assert {"Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14", "MIB"} <= set(computed), computed
