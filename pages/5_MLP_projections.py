@@ -11,7 +11,7 @@ from ui.circuit_panels import (
     top_numbers_sentence,
     typed_top_numbers,
 )
-from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
+from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page, words_used
 
 model, spec = setup_page(
     "MLP projections",
@@ -21,6 +21,8 @@ model, spec = setup_page(
     "no final norm. The shaded band is ± one standard deviation over the prompt set.")
 
 prompt_caption()
+words_used("MLP", "MLP projection", "unembedding", "W_U[C]", "cosine", "residual stream", "logit lens", "rank",
+           "END")
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 df = mlp_projections_view(model, pairs, cache)
@@ -48,5 +50,5 @@ if got is not None:
         wide["rank of the answer"] = ranks.reindex(wide.index)
     ranked = [c for c in wide.columns if c.startswith("#")]
     st.dataframe(highlight_answer(wide, ranked, int(top[top["answer"]]["number"].iloc[0]))
-                 if top["answer"].any() else wide, width="stretch")
+                 if top["answer"].any() else wide, width="stretch", height=36 * (len(wide) + 1) + 2)  # every row
     st.download_button("Top tokens (CSV)", top.to_csv(index=False).encode(), "top_number_tokens.csv", "text/csv")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from views.charts import HEAD_SELECTION, ROW_PX, stretched
+from views.charts import HEAD_SELECTION, ROW_PX, layer_axis, stretched
 
 
 def exact_vs_estimate(df: pd.DataFrame, exact: str, estimate: str, metric: str) -> alt.Chart:
@@ -53,8 +53,7 @@ def lens_lines(df: pd.DataFrame) -> alt.Chart:
     """Answer probability (left) and median rank (right, log scale) per layer; layer -1 = embedding.
 
     ``df`` columns: layer, mean_prob, median_rank, top1."""
-    base = alt.Chart(df).encode(x=alt.X("layer:O", title="after layer (-1 = the embedding)",
-                                        axis=alt.Axis(labelOverlap=False)))
+    base = alt.Chart(df).encode(x=layer_axis("after layer (-1 = the embedding)"))
     prob = base.mark_line(point=True, color="#D55E00", strokeWidth=3).encode(
         y=alt.Y("mean_prob:Q", title="mean P(answer), solid", scale=alt.Scale(domain=[0, 1]),
                 axis=alt.Axis(titleColor="#D55E00")),
