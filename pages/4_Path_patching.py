@@ -10,6 +10,7 @@ from engine.findings.glossary import help_text
 from engine.prompts.pairs import PromptError, counterfactual_words
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention
+from engine.techniques.intervals import SMALL_SET
 from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import typed_attention, typed_pair
 from ui import state, url_state
@@ -23,7 +24,15 @@ from ui.circuit_panels import (
     stability_view,
 )
 from ui.progress import USER_ERRORS, progress_bar
-from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, set_size_text, setup_page
+from ui.session import (
+    analysed_pairs,
+    current_prompt,
+    prompt_caption,
+    result_cache,
+    set_size_text,
+    setup_page,
+    words_used,
+)
 from views.charts import display_token, heatmap, heatmap_frame, token_bars
 
 
@@ -41,6 +50,8 @@ def intro(spec) -> str:
 
 model, spec = setup_page("Path patching", intro)
 prompt_caption()
+words_used("path patching", "counterfactual", "attention head", "MLP", "END", "answer logit", "effect",
+           "logit difference", "key heads", "bootstrap interval", "attention", "token role", "attribution patching")
 
 c1, c2, c3 = st.columns([2, 2, 1])
 metric = c1.selectbox("Metric", ("effect", "logit_diff"), **url_state.bound("pp_metric"), help=help_text(
@@ -69,8 +80,10 @@ group = c2.selectbox("Operation", groups, **url_state.bound("pp_group"),
 url_state.check("pp_k", range(1, table.n_layers * table.n_heads + 1))
 k = c3.number_input("Top k", 1, table.n_layers * table.n_heads, **url_state.bound("pp_k"),
                     help=help_text("key heads"))
-st.caption(f"{set_size_text(spec, len(pairs), n_gen)} · every interval on this page rests on these {len(pairs)} "
-           f"pairs · " + ("computed now, stored in the cache" if computed else "read from the cache"))
+st.caption((set_size_text(spec, len(pairs), n_gen) if len(pairs) >= SMALL_SET else  # a small set: the note above
+            f"{len(pairs)} of {n_gen} prompts answered right")
+           + f" · every interval on this page rests on these {len(pairs)} pairs · "
+           + ("computed now, stored in the cache" if computed else "read from the cache"))
 shown, shown_group = table, group
 if group == TYPED:  # the heatmap of one pair: the typed prompt and its counterfactual
     try:
