@@ -94,10 +94,10 @@ def step_answers(model, spec, cache) -> None:
              f"prompts right; only those are analysed.")
     c1, c2 = st.columns(2)
     c1.caption(f"Next token after `{text}`")
-    chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.top5])), c1)
+    chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.top5]), answer_id=rep.answer_id), c1)
     if rep.cf_top5:
         c2.caption(f"Next token after the counterfactual `{p.cf_text}`")
-        chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.cf_top5])), c2)
+        chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.cf_top5]), answer_id=rep.answer_id), c2)
 
 
 def step_heads(model, spec, cache) -> None:
