@@ -1,0 +1,44 @@
+"""The circuit diagram's drawing (views/circuit_diagram.py): no two nodes in one place, one column per layer that
+holds a node, edges coloured by what they are -- on a 30-layer model's circuit, where the old layout put a layer-0
+head on the operand tokens and squeezed 31 layers into the page."""
+
+from __future__ import annotations
+
+from engine.techniques.circuit import Diagram, Edge, Node
+from views.circuit_diagram import EDGE_KINDS, columns, diagram_chart, edge_kind, layout
+
+
+def _circuit() -> Diagram:
+    d = Diagram("m", "effect", 12)
+    d.nodes += [Node("A", "token", -1, label="operand A"), Node("B", "token", -1, label="operand B"),
+                Node("op", "token", -1, label="operator")]
+    for layer, head, eff in ((0, 7, -0.3), (20, 1, -0.2), (20, 4, 0.1), (27, 4, -0.05)):
+        d.nodes.append(Node(f"h{layer}.{head}", "head", layer, head, f"{layer}.{head}", eff))
+        d.edges.append(Edge(f"h{layer}.{head}", "answer", "effect", eff))
+    d.edges += [Edge("B", "h0.7", "attention", 0.6), Edge("h0.7", "h20.1", "head-head", -0.02)]
+    d.nodes += [Node("m23", "mlp", 23, label="MLP 23", effect=-0.4), Node("answer", "answer", 30, label="answer logit")]
+    d.edges.append(Edge("m23", "answer", "effect", -0.4))
+    return d
+
+
+def test_every_node_has_its_own_place_and_columns_are_the_layers_used():
+    d = _circuit()
+    nodes = layout(d)
+    assert columns(d) == ["tokens", "layer 0", "layer 20", "layer 23", "layer 27", "answer"]
+    assert len({(x, y) for x, y in zip(nodes.x, nodes.y)}) == len(nodes)  # no node drawn on another
+    by_id = nodes.set_index("id")
+    assert by_id.x["h0.7"] == 1 and by_id.x["B"] == 0 and by_id.x["answer"] == 5
+    assert by_id.x["h20.1"] == by_id.x["h20.4"] and by_id.y["h20.1"] != by_id.y["h20.4"]
+
+
+def test_edges_say_what_they_are_by_colour_and_the_legend_names_it():
+    d = _circuit()
+    kinds = {(e.source, e.target): edge_kind(e) for e in d.edges}
+    assert kinds[("B", "h0.7")] == EDGE_KINDS["attention"]
+    assert kinds[("h0.7", "answer")] == kinds[("m23", "answer")] == EDGE_KINDS["lowers"]
+    assert kinds[("h20.4", "answer")] == EDGE_KINDS["raises"]
+    assert kinds[("h0.7", "h20.1")] == EDGE_KINDS["lowers"]  # head -> head: signed too (and dashed)
+    spec = diagram_chart(d).to_dict()
+    rules = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")
+    assert rules["encoding"]["color"]["field"] == "sign"
+    assert set(rules["encoding"]["color"]["scale"]["domain"]) == set(EDGE_KINDS.values())
