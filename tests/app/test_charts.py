@@ -65,3 +65,30 @@ def test_two_heatmaps_on_one_symmetric_scale():
     b = heatmap_frame([[0.5, -0.05]], [0.0])
     doms = [heatmap(df, "effect", lim=0.5).to_dict()["encoding"]["color"]["scale"]["domain"] for df in (a, b)]
     assert doms == [[-0.5, 0.5], [-0.5, 0.5]]
+
+
+def test_attention_bars_one_row_per_token_coloured_by_role():
+    """The END-row attention bars: every token its own row (a step of ROW_PX, so every label is drawn), bars
+    coloured by the token's role with a legend, the roles those of the engine."""
+    from engine.techniques.attention import ROLES
+    from views.charts import ROLE_ORDER, ROW_PX, token_bars
+    assert set(ROLE_ORDER) == set(ROLES)
+    df = pd.DataFrame({"label": ["0: <bos>", "5: 3", "7: 5"], "weight": [0.01, 0.02, 0.97],
+                       "role": ["first token (attention sink)", "operand A", "operand B"]})
+    spec = token_bars(df, "label", "weight", "attention").to_dict()
+    assert spec["height"] == {"step": ROW_PX}
+    bars = spec["layer"][0]["encoding"]
+    assert bars["y"]["field"] == "label" and bars["y"]["axis"]["labelOverlap"] is False
+    assert bars["color"]["field"] == "role" and bars["color"]["scale"]["domain"] == [
+        "operand A", "operand B", "first token (attention sink)"]
+    by_role = token_bars(df.rename(columns={"label": "role_name"}).assign(role=df["role"]), "role", "weight",
+                         "attention").to_dict()
+    assert by_role["layer"][0]["encoding"]["color"]["legend"] is None  # the rows are the roles: no legend
+
+
+def test_ranked_bars_mark_the_answer():
+    df = pd.DataFrame({"token": ["8", "7", "9"], "token_id": [23, 22, 24], "prob": [0.9, 0.06, 0.04]})
+    spec = ranked_bars(df, answer_id=23).to_dict()
+    rows = next(iter(spec["datasets"].values()))
+    assert [r["kind"] for r in rows] == ["the answer", "another token", "another token"]
+    assert spec["layer"][0]["encoding"]["color"]["scale"]["range"][0] == PALETTE[0]
