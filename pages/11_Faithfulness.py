@@ -13,7 +13,7 @@ from engine.techniques.faithfulness import ABLATIONS, RANDOM_DRAWS, cached_faith
 from engine.techniques.path_patching import cached_path_patching
 from ui import url_state
 from ui.progress import run_with_progress
-from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page
+from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page, words_used
 from views.circuit_charts import FAITH_SERIES, faithfulness_chart
 
 model, spec = setup_page(
@@ -25,6 +25,8 @@ model, spec = setup_page(
     "between f and 1 (lower is better); every number has a 95 % bootstrap interval over the prompt pairs.")
 
 prompt_caption()
+words_used("circuit", "faithfulness", "CPR", "CMD", "counterfactual", "knockout", "attribution patching",
+           "answer logit", "bootstrap interval")
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 c1, c2, c3 = st.columns(3)

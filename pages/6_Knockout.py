@@ -22,7 +22,7 @@ from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import analyse_prompt
 from ui import state, url_state
 from ui.progress import run_with_progress
-from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page
+from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page, words_used
 from views.charts import display_token, fmt_prob, signed_change
 from views.circuit_charts import knockout_curve_chart
 from views.knockout import prompt_knockout_chart, prompt_knockout_sentence
@@ -35,6 +35,7 @@ model, spec = setup_page(
     "knocking out as many random heads does not.")
 
 prompt_caption()
+words_used("knockout", "counterfactual", "key heads", "END", "probability", "accuracy", "bootstrap interval")
 L, H = model.facts.n_layers, model.facts.n_heads
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)

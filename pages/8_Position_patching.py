@@ -6,7 +6,7 @@ import streamlit as st
 
 from engine.prompts.pairs import counterfactual_words
 from ui.circuit_panels import position_view
-from ui.session import analysed_pairs, result_cache, setup_page
+from ui.session import analysed_pairs, result_cache, setup_page, words_used
 
 
 def intro(spec) -> str:
@@ -21,6 +21,7 @@ def intro(spec) -> str:
 
 model, spec = setup_page("Position patching", intro)
 
+words_used("residual stream", "layer", "counterfactual", "answer logit", "logit difference", "END", "logit lens")
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 st.subheader("Layer x position patching")
