@@ -113,7 +113,8 @@ circ = run_with_progress("Helix circle", "fit the helix",
 if circ is not None and circ[0]:
     cdf = pd.DataFrame([r.__dict__ for r in circ[0]])
     st.caption(f"Layer {layer}, position {position}, target {target}: each prompt projected onto the fitted cos/sin "
-               f"directions of the strongest period, T = {int(cdf['period'].iloc[0])}; labels at each value's mean.")
+               f"directions of the strongest period, T = {int(cdf['period'].iloc[0])}; labels at the values' means "
+               f"(one that would crowd another's is left out: hover its points).")
     st.altair_chart(circle_scatter(cdf), width="stretch")
 
 st.subheader("Helix-subspace patching")

@@ -98,18 +98,39 @@ def helix_lines(df: pd.DataFrame, position: str, target: str) -> alt.Chart:
     ).properties(height=260))
 
 
+#: the circle's plot at its smallest (px) and a label's box: labels closer than that to a kept one are left out
+CIRCLE_PX, LABEL_PX = (560, 300), (30, 18)
+
+
+def uncrowded(means: pd.DataFrame) -> pd.Series:
+    """Which class means get a label: in value order, each whose label would not touch an already labelled one (at
+    the plot's smallest size, :data:`CIRCLE_PX`) -- a crowded value is read from its points' tooltips."""
+    span = [(means[c].max() - means[c].min()) or 1.0 for c in ("x", "y")]
+    px = [(means[c] - means[c].min()) / s * size for c, s, size in zip(("x", "y"), span, CIRCLE_PX)]
+    kept: list[tuple[float, float]] = []
+    out = []
+    for x, y in zip(*px):
+        free = all(abs(x - a) >= LABEL_PX[0] or abs(y - b) >= LABEL_PX[1] for a, b in kept)
+        if free:
+            kept.append((x, y))
+        out.append(free)
+    return pd.Series(out, index=means.index)
+
+
 def circle_scatter(df: pd.DataFrame) -> alt.LayerChart:
-    """Prompts in the plane of the fitted cos/sin directions of the strongest period; labels at the class means."""
+    """Prompts in the plane of the fitted cos/sin directions of the strongest period; labels at the class means
+    (those that do not crowd another's, :func:`uncrowded`)."""
     means = df.groupby("value", as_index=False)[["x", "y"]].mean()
     means["label"] = means["value"].map(lambda v: f"{v:g}")
     color = alt.Color("value:Q", scale=alt.Scale(scheme="viridis"), title="n")
     points = alt.Chart(df).mark_circle(size=40, opacity=0.6).encode(
-        x=alt.X("x:Q", title="fitted cos direction"), y=alt.Y("y:Q", title="fitted sin direction"), color=color,
+        x=alt.X("x:Q", title="fitted cos direction", scale=alt.Scale(zero=False)),
+        y=alt.Y("y:Q", title="fitted sin direction", scale=alt.Scale(zero=False)), color=color,
         tooltip=["prompt", "value", alt.Tooltip("x:Q", format=".2f"), alt.Tooltip("y:Q", format=".2f")])
     path = alt.Chart(means).mark_line(color="grey", opacity=0.5).encode(x="x:Q", y="y:Q", order="value:Q")
-    labels = alt.Chart(means).mark_text(fontSize=14, fontWeight="bold", dy=-10).encode(
+    labels = alt.Chart(means[uncrowded(means)]).mark_text(fontSize=14, fontWeight="bold", dy=-10).encode(
         x="x:Q", y="y:Q", text="label:N", color=color)
-    return alt.layer(path, points, labels).properties(height=360)
+    return stretched(alt.layer(path, points, labels).properties(height=360))
 
 
 def causal_bars(df: pd.DataFrame) -> alt.Chart:

@@ -12,7 +12,8 @@ values: ...").  :func:`read_charts` collects, per chart on the page:
   the browser clips what lies outside it) by more than ``SLACK_PX`` -- a cut title;
 * texts truncated by Vega's ``labelLimit`` (they end in "…");
 * the chart's right edge against the page's main column (a panel run off the page);
-* the number of data items its marks draw (an empty chart draws its axes and nothing else).
+* the number of data items its marks draw (an empty chart draws its axes and nothing else);
+* the texts its text marks draw (values on bars, node labels): none may lie on another.
 
 :func:`chart_problems` turns that into sentences, one per defect; an empty list is a legible chart.
 """
@@ -52,7 +53,10 @@ READ_JS = """
     const items = marks.reduce((s, g) => s + [...g.children]
       .filter(e => e.tagName !== 'g' || e.children.length).length, 0);
     const legends = [...svg.querySelectorAll('g.role-legend-label text')].filter(shown).map(t => t.textContent);
-    out.push({i, drawn: true, width: r.w, height: r.h, axes, outside, cut, items, legends,
+    const marks_text = [...svg.querySelectorAll('g.mark-text.role-mark text')]
+      .filter(t => shown(t) && !t.closest('.role-axis, .role-legend, .role-title'))
+      .map(t => ({text: t.textContent, box: box(t)}));
+    out.push({i, drawn: true, width: r.w, height: r.h, axes, outside, cut, items, legends, marks_text,
               past_page: mr ? r.r - mr.r : 0});
   });
   return out;
@@ -103,4 +107,9 @@ def chart_problems(chart: dict) -> list[str]:
         out.append(f"the chart runs {chart['past_page']:.0f} px past the page's right edge")
     if chart["items"] == 0:
         out.append("the chart draws no data (axes only)")
+    texts = chart["marks_text"]
+    clash = [f"{a['text']}/{b['text']}" for i, a in enumerate(texts) for b in texts[i + 1:]
+             if _overlap(a["box"], b["box"])]
+    if clash:
+        out.append(f"texts drawn over each other: {', '.join(clash[:6])}")
     return out
