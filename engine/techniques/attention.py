@@ -9,12 +9,13 @@ row is summarized by **token role** (the five masses sum to 1; :data:`ROLE_DEFIN
   Heads park unused attention on the first position whatever it holds, so it is one role either way;
   when position 0 is itself an operand or the operator (``3 + 5 =`` without BOS), that role wins;
 * ``operand A`` / ``operand B`` -- the digit tokens of each operand;
-* ``operator`` -- the tokens the counterfactual replaces;
+* ``operator`` -- the tokens the counterfactual replaces (none under an operand counterfactual, which replaces an
+  operand: its tokens keep the operand's role);
 * ``other`` -- every remaining token (template words, ``=``, whitespace before the answer).
 
 Roles are found without parsing text: the operator's positions are exactly where X_r and X_c differ
-(the counterfactual replaces only the operator); operands are the runs of digit tokens of the
-prompt, the first run being whichever of {A}, {B} comes first in the template.
+(the operator kinds of counterfactual replace only the operator), outside the operands; operands are the runs of
+digit tokens of the prompt, the first run being whichever of {A}, {B} comes first in the template.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ ROLE_DEFINITIONS: dict[str, str] = {
                  "(unless that is an operand or the operator); heads park spare attention there",
     "operand A": "the digit tokens of the first operand of the operation (A in A op B; a decimal point in it too)",
     "operand B": "the digit tokens of the second operand (B)",
-    "operator": "the tokens that differ between the prompt and its counterfactual (the operation's word or sign)",
+    "operator": "the tokens that differ between the prompt and its counterfactual, outside the operands (the "
+                "operation's word or sign; none when the counterfactual changes an operand)",
     "other": "every other token: template words, '=', whitespace before the answer",
 }
 #: Bumped when the role labels or their rules change (part of the cache params).
-ROLES_VERSION = 3
+ROLES_VERSION = 4  # 4: an operand counterfactual's changed digits stay the operand's (they were "operator")
 METHOD = "attention_roles"
 
 
@@ -57,7 +59,7 @@ def token_roles(backend: ModelBackend, pair: PromptPair) -> list[str]:
 def roles_of(toks: Sequence[str | None], operator: Sequence[bool], *, a_first: bool = True) -> list[str]:
     """The role of every token of a prompt: ``operator[i]`` marks the positions its counterfactual replaces (all
     False for a prompt with no counterfactual: no operator role); the two runs of digit tokens are the operands,
-    the first one A when ``a_first``."""
+    the first one A when ``a_first``, and keep that role where the counterfactual replaces them (operand kinds)."""
     roles = ["other"] * len(toks)
     if toks:
         roles[0] = FIRST_TOKEN  # operand / operator roles below take precedence
@@ -77,8 +79,9 @@ def roles_of(toks: Sequence[str | None], operator: Sequence[bool], *, a_first: b
             roles[i] = first
         for i in runs[1]:
             roles[i] = second
+    operands = {i for run in runs for i in run} if len(runs) == 2 else set()
     for i, differs in enumerate(operator):
-        if differs:
+        if differs and i not in operands:
             roles[i] = "operator"
     return roles
 

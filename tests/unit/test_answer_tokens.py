@@ -186,3 +186,21 @@ def test_first_token_role_with_and_without_bos(name):
     else:  # no BOS: position 0 holds operand A, whose role wins
         assert eq[0] == "operand A" and FIRST_TOKEN not in eq
     assert set(qa) <= set(ROLES) and set(ROLE_DEFINITIONS) == set(ROLES)
+
+
+@pytest.mark.parametrize("name", ["bytelevel_split_digits", "metaspace_split_digits"])
+@pytest.mark.parametrize("kind", ["operand-a", "operand-b", "operator-removed", "operator-swapped"])
+def test_roles_under_every_counterfactual_kind(name, kind):
+    """The operand a counterfactual replaces keeps its role (issue 47: under operand-a, operand A's digits were read
+    as the operator, and the Numbers probes found no operand A); the operator is what an operator kind replaces."""
+    from engine.prompts.pairs import OperandRange
+    tok = _family(name)
+    tpl = Template(id="test.t", op="add", family="test", text="Q: What is {A} [+] {B}? A:")
+    pair = build_pair(tok, Problem(tpl, 5, 3, fillers=("@", "#")), kind, OperandRange(1, 9))
+    roles = token_roles(SimpleNamespace(tokenizer=tok), pair)
+    changed = {roles[i] for i, (r, c) in enumerate(zip(pair.ref_ids, pair.cf_ids)) if r != c}
+    assert "operand A" in roles and "operand B" in roles
+    if kind.startswith("operand"):
+        assert changed == {f"operand {kind[-1].upper()}"} and "operator" not in roles
+    else:
+        assert changed == {"operator"}
