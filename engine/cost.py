@@ -1,15 +1,18 @@
-"""What a computation costs before it runs: forward passes counted from the code, seconds estimated here.
+"""What a computation costs before it runs: its forward work counted from the code, its seconds estimated here.
 
-The lab's unit of work is the **forward-equivalent** (FE): one right-padded, full-logits forward pass of the
-prompt set (``bench/work.py``), weighted by multiply-accumulates per position
-(:func:`engine.backends.base.macs_per_position`).  Each heavy technique's module counts what it runs in FE
-(``curve_cost`` of :mod:`engine.techniques.knockout_curve`, ``path_patching_cost`` ...): the count follows the
-code, and ``tests/integration/test_cost.py`` checks it against the backend's :class:`WorkMeter` after a real run.
+Each heavy technique's module counts the forward work it will do (:class:`Work`: calls, positions through the
+blocks, positions unembedded, MLP-branch rows of the END chains) by walking the same batches, chunks and passes
+as its code without running them (``path_patching_work``, ``knockout_end_work`` ...);
+``tests/integration/test_cost.py`` checks each count against the backend's :class:`WorkMeter` after a real run.
+The work is reported in the lab's unit, the **forward-equivalent** (FE): one right-padded, full-logits forward
+pass of the prompt set, positions weighted by their multiply-accumulates
+(:func:`engine.backends.base.macs_per_position`, as ``bench/work.py`` counts).
 
-Seconds are an **estimate** on this machine: the FE times the measured seconds of one pass of the set.  One
-pass is timed once per loaded model (:func:`pass_timing`: two small real forward passes give the fixed cost of
-a call and the cost of a position; memoised on the backend object) and scaled by the set's padded positions.
-Work that is not a forward pass (a probe's fits) is added by the technique as seconds of its own.
+Seconds are an **estimate** on this machine: a forward call's fixed cost and a position's cost are timed once
+per loaded model (:func:`pass_timing`: two small END-only passes; memoised on the backend object) and applied to
+the counted work.  Work that is not a forward pass (a probe's fits) is added by the technique in seconds.  Every
+computation a page times corrects the estimates that follow (:func:`observe`): the ratio of measured to estimated
+seconds, which holds what the passes' timing misses -- the work around the passes and the machine's load.
 
 A page asks before it computes anything estimated above :data:`HEAVY_S` (``ui.progress.compute_or_button``).
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -30,8 +33,11 @@ from engine.prompts.pairs import PromptPair
 HEAVY_S = 10.0
 
 #: the two timed shapes of :func:`pass_timing`: (rows, positions), and the runs of each (the fastest counts)
-SMALL, LARGE = (1, 8), (8, 16)
+SMALL, LARGE = (1, 8), (32, 32)
 REPEATS = 2
+
+#: a backward pass through the blocks costs about twice the forward pass (two matrix products per one)
+BACKWARD_FACTOR = 2
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,57 @@ class Cost:
 NOTHING = Cost(0.0, 0.0)
 
 
+@dataclass(frozen=True)
+class Work:
+    """Forward work a computation does, counted from its code before it runs: what the backend's
+    :class:`WorkMeter` counts (``calls``, ``body`` positions through every block, ``unembed`` positions through
+    the final norm and the unembedding), ``mlp_rows``, rows through one MLP branch (the END chains), and
+    ``backward``, positions a backward pass carries back through every block (attribution patching's gradients;
+    counted as :data:`BACKWARD_FACTOR` forward positions each)."""
+
+    calls: int = 0
+    body: int = 0
+    unembed: int = 0
+    mlp_rows: int = 0
+    backward: int = 0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.calls + other.calls, self.body + other.body, self.unembed + other.unembed,
+                    self.mlp_rows + other.mlp_rows, self.backward + other.backward)
+
+    def __mul__(self, k: int) -> Work:
+        return Work(self.calls * k, self.body * k, self.unembed * k, self.mlp_rows * k, self.backward * k)
+
+    @property
+    def forward_body(self) -> float:
+        """Positions through every block, a backward position counted as :data:`BACKWARD_FACTOR` of them."""
+        return self.body + BACKWARD_FACTOR * self.backward
+
+    def fe(self, backend: ModelBackend, pairs: Sequence[PromptPair]) -> float:
+        """Forward-equivalents of this work, one padded full-logits pass of ``pairs`` = 1."""
+        return fe_of(backend, pairs, body=self.forward_body, unembed=self.unembed, mlp_rows=self.mlp_rows)
+
+
+NO_WORK = Work()
+
+
+def one_pass(rows: int, width: int, unembedded: int | None = None) -> Work:
+    """One forward call of ``rows`` prompts padded to ``width``, ``unembedded`` positions unembedded (default: one
+    per row, the END-only or one-position passes)."""
+    return Work(1, rows * width, rows if unembedded is None else unembedded)
+
+
+def padded_passes(seqs: Sequence[Sequence[int]], batch_size: int, unembedded_per_row: int | None = 1) -> Work:
+    """Consecutive padded batches of ``batch_size`` of ``seqs``, ``unembedded_per_row`` positions each unembedded
+    (None: every position, full logits)."""
+    w = NO_WORK
+    for s in range(0, len(seqs), batch_size):
+        chunk = seqs[s:s + batch_size]
+        width = max(len(x) for x in chunk)
+        w += one_pass(len(chunk), width, len(chunk) * (width if unembedded_per_row is None else unembedded_per_row))
+    return w
+
+
 def seconds_text(s: float) -> str:
     """"40 s", "3 min", "1.5 h": a duration as a person reads it."""
     if s < 60:
@@ -71,34 +128,42 @@ def seconds_text(s: float) -> str:
 
 @dataclass(frozen=True)
 class PassTiming:
-    """Seconds of a forward pass on this machine: a fixed cost per call and a cost per padded position
-    (full logits, so the unembedding is in it)."""
+    """Seconds of forward work on this machine: a fixed cost per call, and the cost of one position through every
+    block (END-only passes, the lab's common case); the unembedding and MLP-branch rows are weighted by their
+    multiply-accumulates against a position's (:func:`engine.backends.base.macs_per_position`)."""
 
     call_s: float
     position_s: float
 
-    def seconds(self, rows: int, positions: int) -> float:
-        """One full-logits pass of ``rows`` prompts padded to ``positions`` tokens."""
-        return self.call_s + self.position_s * rows * positions
+    def seconds(self, backend: ModelBackend, work: Work) -> float:
+        """Estimated seconds of ``work`` on ``backend``."""
+        c_body, c_unembed, c_mlp = macs_per_position(backend.facts)
+        positions = work.forward_body + (work.unembed * c_unembed + work.mlp_rows * c_mlp) / max(c_body, 1.0)
+        return work.calls * self.call_s + positions * self.position_s
 
 
 def pass_timing(backend: ModelBackend) -> PassTiming:
     """The backend's :class:`PassTiming`, measured on first use and kept on the backend object itself
-    (``backend.pass_timing``): the fastest of :data:`REPEATS` runs of two small passes, :data:`SMALL` and
-    :data:`LARGE`, after one run to warm up.
-    The backend's work meter is left as it was."""
+    (``backend.pass_timing``): the fastest of :data:`REPEATS` END-only passes of :data:`SMALL` and of
+    :data:`LARGE` prompts (rows, positions) after one to warm up, each caching every head's output and every MLP's
+    as most of the lab's passes do (their hooks are part of a call's fixed cost); the fixed cost and the slope follow
+    from the two.  The backend's work meter is left as it was."""
     got = backend.__dict__.get("pass_timing")
     if isinstance(got, PassTiming):
         return got
     vocab = min(int(getattr(backend.tokenizer, "vocab_size", 0) or backend.facts.vocab_size), backend.facts.vocab_size)
     ids = torch.arange(LARGE[0] * LARGE[1]).remainder(max(vocab - 1, 1)).view(*LARGE) + 1  # [rows, pos]: any tokens
 
+    from engine.backends import hooks
+    names = [n for layer in range(backend.facts.n_layers) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+
     def timed(rows: int, positions: int) -> float:
         x = ids[:rows, :positions]
+        end = torch.full((rows, 1), positions - 1)
         best = math.inf
         for _ in range(REPEATS):
             t0 = time.perf_counter()
-            backend.logits(x, torch.ones_like(x))
+            backend.run_with_cache_at(x, None, names, end)
             best = min(best, time.perf_counter() - t0)
         return best
 
@@ -122,18 +187,42 @@ def unit_positions(pairs: Sequence[PromptPair]) -> int:
 
 
 def seconds_per_pass(backend: ModelBackend, pairs: Sequence[PromptPair]) -> float:
-    """Estimated seconds of one forward-equivalent of ``pairs`` on this machine."""
-    return pass_timing(backend).seconds(len(pairs), max((len(p.ref_ids) for p in pairs), default=0))
+    """Estimated seconds of one forward-equivalent of ``pairs`` (one padded full-logits pass) on this machine."""
+    width = max((len(p.ref_ids) for p in pairs), default=0)
+    return pass_timing(backend).seconds(backend, one_pass(len(pairs), width, len(pairs) * width))
 
 
-def estimate(backend: ModelBackend, pairs: Sequence[PromptPair], forward_equivalents: float, *,
-             calls: int | None = None, other_s: float = 0.0) -> Cost:
-    """The :class:`Cost` of ``forward_equivalents`` passes of ``pairs``: the positions' seconds, the fixed cost
-    of ``calls`` forward calls (default: one per FE, at least one) and ``other_s`` seconds of other work."""
-    t = pass_timing(backend)
-    n_calls = max(1, math.ceil(forward_equivalents)) if calls is None else calls
-    s = forward_equivalents * t.position_s * unit_positions(pairs) + n_calls * t.call_s + other_s
-    return Cost(float(forward_equivalents), float(s))
+def estimate(backend: ModelBackend, pairs: Sequence[PromptPair], work: Work, *, other_s: float = 0.0) -> Cost:
+    """The :class:`Cost` of ``work``: its forward-equivalents in passes of ``pairs``, and its estimated seconds on
+    this machine -- :meth:`PassTiming.seconds` plus ``other_s`` seconds of other work (a probe's fits), times
+    :func:`observed_factor`."""
+    seconds = (pass_timing(backend).seconds(backend, work) + other_s) * observed_factor(backend)
+    return Cost(work.fe(backend, pairs), seconds)
+
+
+#: how far one observation moves the factor (in log space), and the factor's bounds
+OBSERVE_WEIGHT, FACTOR_RANGE = 0.5, (0.5, 30.0)
+#: estimates shorter than this teach nothing (a call's jitter)
+OBSERVE_MIN_S = 0.3
+
+
+def observed_factor(backend: ModelBackend) -> float:
+    """Measured seconds over estimated seconds of this backend's recent computations (1 before any): what the
+    timed passes miss -- the work around the forward passes (bootstrap intervals, hooks' bookkeeping) and the
+    machine's load since they were timed.  Kept on the backend object itself (``backend.cost_factor``)."""
+    got = backend.__dict__.get("cost_factor")
+    return float(got) if isinstance(got, float) else 1.0
+
+
+def observe(backend: ModelBackend, cost: Cost, seconds: float) -> None:
+    """A computation estimated at ``cost`` took ``seconds``: move :func:`observed_factor` towards their ratio (a
+    geometric mean weighted :data:`OBSERVE_WEIGHT`, within :data:`FACTOR_RANGE`)."""
+    if cost.seconds < OBSERVE_MIN_S or seconds <= 0:
+        return
+    old = observed_factor(backend)
+    target = old * seconds / cost.seconds
+    new = math.exp((1 - OBSERVE_WEIGHT) * math.log(old) + OBSERVE_WEIGHT * math.log(target))
+    backend.cost_factor = float(min(max(new, FACTOR_RANGE[0]), FACTOR_RANGE[1]))
 
 
 def fe_of(backend: ModelBackend, pairs: Sequence[PromptPair], *, body: float, unembed: float = 0.0,
@@ -146,13 +235,18 @@ def fe_of(backend: ModelBackend, pairs: Sequence[PromptPair], *, body: float, un
     return (body * c_body + unembed * c_unembed + mlp_rows * c_mlp) / (unit * (c_body + c_unembed))
 
 
-def metered(backend: ModelBackend, pairs: Sequence[PromptPair], meter: WorkMeter) -> float:
-    """The forward-equivalents a :class:`WorkMeter` counted (its body positions and unembedded rows)."""
-    return fe_of(backend, pairs, body=meter.body_tokens, unembed=meter.unembed_rows)
+def metered(meter: WorkMeter) -> Work:
+    """What a :class:`WorkMeter` counted, as :class:`Work` (it counts no MLP-branch rows)."""
+    return Work(meter.forward_calls, meter.body_tokens, meter.unembed_rows)
 
 
-def end_only_fe(backend: ModelBackend, pairs: Sequence[PromptPair], passes: float = 1.0) -> float:
-    """``passes`` END-only passes of the prompts (X_r or X_c: the same lengths): every real token through the
-    blocks when batched by length, the unembedding at END only."""
-    real = sum(len(p.ref_ids) for p in pairs)
-    return passes * fe_of(backend, pairs, body=real, unembed=len(pairs))
+def unless_cached(probe: Callable[[], object], work: Callable[[], Work]) -> Work:
+    """``work()``, or nothing when ``probe()`` -- a cached computation -- finds its result in the cache (it runs under
+    ``engine.results.cache_only``: a miss computes nothing)."""
+    from engine.results import NotCached, cache_only
+    try:
+        with cache_only():
+            probe()
+    except NotCached:
+        return work()
+    return NO_WORK

@@ -209,21 +209,31 @@ def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], 
     return out
 
 
+UNASKED = "_unasked_s"  # seconds the page's current run has computed without a button press
+
+
+def page_run_started() -> None:
+    """A page run begins (``ui.session.setup_page``): nothing computed unasked yet."""
+    st.session_state[UNASKED] = 0.0
+
+
 def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | Callable[[], Cost]", *,
                       button: str, key: str, text: str, failure: str, note: str | None = None,
-                      stop: bool = False) -> T | None:
+                      stop: bool = False, model=None) -> T | None:
     """The one gate of a page computation (nothing heavy unasked):
 
     * ``compute``'s result read from the cache when it holds it -- at once, no forward pass
       (``engine.results.cache_only``);
-    * not cached and ``cost`` (an ``engine.cost.Cost``, or a function giving it: called only on a miss) at most
-      ``engine.cost.HEAVY_S`` estimated seconds: computed now under a progress bar (:func:`run_with_progress`);
+    * not cached, and ``cost`` (an ``engine.cost.Cost``, or a function giving it: called only on a miss) plus what
+      this page run has already computed unasked at most ``engine.cost.HEAVY_S`` seconds: computed now under a
+      progress bar (:func:`run_with_progress`);
     * else a button labelled "``button`` (estimated: about 40 s, 60 forward passes of the set)", with ``note``
       beside it: None until it is pressed, then computed under the progress bar (the button goes).
 
     None after a user error too (one ``st.error``, "Cannot {failure}: ..."); ``stop``: the page ends where this
-    returns None."""
-    from engine.cost import HEAVY_S
+    returns None.  ``model``: the backend the cost was estimated for -- the computation's measured seconds correct
+    its next estimates (``engine.cost.observe``)."""
+    from engine.cost import HEAVY_S, observe
     from engine.results import NotCached, cache_only
     try:
         with cache_only():
@@ -236,8 +246,20 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
         c = cost() if callable(cost) else cost
     except USER_ERRORS as e:
         return _failed(failure, e, stop)
-    if c.seconds <= HEAVY_S:
-        return run_with_progress(text, failure, compute, key=key, stop=stop)
+    spent = float(st.session_state.get(UNASKED, 0.0))
+
+    def timed(on_demand: bool) -> T | None:
+        t0 = time.monotonic()
+        out = run_with_progress(text, failure, compute, key=key, stop=stop, on_demand=on_demand)
+        took = time.monotonic() - t0
+        if not on_demand:
+            st.session_state[UNASKED] = spent + took
+        if out is not None and model is not None:
+            observe(model, c, took)
+        return out
+
+    if spent + c.seconds <= HEAVY_S:
+        return timed(False)
     go = st.empty()  # the button goes once pressed: nothing is left to press beside the result
     with go.container():
         pressed = st.button(f"{button} ({c.label()})", key=key,
@@ -250,7 +272,7 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
             st.stop()
         return None
     go.empty()
-    return run_with_progress(text, failure, compute, key=key, stop=stop, on_demand=True)
+    return timed(True)
 
 
 def _failed(failure: str, e: BaseException, stop: bool) -> None:

@@ -16,7 +16,7 @@ from engine.models.spec import ORGANISM_DIR, ORGANISM_SPEC, ModelLoadError
 from engine.paths import REPO_ROOT
 from ui import state, url_state
 from ui.nav import ROUTED, page_link
-from ui.progress import run_with_progress
+from ui.progress import compute_or_button, page_run_started
 from ui.state import (
     BACKEND_CHOICES,
     DEVICES,
@@ -35,11 +35,15 @@ def _load(spec: str, device: str, dtype: str, files_stamp: str, backend: str = "
           remote: bool = False) -> ModelBackend:
     # st.cache_resource is used for the model only; results live in the DuckDB cache.
     # files_stamp is part of the key: weights replaced on disk are loaded again (new fingerprint).
+    from engine.cost import pass_timing
     if remote:
         return open_model(spec, dtype=dtype, backend=backend, remote=True)
     if device == MULTI_GPU:
-        return open_model(spec, dtype=dtype, backend=backend, device_map="auto")
-    return open_model(spec, device=None if device == "auto" else device, dtype=dtype, backend=backend)
+        model = open_model(spec, dtype=dtype, backend=backend, device_map="auto")
+    else:
+        model = open_model(spec, device=None if device == "auto" else device, dtype=dtype, backend=backend)
+    pass_timing(model)  # a forward call timed once, under the loading spinner: every page's cost estimates use it
+    return model
 
 
 def files_stamp(spec: str) -> str:
@@ -356,6 +360,7 @@ def setup_page(title: str, caption: "str | Callable[[PromptSetSpec | None], str]
         st.error(f"{spec}.")
         st.stop()
     model = loaded_model(choice)
+    page_run_started()
     if model is not None:  # a link's selection and knockouts are checked against the model's layers and heads
         url_state.check_picks(model.facts.n_layers, model.facts.n_heads, choice.spec)
     for text in url_state.notes(title):  # what a link held that was ignored (until another page is opened)
@@ -386,9 +391,14 @@ def set_size_text(spec: "PromptSetSpec", n_kept: int, n_generated: int) -> str:
 def analysed_pairs(model: ModelBackend, spec: "PromptSetSpec", cache):
     """The set's correctly answered pairs (cached filter) or stop the page after an st.error; a set of fewer than
     ``SMALL_SET`` pairs is said plainly, with how to get more."""
-    from engine.techniques.accuracy import kept_pairs
-    pairs, n_generated = run_with_progress("Checking which prompts the model answers right", "build the prompt set",
-                                           lambda cb: kept_pairs(model, spec, cache=cache, progress=cb), stop=True)
+    from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
+    pairs, n_generated = compute_or_button(lambda cb: kept_pairs(model, spec, cache=cache, progress=cb),
+                                           lambda: kept_pairs_cost(model, spec), model=model, stop=True,
+                                           button="Check which prompts the model answers right", key="filter",
+                                           text="Checking which prompts the model answers right",
+                                           failure="build the prompt set",
+                                           note="Every page analyses only the prompts the model answers right: this "
+                                                "set is large for this model, so the check waits for the button.")
     if not pairs:
         from engine.prompts.custom import none_right_message
         msg = none_right_message(n_generated, custom=bool(spec.templates))

@@ -132,6 +132,42 @@ def _score(model, pairs: Sequence[PromptPair], *, batch_size: int, progress: Pro
     return scores
 
 
+def scoring_work(model, pairs: Sequence[PromptPair], *, full: bool = True, batch_size: int = 64):
+    """The forward work of :func:`score_pairs` (``full``) or of the filter's END-only pass (not ``full``): the same
+    batches as :func:`_score`, counted without running them (``engine.cost.Work``)."""
+    from engine.cost import NO_WORK, one_pass
+    from engine.techniques.batching import call_tokens, length_batches
+
+    def answer(p: PromptPair) -> list[int]:
+        return p.answer_ids if full else []
+
+    w = NO_WORK
+    for idx in length_batches([len(p.ref_ids) + len(answer(p)) for p in pairs], batch_size,
+                              call_tokens(model.facts)):
+        chunk = [pairs[i] for i in idx]
+        width = max(len(p.ref_ids) + len(answer(p)) for p in chunk)
+        w += one_pass(len(chunk), width, len(chunk) * (max(len(answer(p)) for p in chunk) + 1))
+    return w
+
+
+def kept_pairs_cost(model, spec):
+    """The ``engine.cost.Cost`` of :func:`kept_pairs` on a cold cache: one END-only pass of the set's generated
+    prompts (the unit)."""
+    from engine.cost import estimate
+    from engine.prompts.promptsets import generate
+    pairs, _ = generate(model.tokenizer, spec)
+    return estimate(model, pairs, scoring_work(model, pairs, full=False))
+
+
+def accuracy_cost(model, spec):
+    """The ``engine.cost.Cost`` of :func:`accuracy_report` on a cold cache: one pass of the set's prompts with their
+    answers teacher-forced."""
+    from engine.cost import estimate
+    from engine.prompts.promptsets import generate
+    pairs, _ = generate(model.tokenizer, spec)
+    return estimate(model, pairs, scoring_work(model, pairs, full=True))
+
+
 def keep_correct(model, pairs: Sequence[PromptPair], *, require_full: bool = False,
                  progress: ProgressFn | None = None) -> list[PromptPair]:
     """Only the pairs the model answers right (first token; also the full number if asked)."""

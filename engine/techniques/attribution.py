@@ -108,6 +108,17 @@ def path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: 
         return raw
 
 
+def path_atp_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32):
+    """The forward work of :func:`path_atp` (``engine.cost.Work``): the END batches of path patching (X_r and X_c,
+    END unembedded) and, per pair, the unchanged END chain and its gradient (about three MLP rows per layer)."""
+    from engine.cost import NO_WORK, Work
+    w = NO_WORK
+    for b in pair_batches(backend, pairs, batch_size):
+        n, width = b.ref.shape
+        w += Work(2, 2 * n * width, 2 * n, 3 * n * backend.facts.n_layers)
+    return w
+
+
 def _path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], batch_size: int, progress: ProgressFn | None,
               names, gradients) -> PatchingRaw:
     L, H = backend.facts.n_layers, backend.facts.n_heads
@@ -220,6 +231,36 @@ def total_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size:
         if progress is not None:
             progress(ci + 1, len(chunks))
     return PatchingRaw(list(pairs), *(in_pair_order(index, x) for x in (logit_o, head_logit, mlp_logit)))
+
+
+def total_atp_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 16):
+    """The forward work of :func:`total_atp` (``engine.cost.Work``): per batch, X_r's and X_c's activations, then
+    one full-logits pass with its backward pass."""
+    from engine.cost import NO_WORK, Work
+    w = NO_WORK
+    for b in pair_batches(backend, pairs, batch_size):
+        n, width = b.ref.shape
+        w += Work(3, 3 * n * width, 2 * n + n * width, backward=n * width)
+    return w
+
+
+def activation_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 64):
+    """The forward work of :func:`activation_patching` (``engine.cost.Work``): X_r and X_c cached, then every
+    head and MLP as a variant of the whole prompts."""
+    from engine.techniques.patch_rows import patch_rows_work, prepare_work
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    width = max(len(p.ref_ids) for p in pairs)
+    return prepare_work(pairs) + patch_rows_work(L * (H + 1), len(pairs), width, rows_per_pass=rows_per_pass)
+
+
+def attribution_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, total: bool = True):
+    """The forward work of :func:`attribution` (``engine.cost.Work``): exact path patching and its AtP estimate,
+    and with ``total`` exact activation patching and its AtP estimate."""
+    from engine.techniques.path_patching import path_patching_work
+    w = path_patching_work(backend, pairs) + path_atp_work(backend, pairs)
+    if total:
+        w += activation_patching_work(backend, pairs) + total_atp_work(backend, pairs)
+    return w
 
 
 def activation_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 64,

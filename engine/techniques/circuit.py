@@ -76,6 +76,35 @@ def head_id(layer: int, head: int) -> str:
     return f"h{layer}.{head}"
 
 
+def circuit_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int = 5, senders: bool = False,
+                 cache=None):
+    """The forward work of :func:`circuit_diagram` (``engine.cost.Work``): path patching and the attention by role
+    unless cached, and with ``senders`` one head -> head path patching per key head above layer 0 not cached (when
+    path patching is not cached yet, its key heads are not known: counted at the top layer, the most)."""
+    from engine.cost import padded_passes, unless_cached
+    from engine.results import NotCached, cache_only
+    from engine.techniques.attention import cached_role_attention
+    from engine.techniques.head_patching import Receiver, cached_head_path_patching, head_path_patching_work
+    from engine.techniques.path_patching import cached_path_patching, path_patching_work
+    w = unless_cached(lambda: cached_role_attention(backend, pairs, cache=cache),
+                      lambda: padded_passes([p.ref_ids for p in pairs], 64))
+    try:
+        with cache_only():
+            table, _ = cached_path_patching(backend, pairs, cache=cache)
+        heads = [(layer, head) for layer, head, _ in table.top_heads(k)]
+    except NotCached:
+        w += path_patching_work(backend, pairs)
+        heads = [(backend.facts.n_layers - 1, h % backend.facts.n_heads) for h in range(k)]
+    if not senders:
+        return w
+    for layer, head in heads:
+        if layer > 0:
+            rec = Receiver(layer, head, "q")
+            w += unless_cached(lambda r=rec: cached_head_path_patching(backend, pairs, r, cache=cache),
+                               lambda r=rec: head_path_patching_work(backend, pairs, r))
+    return w
+
+
 def circuit_diagram(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int = 5, mlps: int = 3,
                     senders: bool = False, cache=None, progress: ProgressFn | None = None) -> Diagram:
     """The diagram of ``pairs`` (module docstring); missing results are computed (and cached) with progress."""

@@ -325,6 +325,32 @@ def ranking_scores(backend: ModelBackend, pairs: Sequence[PromptPair], *, cache=
              "atp": scores_of(*atp.per_pair("logit_diff"))}, atp.fallback)
 
 
+def faithfulness_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, draws: int = RANDOM_DRAWS,
+                      ablation: str = ABLATIONS[0], seed: int = SEED, cache=None, with_ranking: bool = True):
+    """The forward work of :func:`cached_faithfulness` (``engine.cost.Work``): the rankings (path patching unless
+    cached or ``with_ranking`` is False: counted by the caller; path AtP), the means (mean ablation) and every
+    circuit's END readout -- the same plan, with stand-in orders for the two rankings (their sets differ, not their
+    number)."""
+    from engine.cost import unless_cached
+    from engine.techniques.attribution import path_atp_work
+    from engine.techniques.knockout import knockout_end_work, mean_activations_work
+    from engine.techniques.path_patching import cached_path_patching, path_patching_work
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    n = L * H + L
+    stand_in = random_orders(n, 2, seed + 1)
+    circuits, kos = plan({"exact": stand_in[:1], "atp": stand_in[1:], "random": random_orders(n, draws, seed)}, L, H)
+    draw = np.arange(len(pairs)) % draws
+    cells = np.stack([draw == c.draw if c.ranking == "random" else np.ones(len(pairs), bool) for c in circuits])
+    mean = ablation == "mean"
+    w = path_atp_work(backend, pairs)
+    if with_ranking:
+        w += unless_cached(lambda: cached_path_patching(backend, pairs, cache=cache),
+                           lambda: path_patching_work(backend, pairs))
+    if mean:
+        w += mean_activations_work(backend, pairs)
+    return w + knockout_end_work(backend, pairs, kos, mean=mean, cells=torch.from_numpy(cells))
+
+
 def cached_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], *, draws: int = RANDOM_DRAWS,
                         ablation: str = ABLATIONS[0], seed: int = SEED, cache=None,
                         progress: ProgressFn | None = None) -> tuple[FaithTable, bool]:

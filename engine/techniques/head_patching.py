@@ -126,6 +126,26 @@ def _head_path_patching_at_end(backend: ModelBackend, pairs: Sequence[PromptPair
     return _raw(backend, pairs, receiver, senders, patched, logit_o)
 
 
+def head_path_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver):
+    """The forward work of :func:`head_path_patching` (``engine.cost.Work``): per chunk of one length, X_r and X_c
+    cached, X_r's keys and values, and every earlier sender as a row of the END token alone (the textbook loop
+    where the backend cannot continue a prefix)."""
+    from engine.cost import NO_WORK, one_pass
+    from engine.techniques.patch_rows import patch_rows_work, prepare_work
+    n_senders = len(senders_before(receiver, backend.facts.n_heads))
+    if not backend.continues:
+        width = max(len(p.ref_ids) for p in pairs)
+        return prepare_work(pairs) + patch_rows_work(n_senders, len(pairs), width)
+    w = NO_WORK
+    for idx in length_chunks(pairs, TOKENS_PER_PASS):
+        chunk = [pairs[i] for i in idx]
+        n, width = len(chunk), len(chunk[0].ref_ids)
+        rows = max(n, TOKENS_PER_PASS // width)
+        w += prepare_work(chunk) + one_pass(n, width - 1)
+        w += patch_rows_work(n_senders, n, width, rows_per_pass=rows, start=width - 1)
+    return w
+
+
 def head_path_patching_reference(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver, *,
                                  rows_per_pass: int = 128, progress: ProgressFn | None = None) -> PatchingRaw:
     """The textbook loop: whole (padded) prompts, one row per sender and prompt, one hooked pass per group."""

@@ -194,6 +194,13 @@ def helix_patch(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, 
     return out
 
 
+def helix_patch_work(backend: ModelBackend, pairs: Sequence[PromptPair]):
+    """The forward work of :func:`helix_patch` (``engine.cost.Work``), at most: the residual pass and one END-only
+    pass per patch but ``none`` (every prompt counted as moved)."""
+    from engine.techniques.numbers import residual_pass_work, shifts_work
+    return residual_pass_work(backend, pairs) + shifts_work(backend, pairs, len(PATCHES) - 1)
+
+
 def cached_helix_patch(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int, position: str = "END",
                        target: str = "C", *, seed: int = 0, cache=None, progress: ProgressFn | None = None
                        ) -> tuple[list[HelixPatchRow], bool]:

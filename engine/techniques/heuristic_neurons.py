@@ -21,7 +21,7 @@ description fitted to half the grid and scored on the rest, not a causal claim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -131,9 +131,11 @@ def end_activations(backend: ModelBackend, ids: Sequence[Sequence[int]], layer: 
 def heuristic_neurons(backend: ModelBackend, spec, *, layer: int | None = None, top: int = 20,
                       template: str | None = None, cache=None, progress: ProgressFn | None = None
                       ) -> tuple[list[NeuronTag], int]:
-    """The top ``top`` neurons of ``layer`` (default: the grid's strongest MLP) with their tags; and the layer."""
+    """The top ``top`` neurons of ``layer`` (default: the grid's strongest MLP) with their tags; and the layer.
+    Through the result cache (the grid's pairs, the layer and ``top``)."""
     from dataclasses import replace
 
+    from engine.results import run_cached
     from engine.techniques.operand_grid import grid_pairs, grid_template, operand_grid
     grid = operand_grid(backend, spec, template=template, cache=cache, progress=progress)
     if layer is None:
@@ -142,15 +144,58 @@ def heuristic_neurons(backend: ModelBackend, spec, *, layer: int | None = None, 
         raise PromptError(f"the model has layers 0-{backend.facts.n_layers - 1}, not {layer}")
     pairs: list[PromptPair] = grid_pairs(backend.tokenizer, replace(spec, balance=False),
                                          grid_template(spec, template))
-    act_r = end_activations(backend, [p.ref_ids for p in pairs], layer)            # [P, d_mlp]
-    act_c = end_activations(backend, [p.cf_ids for p in pairs], layer)
-    reaction = (act_r - act_c).abs().mean(0)                                        # [d_mlp]
-    a, b, c = (np.array(v, dtype=float) for v in (grid.a, grid.b, grid.answer))
-    out = []
-    for n in torch.argsort(reaction, descending=True)[:top].tolist():
-        tag, r2 = tag_neuron(a, b, c, act_r[:, n].double().numpy())
-        out.append(NeuronTag(layer, n, float(reaction[n]), tag, r2, bool(r2 >= TAG_R2)))
-    return out, layer
+
+    def compute():
+        act_r = end_activations(backend, [p.ref_ids for p in pairs], layer)            # [P, d_mlp]
+        act_c = end_activations(backend, [p.cf_ids for p in pairs], layer)
+        reaction = (act_r - act_c).abs().mean(0)                                        # [d_mlp]
+        a, b, c = (np.array(v, dtype=float) for v in (grid.a, grid.b, grid.answer))
+        out = []
+        for n in torch.argsort(reaction, descending=True)[:top].tolist():
+            tag, r2 = tag_neuron(a, b, c, act_r[:, n].double().numpy())
+            out.append(NeuronTag(layer, n, float(reaction[n]), tag, r2, bool(r2 >= TAG_R2)))
+        return [], {"tags": [{k: stored(v) for k, v in asdict(t).items()} for t in out]}
+
+    _, art, _ = run_cached(backend, pairs, "heuristic_neurons", tags_params(backend, layer, top), compute, cache)
+    tags = [NeuronTag(**{k: read(v) if k in ("reaction", "r2") else v for k, v in t.items()}) for t in art["tags"]]
+    return tags, layer
+
+
+def stored(x):
+    """A number as the cache's JSON holds it: NaN as null."""
+    return None if isinstance(x, float) and x != x else x
+
+
+def read(x) -> float:
+    """:func:`stored`'s number back: null as NaN."""
+    return float("nan") if x is None else float(x)
+
+
+def tags_params(backend: ModelBackend, layer: int, top: int) -> dict:
+    """The cache parameters of :func:`heuristic_neurons`' tags."""
+    return {"layer": layer, "top": top, "tag_r2": TAG_R2, "split_seed": SPLIT_SEED, "dtype": backend.facts.dtype}
+
+
+def heuristic_neurons_work(backend: ModelBackend, spec, *, layer: int | None = None, top: int = 20,
+                           template: str | None = None, cache=None):
+    """The forward work of :func:`heuristic_neurons` (``engine.cost.Work``) and the grid's pairs: the grid's
+    (:func:`~engine.techniques.operand_grid.operand_grid_work`) and, unless cached, one full pass of X_r and one
+    of X_c for the layer's activations (the layer: the one given, else counted once the grid is cached)."""
+    from engine.cost import padded_passes, unless_cached
+    from engine.results import NotCached, cache_only, run_cached
+    from engine.techniques.operand_grid import operand_grid, operand_grid_work
+    w, pairs = operand_grid_work(backend, spec, template=template, cache=cache)
+    passes = padded_passes([p.ref_ids for p in pairs], 64, None) + padded_passes([p.cf_ids for p in pairs], 64, None)
+    if layer is None:
+        try:
+            with cache_only():
+                grid = operand_grid(backend, spec, template=template, cache=cache)
+            layer = int(grid.mlp_effect.nan_to_num().mean(0).argmin())
+        except NotCached:
+            return w + passes, pairs
+    return w + unless_cached(lambda: run_cached(backend, pairs, "heuristic_neurons", tags_params(backend, layer, top),
+                                                lambda: ([], {}), cache),
+                             lambda: passes), pairs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,8 +250,22 @@ def end_margins(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int,
     return np.concatenate(margins), np.concatenate(tops)
 
 
-def neuron_circuit(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, template: str | None = None
-                   ) -> NeuronCircuit:
+def neuron_circuit_work(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, template: str | None = None,
+                        cache=None):
+    """The forward work of :func:`neuron_circuit` (``engine.cost.Work``) and the grid's pairs: unless cached, the
+    layer's activations on X_r and X_c and four full passes for the margins (at most every pair each)."""
+    from dataclasses import replace
+
+    from engine.cost import padded_passes, unless_cached
+    from engine.techniques.operand_grid import grid_pairs, grid_template
+    pairs = grid_pairs(backend.tokenizer, replace(spec, balance=False), grid_template(spec, template))
+    ref = padded_passes([p.ref_ids for p in pairs], 64, None)
+    return unless_cached(lambda: neuron_circuit(backend, spec, tags, template=template, cache=cache),
+                         lambda: ref * 5 + padded_passes([p.cf_ids for p in pairs], 64, None)), pairs
+
+
+def neuron_circuit(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, template: str | None = None,
+                   cache=None) -> NeuronCircuit:
     """The tagged neurons of ``tags`` as a circuit, on the grid's pairs the model answers right.
 
     * **Faithfulness.**  Every other neuron of the layer takes its mean activation over the grid's X_c at END (mean
@@ -217,16 +276,35 @@ def neuron_circuit(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, te
     * **Steering.**  For each pair, the target is the next answer of the grid (in grid order) with another first
       token; the tagged neurons are set to their mean activation at END over the grid's X_r with that answer; a
       success is the model's top first token becoming the target's.  The share and its bootstrap interval.
+
+    Through the result cache (the grid's pairs, the layer and the tagged neurons).
     """
     from dataclasses import replace
 
-    from engine.techniques.intervals import interval, mean_intervals
+    from engine.results import run_cached
     from engine.techniques.operand_grid import grid_pairs, grid_template
     neurons = tuple(t.neuron for t in tags if t.tagged)
     if not neurons:
         raise PromptError(f"no neuron is tagged at R² ≥ {TAG_R2}: there is no circuit to check")
     layer = tags[0].layer
     all_pairs = grid_pairs(backend.tokenizer, replace(spec, balance=False), grid_template(spec, template))
+
+    def compute():
+        c = _neuron_circuit(backend, all_pairs, layer, neurons)
+        parts = (("faithfulness", c.faithfulness), ("steering", c.steering), ("layer_effect", c.layer_effect))
+        return [], {"n_pairs": c.n_pairs, "n_steer": c.n_steer,
+                    **{name: [stored(i.value), stored(i.low), stored(i.high)] for name, i in parts}}
+
+    params = {"layer": layer, "neurons": list(neurons), "dtype": backend.facts.dtype, "v": 1}
+    _, art, _ = run_cached(backend, all_pairs, "neuron_circuit", params, compute, cache)
+    faith, steer, effect = (Interval(*(read(x) for x in art[k])) for k in ("faithfulness", "steering", "layer_effect"))
+    return NeuronCircuit(layer, neurons, int(art["n_pairs"]), faith, int(art["n_steer"]), steer, effect)
+
+
+def _neuron_circuit(backend: ModelBackend, all_pairs: Sequence[PromptPair], layer: int, neurons: tuple[int, ...]
+                    ) -> NeuronCircuit:
+    """:func:`neuron_circuit`'s computation on the grid's pairs ``all_pairs``."""
+    from engine.techniques.intervals import interval, mean_intervals
     act_r = end_activations(backend, [p.ref_ids for p in all_pairs], layer)        # [P, d_mlp]
     act_c = end_activations(backend, [p.cf_ids for p in all_pairs], layer)
     m_full, top = end_margins(backend, all_pairs, layer, None)

@@ -99,6 +99,20 @@ _MEMO: dict[tuple[str, str], MeanActivations] = {}
 
 
 @torch.no_grad()
+def forget_means() -> None:
+    """Empty the memo of :func:`mean_activations` (the next call for a set runs its pass)."""
+    _MEMO.clear()
+
+
+def mean_activations_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64):
+    """The forward work of :func:`mean_activations` (``engine.cost.Work``): none when it is memoised."""
+    from engine.cost import NO_WORK, padded_passes
+    from engine.prompts.pairs import prompt_set_hash
+    if (backend.facts.fingerprint, prompt_set_hash(pairs)) in _MEMO:
+        return NO_WORK
+    return padded_passes([p.cf_ids for p in pairs], batch_size)
+
+
 def mean_activations(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64
                      ) -> MeanActivations:
     """Means of every head's z and every MLP's output over the counterfactual prompts.
@@ -393,6 +407,46 @@ def knockout_end(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequen
             if progress is not None:
                 progress(done, total)
     return EndReadout(right[row], margin[row])
+
+
+def knockout_end_work(backend: ModelBackend, pairs: Sequence[PromptPair], kos: Sequence[Knockout], *,
+                      mean: bool = True, cells: torch.Tensor | None = None, sets_per_pass: int | None = None,
+                      tokens_per_pass: int = TOKENS_PER_PASS):
+    """The forward work of :func:`knockout_end` (``mean``: mean ablation, else counterfactual), counted without
+    running it (``engine.cost.Work``): the same chunks, continuations and passes, one call each.  A continuation
+    is counted as taken where it is worth taking (its check, against X_c's own logits, is assumed to pass)."""
+    from engine.cost import NO_WORK, Work
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    valid = [ko.validate(L, H) for ko in kos]
+    distinct = distinct_knockouts(valid, L, H)
+    if not distinct or not pairs:
+        return NO_WORK
+    at = {ko: i for i, ko in enumerate(distinct)}
+    want = torch.zeros(len(distinct), len(pairs), dtype=torch.bool)
+    for k, ko in enumerate(valid):
+        want[at[ko]] |= True if cells is None else cells[k].to(torch.bool)
+    continues = not mean and backend.continues
+    chunks = shared_prefix_chunks(pairs, tokens_per_pass) if continues else length_chunks(pairs, tokens_per_pass)
+    if sets_per_pass is None and _padding_pays(backend, pairs, len(distinct), len(chunks), tokens_per_pass):
+        chunks, continues = [list(range(len(pairs)))], False
+    w = NO_WORK
+    for idx in chunks:
+        chunk = [pairs[i] for i in idx]
+        n, width = len(chunk), max(len(p.ref_ids) for p in chunk)
+        unpadded = all(len(p.ref_ids) == width for p in chunk)
+        start = first_difference(chunk) if continues and unpadded else 0
+        per_pass = sets_per_pass or max(1, tokens_per_pass // (n * (width - start)))
+        if not mean:  # cf_activations
+            w += Work(1, n * width, n)
+        if not (1 <= start < width and len(distinct) * start > 2 * width):  # _continued: not worth it
+            start = 0
+        if start:  # the prefix, and the check continuing X_c
+            w += Work(2, n * start + n * (width - start), 2 * n)
+        rows = int(want[:, idx].sum())
+        for g in range(0, rows, per_pass * n):
+            r = min(per_pass * n, rows - g)
+            w += Work(1, r * (width - start), r)
+    return w
 
 
 def cf_activations(backend: ModelBackend, cf_ids: torch.Tensor, mask: torch.Tensor | None, end: torch.Tensor

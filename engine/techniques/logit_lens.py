@@ -97,6 +97,14 @@ def _hooked_lens(backend: ModelBackend, ids: torch.Tensor, mask: torch.Tensor, e
     return list(lg.reshape(S, n, -1))
 
 
+def logit_lens_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32):
+    """The forward work of :func:`logit_lens` (``engine.cost.Work``): one full-logits pass per batch, and the final
+    norm and unembedding of every layer's END stream."""
+    from engine.cost import padded_passes
+    w = padded_passes([p.ref_ids for p in pairs], batch_size, None)
+    return w + type(w)(unembed=len(pairs) * (backend.facts.n_layers + 1))
+
+
 def logit_lens(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
                progress: ProgressFn | None = None) -> LensRaw:
     """The answer's probability and rank at END after every layer, for every reference prompt."""

@@ -557,6 +557,58 @@ def number_probes(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers:
     return out
 
 
+#: seconds one worker takes for one layer's probe fits, a + b x prompts: measured on this project's 2-core machine
+#: (the bundled model, 160 prompts: 2.2 s; SmolLM2, 38 prompts: 1.6 s; under other engineers' load)
+FIT_S, FIT_S_PER_PROMPT = 1.4, 0.005
+
+
+def forget_residuals() -> None:
+    """Let go of the remembered residual pass and prefixes (:func:`remembered`): the next use runs them."""
+    with _LAST_LOCK:
+        _LAST.clear()
+
+
+def residual_pass_work(backend: ModelBackend, pairs: Sequence[PromptPair]):
+    """The forward work of :func:`residual_pass` (``engine.cost.Work``): none when it is remembered for these pairs,
+    else one END-only pass (its prefixes kept: one pass per chunk of one length and its END continued)."""
+    from engine.cost import NO_WORK, Work, padded_passes
+    key = (backend.facts.fingerprint, backend.facts.dtype, prompt_set_hash(pairs))
+    with _LAST_LOCK:
+        hit = _LAST.get("residuals")
+    if hit is not None and hit[0] == key:
+        return NO_WORK
+    if not keeps_prefixes(backend, pairs):
+        return padded_passes([p.ref_ids for p in pairs], 64)
+    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    w = NO_WORK
+    for idx in length_chunks(pairs, TOKENS_PER_PASS):
+        n, T = len(idx), len(pairs[idx[0]].ref_ids)
+        w += Work(2, n * T + n, 2 * n)
+    return w
+
+
+def probes_cost(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers: Sequence[int] | None = None):
+    """The ``engine.cost.Cost`` of :func:`number_probes`: the residual pass (:func:`residual_pass_work`) and the fits,
+    one layer per worker process (:data:`FIT_S` + :data:`FIT_S_PER_PROMPT` x prompts seconds each)."""
+    from engine.cost import estimate
+    n_layers = len(all_layers(backend) if layers is None else layers)
+    workers = min(n_layers, os.cpu_count() or 1)
+    fits = -(-n_layers // workers) * (FIT_S + FIT_S_PER_PROMPT * len(pairs))
+    return estimate(backend, pairs, residual_pass_work(backend, pairs), other_s=fits)
+
+
+def shifts_work(backend: ModelBackend, pairs: Sequence[PromptPair], n_shifts: int):
+    """The forward work of :func:`shifted_readouts` of ``n_shifts`` shifts at END after :func:`residual_pass`
+    (``engine.cost.Work``), at most: one END-only pass of the prompts per shift."""
+    from engine.cost import padded_passes
+    return padded_passes([p.ref_ids for p in pairs], 64) * n_shifts
+
+
+def causal_check_work(backend: ModelBackend, pairs: Sequence[PromptPair]):
+    """The forward work of :func:`causal_check` (``engine.cost.Work``): the residual pass and two shifts."""
+    return residual_pass_work(backend, pairs) + shifts_work(backend, pairs, 2)
+
+
 def layers_param(layers: Sequence[int] | None) -> str | list[int]:
     return "all" if layers is None else sorted(set(int(x) for x in layers))
 

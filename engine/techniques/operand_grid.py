@@ -266,6 +266,45 @@ def atp_candidates(backend: ModelBackend, pairs: Sequence[PromptPair], k: int) -
     return [divmod(int(i), mean.shape[1]) for i in order]
 
 
+def operand_grid_work(backend: ModelBackend, spec, *, template: str | None = None,
+                      component: Component | None = None, neurons: Sequence[Component] = (), cache=None):
+    """The forward work of :func:`operand_grid` (``engine.cost.Work``) and the grid's pairs (the cost's unit): the
+    grid's own passes unless cached (scoring, attention, direct effects, path AtP), the path patching of its heads
+    (the typed head, else ``n_heads`` candidates) unless cached, and the neurons' activations."""
+    from engine.cost import NO_WORK, padded_passes, unless_cached
+    from engine.results import run_cached
+    from engine.techniques.accuracy import scoring_work
+    from engine.techniques.attribution import path_atp_work
+    from engine.techniques.path_patching import cached_path_patching, path_patching_work
+    t = grid_template(spec, template)
+    pairs = grid_pairs(backend.tokenizer, replace(spec, balance=False), t)
+    k = backend.facts.n_heads
+    ref = [p.ref_ids for p in pairs]
+    params = grid_params(backend)
+    w = unless_cached(lambda: run_cached(backend, pairs, "operand_grid", params, lambda: ([], {}), cache),
+                      lambda: scoring_work(backend, pairs) + padded_passes(ref, 64) + padded_passes(ref, 32)
+                      + path_atp_work(backend, pairs))
+    typed = [(component.layer, component.head)] if component is not None and component.kind == "head" else None
+    probe_heads = typed or [(backend.facts.n_layers - 1, h) for h in range(k)]
+    w += unless_cached(lambda: cached_path_patching(backend, pairs, cache=cache, heads=typed) if typed else
+                       _cached_candidates_patching(backend, pairs, params, cache),
+                       lambda: path_patching_work(backend, pairs, heads=probe_heads))
+    return (w + (padded_passes(ref, 64, None) if neurons else NO_WORK)), pairs
+
+
+def grid_params(backend: ModelBackend) -> dict:
+    """The cache parameters of the grid's own passes (its candidates: as many heads as a layer has)."""
+    return {"dtype": backend.facts.dtype, "v": 3, "candidates": backend.facts.n_heads}
+
+
+def _cached_candidates_patching(backend: ModelBackend, pairs: Sequence[PromptPair], params: dict, cache):
+    """The grid's candidates' path patching from the cache (NotCached when the grid or it is missing)."""
+    from engine.results import run_cached
+    from engine.techniques.path_patching import cached_path_patching
+    _, art, _ = run_cached(backend, pairs, "operand_grid", params, lambda: ([], {}), cache)
+    return cached_path_patching(backend, pairs, cache=cache, heads=[(int(a), int(b)) for a, b in art["candidates"]])
+
+
 def operand_grid(backend: ModelBackend, spec, *, template: str | None = None, component: Component | None = None,
                  neurons: Sequence[Component] = (), cache=None, progress: ProgressFn | None = None) -> OperandGrid:
     """The grid of one template of ``spec`` (module docstring): exact path-patching values of every MLP and of
@@ -286,8 +325,7 @@ def operand_grid(backend: ModelBackend, spec, *, template: str | None = None, co
                     "direct_head": d_head.tolist(), "direct_mlp": d_mlp.tolist(),
                     "candidates": [list(h) for h in atp_candidates(backend, pairs, k)]}
 
-    _, art, _ = run_cached(backend, pairs, "operand_grid", {"dtype": backend.facts.dtype, "v": 3, "candidates": k},
-                           compute, cache)
+    _, art, _ = run_cached(backend, pairs, "operand_grid", grid_params(backend), compute, cache)
     stages.finish(0)
     candidates = [(int(a), int(b)) for a, b in art["candidates"]]
     heads = [(component.layer, component.head)] if component is not None and component.kind == "head" else candidates

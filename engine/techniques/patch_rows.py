@@ -106,6 +106,25 @@ def prepare(backend: ModelBackend, pairs: Sequence[PromptPair], ref_names: Seque
     return PatchRun(list(pairs), ref, mask, end, answer, c_r, c_c, logit_o, logit_c, scale=scale, prob_o=prob_o)
 
 
+def prepare_work(pairs: Sequence[PromptPair]):
+    """The forward work of :func:`prepare` (``engine.cost.Work``): X_r and X_c padded, full logits."""
+    from engine.cost import one_pass
+    n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
+    return one_pass(n, width, n * width) * 2
+
+
+def patch_rows_work(n_variants: int, n_prompts: int, width: int, *, rows_per_pass: int = 128, start: int = 0):
+    """The forward work of :func:`patch_rows` (``engine.cost.Work``): ``n_variants`` variants of ``n_prompts``
+    prompts of ``width`` positions, at most ``rows_per_pass`` rows per pass, END unembedded; ``start`` > 0: continued
+    from a prefix of ``start`` positions (its self-check pass included)."""
+    from engine.cost import NO_WORK, one_pass
+    per = max(1, rows_per_pass // max(1, n_prompts))
+    w = one_pass(n_prompts, width - start) if start else NO_WORK
+    for g in range(0, n_variants, per):
+        w += one_pass(min(per, n_variants - g) * n_prompts, width - start)
+    return w
+
+
 @torch.no_grad()
 def from_position(backend: ModelBackend, run: PatchRun, start: int, prefix: object = None) -> PatchRun:
     """``run`` seen from position ``start`` on: ids, mask and caches of positions ``start ..`` END, X_r's keys

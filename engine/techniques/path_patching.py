@@ -62,7 +62,7 @@ from engine.backends.hooks import HookName
 from engine.progress import ProgressFn, note
 from engine.prompts.pairs import PromptPair, groups_of
 from engine.techniques import end_chain
-from engine.techniques.batching import batches, in_pair_order
+from engine.techniques.batching import batches, in_pair_order, pair_batches
 from engine.techniques.components import Component, grid, wide_rows
 from engine.techniques.intervals import NULL_QUANTILE, Interval, interval, shuffled_null, top_share
 from engine.techniques.patch_rows import (
@@ -183,6 +183,26 @@ def path_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_s
         raw = path_patching_loop(backend, pairs, with_prob=with_prob, heads=heads, progress=progress)
         raw.fallback = fallback_note("path patching", str(e))
         return raw
+
+
+def path_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
+                       heads: Sequence[tuple[int, int]] | None = None):
+    """The forward work of :func:`path_patching` (the END chains), counted without running it
+    (``engine.cost.Work``): per batch of :func:`pair_batches`, one pass of X_r and one of X_c (END unembedded), and
+    the chains' MLP rows -- at layer j, every chain started below it and the layer's own head senders (the
+    unchanged chain counted as a head sender of layer 0)."""
+    from engine.cost import NO_WORK, Work
+    f = backend.facts
+    per_layer = heads_per_layer(heads, f.n_layers, f.n_heads)
+    rows, alive = 0, 0  # MLP rows per pair; chains started below the current layer
+    for j, hs in enumerate(per_layer):
+        rows += alive + len(hs) + (1 if j == 0 else 0)
+        alive += len(hs) + 1 + (1 if j == 0 else 0)
+    w = NO_WORK
+    for b in pair_batches(backend, pairs, batch_size):
+        n, width = b.ref.shape
+        w += Work(2, 2 * n * width, 2 * n, n * rows)
+    return w
 
 
 def heads_per_layer(heads: Sequence[tuple[int, int]] | None, n_layers: int, n_heads: int) -> list[list[int]]:

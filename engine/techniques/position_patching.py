@@ -84,6 +84,27 @@ def layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], 
     return _layer_position_patching(backend, pairs, False, rows_per_pass, progress)
 
 
+def position_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 128):
+    """The forward work of :func:`layer_position_patching` (``engine.cost.Work``), at most: every (layer, position)
+    cell counted (the cells whose X_r and X_c residuals agree are skipped when it runs); per chunk of one length
+    X_r and X_c cached, X_r's keys and values, and each position's cells continued from it."""
+    from engine.cost import NO_WORK, one_pass
+    from engine.techniques.patch_rows import patch_rows_work, prepare_work
+    L = backend.facts.n_layers
+    if not backend.continues:
+        T = max(len(p.ref_ids) for p in pairs)
+        return prepare_work(pairs) + patch_rows_work(L * T, len(pairs), T, rows_per_pass=rows_per_pass)
+    w = NO_WORK
+    for idx in length_chunks(pairs, TOKENS_PER_PASS):
+        chunk = [pairs[i] for i in idx]
+        n, T = len(chunk), len(chunk[0].ref_ids)
+        w += prepare_work(chunk) + one_pass(n, T - 1)
+        w += patch_rows_work(L, n, T, rows_per_pass=rows_per_pass)  # position 0: whole prompts
+        for start in range(1, T):
+            w += patch_rows_work(L, n, T, rows_per_pass=rows_per_pass, start=start)
+    return w
+
+
 def _layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], continues: bool,
                              rows_per_pass: int, progress: ProgressFn | None) -> PositionRaw:
     L = backend.facts.n_layers

@@ -123,6 +123,22 @@ def transfer(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b: Sequ
     return TransferResult(k, sets[0], sets[1], *overlap(tops[0], tops[1]))
 
 
+def transfer_work(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b: Sequence[PromptPair], *, cache=None):
+    """The forward work of :func:`transfer` (``engine.cost.Work``): per set, path patching unless cached, its means
+    and one END-only evaluation of three knockout sets."""
+    from engine.cost import NO_WORK, unless_cached
+    from engine.techniques.knockout import knockout_end_work, mean_activations_work
+    from engine.techniques.path_patching import path_patching_work
+    w = NO_WORK
+    kos = [Knockout(), Knockout(((0, 0),)), Knockout(((0, 1),))]  # stand-ins: three distinct sets
+    for pairs in (pairs_a, pairs_b):
+        if pairs:
+            w += unless_cached(lambda p=pairs: cached_path_patching(backend, p, cache=cache, batch_size=PP_BATCH),
+                               lambda p=pairs: path_patching_work(backend, p, batch_size=PP_BATCH))
+            w += mean_activations_work(backend, pairs) + knockout_end_work(backend, pairs, kos)
+    return w
+
+
 def top_heads_of(backend: ModelBackend, pairs: Sequence[PromptPair], k: int, *, cache=None,
                  progress: ProgressFn | None = None) -> list[tuple[int, int]]:
     """The set's top-k heads by path patching (through the result cache)."""
