@@ -14,7 +14,7 @@ import streamlit as st
 from engine.prompts.pairs import groups_of
 from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.carries import KINDS as CF_KINDS
-from engine.techniques.carries import carries, what_heads_carry
+from engine.techniques.carries import carries, pairs_per_kind, what_heads_carry
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
 from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
 from engine.techniques.position_patching import cached_layer_position_patching
@@ -90,8 +90,9 @@ def carries_view(model, spec, cache, k: int) -> None:
     rows, metric = out
     cdf = pd.DataFrame([r.__dict__ for r in rows])
     st.altair_chart(carries_chart(cdf, metric), width="stretch")
-    pairs_of = {kind: next(r.n for r in rows if r.kind == kind) for kind in CF_KINDS}
-    st.caption("Pairs per kind (answered right): " + ", ".join(f"{kind} {n}" for kind, n in pairs_of.items()))
+    st.caption("Pairs per kind (answered right): " + ", ".join(
+        f"{kind} {n}" if n else f"{kind} none (no counterfactual of this kind for these templates, or none answered "
+                                f"right)" for kind, n in pairs_per_kind(rows).items()))
     st.dataframe(pd.DataFrame([{"head": f"{c.layer}.{c.head}", "carries (most negative effect)": c.kind,
                                 "settled by the intervals": "yes" if c.clear else "no (intervals overlap)"}
                                for c in carries(rows)]), hide_index=True, width="stretch")

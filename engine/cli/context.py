@@ -125,6 +125,7 @@ class Context:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.result_cache = None  # the cache opened, if any: main() reports its warnings
+        self.n_given = 0  # pairs in the --pairs / --prompts file (before the filter), once ``pairs`` read it
 
     # -- model, cache, prompt set -------------------------------------------------------------------
     def open_model(self, spec: str):
@@ -159,8 +160,8 @@ class Context:
         return PromptSetSpec(ops=ops, n=a.n, seed=a.seed,
                              families=parse_families(families or a.families), operand_lo=lo, operand_hi=hi,
                              allow_negative=a.allow_negative, decimals=a.decimals, balance=not a.no_balance,
-                             counterfactual=getattr(a, "counterfactual", "operator-removed"), templates=templates)
                              every=getattr(a, "every", False),
+                             counterfactual=getattr(a, "counterfactual", "operator-removed"), templates=templates)
 
     def templates(self) -> tuple[str, ...]:
         """``--template`` values as ``op:text`` (checked): an ``op:`` prefix, else the one operation of ``--op``."""
@@ -188,13 +189,15 @@ class Context:
         model, a = self.model, self.args
         if getattr(a, "pairs", None):
             written = read_text_pairs(model.tokenizer, str(a.pairs))
+            self.n_given = len(written)
             with self.progress("checking answers") as bar:
                 pairs = answered_right(model, written, cache=self.cache, progress=bar)
             if not pairs:
-                raise PromptError(f"{a.pairs}: " + none_right_message(len(written), custom=True))
+                raise PromptError(none_right_message(len(written), custom=True, file=str(a.pairs)))
             return pairs
         if getattr(a, "prompts", None):
             pairs = read_jsonl(str(a.prompts))
+            self.n_given = len(pairs)
             if any(max(p.ref_ids + p.cf_ids + [p.answer_id]) >= model.facts.vocab_size for p in pairs):
                 raise PromptError(f"{a.prompts} holds token ids outside this model's vocabulary: "
                                   f"it was written for another model")

@@ -14,11 +14,12 @@ import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from engine.paths import REPO_ROOT
 from engine.progress import ProgressFn
-from engine.prompts.pairs import prompt_set_hash
+from engine.prompts.custom import none_right_message
+from engine.prompts.pairs import PromptPair, prompt_set_hash
 from engine.techniques.components import wide_rows
 
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
@@ -64,10 +65,13 @@ def versions() -> dict[str, str]:
 
 def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: int = 3, paper: bool = False,
                  second=None, progress: ProgressFn | None = None, paper_progress: ProgressFn | None = None,
-                 on_row: Callable[[str], None] | None = None) -> Report:
+                 on_row: Callable[[str], None] | None = None, pairs: Sequence[PromptPair] | None = None,
+                 source: dict[str, Any] | None = None) -> Report:
     """Every number of the report for ``model`` on the prompt set ``spec`` (cached where possible); with
     ``paper``, also the paper's findings one row each (:func:`engine.findings.paper.reproduce`, ``second``:
-    a second loaded model for Fig. 12; ``paper_progress`` and ``on_row`` its progress and finished rows)."""
+    a second loaded model for Fig. 12; ``paper_progress`` and ``on_row`` its progress and finished rows).
+    ``pairs``: instead of ``spec`` (None), pairs read from a file and answered right, ``source`` what the report
+    says of them (the file, how many pairs it holds)."""
     from engine.techniques.accuracy import kept_pairs
     from engine.techniques.attention import cached_role_attention
     from engine.techniques.circuit import circuit_diagram
@@ -81,9 +85,19 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
             progress(i, len(PHASES))
 
     f = model.facts
-    pairs, n_generated = kept_pairs(model, spec, cache=cache)
-    if not pairs:
-        raise ValueError("the model answers none of these prompts right: pick other operations or another model")
+    if pairs is None:
+        pairs, n_generated = kept_pairs(model, spec, cache=cache)
+        if not pairs:
+            raise ValueError(none_right_message(n_generated, custom=bool(spec.templates)))
+        described = {**spec.to_params(), "n_generated": n_generated}
+    else:
+        if paper:
+            raise ValueError("the paper's findings need a prompt set the lab generates (operations and templates), "
+                             "not pairs read from a file")
+        if not pairs:
+            raise ValueError("no prompt pairs: the model answers none of them right")
+        described = dict(source or {})
+    seed = spec.seed if spec is not None else 0
     step(1)
     table, _ = cached_path_patching(model, pairs, cache=cache)
     ranking = table.ranking_metric()
@@ -98,11 +112,12 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     step(4)
     lens, _ = cached_logit_lens(model, pairs, cache=cache)
     step(5)
-    k_max = min(k_max, f.n_layers * f.n_heads)
+    k_max = min(k_max, len(top))  # the model's heads, or those the table ranks (a head of no value is not ranked)
     curve, _ = cached_knockout_curve(model, pairs, [(layer, h) for layer, h, _ in top[:k_max]], k_max=k_max,
-                                     draws=draws, seed=spec.seed, cache=cache)
+                                     draws=draws, seed=seed, cache=cache)
     step(6)
-    circuit = circuit_diagram(model, pairs, k=max(top_k, 5), mlps=min(3, f.n_layers), cache=cache).to_json()
+    circuit = circuit_diagram(model, pairs, k=min(max(top_k, 5), f.n_layers * f.n_heads), mlps=min(3, f.n_layers),
+                              cache=cache).to_json()
     step(7)
     kept: dict[str, int] = {}
     for p in pairs:
@@ -119,8 +134,7 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
         title=f"Arithmetic circuits of {f.spec}",
         created=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         model=f.to_dict(),
-        prompt_set={**spec.to_params(), "hash": prompt_set_hash(pairs), "n_generated": n_generated,
-                    "n_kept": len(pairs)},
+        prompt_set={**described, "hash": prompt_set_hash(pairs), "n_kept": len(pairs)},
         versions=versions(),
         accuracy=[{"op": op, "kept": n} for op, n in sorted(kept.items())],
         patching=patching,

@@ -33,7 +33,15 @@ from engine.prompts.pairs import (
     TokenizerLike,
     answer_tokens,
 )
-from engine.prompts.templates import CF_SYMBOLS, CF_WORDS, OPERATOR_TERMS, OPS, SLOT_POOLS, Template
+from engine.prompts.templates import (
+    CF_SYMBOLS,
+    CF_WORDS,
+    OPERATOR_TERMS,
+    OPS,
+    SLOT_POOLS,
+    SWAPPED_OPERATOR_WORDS,
+    Template,
+)
 
 #: The family name of every template written by a user (``PromptPair.family``, the sets' ``families``).
 CUSTOM_FAMILY = "custom"
@@ -168,11 +176,20 @@ def explain_dropped(written: Sequence[WrittenTemplate], reasons: Sequence[str], 
         return ("the counterfactual never has as many tokens as the prompt: the other operands of the range are "
                 "written with other numbers of tokens; widen the operand range or pick another counterfactual")
     first = next(iter(reasons), "no problems")
+    if reasons and all(r.startswith("no swapped operator") for r in reasons):
+        words = [w for op in dict.fromkeys(t.op for t in written) for (o, w) in SWAPPED_OPERATOR_WORDS if o == op]
+        if not words:
+            return f"{first}: pick another counterfactual"
+        return (f"{first}: the operator-swapped counterfactual replaces the marked operator by the paired operation's "
+                f"(+ and -, * and /); mark one of {', '.join(repr(w) for w in words)}, or pick another counterfactual")
     return f"no prompt of the template could be used: {first}"
 
 
-def none_right_message(n_generated: int, custom: bool) -> str:
-    """The sentence for a set the model answers none of right (pages and CLI)."""
+def none_right_message(n_generated: int, custom: bool, *, file: str | None = None) -> str:
+    """The sentence for a set the model answers none of right (pages and CLI); ``file``: pairs read from it."""
+    if file is not None:
+        return (f"the model answers none of the {n_generated} pairs of {file} right: check each pair's answer, end "
+                f"each prompt where the answer starts (with 'is', 'make' or '='), or try another model")
     if custom:
         return (f"the model answers none of the {n_generated} prompts of your template right: rephrase it so that "
                 f"the answer follows naturally (end with 'is', 'make' or '='), try another operation, or another "

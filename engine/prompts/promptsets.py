@@ -219,6 +219,9 @@ def generate_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
         raise PromptError(explain_dropped(written, [r for _, r in dropped], tokenizer))
     if not pairs:
         reason = dropped[0][1] if dropped else "no problems"
+        if dropped and all(r.startswith("no swapped operator") for _, r in dropped):  # the kind, not the tokenizer
+            raise PromptError(f"{reason}: the operator-swapped counterfactual needs an operator with a paired "
+                              f"operation (+ and -, * and /); pick other templates or another counterfactual")
         raise PromptError(f"no usable prompt pairs for this tokenizer: {reason}")
     if spec.balance and not spec.every:
         pairs = balanced(pairs, spec.n)

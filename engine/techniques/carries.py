@@ -29,6 +29,7 @@ import numpy as np
 
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn, Stages
+from engine.prompts.custom import none_right_message
 from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED, PromptError
 from engine.techniques.intervals import mean_intervals
 
@@ -65,9 +66,9 @@ def what_heads_carry(backend: ModelBackend, spec, *, k: int = 5, kinds: Sequence
     from engine.techniques.path_patching import cached_path_patching
     stages = Stages(progress, [1] * (len(kinds) + 1))
     base = replace(spec, counterfactual=OPERATOR_REMOVED)
-    pairs, _ = kept_pairs(backend, base, cache=cache)
+    pairs, n_generated = kept_pairs(backend, base, cache=cache)
     if not pairs:
-        raise PromptError("the model answers none of these prompts right: pick other operations or another model")
+        raise PromptError(none_right_message(n_generated, custom=bool(spec.templates)))
     table, _ = cached_path_patching(backend, pairs, cache=cache, progress=stages.stage(0))
     stages.finish(0)
     metric = table.ranking_metric()
@@ -90,6 +91,48 @@ def what_heads_carry(backend: ModelBackend, spec, *, k: int = 5, kinds: Sequence
         n = int(np.sum(~np.isnan(x[:, 0])))
         rows += [Carried(a, b, kind, n, float(mean[j]), float(low[j]), float(high[j])) for j, (a, b) in enumerate(top)]
     return rows, metric
+
+
+def carries_work(backend: ModelBackend, spec, *, kinds: Sequence[str] = KINDS, cache=None):
+    """The forward work of :func:`what_heads_carry` (``engine.cost.Work``) and the operator-removed set's pairs (the
+    unit): its path patching unless cached, and per other kind the filter of its set and its path patching unless
+    cached -- a set not filtered yet counted on as many of its prompts as the operator-removed set keeps of its own."""
+    from engine.cost import NO_WORK, unless_cached
+    from engine.prompts.promptsets import generate
+    from engine.results import NotCached, cache_only
+    from engine.techniques.accuracy import kept_pairs, scoring_work
+    from engine.techniques.path_patching import cached_path_patching, path_patching_work
+    base = replace(spec, counterfactual=OPERATOR_REMOVED)
+    with cache_only():  # the page's own set: the sidebar's filter has run
+        pairs, n_generated = kept_pairs(backend, base, cache=cache)
+    share = len(pairs) / max(1, n_generated)
+    w = unless_cached(lambda: cached_path_patching(backend, pairs, cache=cache),
+                      lambda: path_patching_work(backend, pairs)) if pairs else NO_WORK
+    for kind in kinds:
+        if kind == OPERATOR_REMOVED:
+            continue
+        s = replace(spec, counterfactual=kind)
+        try:
+            gen, _ = generate(backend.tokenizer, s)
+        except PromptError:
+            continue
+        try:
+            with cache_only():
+                kp, _ = kept_pairs(backend, s, cache=cache)
+        except NotCached:
+            w += scoring_work(backend, gen, full=False)
+            kp = gen[:round(share * len(gen))]
+        if kp:
+            w += unless_cached(lambda p=kp: cached_path_patching(backend, p, cache=cache),
+                               lambda p=kp: path_patching_work(backend, p))
+    return w, pairs
+
+
+def pairs_per_kind(rows: Sequence[Carried]) -> dict[str, int]:
+    """Pairs (answered right) under each counterfactual kind, in :data:`KINDS`' order; 0 for a kind with no column
+    (the set has no X_c of that kind, or the model answers none of its prompts right)."""
+    n = {r.kind: r.n for r in rows}
+    return {kind: n.get(kind, 0) for kind in KINDS}
 
 
 def carries(rows: Sequence[Carried]) -> list[HeadCarries]:
@@ -119,5 +162,5 @@ def cli(args, ctx) -> dict:
         rows, metric = what_heads_carry(ctx.model, ctx.spec(), k=args.k, cache=ctx.cache, progress=bar)
     ctx.write_csv(args.out, [r.__dict__ for r in rows])
     return {"out": str(args.out), "metric": metric, "kinds": list(KINDS),
-            "pairs": {kind: next(r.n for r in rows if r.kind == kind) for kind in KINDS},
+            "pairs": pairs_per_kind(rows),
             "carries": [{"head": f"{c.layer}.{c.head}", "kind": c.kind, "clear": c.clear} for c in carries(rows)]}

@@ -1,4 +1,5 @@
-"""``python -m engine report --out r.html``: every number of the paper's steps on one set, one offline HTML file."""
+"""``python -m engine report --out r.html``: every number of the paper's steps on one set (generated, or a file of
+pairs: ``--pairs`` / ``--prompts``), one offline HTML file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from engine.cli.context import model_args, set_args
 def register(sub) -> None:
     p = sub.add_parser("report", help="one self-contained HTML report of the analysis (opens offline)")
     model_args(p)
-    set_args(p, "paper", with_file=False)
+    set_args(p, "paper")
     p.add_argument("--out", required=True, type=Path, help="output .html")
     p.add_argument("--images", type=Path, default=None, help="also write every chart as SVG and PNG in this folder")
     p.add_argument("--k-max", type=int, default=10, help="knockout curve up to k heads (default 10)")
@@ -22,7 +23,12 @@ def run(args, ctx) -> int:
     from views.report import chart_images, render_html  # the dashboard's own charts (no Streamlit there)
     if args.k_max < 1 or args.draws < 1:
         raise ValueError("--k-max and --draws must be at least 1")
-    rep = build_report(ctx.model, ctx.spec(), ctx.cache, k_max=args.k_max, draws=args.draws)
+    given = args.pairs or args.prompts  # a file of pairs instead of a generated set
+    if given is not None:
+        rep = build_report(ctx.model, None, ctx.cache, k_max=args.k_max, draws=args.draws, pairs=ctx.pairs,
+                           source={"file": given.name, "n_in_file": ctx.n_given})
+    else:
+        rep = build_report(ctx.model, ctx.spec(), ctx.cache, k_max=args.k_max, draws=args.draws)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render_html(rep), encoding="utf-8")
     images = [str(p) for p in chart_images(rep, args.images)] if args.images else []
