@@ -93,41 +93,6 @@ def what_heads_carry(backend: ModelBackend, spec, *, k: int = 5, kinds: Sequence
     return rows, metric
 
 
-def carries_work(backend: ModelBackend, spec, *, kinds: Sequence[str] = KINDS, cache=None):
-    """The forward work of :func:`what_heads_carry` (``engine.cost.Work``) and the operator-removed set's pairs (the
-    unit): its path patching unless cached, and per other kind the filter of its set and its path patching unless
-    cached -- a set not filtered yet counted on as many of its prompts as the operator-removed set keeps of its own."""
-    from engine.cost import NO_WORK, unless_cached
-    from engine.prompts.promptsets import generate
-    from engine.results import NotCached, cache_only
-    from engine.techniques.accuracy import kept_pairs, scoring_work
-    from engine.techniques.path_patching import cached_path_patching, path_patching_work
-    base = replace(spec, counterfactual=OPERATOR_REMOVED)
-    with cache_only():  # the page's own set: the sidebar's filter has run
-        pairs, n_generated = kept_pairs(backend, base, cache=cache)
-    share = len(pairs) / max(1, n_generated)
-    w = unless_cached(lambda: cached_path_patching(backend, pairs, cache=cache),
-                      lambda: path_patching_work(backend, pairs)) if pairs else NO_WORK
-    for kind in kinds:
-        if kind == OPERATOR_REMOVED:
-            continue
-        s = replace(spec, counterfactual=kind)
-        try:
-            gen, _ = generate(backend.tokenizer, s)
-        except PromptError:
-            continue
-        try:
-            with cache_only():
-                kp, _ = kept_pairs(backend, s, cache=cache)
-        except NotCached:
-            w += scoring_work(backend, gen, full=False)
-            kp = gen[:round(share * len(gen))]
-        if kp:
-            w += unless_cached(lambda p=kp: cached_path_patching(backend, p, cache=cache),
-                               lambda p=kp: path_patching_work(backend, p))
-    return w, pairs
-
-
 def pairs_per_kind(rows: Sequence[Carried]) -> dict[str, int]:
     """Pairs (answered right) under each counterfactual kind, in :data:`KINDS`' order; 0 for a kind with no column
     (the set has no X_c of that kind, or the model answers none of its prompts right)."""
