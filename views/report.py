@@ -73,6 +73,18 @@ def _table(rows: list[dict], fmt: str = "{:.4g}") -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _facts(d: dict, fmt: str = "{:.4g}") -> str:
+    """One record (the model's facts, the prompt set, the versions) as a two-column table, one row per field: it
+    fits the page however many fields it has."""
+    def value(v) -> str:
+        if isinstance(v, float):
+            return fmt.format(v)
+        return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+    body = "".join(f"<tr><th>{html.escape(str(k))}</th><td style='text-align:left'>{html.escape(value(v))}</td></tr>"
+                   for k, v in d.items())
+    return f"<table class='facts'><tbody>{body}</tbody></table>"
+
+
 def paper_table(rows: list[dict]) -> str:
     """The paper's findings (``PaperFinding.to_json`` rows) as an HTML table: holds / does not hold /
     inconclusive (the interval straddles the criterion) / why not."""
@@ -95,11 +107,11 @@ def render_html(rep: Report) -> str:
                        f'.catch(e => {{ document.getElementById("chart{i}").innerText = "chart error: " + e; }});')
     facts = {k: rep.model[k] for k in ("spec", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model",
                                        "n_params", "dtype", "fingerprint") if k in rep.model}
-    meta = (f"<h2>Model</h2>{_table([facts])}<h2>Prompt set</h2>{_table([rep.prompt_set])}"
+    meta = (f"<h2>Model</h2>{_facts(facts)}<h2>Prompt set</h2>{_facts(rep.prompt_set)}"
             f"<h2>Kept prompts per operation</h2>{_table(rep.accuracy)}"
             f"<h2>Top heads</h2>{_table(rep.top_heads)}"
             + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in rep.notes))
-    versions = _table([rep.versions])
+    versions = _facts(rep.versions)
     found = [f for f in rep.summary if f.get("computed")]
     if found:
         meta = ("<h2>Circuit summary</h2><ul>" + "".join(
@@ -114,6 +126,7 @@ body {{ font-family: system-ui, sans-serif; max-width: 980px; margin: 2em auto; 
 table {{ border-collapse: collapse; margin: .5em 0 1em; font-size: 13px; }}
 td, th {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; }}
 th {{ background: #f3f3f3; }} .cap {{ color: #555; }} .note {{ color: #a15c00; }}
+table.facts th {{ text-align: left; font-weight: normal; }}
 section {{ margin-bottom: 2em; }}
 </style>
 <script type="text/javascript">{bundle}</script></head>
