@@ -200,6 +200,12 @@ def estimate(backend: ModelBackend, pairs: Sequence[PromptPair], work: Work, *, 
     return Cost(work.fe(backend, pairs), seconds)
 
 
+def cost_of(backend: ModelBackend, counted: tuple[Work, Sequence[PromptPair]]) -> Cost:
+    """The :class:`Cost` of a work function's (work, the pairs it is counted in passes of)."""
+    work, pairs = counted
+    return estimate(backend, pairs, work)
+
+
 #: how far one observation moves the factor (in log space), and the factor's bounds
 OBSERVE_WEIGHT, FACTOR_RANGE = 0.5, (0.5, 30.0)
 #: estimates shorter than this teach nothing (a call's jitter)

@@ -8,10 +8,10 @@ import streamlit as st
 
 from engine.prompts.promptsets import PromptSetSpec, answer_token_stats, generate
 from engine.prompts.templates import OPS, PAPER_OPS
-from engine.techniques.accuracy import accuracy_report
+from engine.techniques.accuracy import accuracy_cost, accuracy_report
 from ui.circuit_panels import circuit_summary_view
 from ui.nav import page_link
-from ui.progress import USER_ERRORS, progress_bar
+from ui.progress import USER_ERRORS, compute_or_button, run_with_progress
 from ui.session import result_cache, setup_page, words_used
 from views.charts import template_bars
 
@@ -68,7 +68,7 @@ with st.form("accuracy_form"):
                             "all: those plus the project's own (extended) and exponentiation")
     n = c3.number_input("Prompts per op", min_value=1, max_value=2000, value=100, step=50)
     seed = c4.number_input("Seed", min_value=0, max_value=10**9, value=0)
-    st.form_submit_button("Show accuracy")
+    asked = st.form_submit_button("Show accuracy")
 
 if not ops:
     st.error("Pick at least one operation.")
@@ -76,12 +76,24 @@ if not ops:
 try:
     from engine.prompts.promptsets import parse_families
     spec = PromptSetSpec(ops=tuple(ops), n=int(n), seed=int(seed), families=parse_families(fam))
-    bar, cb = progress_bar("Scoring prompts")
-    rows, computed = accuracy_report(model, spec, cache=result_cache(), progress=cb)
-    bar.empty()
 except USER_ERRORS as e:
     st.error(f"Cannot compute accuracy: {e}")
     st.stop()
+cache = result_cache()
+
+
+def score(cb):
+    return accuracy_report(model, spec, cache=cache, progress=cb)
+
+
+if asked:  # the form's own button: the user asked for these prompts
+    rows, computed = run_with_progress("Scoring prompts", "compute accuracy", score, stop=True, on_demand=True)
+else:
+    rows, computed = compute_or_button(score, lambda: accuracy_cost(model, spec), model=model, stop=True,
+                                       button="Show the accuracy", key="accuracy_go", text="Scoring prompts",
+                                       failure="compute accuracy",
+                                       note="Scoring these prompts takes a while on this model: press the button, "
+                                            "or ask for fewer prompts above.")
 
 df = pd.DataFrame([r.__dict__ for r in rows])
 st.caption("Computed now and stored in the result cache." if computed else "Read from the result cache.")

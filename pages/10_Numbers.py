@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.techniques.helix_patch import cached_helix_patch
+from engine.cost import estimate
+from engine.techniques.helix_patch import cached_helix_patch, helix_patch_work
 from engine.techniques.numbers import (
     DECODE_THRESHOLD,
     FREQUENCY_SPACE,
@@ -15,13 +16,16 @@ from engine.techniques.numbers import (
     cached_helix_circle,
     cached_number_probes,
     cached_number_spectrum,
+    causal_check_work,
     causal_layer,
     default_layer,
     dominant_periods,
     first_decode_layer,
+    probes_cost,
+    residual_pass_work,
 )
 from ui import url_state
-from ui.progress import USER_ERRORS, run_with_progress
+from ui.progress import USER_ERRORS, compute_or_button, run_with_progress
 from ui.session import analysed_pairs, result_cache, setup_page
 from views.numbers import (
     causal_bars,
@@ -46,11 +50,12 @@ cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 
 st.subheader("Linear probes")
-out = run_with_progress("Number probes", "run the number probes",
-                        lambda cb: cached_number_probes(model, pairs, cache=cache, progress=cb))
-if out is None:
-    st.stop()
-rows, computed = out
+rows, computed = compute_or_button(lambda cb: cached_number_probes(model, pairs, cache=cache, progress=cb),
+                                   lambda: probes_cost(model, pairs), model=model, stop=True,
+                                   button="Fit the probes", key="numbers_probes", text="Number probes",
+                                   failure="run the number probes",
+                                   note="Every view of this page starts from the probes: one pass of the prompts, "
+                                        "then held-out fits at every layer.")
 df = pd.DataFrame([r.__dict__ for r in rows])
 first = first_decode_layer(rows)
 classified = sorted(df.loc[df["method"] == "logistic", "target"].unique())
@@ -108,8 +113,9 @@ position = c1.selectbox("Position", POSITIONS, **url_state.bound("num_pos", POSI
 target = c2.selectbox("Target", TARGETS, **url_state.bound("num_target"))
 layer = c3.selectbox("Layer of the circle", layers, **url_state.bound("num_layer", default_layer(rows)))
 st.altair_chart(helix_lines(df, position, target), width="stretch")
-circ = run_with_progress("Helix circle", "fit the helix",
-                         lambda cb: cached_helix_circle(model, pairs, int(layer), position, target, cache=cache))
+circ = compute_or_button(lambda cb: cached_helix_circle(model, pairs, int(layer), position, target, cache=cache),
+                         lambda: estimate(model, pairs, residual_pass_work(model, pairs)), model=model,
+                         button="Fit the helix", key="numbers_circle", text="Helix circle", failure="fit the helix")
 if circ is not None and circ[0]:
     cdf = pd.DataFrame([r.__dict__ for r in circ[0]])
     st.caption(f"Layer {layer}, position {position}, target {target}: each prompt projected onto the fitted cos/sin "
@@ -118,9 +124,11 @@ if circ is not None and circ[0]:
     st.altair_chart(circle_scatter(cdf), width="stretch")
 
 st.subheader("Helix-subspace patching")
-hp = run_with_progress("Helix-subspace patching", "patch the helix subspace",
-                       lambda cb: cached_helix_patch(model, pairs, int(layer), position, target, cache=cache,
-                                                     progress=cb))
+hp = compute_or_button(lambda cb: cached_helix_patch(model, pairs, int(layer), position, target, cache=cache,
+                                                    progress=cb),
+                       lambda: estimate(model, pairs, helix_patch_work(model, pairs)), model=model,
+                       button="Patch the helix subspace", key="numbers_helix_patch", text="Helix-subspace patching",
+                       failure="patch the helix subspace")
 if hp is not None:
     hdf = pd.DataFrame([r.__dict__ for r in hp[0]])
     got = {r.method: r for r in hp[0]}
@@ -141,8 +149,10 @@ except USER_ERRORS:
             "needs C probed at the last token: these prompts give too few per answer value (3 answered right each). "
             "Raise 'Prompts per op' in the sidebar.")
 else:
-    cc = run_with_progress("Causal check", "run the causal check",
-                           lambda cb: cached_causal_check(model, pairs, at_layer, cache=cache, progress=cb))
+    cc = compute_or_button(lambda cb: cached_causal_check(model, pairs, at_layer, cache=cache, progress=cb),
+                           lambda: estimate(model, pairs, causal_check_work(model, pairs)), model=model,
+                           button="Run the causal check", key="numbers_causal", text="Causal check",
+                           failure="run the causal check")
     if cc is not None:
         cdf = pd.DataFrame([r.__dict__ for r in cc[0]])
         moved = cdf[cdf["method"] == "class-means"].iloc[0]

@@ -7,12 +7,18 @@ import json
 import pandas as pd
 import streamlit as st
 
+from engine.cost import estimate
 from engine.findings.glossary import help_text
-from engine.results import NotCached, cache_only
-from engine.techniques.faithfulness import ABLATIONS, RANDOM_DRAWS, cached_faithfulness, mib_submission
+from engine.techniques.faithfulness import (
+    ABLATIONS,
+    RANDOM_DRAWS,
+    cached_faithfulness,
+    faithfulness_work,
+    mib_submission,
+)
 from engine.techniques.path_patching import cached_path_patching
 from ui import url_state
-from ui.progress import run_with_progress
+from ui.progress import compute_or_button
 from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page, words_used
 from views.circuit_charts import FAITH_SERIES, faithfulness_chart
 
@@ -47,25 +53,14 @@ ablation = c2.radio("Outside the circuit", ABLATIONS, horizontal=True,
 metric = c3.radio("Metric", ["logit", "accuracy"], horizontal=True, **url_state.bound("faith_metric"),
                   format_func={"logit": "answer logit difference", "accuracy": "first-token accuracy"}.get,
                   help=help_text("faithfulness", "CPR", "CMD", "answer logit", "accuracy", "bootstrap interval"))
-try:
-    with cache_only():
-        table, _ = cached_faithfulness(model, pairs, draws=draws, ablation=ablation, cache=cache)
-except NotCached:
-    table = None
-if table is None:
-    go = st.empty()  # the button goes once pressed: the curves computed, nothing is left to press
-    if not go.button("Compute the curves", key="faithfulness_go",
-                     help="Path patching and attribution patching rank the components; each circuit is one "
-                          "END-only evaluation, several per forward pass; the result is cached."):
-        st.info(f"The curves evaluate the circuits of 11 sizes for each of three rankings on the {len(pairs)} prompts "
-                f"(the random ranking: each prompt under one of {draws} random orders): press the button to compute "
-                "them (they are read from the cache once computed).")
-        st.stop()
-    go.empty()
-    table, _ = run_with_progress("Evaluating circuits", "compute the faithfulness curves",
-                                 lambda cb: cached_faithfulness(model, pairs, draws=draws, ablation=ablation,
-                                                                cache=cache, progress=cb),
-                                 key="faithfulness", stop=True, on_demand=True)
+table, _ = compute_or_button(
+    lambda cb: cached_faithfulness(model, pairs, draws=draws, ablation=ablation, cache=cache, progress=cb),
+    lambda: estimate(model, pairs, faithfulness_work(model, pairs, draws=draws, ablation=ablation, cache=cache)),
+    model=model, ask=True, stop=True, button="Compute the curves", key="faithfulness_go", text="Evaluating circuits",
+    failure="compute the faithfulness curves",
+    note=f"The curves evaluate the circuits of 11 sizes for each of three rankings on the {len(pairs)} prompts (the "
+         f"random ranking: each prompt under one of {draws} random orders): press the button to compute them (they "
+         "are read from the cache once computed).")
 if table.fallback:
     st.info(table.fallback, icon=":material/info:")
 

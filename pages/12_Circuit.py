@@ -6,10 +6,11 @@ import json
 
 import streamlit as st
 
-from engine.techniques.circuit import circuit_diagram
+from engine.cost import estimate
+from engine.techniques.circuit import circuit_diagram, circuit_work
 from ui import state
 from ui.nav import link_to
-from ui.progress import run_with_progress
+from ui.progress import compute_or_button
 from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page
 from views.circuit_diagram import DIAGRAM_SELECTION, diagram_chart, diagram_image
 
@@ -32,9 +33,14 @@ mlps = c2.number_input("MLPs", 0, L, min(3, L), key="circuit_mlps")
 senders = c3.toggle("Head → head edges", key="circuit_senders",
                     help="Which key heads feed which (head → head path patching into each key head's query): one "
                          "path patching per key head, computed once and cached.")
-d = run_with_progress("Building the circuit", "build the circuit diagram",
-                      lambda cb: circuit_diagram(model, pairs, k=int(k), mlps=int(mlps), senders=senders,
-                                                 cache=cache, progress=cb), key="circuit", stop=True)
+d = compute_or_button(lambda cb: circuit_diagram(model, pairs, k=int(k), mlps=int(mlps), senders=senders,
+                                                 cache=cache, progress=cb),
+                      lambda: estimate(model, pairs, circuit_work(model, pairs, k=int(k), senders=senders,
+                                                                  cache=cache)),
+                      model=model, stop=True, button="Build the circuit", key="circuit", text="Building the circuit",
+                      failure="build the circuit diagram",
+                      note="The diagram needs path patching and the attention by token role of this set"
+                           + (", and one head → head path patching per key head" if senders else "") + ".")
 event = st.altair_chart(diagram_chart(d), width="stretch", on_select="rerun", key=f"circuit_{k}_{mlps}_{senders}")
 picked = (event.selection.get(DIAGRAM_SELECTION) or [{}])[0].get("id") if event and event.selection else None
 if picked:

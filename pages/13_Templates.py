@@ -23,7 +23,7 @@ from engine.prompts.custom import (
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import generate_set
 from engine.prompts.templates import OPS
-from engine.techniques.accuracy import kept_pairs
+from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
 from ui import state
 from ui.nav import link_to, page_link
 from ui.progress import run_with_progress
@@ -86,8 +86,8 @@ if written is not None and wspec is not None:
                                     "tokens": len(p.ref_ids)} for p in gen.pairs[:5]]), width="stretch",
                      hide_index=True)
         in_use = (st.session_state.get("prompt_set") or {}).get("template") == written.as_param()
-        if st.button("Check the answers and use it on every page", type="primary", disabled=in_use,
-                     key="tpl_use"):
+        if st.button(f"Check the answers and use it on every page ({kept_pairs_cost(model, wspec).label()})",
+                     type="primary", disabled=in_use, key="tpl_use"):
             out = run_with_progress("Checking which prompts the model answers right", "check the template",
                                     lambda cb: kept_pairs(model, wspec, cache=cache, progress=cb))
             if out is not None:

@@ -5,11 +5,24 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.cost import cost_of
 from engine.prompts.pairs import PromptError
-from engine.techniques.heuristic_neurons import TAG_R2, heuristic_neurons, neuron_circuit
-from engine.techniques.operand_grid import grid_template, grid_templates, operand_grid, parse_component
+from engine.techniques.heuristic_neurons import (
+    TAG_R2,
+    heuristic_neurons,
+    heuristic_neurons_work,
+    neuron_circuit,
+    neuron_circuit_work,
+)
+from engine.techniques.operand_grid import (
+    grid_template,
+    grid_templates,
+    operand_grid,
+    operand_grid_work,
+    parse_component,
+)
 from ui import state, url_state
-from ui.progress import run_with_progress
+from ui.progress import compute_or_button
 from ui.session import result_cache, setup_page
 from views.operand_grid import grid_chart
 
@@ -38,10 +51,15 @@ try:
 except PromptError as e:
     st.error(f"{str(e)[:1].upper()}{str(e)[1:]}.")
     st.stop()
-grid = run_with_progress("Computing the operand grid", "compute the operand grid",
-                         lambda cb: operand_grid(model, spec, template=template, component=comp,
-                                                 neurons=[comp] if comp is not None and comp.kind == "neuron" else (),
-                                                 cache=cache, progress=cb), key="atlas", stop=True)
+neurons = [comp] if comp is not None and comp.kind == "neuron" else []
+grid = compute_or_button(lambda cb: operand_grid(model, spec, template=template, component=comp, neurons=neurons,
+                                                 cache=cache, progress=cb),
+                         lambda: cost_of(model, operand_grid_work(model, spec, template=template,
+                                                               component=comp, neurons=neurons, cache=cache)),
+                         model=model, stop=True, button="Compute the operand grid", key="atlas",
+                         text="Computing the operand grid", failure="compute the operand grid",
+                         note="The grid runs every operand pair of the template through the model: the answers, the "
+                              "attention, the direct effects and path patching of the candidate heads.")
 picked = comp is None
 comp = comp or grid.top_head()  # none typed: the grid's strongest head among attribution patching's candidates
 rows = grid.rows(comp)
@@ -65,10 +83,13 @@ url_state.check("atlas_layer", (None, *range(f.n_layers)))
 layer = c1.number_input("MLP layer (empty: the grid's strongest MLP)", 0, f.n_layers - 1, value=None,
                         **url_state.bound("atlas_layer"))
 top = c2.number_input("Neurons", 1, 200, **url_state.bound("atlas_top"))
-out = run_with_progress("Tagging the neurons", "tag the neurons",
-                        lambda cb: heuristic_neurons(model, spec, layer=None if layer is None else int(layer),
-                                                     top=int(top), template=template, cache=cache, progress=cb),
-                        key="atlas_neurons")
+layer = None if layer is None else int(layer)
+out = compute_or_button(lambda cb: heuristic_neurons(model, spec, layer=layer, top=int(top), template=template,
+                                                     cache=cache, progress=cb),
+                        lambda: cost_of(model, heuristic_neurons_work(model, spec, layer=layer, top=int(top),
+                                                                   template=template, cache=cache)),
+                        model=model, button="Tag the neurons", key="atlas_neurons", text="Tagging the neurons",
+                        failure="tag the neurons")
 if out is not None:
     tags, used = out
     tagged = [t for t in tags if t.tagged]
@@ -78,8 +99,11 @@ if out is not None:
         f"above (e.g. `{(tagged or tags)[0].layer}.mlp.{(tagged or tags)[0].neuron}`) to see its grid.")
     st.dataframe(pd.DataFrame([t.__dict__ for t in tags]), hide_index=True, width="stretch")
     if tagged:
-        c = run_with_progress("Checking the tagged neurons as a circuit", "check the tagged neurons",
-                              lambda cb: neuron_circuit(model, spec, tags, template=template), key="atlas_circuit")
+        c = compute_or_button(lambda cb: neuron_circuit(model, spec, tags, template=template, cache=cache),
+                              lambda: cost_of(model, neuron_circuit_work(model, spec, tags, template=template,
+                                                                      cache=cache)),
+                              model=model, button="Check the tagged neurons as a circuit", key="atlas_circuit",
+                              text="Checking the tagged neurons as a circuit", failure="check the tagged neurons")
         if c is not None:
             faith = (f"faithfulness {c.faithfulness.text()}" if c.measurable else
                      f"faithfulness not measurable here: the whole layer's neurons at their mean change m by only "

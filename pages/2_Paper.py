@@ -9,8 +9,8 @@ from engine.results import NotCached, cache_only
 from engine.techniques.accuracy import kept_pairs
 from ui import state
 from ui.nav import page_link, page_of
-from ui.progress import USER_ERRORS, run_with_progress
-from ui.session import ModelChoice, loaded_model, result_cache, set_size_text, setup_page
+from ui.progress import USER_ERRORS, compute_or_button
+from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, set_size_text, setup_page
 from views.charts import heatmap, heatmap_frame, heatmap_limit
 
 model, spec = setup_page(
@@ -31,6 +31,7 @@ if second_spec:
         st.stop()
 
 cache = result_cache()
+pairs, _ = analysed_pairs(model, spec, cache)
 
 
 def compute(progress):
@@ -38,7 +39,17 @@ def compute(progress):
     return reproduce(model, spec, cache, second=second, progress=progress)
 
 
-rows = run_with_progress("The paper's findings", "check the paper's findings", compute, stop=True)
+def cost():
+    from engine.cost import estimate
+    from engine.findings.paper import reproduce_work
+    return estimate(model, pairs, reproduce_work(model, spec, cache, pairs))
+
+
+rows = compute_or_button(compute, cost, model=model, stop=True, button="Check the paper's findings", key="paper_go",
+                         text="The paper's findings", failure="check the paper's findings",
+                         note="Each finding needs its own computation on this model and set (path patching, "
+                              "knockouts, attention, the MLPs, the circuits' faithfulness, the other formats, "
+                              "exponentiation, GSM8K): what is cached is reused, the rest waits for the button.")
 # what to do where a finding has no number yet, in this dashboard's words
 GO_TO = {"models": "type a second model above", "power": "the Improve page can teach it",
          "sft": "start precise and full SFT on the Improve page"}

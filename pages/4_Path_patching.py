@@ -5,11 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from cache import CacheError
 from engine.findings.glossary import help_text
 from engine.prompts.pairs import PromptError, counterfactual_words
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
-from engine.techniques.attention import ROLE_DEFINITIONS, ROLES, cached_role_attention
+from engine.techniques.attention import ROLE_DEFINITIONS, ROLES
 from engine.techniques.intervals import SMALL_SET
 from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import typed_attention, typed_pair
@@ -20,10 +19,12 @@ from ui.circuit_panels import (
     clicked_cell,
     head_to_head_section,
     mlp_layer_view,
+    patching_table,
+    role_attention_of,
     select_head,
     stability_view,
 )
-from ui.progress import USER_ERRORS, progress_bar
+from ui.progress import USER_ERRORS
 from ui.session import (
     analysed_pairs,
     current_prompt,
@@ -60,13 +61,7 @@ metric = c1.selectbox("Metric", ("effect", "logit_diff"), **url_state.bound("pp_
          "logit is below 1 are left out of it); logit_diff: logit_p - logit_o, every pair."))
 cache = result_cache()
 pairs, n_gen = analysed_pairs(model, spec, cache)
-try:
-    bar, cb = progress_bar("Path patching, batch")
-    table, computed = cached_path_patching(model, pairs, cache=cache, progress=cb)
-    bar.empty()
-except USER_ERRORS as e:
-    st.error(f"Cannot run path patching: {e}")
-    st.stop()
+table, computed = patching_table(model, pairs, cache, key="pp_go")
 if table.fallback:  # the fast path did not reproduce this model: the textbook loop computed the heatmap
     st.info(table.fallback, icon=":material/info:")
 
@@ -176,11 +171,7 @@ with tab_map:
             st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
         except PromptError as e:
             st.error(f"Cannot show the typed prompt's attention: {e}")
-        try:
-            roles, _ = cached_role_attention(model, pairs, cache=cache)
-        except (CacheError, ValueError) as e:
-            st.error(f"Cannot compute the attention by token role: {e}")
-            st.stop()
+        roles, _ = role_attention_of(model, pairs, cache)
         rdf = pd.DataFrame([r.__dict__ for r in roles if r.layer == layer and r.head == head])
         rdf["role"] = pd.Categorical(rdf["role"], ROLES, ordered=True)
         st.caption("Mean attention of the last token by token role, over the prompt set")

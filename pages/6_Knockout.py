@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pandas as pd
 import streamlit as st
 
@@ -18,10 +16,10 @@ from engine.techniques.knockout_curve import (
     stored_curve_intervals,
     stored_knockout_curve,
 )
-from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import analyse_prompt
 from ui import state, url_state
-from ui.progress import run_with_progress
+from ui.circuit_panels import patching_table
+from ui.progress import compute_or_button
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page, words_used
 from views.charts import display_token, fmt_prob, signed_change
 from views.circuit_charts import knockout_curve_chart
@@ -39,9 +37,8 @@ words_used("knockout", "counterfactual", "key heads", "END", "probability", "acc
 L, H = model.facts.n_layers, model.facts.n_heads
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
-table, _ = run_with_progress("Path patching (to rank the heads)", "prepare the knockout",
-                             lambda cb: cached_path_patching(model, pairs, cache=cache, progress=cb),
-                             key="knockout_patching", stop=True)
+table, _ = patching_table(model, pairs, cache, key="knockout_patching", text="Path patching (to rank the heads)",
+                          failure="prepare the knockout")
 
 head_opts = [f"{layer}.{h}" for layer in range(L) for h in range(H)]
 # the knockout set is the app's (ui.state), kept across pages; the widgets are bound to it
@@ -81,9 +78,7 @@ with left:
         st.error(f"Cannot analyse the typed prompt: {e}")
 with right:
     st.subheader("Prompt set")
-    t0 = time.perf_counter()
     base, acc = knockout_accuracies(model, pairs, [Knockout(), ko], means)  # one END-only pass for both
-    live_s = time.perf_counter() - t0
     change = signed_change((acc - base) * 100, "+.1f", "points")
     st.metric("Accuracy after knockout", f"{acc:.1%}", change, delta_color="normal" if change else "off",
               help=help_text("accuracy"))
@@ -117,22 +112,13 @@ except CacheError as e:
     st.error(f"Cannot read the knockout curve from the cache: {e}")
     pts = None
 if pts is None:
-    # cost: forward-equivalents (one padded full-logits pass of the prompts = 1), and seconds from the
-    # live pass above (2 knockout sets, END-only) on this machine
-    fe = curve_cost(model, pairs, ranked, k_max=k_max, draws=draws)
-    per_fe = live_s / max(curve_cost(model, pairs, [], k_max=0, draws=1) * (1 if ko.empty else 2), 1e-9)
-    label = f"Compute the curve (≈ {fe:.0f} forward passes, ≈ {fe * per_fe:.0f} s)"
-    go = st.empty()  # the button goes once pressed: the curve computed, nothing is left to press
-    if not go.button(label, key="knockout_curve_go", help="Each distinct knockout set is evaluated once, "
-                     "END-only, several per forward pass; the result is cached."):
-        st.info("The curve knocks out the top-k heads and k random heads for every k: press the button to "
-                "compute it (it is read from the cache once computed).")
-        st.stop()
-    go.empty()
-    pts, _ = run_with_progress("Knocking out", "compute the knockout curve",
-                               lambda cb: cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=draws,
+    pts, _ = compute_or_button(lambda cb: cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=draws,
                                                                 cache=cache, progress=cb),
-                               key="knockout_curve", stop=True, on_demand=True)
+                               lambda: curve_cost(model, pairs, ranked, k_max=k_max, draws=draws), model=model,
+                               ask=True, stop=True, button="Compute the curve", key="knockout_curve_go",
+                               text="Knocking out", failure="compute the knockout curve",
+                               note="The curve knocks out the top-k heads and k random heads for every k: press the "
+                                    "button to compute it (it is read from the cache once computed).")
 cdf = pd.DataFrame([p.__dict__ for p in pts])
 bands = stored_curve_intervals(model, pairs, ranked, k_max=k_max, draws=draws, cache=cache)
 if bands is not None:  # 95 % bootstrap intervals over the pairs, from the stored per-pair results

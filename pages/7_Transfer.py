@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
-from engine.prompts.promptsets import PromptSetSpec, format_spec
+from engine.cost import cost_of, observe
+from engine.prompts.promptsets import PromptSetSpec, format_spec, generate
 from engine.prompts.templates import PAPER_FAMILIES
-from engine.techniques.accuracy import keep_correct, kept_pairs
-from engine.techniques.transfer import benchmark_pairs, transfer
+from engine.techniques.accuracy import answered_right, kept_pairs
+from engine.techniques.transfer import benchmark_pairs, compare_work, transfer
 from ui.progress import USER_ERRORS, cancellable, progress_bar
 from ui.session import result_cache, setup_page
 
@@ -40,7 +42,25 @@ data_dir = c3.text_input("Data directory (benchmarks)", "../shared/data")
 inputs = {"second": second, "k": int(k), "data_dir": data_dir, "model": model.facts.fingerprint,
           "set": spec.to_params()}
 kept = st.session_state.get("transfer_result")  # the last comparison is kept (app state) until the next one
-if not st.button("Compare"):
+cache = result_cache()
+bench = "svamp" if second.startswith("SVAMP") else "gsm8k" if second.startswith("GSM8K") else None
+if bench is not None and not Path(data_dir).is_dir():
+    st.error(f"{data_dir} is not a directory: point it at a folder laid out like ../shared/data.")
+    st.stop()
+try:
+    if bench is not None:
+        spec_b, candidates_b = None, benchmark_pairs(model.tokenizer, data_dir, bench, spec.n, spec.seed)
+    else:
+        spec_b = (format_spec(spec, second.split(" ")[0]) if second.startswith(("word", "multi-digit", "decimals"))
+                  else PromptSetSpec(ops=spec.ops, n=spec.n, seed=spec.seed + 1, families=PAPER_FAMILIES))
+        candidates_b = generate(model.tokenizer, spec_b)[0]
+    cost = cost_of(model, compare_work(model, spec, candidates_b, cache=cache))
+except USER_ERRORS as e:
+    st.error(f"Cannot compare: {e}")
+    st.stop()
+if not st.button(f"Compare ({cost.label()})", key="transfer_go",
+                 help="Both sets: which prompts the model answers right, path patching, knockouts. The lab's cost "
+                      "model: forward passes counted from the code, seconds measured on this machine."):
     if kept is None or kept["inputs"]["model"] != inputs["model"]:
         st.info("Pick the second set and press Compare.")
         st.stop()
@@ -49,26 +69,14 @@ if not st.button("Compare"):
                 f"press Compare for the inputs above.")
     show_transfer(kept["result"])
     st.stop()
-cache = result_cache()
 bar, cb = progress_bar("Comparing (both sets: answers, path patching, knockouts)", key="transfer", on_demand=True)
 try:
     with cancellable(bar):
+        t0 = time.monotonic()
         pairs_a, _ = kept_pairs(model, spec, cache=cache, progress=cb)
-        if second.startswith(("word", "multi-digit", "decimals")):
-            spec_b = format_spec(spec, second.split(" ")[0])
-            pairs_b, _ = kept_pairs(model, spec_b, cache=cache, progress=cb)
-        elif second.startswith("paper"):
-            spec_b = PromptSetSpec(ops=spec.ops, n=spec.n, seed=spec.seed + 1, families=PAPER_FAMILIES)
-            pairs_b, _ = kept_pairs(model, spec_b, cache=cache, progress=cb)
-        else:
-            bench = "svamp" if second.startswith("SVAMP") else "gsm8k"
-            if not Path(data_dir).is_dir():
-                bar.empty()
-                st.error(f"{data_dir} is not a directory: point it at a folder laid out like ../shared/data.")
-                st.stop()
-            pairs_b = keep_correct(model, benchmark_pairs(model.tokenizer, data_dir, bench, spec.n, spec.seed),
-                                   progress=cb)
+        pairs_b = answered_right(model, candidates_b, cache=cache, progress=cb)
         res = transfer(model, pairs_a, pairs_b, names=("A", "B"), k=int(k), cache=cache, progress=cb)
+        observe(model, cost, time.monotonic() - t0)
 except USER_ERRORS as e:
     bar.empty()
     st.error(f"Cannot compare: {e}")

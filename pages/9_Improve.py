@@ -26,6 +26,7 @@ from engine.finetune.run import FinetuneRequest, check_out_dir, heads_text, read
 from engine.finetune.slices import parse_heads
 from engine.finetune.train import TrainConfig
 from engine.techniques.path_patching import cached_path_patching
+from ui.circuit_panels import patching_table
 from ui.improve_panels import comparison_chart, comparison_rows, comparison_table
 from ui.progress import USER_ERRORS
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page, use_model
@@ -44,11 +45,7 @@ if choice.remote:
 
 # ---- 1. the job -----------------------------------------------------------------------------
 pairs, _ = analysed_pairs(model, spec, cache)
-try:
-    table, _ = cached_path_patching(model, pairs, cache=cache)
-except USER_ERRORS as e:
-    st.error(f"Cannot rank the heads (path patching failed): {e}")
-    st.stop()
+table, _ = patching_table(model, pairs, cache, key="improve_patching", failure="rank the heads")
 n_heads = table.n_layers * table.n_heads
 st.subheader("1 · Train")
 method = st.radio("Method", ("precise", "full", "lora"), horizontal=True, key="ft_method",

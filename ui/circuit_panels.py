@@ -21,7 +21,7 @@ from engine.techniques.position_patching import cached_layer_position_patching
 from engine.techniques.stability import ALL, head_stability, summaries
 from ui import url_state
 from ui.nav import link_to, page_link, page_of
-from ui.progress import USER_ERRORS, cached_or_button, run_with_progress
+from ui.progress import USER_ERRORS, compute_or_button, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap, scaled
 from views.circuit_charts import carries_chart, exact_vs_estimate, lens_lines, position_heatmap, stability_chart
 
@@ -33,25 +33,16 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
     total = st.toggle("Also activation patching (nothing frozen; one forward pass per sender)", value=True,
                       help="Exact activation patching of each head's END output costs one forward pass per "
                            "sender; its AtP estimate one forward + one backward pass.")
-    from engine.results import NotCached, cache_only
-    try:
-        with cache_only():
-            table, computed = cached_attribution(model, pairs, cache=cache, total=total)
-    except NotCached:
-        n_senders = model.facts.n_layers * (model.facts.n_heads + 1)
-        cost = ("about 4 forward passes of the set" if not total else
-                f"about {n_senders + 4} forward passes of the set: exact activation patching runs one per sender")
-        if not st.button(f"Compute exact vs attribution ({cost})", key=f"atp_go_{total}"):
-            return None
-        out = run_with_progress(
-            "Exact and attribution patching, step", "run attribution patching",
-            lambda cb: cached_attribution(model, pairs, cache=cache, total=total, progress=cb), on_demand=True)
-        if out is None:
-            return None
-        table, computed = out
-    except USER_ERRORS as e:
-        st.error(f"Cannot read attribution patching: {e}")
+    from engine.cost import estimate
+    from engine.techniques.attribution import attribution_work
+    out = compute_or_button(lambda cb: cached_attribution(model, pairs, cache=cache, total=total, progress=cb),
+                            lambda: estimate(model, pairs, attribution_work(model, pairs, total=total)), model=model,
+                            button="Compute exact vs attribution", key=f"atp_go_{total}", ask=True,
+                            text="Exact and attribution patching, step", failure="run attribution patching",
+                            note="Exact activation patching runs one patch per sender" if total else None)
+    if out is None:
         return None
+    table, computed = out
     rows = table.rows[metric]
     pairs_of_kinds = [("exact", "atp")] + ([("exact_total", "atp_total")] if total else [])
     choice = st.radio("Compare", pairs_of_kinds, horizontal=True,
@@ -78,13 +69,41 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
     return clicked_head(event)
 
 
+def patching_table(model, pairs, cache, *, key: str, text: str = "Path patching, batch",
+                   failure: str = "run path patching"):
+    """Path patching of ``pairs``, the heatmap by which every page ranks the heads: read from the cache, else computed
+    now, or behind a button with its cost (the page stops until it is pressed); (table, computed)."""
+    from engine.cost import estimate
+    from engine.techniques.path_patching import cached_path_patching, path_patching_work
+    return compute_or_button(lambda cb: cached_path_patching(model, pairs, cache=cache, progress=cb),
+                             lambda: estimate(model, pairs, path_patching_work(model, pairs)), model=model,
+                             button="Run path patching", key=key, text=text, failure=failure, stop=True,
+                             note="Path patching ranks the heads by how much each carries the operation to the "
+                                  "answer; this page builds on it. Its result is kept: every page reads it at once.")
+
+
+def role_attention_of(model, pairs, cache):
+    """The END-row attention by token role over ``pairs`` (cached, else computed now, or behind a button with its
+    cost: the page stops until it is pressed); (rows, computed)."""
+    from engine.cost import estimate
+    from engine.techniques.attention import cached_role_attention, end_rows_work
+    return compute_or_button(lambda cb: cached_role_attention(model, pairs, cache=cache, progress=cb),
+                             lambda: estimate(model, pairs, end_rows_work(model, pairs)), model=model,
+                             button="Compute the attention by token role", key="roles_go",
+                             text="Attention by token role", failure="compute the attention by token role",
+                             stop=True)
+
+
 def carries_view(model, spec, cache, k: int) -> None:
     """What each key head carries: the top-k heads path-patched under each counterfactual kind (on demand: each
     kind is one path patching of its own set, cached)."""
-    out = cached_or_button(lambda cb: what_heads_carry(model, spec, k=k, cache=cache, progress=cb),
-                           button=f"Compute (path patching of the set under {len(CF_KINDS) - 1} more "
-                                  f"counterfactual kinds)", key="carries_go",
-                           text="Path patching per counterfactual kind", failure="compare the counterfactual kinds")
+    from engine.cost import cost_of
+    from engine.techniques.carries import carries_work
+    out = compute_or_button(lambda cb: what_heads_carry(model, spec, k=k, cache=cache, progress=cb),
+                            lambda: cost_of(model, carries_work(model, spec, cache=cache)),
+                            model=model, button=f"Compute (path patching of the set under {len(CF_KINDS) - 1} more "
+                                                f"counterfactual kinds)", key="carries_go", ask=True,
+                            text="Path patching per counterfactual kind", failure="compare the counterfactual kinds")
     if out is None:
         return
     rows, metric = out
@@ -168,12 +187,14 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
                    format_func={"q": "query", "k": "key", "v": "value"}.get,
                    help="Only this input of the receiver is recomputed from the patched residual stream; the "
                         "other two and every other head stay at the reference run.")
+    from engine.cost import estimate
+    from engine.techniques.head_patching import head_path_patching_work
     rec = Receiver(layer, head, inp)
-    n_senders = layer * (model.facts.n_heads + 1)
-    out = cached_or_button(lambda cb: cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb),
-                           button=f"Compute which heads feed {rec} ({n_senders} senders, about {n_senders} forward "
-                                  f"passes of the set)", key=f"h2h_go_{rec}",
-                           text=f"Head -> head into {rec}, batch", failure="run head -> head path patching")
+    out = compute_or_button(lambda cb: cached_head_path_patching(model, pairs, rec, cache=cache, progress=cb),
+                            lambda: estimate(model, pairs, head_path_patching_work(model, pairs, rec)), model=model,
+                            button=f"Compute which heads feed {rec} ({layer * (model.facts.n_heads + 1)} senders)",
+                            key=f"h2h_go_{rec}", text=f"Head -> head into {rec}, batch", ask=True,
+                            failure="run head -> head path patching")
     if out is None:
         return
     vals, _ = out
@@ -203,10 +224,17 @@ def position_view(model, pairs, cache) -> None:
     metric = c2.radio("Metric", ("logit_diff", "restored"), horizontal=True, **url_state.bound("pos_metric"),
                       help="logit_diff: patched minus original answer logit; restored: that change as a "
                            "fraction of the counterfactual's own change (1 = as if the operation were gone)")
-    out = run_with_progress("Layer x position patching, batch", "run layer x position patching",
-                            lambda cb: cached_layer_position_patching(
+    from engine.cost import estimate
+    from engine.techniques.position_patching import group_pairs, position_patching_work
+    mine = list(pairs) if group == "*" else group_pairs(pairs, group)
+    out = compute_or_button(lambda cb: cached_layer_position_patching(
                                 model, pairs, cache=cache, progress=cb, group=group,
-                                tokens=lambda ids: [display_token(t) for t in tok.convert_ids_to_tokens(list(ids))]))
+                                tokens=lambda ids: [display_token(t) for t in tok.convert_ids_to_tokens(list(ids))]),
+                            lambda: estimate(model, mine, position_patching_work(model, mine)), model=model,
+                            button="Compute layer x position patching", key=f"lp_go_{group}",
+                            text="Layer x position patching, batch", failure="run layer x position patching",
+                            note="Each cell runs the prompts once: a template's few prompts cost seconds, all prompts "
+                                 "the whole set once per cell.")
     if out is None:
         return
     cells, computed = out
@@ -222,8 +250,12 @@ def position_view(model, pairs, cache) -> None:
 
 def logit_lens_view(model, pairs, cache, scale: float = 1.0) -> None:
     """The answer's probability and rank at END after each layer (``scale``: its text, :func:`views.charts.scaled`)."""
-    out = run_with_progress("Logit lens, batch", "run the logit lens",
-                            lambda cb: cached_logit_lens(model, pairs, cache=cache, progress=cb))
+    from engine.cost import estimate
+    from engine.techniques.logit_lens import logit_lens_work
+    out = compute_or_button(lambda cb: cached_logit_lens(model, pairs, cache=cache, progress=cb),
+                            lambda: estimate(model, pairs, logit_lens_work(model, pairs)), model=model,
+                            button="Compute the logit lens", key="lens_go", text="Logit lens, batch",
+                            failure="run the logit lens")
     if out is None:
         return
     rows, computed = out
@@ -273,10 +305,15 @@ def circuit_summary_view(model, spec, cache) -> None:
 
 def report_section(model, spec, cache) -> None:
     """Build the shareable HTML report of the sidebar's prompt set (computing what is missing), then offer it."""
-    from engine.findings.report import PHASES, build_report
+    from engine.cost import cost_of
+    from engine.findings.report import PHASES, build_report, report_work
     from views.report import render_html
     key = f"report:{model.facts.fingerprint}:{sorted(spec.to_params().items())}"
-    if st.button("Build the report of this prompt set", key="report_build",
+    try:
+        cost = f" ({cost_of(model, report_work(model, spec, cache)).label()})"
+    except USER_ERRORS:  # the set cannot be built: pressing the button says why
+        cost = ""
+    if st.button(f"Build the report of this prompt set{cost}", key="report_build",
                  help="Accuracy, path patching, the top heads' attention, MLP projections, logit lens and the "
                       "knockout curve, with the model fingerprint, the prompt-set definition and the versions, "
                       f"as one HTML file that opens offline ({len(PHASES)} steps; cached results are reused)."):
@@ -297,13 +334,22 @@ PROJECTION_LABELS = {"cos_in_A": "cos(MLP in, W_U[A])", "cos_in_B": "cos(MLP in,
 PROJECTION_MAIN = PROJECTION_LABELS["cos_out_C"]
 
 
+def projections(model, pairs, cache, failure: str):
+    """The MLP projections of ``pairs`` (cached, else computed or behind a button with their cost): (values,
+    computed), or None."""
+    from engine.cost import estimate
+    from engine.techniques.mlp_projections import cached_mlp_projections, projections_work
+    return compute_or_button(lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb),
+                             lambda: estimate(model, pairs, projections_work(model, pairs)), model=model,
+                             button="Compute the MLP projections", key="projections_go", text="Projecting",
+                             failure=failure)
+
+
 def mlp_projections_view(model, pairs, cache, scale: float = 1.0) -> pd.DataFrame | None:
     """Per layer, the MLP projections (mean ± sd over the set) as lines; returns their frame (None after an
     ``st.error``).  The answer series is the strongest colour; ``scale``: its text (:func:`views.charts.scaled`)."""
-    from engine.techniques.mlp_projections import cached_mlp_projections
     from views.charts import lines_with_band, stretched
-    out = run_with_progress("Projecting", "compute the projections",
-                            lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb))
+    out = projections(model, pairs, cache, "compute the projections")
     if out is None:
         return None
     vals, computed = out
@@ -335,10 +381,8 @@ def mlp_layer_view(model, pairs, cache, layer: int, text: str) -> None:
     on the typed prompt."""
     import altair as alt
 
-    from engine.techniques.mlp_projections import cached_mlp_projections
     from views.charts import PALETTE
-    out = run_with_progress("Projecting", "compute the MLP projections",
-                            lambda cb: cached_mlp_projections(model, pairs, cache=cache, progress=cb))
+    out = projections(model, pairs, cache, "compute the MLP projections")
     if out is None:
         return
     vals, _ = out

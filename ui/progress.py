@@ -219,7 +219,7 @@ def page_run_started() -> None:
 
 def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | Callable[[], Cost]", *,
                       button: str, key: str, text: str, failure: str, note: str | None = None,
-                      stop: bool = False, model=None) -> T | None:
+                      stop: bool = False, model=None, ask: bool = False) -> T | None:
     """The one gate of a page computation (nothing heavy unasked):
 
     * ``compute``'s result read from the cache when it holds it -- at once, no forward pass
@@ -232,7 +232,8 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
 
     None after a user error too (one ``st.error``, "Cannot {failure}: ..."); ``stop``: the page ends where this
     returns None.  ``model``: the backend the cost was estimated for -- the computation's measured seconds correct
-    its next estimates (``engine.cost.observe``)."""
+    its next estimates (``engine.cost.observe``).  ``ask``: a button whatever the cost (a view the user opens on
+    purpose: the knockout curve, the faithfulness curves, head -> head ...), labelled with the cost all the same."""
     from engine.cost import HEAVY_S, observe
     from engine.results import NotCached, cache_only
     try:
@@ -258,7 +259,7 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
             observe(model, c, took)
         return out
 
-    if spent + c.seconds <= HEAVY_S:
+    if not ask and spent + c.seconds <= HEAVY_S:
         return timed(False)
     go = st.empty()  # the button goes once pressed: nothing is left to press beside the result
     with go.container():
@@ -280,22 +281,3 @@ def _failed(failure: str, e: BaseException, stop: bool) -> None:
     if stop:
         st.stop()
     return None
-
-
-def cached_or_button(compute: Callable[[ProgressBar | None], T], *, button: str, key: str, text: str,
-                     failure: str) -> T | None:
-    """``compute``'s result read from the cache when it holds it (no forward pass); otherwise a button labelled
-    ``button`` that computes it under a progress bar (:func:`run_with_progress`): None until it is pressed, and
-    after a user error (one ``st.error``, "Cannot {failure}: ...")."""
-    from engine.results import NotCached, cache_only
-    try:
-        with cache_only():
-            return compute(None)
-    except NotCached:
-        pass
-    except USER_ERRORS as e:
-        st.error(f"Cannot {failure}: {e}")
-        return None
-    if not st.button(button, key=key):
-        return None
-    return run_with_progress(text, failure, compute, key=key, on_demand=True)

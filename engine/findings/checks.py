@@ -70,6 +70,8 @@ class Evidence:
     sft: Callable[[], dict[str, float] | str] | None = None
     answered: bool = True
     progress: ProgressFn | None = None
+    #: the other sets (a format of FORMATS, "power") the set's counterfactual kind cannot make, and why
+    unbuilt: dict[str, str] = field(default_factory=dict)
     _table: Any = field(default=None, init=False, repr=False)  # the path-patching table, once computed
 
     @property
@@ -207,16 +209,21 @@ def transfer(ev: Evidence) -> Verdict:
     from engine.techniques.attention import cached_problem_share
     readers = ev.readers()
     shares, too_few = {}, {}
+    cannot = {fmt: why for fmt, why in ev.unbuilt.items() if fmt in ev.format_pairs}
     for fmt, fpairs in ev.format_pairs.items():
+        if fmt in cannot:
+            continue
         if len(fpairs) < MIN_PAIRS:
             too_few[fmt] = len(fpairs)
             continue
         shares[fmt] = (len(fpairs), share_interval(cached_problem_share(ev.model, fpairs, cache=ev.cache), readers))
+    none_here = "; ".join(f"no {fmt} prompts under this counterfactual ({why})" for fmt, why in cannot.items())
     if not shares:
-        return Verdict("", None, "the model answers too few prompts right in the other formats ("
-                       + ", ".join(f"{fmt}: {n}" for fmt, n in too_few.items())
-                       + f"; at least {MIN_PAIRS} each are needed)")
-    skipped = "".join(f"; {fmt}: only {n} answered right" for fmt, n in too_few.items())
+        few = ("the model answers too few prompts right in the other formats ("
+               + ", ".join(f"{fmt}: {n}" for fmt, n in too_few.items()) + f"; at least {MIN_PAIRS} each are needed)")
+        return Verdict("", None, "; ".join(t for t in (few if too_few else "", none_here) if t))
+    skipped = "".join(f"; {fmt}: only {n} answered right" for fmt, n in too_few.items()) + (
+        f"; {none_here}" if none_here else "")
     return Verdict(f"the same top-{len(readers)} heads on operands + operator: " + ", ".join(
         f"{fmt} {pct(v, '{:.0f}')} ({n} prompts)" for fmt, (n, v) in shares.items()),
         all_hold(*(v.above(ATTENTION_SHARE) for _, v in shares.values())),
@@ -229,6 +236,8 @@ def power(ev: Evidence) -> Verdict:
     from engine.techniques.knockout import Knockout
     from engine.techniques.path_patching import cached_path_patching
     pp = ev.power_pairs
+    if "power" in ev.unbuilt:
+        return Verdict("", None, f"no exponentiation prompts under this set's counterfactual: {ev.unbuilt['power']}")
     if len(pp) < MIN_PAIRS:
         return Verdict("", None, f"the model answers {len(pp)} exponentiation prompts right "
                                  f"(at least {MIN_PAIRS} are needed; fine-tuning can teach it)")

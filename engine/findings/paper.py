@@ -96,8 +96,8 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
                    power_pairs: Sequence[PromptPair] = (), gsm8k_pairs: Sequence[PromptPair] | None = None,
                    second: tuple[str, Callable[[], Any]] | None = None,
                    sft: Callable[[], dict[str, float] | str] | None = None, answered: bool = True,
-                   progress: ProgressFn | None = None,
-                   on_row: Callable[[str], None] | None = None) -> list[PaperFinding]:
+                   progress: ProgressFn | None = None, on_row: Callable[[str], None] | None = None,
+                   unbuilt: dict[str, str] | None = None) -> list[PaperFinding]:
     """One row per checked step of :data:`engine.findings.steps.STEPS` for ``model`` on ``pairs`` (its correctly
     answered prompt pairs; ``answered`` False: any pairs); the other arguments are
     :class:`~engine.findings.checks.Evidence`'s.
@@ -107,7 +107,8 @@ def paper_findings(model, pairs: Sequence[PromptPair], cache, *,
         raise PromptError("the model answers none of these prompts right: pick other operations or another model")
     todo = checked_steps()
     stages = Stages(progress, [s.weight for s in todo])
-    ev = Evidence(model, pairs, cache, format_pairs or {}, power_pairs, gsm8k_pairs, second, sft, answered)
+    ev = Evidence(model, pairs, cache, format_pairs or {}, power_pairs, gsm8k_pairs, second, sft, answered,
+                  unbuilt=unbuilt or {})
     out = []
     for i, s in enumerate(todo):
         ev.progress = stages.stage(i)
@@ -157,14 +158,22 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
     from engine.techniques.path_patching import cached_path_patching
     from engine.techniques.transfer import benchmark_pairs
 
-    def select(spec_) -> list[PromptPair]:  # the spec's pairs the model answers right (keep_all: every pair)
-        return generate(model.tokenizer, spec_)[0] if keep_all else kept_pairs(model, spec_, cache=cache)[0]
+    unbuilt: dict[str, str] = {}  # the other sets this set's counterfactual kind cannot make, and why
+
+    def select(spec_, name: str | None = None) -> list[PromptPair]:  # the spec's pairs the model answers right
+        try:  # (keep_all: every pair)
+            return generate(model.tokenizer, spec_)[0] if keep_all else kept_pairs(model, spec_, cache=cache)[0]
+        except PromptError as e:  # e.g. word problems under operator-swapped: their row says so
+            if name is None:
+                raise
+            unbuilt[name] = str(e)
+            return []
 
     pairs = select(spec)
     if not pairs:
         raise PromptError("the model answers none of these prompts right: pick other operations or another model")
-    formats = {fmt: select(format_spec(spec, fmt)) for fmt in FORMATS}
-    power = select(replace(spec, ops=("pow",), families=("power",), templates=()))
+    formats = {fmt: select(format_spec(spec, fmt), fmt) for fmt in FORMATS}
+    power = select(replace(spec, ops=("pow",), families=("power",), templates=()), "power")
     try:
         gsm8k = benchmark_pairs(model.tokenizer, data_dir or default_data_dir(), "gsm8k", spec.n, spec.seed)
         gsm8k = gsm8k if keep_all else keep_correct(model, gsm8k)
@@ -183,4 +192,4 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
     return paper_findings(model, pairs, cache, format_pairs=formats, power_pairs=power, gsm8k_pairs=gsm8k,
                           second=None if second is None else (second.facts.spec, second_table),
                           sft=lambda: sft_gains(model, cache), answered=not keep_all, progress=progress,
-                          on_row=on_row)
+                          on_row=on_row, unbuilt=unbuilt)

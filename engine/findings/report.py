@@ -148,3 +148,47 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
         summary=summary,
         circuit=circuit,
     )
+
+
+def report_work(model, spec, cache, *, k_max: int = 10, draws: int = 5):
+    """The forward work of :func:`build_report` (``engine.cost.Work``) and the pairs it is counted in passes of:
+    each phase unless cached -- the set's filter (not run yet: every generated prompt counted as kept), path
+    patching, the attention by role, the MLP projections, the logit lens and the knockout curve (its ranking not
+    known yet: counted on stand-in heads, the same number of sets); the circuit reads the phases before it."""
+    from engine.cost import NO_WORK, unless_cached
+    from engine.prompts.promptsets import generate
+    from engine.results import NotCached, cache_only
+    from engine.techniques.accuracy import kept_pairs, scoring_work
+    from engine.techniques.attention import cached_role_attention, end_rows_work
+    from engine.techniques.knockout_curve import cached_knockout_curve, curve_work
+    from engine.techniques.logit_lens import cached_logit_lens, logit_lens_work
+    from engine.techniques.mlp_projections import cached_mlp_projections, projections_work
+    from engine.techniques.path_patching import cached_path_patching, path_patching_work
+    w = NO_WORK
+    try:
+        with cache_only():
+            pairs, _ = kept_pairs(model, spec, cache=cache)
+    except NotCached:
+        pairs = generate(model.tokenizer, spec)[0]
+        w = scoring_work(model, pairs, full=False)
+    if not pairs:
+        return w, pairs
+    f = model.facts
+    try:
+        with cache_only():
+            table, _ = cached_path_patching(model, pairs, cache=cache)
+        ranked = [(layer, h) for layer, h, _ in table.top_heads(k_max)]
+    except NotCached:
+        w += path_patching_work(model, pairs)
+        ranked = [(i // f.n_heads % f.n_layers, i % f.n_heads) for i in range(min(k_max, f.n_layers * f.n_heads))]
+    k = min(k_max, len(ranked))
+    seed = spec.seed
+    w += unless_cached(lambda: cached_role_attention(model, pairs, cache=cache), lambda: end_rows_work(model, pairs))
+    w += unless_cached(lambda: cached_mlp_projections(model, pairs, cache=cache),
+                       lambda: projections_work(model, pairs))
+    w += unless_cached(lambda: cached_logit_lens(model, pairs, cache=cache), lambda: logit_lens_work(model, pairs))
+    w += unless_cached(lambda: cached_knockout_curve(model, pairs, ranked[:k], k_max=k, draws=draws, seed=seed,
+                                                     cache=cache),
+                       lambda: curve_work(model, pairs, ranked[:k], k_max=k, draws=draws, seed=seed))
+    return w, pairs
+

@@ -115,6 +115,13 @@ class RoleAttention:
     value: float  # mean attention mass of the END row on tokens of this role
 
 
+def end_rows_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64):
+    """The forward work of :func:`end_row_patterns` (``engine.cost.Work``), which the attention by role runs: one
+    pass per batch whose logits nobody reads (one position unembedded per row)."""
+    from engine.cost import padded_passes
+    return padded_passes([p.ref_ids for p in pairs], batch_size)
+
+
 def role_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *,
                    progress: ProgressFn | None = None) -> list[RoleAttention]:
     """Every head's END-row attention mass per token role, averaged over the pairs."""

@@ -93,6 +93,41 @@ def what_heads_carry(backend: ModelBackend, spec, *, k: int = 5, kinds: Sequence
     return rows, metric
 
 
+def carries_work(backend: ModelBackend, spec, *, kinds: Sequence[str] = KINDS, cache=None):
+    """The forward work of :func:`what_heads_carry` (``engine.cost.Work``) and the operator-removed set's pairs (the
+    unit): per kind, the filter of its set and its path patching, each unless cached -- a set not filtered yet
+    counted on as many of its prompts as the sidebar's set keeps of its own (all, when that is not known either)."""
+    from engine.cost import NO_WORK, unless_cached
+    from engine.prompts.promptsets import generate
+    from engine.results import NotCached, cache_only
+    from engine.techniques.accuracy import kept_pairs, scoring_work
+    from engine.techniques.path_patching import cached_path_patching, path_patching_work
+    try:
+        with cache_only():
+            mine, n_mine = kept_pairs(backend, spec, cache=cache)
+        share = len(mine) / max(1, n_mine)
+    except NotCached:
+        share = 1.0
+    w, unit = NO_WORK, None
+    for kind in (OPERATOR_REMOVED, *(k for k in kinds if k != OPERATOR_REMOVED)):
+        s = replace(spec, counterfactual=kind)
+        try:
+            gen, _ = generate(backend.tokenizer, s)
+        except PromptError:
+            continue
+        try:
+            with cache_only():
+                kp, _ = kept_pairs(backend, s, cache=cache)
+        except NotCached:
+            w += scoring_work(backend, gen, full=False)
+            kp = gen[:max(1, round(share * len(gen)))]
+        unit = kp if unit is None else unit
+        if kp:
+            w += unless_cached(lambda p=kp: cached_path_patching(backend, p, cache=cache),
+                               lambda p=kp: path_patching_work(backend, p))
+    return w, unit or []
+
+
 def pairs_per_kind(rows: Sequence[Carried]) -> dict[str, int]:
     """Pairs (answered right) under each counterfactual kind, in :data:`KINDS`' order; 0 for a kind with no column
     (the set has no X_c of that kind, or the model answers none of its prompts right)."""

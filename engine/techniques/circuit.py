@@ -81,13 +81,13 @@ def circuit_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int =
     """The forward work of :func:`circuit_diagram` (``engine.cost.Work``): path patching and the attention by role
     unless cached, and with ``senders`` one head -> head path patching per key head above layer 0 not cached (when
     path patching is not cached yet, its key heads are not known: counted at the top layer, the most)."""
-    from engine.cost import padded_passes, unless_cached
+    from engine.cost import unless_cached
     from engine.results import NotCached, cache_only
-    from engine.techniques.attention import cached_role_attention
+    from engine.techniques.attention import cached_role_attention, end_rows_work
     from engine.techniques.head_patching import Receiver, cached_head_path_patching, head_path_patching_work
     from engine.techniques.path_patching import cached_path_patching, path_patching_work
     w = unless_cached(lambda: cached_role_attention(backend, pairs, cache=cache),
-                      lambda: padded_passes([p.ref_ids for p in pairs], 64))
+                      lambda: end_rows_work(backend, pairs))
     try:
         with cache_only():
             table, _ = cached_path_patching(backend, pairs, cache=cache)

@@ -21,7 +21,6 @@ from engine.prompts.pairs import PromptPair
 from engine.techniques.knockout import (
     Knockout,
     MeanActivations,
-    distinct_knockouts,
     knockout_correct,
     mean_activations,
 )
@@ -216,18 +215,22 @@ def stored_curve_intervals(backend: ModelBackend, pairs: Sequence[PromptPair],
     return curve_intervals(decode_array(hit[1]["correct"])[order])
 
 
-def curve_cost(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]], *,
-               k_max: int, draws: int, seed: int = 0) -> float:
-    """Forward-equivalents the curve costs: distinct knockout sets x one END-only pass of the prompts
-    (the blocks at every real token, the unembedding at END), relative to one padded full-logits pass."""
-    from engine.backends.base import macs_per_position
+def curve_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]], *,
+               k_max: int, draws: int, seed: int = 0):
+    """The forward work of :func:`cached_knockout_curve` (``engine.cost.Work``): the means over X_c and every
+    distinct knockout set of the curve, END-only, several per pass (:func:`knockout.knockout_end_work`)."""
+    from engine.techniques.knockout import knockout_end_work, mean_activations_work
     f = backend.facts
     plan = curve_knockouts(f.n_layers, f.n_heads, ranked_heads, k_max=k_max, draws=draws, seed=seed)
-    n_sets = len(distinct_knockouts([ko for _, top, rand in plan for ko in [top, *rand]], f.n_layers, f.n_heads))
-    body, unembed, _ = macs_per_position(f)
-    real = sum(len(p.ref_ids) for p in pairs)
-    padded = len(pairs) * max(len(p.ref_ids) for p in pairs)
-    return n_sets * (real * body + len(pairs) * unembed) / (padded * (body + unembed))
+    return (mean_activations_work(backend, pairs)
+            + knockout_end_work(backend, pairs, [ko for _, top, rand in plan for ko in [top, *rand]]))
+
+
+def curve_cost(backend: ModelBackend, pairs: Sequence[PromptPair], ranked_heads: Sequence[tuple[int, int]], *,
+               k_max: int, draws: int, seed: int = 0):
+    """What the curve costs before it runs (``engine.cost.Cost``): :func:`curve_work` in passes of ``pairs``."""
+    from engine.cost import estimate
+    return estimate(backend, pairs, curve_work(backend, pairs, ranked_heads, k_max=k_max, draws=draws, seed=seed))
 
 # ---------------------------------------------------------------------------------------------
 # its sentence of the circuit summary (cached results only; registered in engine.registry)

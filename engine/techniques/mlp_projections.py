@@ -70,6 +70,13 @@ class LayerProjection:
     std: float
 
 
+def projections_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64):
+    """The forward work of :func:`projections_with_pairs` (``engine.cost.Work``): one pass per batch whose logits
+    nobody reads (one position unembedded per row)."""
+    from engine.cost import padded_passes
+    return padded_passes([p.ref_ids for p in pairs], batch_size)
+
+
 def mlp_projections(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64,
                     progress: ProgressFn | None = None) -> list[LayerProjection]:
     """Per-layer means (and spreads) of the four cosines of the module docstring."""

@@ -274,6 +274,7 @@ def operand_grid_work(backend: ModelBackend, spec, *, template: str | None = Non
     from engine.cost import NO_WORK, padded_passes, unless_cached
     from engine.results import run_cached
     from engine.techniques.accuracy import scoring_work
+    from engine.techniques.attention import end_rows_work
     from engine.techniques.attribution import path_atp_work
     from engine.techniques.path_patching import cached_path_patching, path_patching_work
     t = grid_template(spec, template)
@@ -282,7 +283,7 @@ def operand_grid_work(backend: ModelBackend, spec, *, template: str | None = Non
     ref = [p.ref_ids for p in pairs]
     params = grid_params(backend)
     w = unless_cached(lambda: run_cached(backend, pairs, "operand_grid", params, lambda: ([], {}), cache),
-                      lambda: scoring_work(backend, pairs) + padded_passes(ref, 64) + padded_passes(ref, 32)
+                      lambda: scoring_work(backend, pairs) + end_rows_work(backend, pairs) + padded_passes(ref, 32)
                       + path_atp_work(backend, pairs))
     typed = [(component.layer, component.head)] if component is not None and component.kind == "head" else None
     probe_heads = typed or [(backend.facts.n_layers - 1, h) for h in range(k)]

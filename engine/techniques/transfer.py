@@ -139,6 +139,30 @@ def transfer_work(backend: ModelBackend, pairs_a: Sequence[PromptPair], pairs_b:
     return w
 
 
+def compare_work(backend: ModelBackend, spec, candidates_b: Sequence[PromptPair], *, cache=None):
+    """The forward work of the Transfer page's comparison (``engine.cost.Work``) and set A's pairs (the unit): the
+    filters of ``spec`` (A) and of B's ``candidates_b``, each unless cached, and :func:`transfer_work` -- a set not
+    filtered yet counted on all its prompts (A) or as many as A keeps of its own (B)."""
+    from engine.cost import NO_WORK
+    from engine.prompts.promptsets import generate
+    from engine.results import NotCached, cache_only
+    from engine.techniques.accuracy import answered_right, kept_pairs, scoring_work
+    gen_a, _ = generate(backend.tokenizer, spec)
+    w = NO_WORK
+    try:
+        with cache_only():
+            pairs_a, _ = kept_pairs(backend, spec, cache=cache)
+    except NotCached:
+        w, pairs_a = scoring_work(backend, gen_a, full=False), list(gen_a)
+    try:
+        with cache_only():
+            pairs_b = answered_right(backend, candidates_b, cache=cache)
+    except NotCached:
+        w += scoring_work(backend, candidates_b, full=False)
+        pairs_b = list(candidates_b[:max(1, round(len(pairs_a) / max(1, len(gen_a)) * len(candidates_b)))])
+    return w + transfer_work(backend, pairs_a, pairs_b, cache=cache), pairs_a
+
+
 def top_heads_of(backend: ModelBackend, pairs: Sequence[PromptPair], k: int, *, cache=None,
                  progress: ProgressFn | None = None) -> list[tuple[int, int]]:
     """The set's top-k heads by path patching (through the result cache)."""

@@ -34,14 +34,15 @@ def gate_page():
         return Cost(60.0, st.session_state["secs"])
 
     got = compute_or_button(compute, cost, button="Compute it", key="gate", text="Computing", failure="compute it",
-                            note="Press the button to compute it.")
+                            note="Press the button to compute it.", ask=st.session_state.get("ask", False))
     st.markdown(f"result: {got}")
 
 
-def _page(tmp_path, monkeypatch, secs: float) -> AppTest:
+def _page(tmp_path, monkeypatch, secs: float, ask: bool = False) -> AppTest:
     monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "gate.duckdb"))
     at = AppTest.from_function(gate_page, default_timeout=60)
     at.session_state["secs"] = secs
+    at.session_state["ask"] = ask
     return at.run()
 
 
@@ -70,3 +71,23 @@ def test_cheap_work_is_computed_at_once(tmp_path, monkeypatch):
     assert at.markdown[-1].value == "result: 42" and at.session_state["computed"] == 1
     assert not [b for b in at.button if b.label.startswith("Compute it")]
     assert not at.info
+
+
+def test_a_view_opened_on_purpose_asks_whatever_its_cost(tmp_path, monkeypatch):
+    at = _page(tmp_path, monkeypatch, 2.0, ask=True)
+    assert at.markdown[-1].value == "result: None" and "computed" not in at.session_state
+    [button] = at.button
+    assert button.label == "Compute it (estimated: about 2 s, 60 forward passes of the set)"
+    button.click().run()
+    assert at.markdown[-1].value == "result: 42" and at.session_state["computed"] == 1
+
+
+def test_a_page_run_stops_computing_unasked_once_it_has_spent_the_threshold(tmp_path, monkeypatch):
+    from ui.progress import UNASKED
+    at = _page(tmp_path, monkeypatch, 2.0)
+    assert at.session_state["computed"] == 1
+    at.session_state["secs"] = 3.0  # another computation of the same run, cheap on its own ...
+    at.session_state[UNASKED] = 9.0  # ... after 9 s computed unasked: together past HEAVY_S
+    at.run()
+    assert at.markdown[-1].value == "result: None" and [b.label for b in at.button] == [
+        "Compute it (estimated: about 3 s, 60 forward passes of the set)"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from tests.app.conftest import errors, page
 
 
@@ -128,7 +130,7 @@ def test_knockout_page_changes_prediction():
     # where your prompt breaks, k = 0..10, one forward pass)
     assert _charts(at) == 1
     go = next(b for b in at.button if b.key == "knockout_curve_go")
-    assert "forward passes" in go.label and " s)" in go.label
+    assert re.search(r"\(estimated: about \d+ (s|min), \d+ forward passes of the set\)$", go.label), go.label
     go.click().run()
     _ok(at)
     assert _charts(at) >= 2 and not [b for b in at.button if b.key == "knockout_curve_go"]  # pressed: gone
@@ -175,7 +177,7 @@ def test_circuit_page_draws_and_a_click_names_the_node():
 def test_transfer_page():
     at = page("7_Transfer.py").run()
     _ok(at)
-    next(b for b in at.button if b.label == "Compare").click().run()
+    next(b for b in at.button if b.label.startswith("Compare (estimated: ")).click().run()
     _ok(at)
     assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 2
     # an input changes: the last comparison stays, with a note saying which inputs it is for
@@ -206,7 +208,8 @@ def test_patching_exact_vs_attribution_tab_and_head_to_head_on_demand():
     assert [t.label for t in at.tabs] == ["Heatmap", "Exact vs attribution", "Stability", "What each head carries"]
     assert not any("Spearman" in c.value for c in at.caption)  # on demand: nothing computed on the first visit
     go = [b for b in at.button if b.key == "atp_go_True"]
-    assert go and "one per sender" in go[0].label
+    assert go and re.search(r"\(estimated: about \d+ (s|min), \d+ forward passes of the set\)$", go[0].label)
+    assert any("one patch per sender" in i.value for i in at.info)
     go[0].click().run()
     _ok(at)
     assert any("Spearman" in c.value for c in at.caption)

@@ -284,3 +284,24 @@ def test_sets_with_little_to_compute_export_and_say_why(lab, tmp_path):
 def cached_pp(lab: Lab, args: list[str]):
     from engine.techniques.path_patching import cached_path_patching
     return cached_path_patching(lab.model, _pairs(lab, args), cache=lab.cache)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,cf", [("template", "operand-a"), ("figure8", "operator-swapped")])
+def test_the_paper_findings_build_on_a_written_template_and_other_counterfactuals(lab, kind, cf, tmp_path):
+    """The Paper page's findings (its CSV; ``reproduce``'s HTML): every row a verdict or why it has none."""
+    if lab.name != "organism":
+        pytest.skip("the bundled model only (the Paper page on SmolLM2: tests/e2e/test_paper_browser.py)")
+    res = cli(lab, "reproduce", *set_args(lab, kind, cf), "--out", str(tmp_path / "paper.html"))
+    verdicts = {f["figure"]: f["verdict"] for f in res["findings"]}
+    assert len(verdicts) >= 8
+    assert set(verdicts.values()) <= {"holds", "does not hold", "inconclusive", "not computed"}
+    assert all(f["note"] for f in res["findings"]), "a row says nothing of how it was judged or why not"
+    if cf == "operator-swapped":  # word problems and exponentiation have no operator to swap: their rows say so
+        notes = {f["figure"]: f["note"] for f in res["findings"]}
+        assert verdicts["Table 3"] == "not computed" and "no exponentiation prompts under this" in notes["Table 3"]
+        assert "no word prompts under this counterfactual (no swapped operator" in notes["Fig. 7"]
+    html = (tmp_path / "paper.html").read_text(encoding="utf-8")
+    n_kept = re.search(r"<th>n_kept</th><td[^>]*>(\d+)</td>", html)
+    assert "The paper's findings on this model" in html and n_kept
+    check_report(html, int(n_kept.group(1)))
