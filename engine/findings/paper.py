@@ -154,7 +154,7 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
 
     from engine.evaluation.benchmarks import default_data_dir
     from engine.prompts.promptsets import FORMATS, format_spec, generate
-    from engine.techniques.accuracy import keep_correct, kept_pairs
+    from engine.techniques.accuracy import answered_right, kept_pairs
     from engine.techniques.path_patching import cached_path_patching
     from engine.techniques.transfer import benchmark_pairs
 
@@ -176,7 +176,7 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
     power = select(replace(spec, ops=("pow",), families=("power",), templates=()), "power")
     try:
         gsm8k = benchmark_pairs(model.tokenizer, data_dir or default_data_dir(), "gsm8k", spec.n, spec.seed)
-        gsm8k = gsm8k if keep_all else keep_correct(model, gsm8k)
+        gsm8k = gsm8k if keep_all else answered_right(model, gsm8k, cache=cache)
     except PromptError:
         gsm8k = None
     if on_row is not None:
@@ -193,3 +193,76 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
                           second=None if second is None else (second.facts.spec, second_table),
                           sft=lambda: sft_gains(model, cache), answered=not keep_all, progress=progress,
                           on_row=on_row, unbuilt=unbuilt)
+
+
+def reproduce_work(model, spec, cache, pairs: Sequence[PromptPair], *, data_dir=None):
+    """The forward work of :func:`reproduce` (``engine.cost.Work``) in passes of ``pairs``, the set's correctly
+    answered pairs (the sidebar's filter, already run): each row's computations unless cached.  The other sets'
+    filters are counted on their generated prompts; what follows a filter not yet run is counted on as many of
+    their prompts as this set keeps of its own (the keep rate of ``pairs``); a second model and the fine-tuning
+    jobs' scoring are left out."""
+    from dataclasses import replace
+
+    from engine.cost import NO_WORK, unless_cached
+    from engine.evaluation.benchmarks import default_data_dir
+    from engine.prompts.promptsets import FORMATS, format_spec, generate
+    from engine.results import NotCached, cache_only
+    from engine.techniques.accuracy import answered_right, kept_pairs, scoring_work
+    from engine.techniques.attention import cached_problem_share, end_rows_work
+    from engine.techniques.faithfulness import cached_faithfulness, faithfulness_work
+    from engine.techniques.knockout import Knockout, knockout_end_work, mean_activations_work
+    from engine.techniques.knockout_curve import KNOCKOUT_DRAWS
+    from engine.techniques.mlp_projections import cached_answer_cosines, projections_work
+    from engine.techniques.path_patching import cached_path_patching, path_patching_work
+    from engine.techniques.transfer import benchmark_pairs
+    kept = len(pairs) / max(1, len(generate(model.tokenizer, spec)[0]))
+
+    def filtered(gen: Sequence[PromptPair], probe) -> tuple[object, list[PromptPair]]:  # (the filter's work, pairs)
+        try:
+            with cache_only():
+                return NO_WORK, list(probe())
+        except NotCached:
+            return scoring_work(model, gen, full=False), list(gen[:round(kept * len(gen))])
+
+    def generated(s) -> list[PromptPair]:  # a set this set's counterfactual kind cannot make: nothing to run
+        try:
+            return generate(model.tokenizer, s)[0]
+        except PromptError:
+            return []
+
+    def knocked(p: Sequence[PromptPair], n_sets: int):  # means and n_sets knockout sets, END-only
+        L, H = model.facts.n_layers, model.facts.n_heads
+        kos = [Knockout(((h // H % L, h % H),)) for h in range(n_sets)]  # stand-ins: n_sets distinct sets
+        return mean_activations_work(model, p) + knockout_end_work(model, p, kos) if p else NO_WORK
+
+    w = unless_cached(lambda: cached_path_patching(model, pairs, cache=cache), lambda: path_patching_work(model, pairs))
+    w += knocked(pairs, 1 + KNOCKOUT_DRAWS)  # Fig. 3's point (read from the stored curve when it is cached)
+    w += unless_cached(lambda: cached_problem_share(model, pairs, cache=cache), lambda: end_rows_work(model, pairs))
+    w += unless_cached(lambda: cached_answer_cosines(model, pairs, cache=cache), lambda: projections_work(model, pairs))
+    w += unless_cached(lambda: cached_faithfulness(model, pairs, cache=cache),
+                       lambda: faithfulness_work(model, pairs, cache=cache, with_ranking=False))
+    for fmt in FORMATS:
+        s = format_spec(spec, fmt)
+        gen = generated(s)
+        fw, fp = filtered(gen, lambda s=s: kept_pairs(model, s, cache=cache)[0]) if gen else (NO_WORK, [])
+        if fp:
+            w += unless_cached(lambda p=fp: cached_problem_share(model, p, cache=cache),
+                               lambda p=fp: end_rows_work(model, p))
+        w += fw
+    s = replace(spec, ops=("pow",), families=("power",), templates=())
+    gen = generated(s)
+    fw, pp = filtered(gen, lambda: kept_pairs(model, s, cache=cache)[0]) if gen else (NO_WORK, [])
+    w += fw
+    if pp:
+        w += unless_cached(lambda: cached_path_patching(model, pp, cache=cache), lambda: path_patching_work(model, pp))
+        w += knocked(pp, 2)
+    try:
+        gsm = benchmark_pairs(model.tokenizer, data_dir or default_data_dir(), "gsm8k", spec.n, spec.seed)
+    except PromptError:
+        return w
+    fw, gp = filtered(gsm, lambda: answered_right(model, gsm, cache=cache))
+    w += fw
+    if gp:
+        w += unless_cached(lambda: cached_path_patching(model, gp, cache=cache, batch_size=32),
+                           lambda: path_patching_work(model, gp)) + knocked(gp, 2)
+    return w
