@@ -12,7 +12,7 @@ model, spec = setup_page(
     "Story",
     "The paper's argument on the model and prompt set of the sidebar, in order: one chart and one measured "
     "sentence per step, each saying whether it is about your prompt or the mean over the set. Results come from "
-    "the cache; what is missing is computed here.")
+    "the cache; what is missing is computed here, or waits for a button with its cost when it takes a while.")
 
 st.toggle("Large fonts (presenting)", **url_state.bound("large"),
           help="Larger text, in the charts too, for a projector; the link keeps it (and the step).")

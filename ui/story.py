@@ -3,9 +3,10 @@
 The screens are the model's answer, then one per distinct ``story`` title of
 :data:`engine.findings.steps.STEPS`, in that table's order.  Each renders its chart and a sentence computed from
 that chart's own data (the circuit summary's sentences, ``engine.findings.summary.circuit_summary``, read the same
-cached results), saying what it is about: the typed prompt, or the mean over the prompt set.  A missing result is
-computed here with the usual progress bar.  A step with no chart of its own here gets its sentences and a link to
-the page that shows it.  Each screen lists the words it uses in plain words (:data:`WORDS`,
+cached results), saying what it is about: the typed prompt, or the mean over the prompt set.  A missing result goes
+through the pages' one gate (``ui.progress.compute_or_button``): computed at once when the cost model estimates a
+few seconds, else a button carrying its estimated cost.  A step with no chart of its own here gets its sentences and
+a link to the page that shows it.  Each screen lists the words it uses in plain words (:data:`WORDS`,
 ``engine.findings.glossary``); **Large fonts** scales the charts' text with the page's (:func:`chart`).
 """
 
@@ -19,7 +20,7 @@ from engine.findings import steps as argument
 from engine.prompts.pairs import PromptError
 from ui import state
 from ui.nav import link_to
-from ui.progress import USER_ERRORS, run_with_progress
+from ui.progress import USER_ERRORS, compute_or_button
 from ui.session import analysed_pairs, current_prompt
 from views.charts import display_token, heatmap, heatmap_frame, ranked_bars, scaled, token_bars
 
@@ -58,17 +59,11 @@ def findings(model, pairs, cache, title: str) -> str:
     return " ".join(f.text for f in (found.get(k) for k in keys) if f is not None and f.computed)
 
 
-def computed(text: str, failure: str, compute, *, key: str, stop: bool = False):
-    """A step's computation under a progress bar (its result from the cache when it is there)."""
-    return run_with_progress(text, failure, compute, key=key, stop=stop)
-
-
 def path_patching(model, pairs, cache):
-    from engine.techniques.path_patching import cached_path_patching
-    table, _ = computed("Path patching, batch", "run path patching",
-                        lambda cb: cached_path_patching(model, pairs, cache=cache, progress=cb), key="story_patching",
-                        stop=True)
-    return table
+    """The heatmap every step after the first builds on (``ui.circuit_panels.patching_table``: cached, computed
+    now, or behind a button with its cost)."""
+    from ui.circuit_panels import patching_table
+    return patching_table(model, pairs, cache, key="story_patching")[0]
 
 
 def step_answers(model, spec, cache) -> None:
@@ -144,14 +139,11 @@ def prompt_attention_sentence(df: pd.DataFrame, layer: int, head: int, text: str
 
 
 def step_attention(model, spec, cache) -> None:
-    from engine.techniques.attention import cached_role_attention
+    from ui.circuit_panels import role_attention_of
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)
     layer, head, _ = table.top_heads(1)[0]
-    out = computed("Attention by token role", "show the top head's attention",
-                   lambda cb: cached_role_attention(model, pairs, cache=cache, progress=cb), key="story_roles")
-    if out is None:
-        return
+    out = role_attention_of(model, pairs, cache)
     text = current_prompt()
     left, right = st.columns(2)
     with left:
@@ -189,16 +181,23 @@ def step_mlps(model, spec, cache) -> None:
 
 
 def step_knockout(model, spec, cache) -> None:
-    from engine.techniques.knockout_curve import KNOCKOUT_DRAWS, KNOCKOUT_K, cached_knockout_curve
+    from engine.cost import estimate
+    from engine.techniques.knockout_curve import KNOCKOUT_DRAWS, KNOCKOUT_K, cached_knockout_curve, curve_work
     from views.circuit_charts import knockout_curve_chart
     pairs, _ = analysed_pairs(model, spec, cache)
     table = path_patching(model, pairs, cache)
     f = model.facts
     k_max = min(KNOCKOUT_K, f.n_layers * f.n_heads)
     ranked = [(a, b) for a, b, _ in table.top_heads(k_max)]
-    out = computed("Knocking out", "compute the knockout curve",
-                   lambda cb: cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=KNOCKOUT_DRAWS,
-                                                    cache=cache, progress=cb), key="story_knockout")
+    draws = KNOCKOUT_DRAWS
+    what = f"the knockout curve (k = 0 .. {k_max}, {draws} random draws per k)"
+    out = compute_or_button(lambda cb: cached_knockout_curve(model, pairs, ranked, k_max=k_max, draws=draws,
+                                                             cache=cache, progress=cb),
+                            lambda: estimate(model, pairs, curve_work(model, pairs, ranked, k_max=k_max, draws=draws)),
+                            model=model, button=f"Compute {what}", key="story_knockout", text="Knocking out",
+                            failure="compute the knockout curve",
+                            note=f"This step needs {what}, which takes a while on this model and set: press the button "
+                                 f"to compute it (the result is cached: next time it shows at once).")
     if out is None:
         return
     pts, _ = out

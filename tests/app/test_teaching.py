@@ -108,3 +108,32 @@ def test_home_speaks_plainly():
     at = _app()
     shown = " ".join([c.value for c in at.caption] + [m.value for m in at.markdown])
     assert "docs/" not in shown and ".md" not in shown, shown
+
+
+def test_the_storys_heavy_steps_wait_for_a_button_with_their_cost(monkeypatch):
+    """Every Story step that computes goes through the pages' gate: with the threshold at 0 s every computation is
+    heavy, so step 3 shows a button per missing result (path patching, then the knockout curve), each carrying the
+    cost model's estimate, and draws its chart only once they are pressed; then it reads the cache at once."""
+    import engine.cost
+    monkeypatch.setattr(engine.cost, "HEAVY_S", 0.0)
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=300)
+    at.session_state["prompt_set"] = {**SET, "seed": 7}  # a set nobody has computed
+    at.session_state["story_step"] = 3
+    at.run()
+    _go(at, "1_Story.py")
+    pressed = []
+    def buttons():  # the step's (and the set's filter's), not the sidebar's report
+        return [b for b in at.button if "(estimated: about " in b.label and not b.label.startswith("Build the report")]
+    for _ in range(4):  # the filter of the set, path patching, the knockout curve
+        go = buttons()
+        if not go:
+            break
+        assert not _charts(at) and not _sentences(at), go[0].label
+        pressed.append(go[0].label)
+        go[0].click().run()
+        assert not at.exception and not errors(at), errors(at)
+    assert any(label.startswith("Run path patching (estimated: about ") for label in pressed)
+    assert any(label.startswith("Compute the knockout curve (k = 0 .. 10") for label in pressed), pressed
+    assert _charts(at) and _sentences(at)
+    at.run()  # cached now: no button
+    assert not buttons() and _charts(at)
