@@ -47,15 +47,19 @@ class Lab:
     by_command: dict = field(default_factory=dict)
 
 
-@pytest.fixture(scope="module", params=["organism", pytest.param("smollm2", marks=pytest.mark.realmodel),
-                                        pytest.param("gemma3", marks=pytest.mark.realmodel)])
-def lab(request, tmp_path_factory):
+_LABS: dict[str, Lab] = {}
+
+
+def _open_lab(name: str, tmp_path_factory) -> Lab:
+    """The model ``name`` opened once for the module, with its own result cache."""
+    if name in _LABS:
+        return _LABS[name]
     from cache import ResultCache
     t0 = time.monotonic()
-    if request.param == "organism":
+    if name == "organism":
         from engine.backends import open_model
         model, spec = open_model("organism"), "organism"
-    elif request.param == "smollm2":
+    elif name == "smollm2":
         from tests.helpers.smollm2 import open_smollm2
         model = open_smollm2()
         spec = model.facts.spec
@@ -63,11 +67,37 @@ def lab(request, tmp_path_factory):
         from tests.helpers.gemma3 import open_gemma3
         model = open_gemma3()
         spec = model.facts.spec
-    tmp = tmp_path_factory.mktemp(f"exports_{request.param}")
-    out = Lab(request.param, spec, model, ResultCache(tmp / "results.duckdb"), tmp, time.monotonic() - t0)
+    tmp = tmp_path_factory.mktemp(f"exports_{name}")
+    _LABS[name] = Lab(name, spec, model, ResultCache(tmp / "results.duckdb"), tmp, time.monotonic() - t0)
+    return _LABS[name]
+
+
+def _timing(lab: Lab) -> None:
+    TIMINGS.append(f"export matrix on {lab.name}: {lab.seconds:.0f} s (opening the model included; "
+                   + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(lab.by_command.items(), key=lambda x: -x[1])) + ")")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _timings():
+    yield
+    for lab in _LABS.values():
+        _timing(lab)
+    _LABS.clear()
+
+
+@pytest.fixture(scope="module", params=["organism", pytest.param("smollm2", marks=pytest.mark.realmodel),
+                                        pytest.param("gemma3", marks=pytest.mark.realmodel)])
+def lab(request, tmp_path_factory):
+    out = _open_lab(request.param, tmp_path_factory)
     yield out
-    TIMINGS.append(f"export matrix on {request.param}: {out.seconds:.0f} s (opening the model included; "
-                   + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(out.by_command.items(), key=lambda x: -x[1])) + ")")
+    if request.param != "organism":  # a real model's memory back once its tests are done
+        _timing(_LABS.pop(request.param))
+
+
+@pytest.fixture(scope="module")
+def organism(tmp_path_factory):
+    """The bundled model (the tests of the pages' other CSVs, small sets and the Paper's rows)."""
+    return _open_lab("organism", tmp_path_factory)
 
 
 def cli(lab: Lab, *argv: str) -> dict:
@@ -141,6 +171,9 @@ def check_report(html: str, n_kept: int) -> None:
 @pytest.mark.parametrize("kind,cf", SETS, ids=[f"{k}-{c}" for k, c in SETS])
 def test_every_export_builds_on_every_set(lab, kind, cf, tmp_path):
     """The report, the circuit (JSON, SVG), the MIB export and the CSVs of the report's techniques, on one set."""
+    if kind == "every" and lab.name != "organism":
+        pytest.skip("every prompt answered right: 42 pairs on SmolLM2, the written template's code path at 20 times "
+                    "the cost; the bundled model runs it")
     from engine.techniques.circuit import Diagram
     from engine.techniques.faithfulness import MIB_TASKS, mib_submission
     from engine.techniques.path_patching import cached_path_patching
@@ -219,10 +252,9 @@ SMALL_SETS = [("figure8", cf) for cf in CF_KINDS] + [("template", "operator-remo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,cf", SMALL_SETS, ids=[f"{k}-{c}" for k, c in SMALL_SETS])
-def test_the_pages_other_csvs_build_on_every_kind_of_set(lab, kind, cf, tmp_path):
-    if lab.name != "organism":
-        pytest.skip("the bundled model only (module docstring)")
+def test_the_pages_other_csvs_build_on_every_kind_of_set(organism, kind, cf, tmp_path):
     from engine.cli.context import CliError
+    lab = organism
     args = set_args(lab, kind, cf)
     if kind == "figure8":
         args = ["--op", "add,sub", "--n", "4", "--counterfactual", cf]  # >= 5 pairs: the probes' folds
@@ -246,11 +278,10 @@ def test_the_pages_other_csvs_build_on_every_kind_of_set(lab, kind, cf, tmp_path
 
 
 @pytest.mark.slow
-def test_sets_with_little_to_compute_export_and_say_why(lab, tmp_path):
+def test_sets_with_little_to_compute_export_and_say_why(organism, tmp_path):
     """One pair; exponentiation only (no MIB task, no operand grid of the paper's templates); a file the model
-    answers none of right; a knockout curve asked beyond the model's heads."""
-    if lab.name != "organism":
-        pytest.skip("the bundled model only")
+    answers none of right; a knockout curve asked beyond the model's heads (the bundled model)."""
+    lab = organism
     from engine.techniques.faithfulness import mib_submission
     one = ["--op", "add", "--n", "1"]
     rep = cli(lab, "report", *one, "--out", str(tmp_path / "one.html"), "--k-max", "3", "--draws", "2")
@@ -288,10 +319,10 @@ def cached_pp(lab: Lab, args: list[str]):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,cf", [("template", "operand-a"), ("figure8", "operator-swapped")])
-def test_the_paper_findings_build_on_a_written_template_and_other_counterfactuals(lab, kind, cf, tmp_path):
-    """The Paper page's findings (its CSV; ``reproduce``'s HTML): every row a verdict or why it has none."""
-    if lab.name != "organism":
-        pytest.skip("the bundled model only (the Paper page on SmolLM2: tests/e2e/test_paper_browser.py)")
+def test_the_paper_findings_build_on_a_written_template_and_other_counterfactuals(organism, kind, cf, tmp_path):
+    """The Paper page's findings (its CSV; ``reproduce``'s HTML): every row a verdict or why it has none (the bundled
+    model; the Paper page on SmolLM2: tests/e2e/test_paper_browser.py)."""
+    lab = organism
     res = cli(lab, "reproduce", *set_args(lab, kind, cf), "--out", str(tmp_path / "paper.html"))
     verdicts = {f["figure"]: f["verdict"] for f in res["findings"]}
     assert len(verdicts) >= 8
