@@ -17,7 +17,8 @@ model, spec = setup_page(
     "Paper",
     "Zhang et al., ICML 2024, finding by finding: the paper's number, the lab's number on the sidebar's model "
     "and prompt set, and whether the finding holds here by the stated criterion. What is not cached yet is "
-    "computed here; a finding that cannot be computed on this model says why.")
+    "computed here (when it takes more than a few seconds, a button says how long first); a finding that cannot be "
+    "computed on this model says why.")
 
 second_spec = st.text_input("Second model for Fig. 12 (optional)",
                             placeholder="e.g. the path of a tuned model, or a .gguf file",

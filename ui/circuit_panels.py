@@ -303,16 +303,36 @@ def circuit_summary_view(model, spec, cache) -> None:
         page_link(page.script, page.title, where=c2)
 
 
+def _report_cost(model, spec, cache, key: str) -> str:
+    """" (estimated: ...)" of building the report, or "" where the set cannot be built (pressing the button says
+    why).  Counting it reads the cache and tokenizes the set (about 0.4 s): kept for the session until the cache file
+    changes, so the sidebar of every page does not pay it on every rerun."""
+    from engine.cost import cost_of
+    from engine.findings.report import report_work
+    def stat(p) -> tuple[int, int] | None:
+        try:
+            s = p.stat()
+            return s.st_mtime_ns, s.st_size
+        except OSError:
+            return None
+    stamp = None if cache is None else (stat(cache.path), stat(cache.path.with_name(cache.path.name + ".wal")))
+    memo = st.session_state.get("_report_cost")
+    if memo is not None and memo[0] == (key, stamp):
+        return memo[1]
+    try:
+        text = f" ({cost_of(model, report_work(model, spec, cache)).label()})"
+    except USER_ERRORS:
+        text = ""
+    st.session_state["_report_cost"] = ((key, stamp), text)
+    return text
+
+
 def report_section(model, spec, cache) -> None:
     """Build the shareable HTML report of the sidebar's prompt set (computing what is missing), then offer it."""
-    from engine.cost import cost_of
-    from engine.findings.report import PHASES, build_report, report_work
+    from engine.findings.report import PHASES, build_report
     from views.report import render_html
     key = f"report:{model.facts.fingerprint}:{sorted(spec.to_params().items())}"
-    try:
-        cost = f" ({cost_of(model, report_work(model, spec, cache)).label()})"
-    except USER_ERRORS:  # the set cannot be built: pressing the button says why
-        cost = ""
+    cost = _report_cost(model, spec, cache, key)
     if st.button(f"Build the report of this prompt set{cost}", key="report_build",
                  help="Accuracy, path patching, the top heads' attention, MLP projections, logit lens and the "
                       "knockout curve, with the model fingerprint, the prompt-set definition and the versions, "

@@ -16,7 +16,17 @@ import pytest
 
 from engine.backends import open_model
 from engine.backends.base import WorkMeter
-from engine.cost import HEAVY_S, Cost, Work, estimate, metered, observe, observed_factor, pass_timing
+from engine.cost import (
+    HEAVY_S,
+    PRIOR_FACTOR,
+    Cost,
+    Work,
+    estimate,
+    metered,
+    observe,
+    observed_factor,
+    pass_timing,
+)
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.accuracy import forget_scores, keep_correct
 
@@ -166,10 +176,10 @@ def test_estimates_label_and_learn_from_what_they_measure(organism, pairs):
     assert Cost(60.4, 41.0).label() == "estimated: about 41 s, 60 forward passes of the set"
     assert Cost(0.5, 200).label() == "estimated: about 3 min, less than one forward pass of the set"
     assert Cost(1.0, HEAVY_S + 1).heavy and not Cost(1.0, HEAVY_S).heavy
-    assert observed_factor(organism) == 1.0
+    assert observed_factor(organism) == PRIOR_FACTOR  # nothing observed yet
     observe(organism, Cost(1.0, 1.0), 4.0)  # four times slower than estimated: the factor goes half way (log scale)
-    assert observed_factor(organism) == pytest.approx(2.0)
+    assert observed_factor(organism) == pytest.approx(2 * PRIOR_FACTOR)
     assert estimate(organism, pairs, w).seconds == pytest.approx(2 * c.seconds)
     observe(organism, Cost(1.0, 0.01), 100.0)  # too short to teach anything
-    assert observed_factor(organism) == pytest.approx(2.0)
+    assert observed_factor(organism) == pytest.approx(2 * PRIOR_FACTOR)
     del organism.cost_factor
