@@ -291,10 +291,11 @@ def prompt_caption() -> None:
 
 
 def words_used(*names: str, label: str = "Words used here", where=None) -> None:
-    """An expander (``label``) with each of the glossary's terms ``names`` (``engine.findings.glossary``) in plain
-    words."""
+    """A popover button (``label``) opening each of the glossary's terms ``names`` (``engine.findings.glossary``) in
+    plain words: beside the page's text, and out of the page (a closed popover's text is not drawn at all, so the
+    page's own words are the only ones a reader -- or a browser test -- finds on it)."""
     from engine.findings.glossary import terms
-    with (where or st).expander(label):
+    with (where or st).popover(label, icon=":material/menu_book:"):
         st.markdown("\n".join(f"- **{t.name}**: {t.plain}" for t in terms(*names)))
 
 

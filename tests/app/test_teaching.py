@@ -37,6 +37,19 @@ def _charts(at: AppTest) -> list[tuple[dict, "pa.Table | None"]]:
     return out
 
 
+def _popovers(at: AppTest, label: str) -> list:
+    """The popovers labelled ``label`` on the page (AppTest has no accessor for them: blocks of type popover)."""
+    found = []
+
+    def walk(node):
+        for child in getattr(node, "children", {}).values():
+            if getattr(child, "type", "") == "popover" and child.proto.popover.label == label:
+                found.append(child)
+            walk(child)
+    walk(at.main)
+    return found
+
+
 def _sentences(at: AppTest) -> list[str]:
     return [m.value for m in at.markdown if m.value.startswith("<p class='story-sentence'>")]
 
@@ -91,7 +104,7 @@ def test_the_story_explains_its_words_and_large_fonts_scale_the_charts():
     at = _app()
     at.session_state["story_step"] = 1
     _go(at, "1_Story.py")
-    [words] = [e for e in at.expander if e.label == "Words used here"]
+    [words] = _popovers(at, "Words used here")
     text = " ".join(m.value for m in words.markdown)
     assert define("counterfactual") in text and define("probability") in text
     small = [spec.get("config", {}).get("axis", {}).get("labelFontSize") for spec, _ in _charts(at)]
