@@ -211,24 +211,33 @@ PRIOR_FACTOR = 2.0
 OBSERVE_MIN_S = 0.3
 
 
-def observed_factor(backend: ModelBackend) -> float:
-    """Measured seconds over estimated seconds of this backend's recent computations: what the
-    timed passes miss -- the work around the forward passes (bootstrap intervals, hooks' bookkeeping) and the
-    machine's load since they were timed; :data:`PRIOR_FACTOR` before any.  Kept on the backend object itself
-    (``backend.cost_factor``)."""
-    got = backend.__dict__.get("cost_factor")
-    return float(got) if isinstance(got, float) else PRIOR_FACTOR
+def observed_factor(backend: ModelBackend, kind: str | None = None) -> float:
+    """Measured seconds over estimated seconds of this backend's recent computations (of one ``kind``, a page's
+    view; None: of all): what the timed passes miss -- the work around the forward passes (bootstrap intervals, hooks'
+    bookkeeping, fits) and the machine's load since they were timed.  A kind not measured yet takes the factor of
+    all, and that is :data:`PRIOR_FACTOR` before any.  Kept on the backend object itself (``backend.cost_factors``)."""
+    factors = backend.__dict__.get("cost_factors") or {}
+    return float(factors.get(kind, factors.get(None, PRIOR_FACTOR)))
 
 
-def observe(backend: ModelBackend, cost: Cost, seconds: float) -> None:
-    """A computation estimated at ``cost`` took ``seconds``: move :func:`observed_factor` towards their ratio (a
-    geometric mean weighted :data:`OBSERVE_WEIGHT`, within :data:`FACTOR_RANGE`)."""
+def for_kind(backend: ModelBackend, cost: Cost, kind: str) -> Cost:
+    """``cost`` (estimated with the factor of all computations) with the factor measured on ``kind`` instead."""
+    return Cost(cost.forward_equivalents, cost.seconds * observed_factor(backend, kind) / observed_factor(backend))
+
+
+def observe(backend: ModelBackend, cost: Cost, seconds: float, kind: str | None = None) -> None:
+    """A computation estimated at ``cost`` (by :func:`estimate`: the factor of all) took ``seconds``: move the factor
+    of all and that of ``kind`` towards the ratio of ``seconds`` to the passes' own estimate (a geometric mean
+    weighted :data:`OBSERVE_WEIGHT`, within :data:`FACTOR_RANGE`)."""
     if cost.seconds < OBSERVE_MIN_S or seconds <= 0:
         return
-    old = observed_factor(backend)
-    target = old * seconds / cost.seconds
-    new = math.exp((1 - OBSERVE_WEIGHT) * math.log(old) + OBSERVE_WEIGHT * math.log(target))
-    backend.cost_factor = float(min(max(new, FACTOR_RANGE[0]), FACTOR_RANGE[1]))
+    ratio = seconds / (cost.seconds / observed_factor(backend))  # measured over the passes' own estimate
+    factors = dict(backend.__dict__.get("cost_factors") or {})
+    for k in dict.fromkeys((None, kind)):
+        old = observed_factor(backend, k)
+        new = math.exp((1 - OBSERVE_WEIGHT) * math.log(old) + OBSERVE_WEIGHT * math.log(ratio))
+        factors[k] = float(min(max(new, FACTOR_RANGE[0]), FACTOR_RANGE[1]))
+    backend.cost_factors = factors
 
 
 def fe_of(backend: ModelBackend, pairs: Sequence[PromptPair], *, body: float, unembed: float = 0.0,

@@ -61,7 +61,7 @@ metric = c1.selectbox("Metric", ("effect", "logit_diff"), **url_state.bound("pp_
          "logit is below 1 are left out of it); logit_diff: logit_p - logit_o, every pair."))
 cache = result_cache()
 pairs, n_gen = analysed_pairs(model, spec, cache)
-table, computed = patching_table(model, pairs, cache, key="pp_go")
+table, computed = patching_table(model, pairs, cache)
 if table.fallback:  # the fast path did not reproduce this model: the textbook loop computed the heatmap
     st.info(table.fallback, icon=":material/info:")
 

@@ -37,8 +37,7 @@ words_used("knockout", "counterfactual", "key heads", "END", "probability", "acc
 L, H = model.facts.n_layers, model.facts.n_heads
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
-table, _ = patching_table(model, pairs, cache, key="knockout_patching", text="Path patching (to rank the heads)",
-                          failure="prepare the knockout")
+table, _ = patching_table(model, pairs, cache, text="Path patching (to rank the heads)", failure="prepare the knockout")
 
 head_opts = [f"{layer}.{h}" for layer in range(L) for h in range(H)]
 # the knockout set is the app's (ui.state), kept across pages; the widgets are bound to it

@@ -45,7 +45,7 @@ if choice.remote:
 
 # ---- 1. the job -----------------------------------------------------------------------------
 pairs, _ = analysed_pairs(model, spec, cache)
-table, _ = patching_table(model, pairs, cache, key="improve_patching", failure="rank the heads")
+table, _ = patching_table(model, pairs, cache, failure="rank the heads")
 n_heads = table.n_layers * table.n_heads
 st.subheader("1 · Train")
 method = st.radio("Method", ("precise", "full", "lora"), horizontal=True, key="ft_method",

@@ -69,10 +69,11 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
     return clicked_head(event)
 
 
-def patching_table(model, pairs, cache, *, key: str, text: str = "Path patching, batch",
+def patching_table(model, pairs, cache, *, key: str = "patching_go", text: str = "Path patching, batch",
                    failure: str = "run path patching"):
     """Path patching of ``pairs``, the heatmap by which every page ranks the heads: read from the cache, else computed
-    now, or behind a button with its cost (the page stops until it is pressed); (table, computed)."""
+    now, or behind a button with its cost (the page stops until it is pressed); (table, computed).  One ``key`` on
+    every page: what path patching took on one page corrects its estimate on the others."""
     from engine.cost import estimate
     from engine.techniques.path_patching import cached_path_patching, path_patching_work
     return compute_or_button(lambda cb: cached_path_patching(model, pairs, cache=cache, progress=cb),

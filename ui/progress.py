@@ -234,7 +234,7 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
     returns None.  ``model``: the backend the cost was estimated for -- the computation's measured seconds correct
     its next estimates (``engine.cost.observe``).  ``ask``: a button whatever the cost (a view the user opens on
     purpose: the knockout curve, the faithfulness curves, head -> head ...), labelled with the cost all the same."""
-    from engine.cost import HEAVY_S, observe
+    from engine.cost import HEAVY_S, for_kind, observe
     from engine.results import NotCached, cache_only
     try:
         with cache_only():
@@ -244,9 +244,10 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
     except USER_ERRORS as e:
         return _failed(failure, e, stop)
     try:
-        c = cost() if callable(cost) else cost
+        estimated = cost() if callable(cost) else cost
     except USER_ERRORS as e:
         return _failed(failure, e, stop)
+    c = estimated if model is None else for_kind(model, estimated, key)  # what this view took before, if measured
     spent = float(st.session_state.get(UNASKED, 0.0))
 
     def timed(on_demand: bool) -> T | None:
@@ -256,7 +257,7 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
         if not on_demand:
             st.session_state[UNASKED] = spent + took
         if out is not None and model is not None:
-            observe(model, c, took)
+            observe(model, estimated, took, kind=key)
         return out
 
     if not ask and spent + c.seconds <= HEAVY_S:

@@ -22,6 +22,7 @@ from engine.cost import (
     Cost,
     Work,
     estimate,
+    for_kind,
     metered,
     observe,
     observed_factor,
@@ -176,10 +177,19 @@ def test_estimates_label_and_learn_from_what_they_measure(organism, pairs):
     assert Cost(60.4, 41.0).label() == "estimated: about 41 s, 60 forward passes of the set"
     assert Cost(0.5, 200).label() == "estimated: about 3 min, less than one forward pass of the set"
     assert Cost(1.0, HEAVY_S + 1).heavy and not Cost(1.0, HEAVY_S).heavy
-    assert observed_factor(organism) == PRIOR_FACTOR  # nothing observed yet
-    observe(organism, Cost(1.0, 1.0), 4.0)  # four times slower than estimated: the factor goes half way (log scale)
-    assert observed_factor(organism) == pytest.approx(2 * PRIOR_FACTOR)
+    assert observed_factor(organism) == observed_factor(organism, "curve") == PRIOR_FACTOR  # nothing observed yet
+    observe(organism, Cost(1.0, 1.0), 4.0, kind="curve")  # four times slower than estimated: half way (log scale)
+    assert observed_factor(organism) == observed_factor(organism, "curve") == pytest.approx(2 * PRIOR_FACTOR)
     assert estimate(organism, pairs, w).seconds == pytest.approx(2 * c.seconds)
+    observe(organism, Cost(1.0, 2 * PRIOR_FACTOR), 0.5, kind="lens")  # half its passes' own estimate
+    assert observed_factor(organism, "lens") == pytest.approx((2 * PRIOR_FACTOR * 0.5) ** 0.5)
+    assert observed_factor(organism) == pytest.approx((2 * PRIOR_FACTOR * 0.5) ** 0.5)  # all computations too
+    assert observed_factor(organism, "curve") == pytest.approx(2 * PRIOR_FACTOR)  # another view keeps its own
+    assert observed_factor(organism, "other") == observed_factor(organism)  # a view not measured: the factor of all
+    lens = estimate(organism, pairs, w)
+    assert for_kind(organism, lens, "lens").seconds == pytest.approx(
+        lens.seconds * observed_factor(organism, "lens") / observed_factor(organism))
+    before = dict(organism.cost_factors)
     observe(organism, Cost(1.0, 0.01), 100.0)  # too short to teach anything
-    assert observed_factor(organism) == pytest.approx(2 * PRIOR_FACTOR)
-    del organism.cost_factor
+    assert organism.cost_factors == before
+    del organism.cost_factors
