@@ -103,6 +103,15 @@ def test_story_walks_every_step(server, page):
         page.locator("h2", has_text=re.compile(rf"^{i} · ")).first.wait_for(timeout=WAIT)
         page.wait_for_timeout(500)  # let the run start
         _idle(page)
+        # a step whose work is heavy waits for its button, the estimate on it (the knockout curve of this set)
+        main = page.get_by_test_id("stMain")
+        for _ in range(3):
+            go = main.get_by_role("button", name=re.compile(r"\(estimated: about "))
+            if not go.count():
+                break
+            go.first.click()
+            page.wait_for_timeout(500)
+            _idle(page)
         # the step's sentence (or the note that no job has finished): waited for, since the browser may still
         # be drawing the run's last elements when Streamlit reports the run finished
         page.locator(".story-sentence, [data-testid='stAlertContentInfo']").first.wait_for(timeout=30_000)
