@@ -187,6 +187,10 @@ class Context:
         from engine.prompts.pairs import PromptError, read_jsonl
         from engine.techniques.accuracy import answered_right, kept_pairs
         model, a = self.model, self.args
+        given = getattr(a, "pairs", None) or getattr(a, "prompts", None)
+        if given and getattr(a, "counterfactual", "operator-removed") != "operator-removed":
+            raise CliError(f"--counterfactual does not apply to {given.name}: each of its pairs brings its own "
+                           f"counterfactual prompt; write the ones you want in the file")
         if getattr(a, "pairs", None):
             written = read_text_pairs(model.tokenizer, str(a.pairs))
             self.n_given = len(written)

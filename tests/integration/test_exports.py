@@ -195,6 +195,8 @@ def test_every_export_builds_on_every_set(lab, kind, cf, tmp_path):
     d = Diagram.from_json(json.loads((tmp_path / "c.json").read_text()))
     assert c["n_pairs"] == d.n_pairs == n_kept and len(c["heads"]) == 5
     assert diagram_image(d, "svg").startswith(b"<svg")
+    if cf == "operator-removed":  # the page's PNG button (the same chart through vl-convert)
+        assert diagram_image(d, "png").startswith(b"\x89PNG")
 
     # the CSVs the pages offer of the report's techniques (read from the cache the report filled)
     for name, extra in (("path-patching", ()), ("attention", ()), ("mlp-projections", ()), ("logit-lens", ()),
@@ -301,6 +303,10 @@ def test_sets_with_little_to_compute_export_and_say_why(organism, tmp_path):
     with pytest.raises(PromptError, match=r"templates \(paper\) have none for pow"):
         cli(lab, "operand-grid", *power, "--out", str(tmp_path / "grid.csv"))
 
+    from engine.cli.context import CliError
+    with pytest.raises(CliError, match="--counterfactual does not apply to my_pairs.jsonl: each of its pairs brings"):
+        cli(lab, "report", "--pairs", str(pairs_file(lab)), "--counterfactual", "operand-a", "--out",
+            str(tmp_path / "p.html"))
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text(json.dumps({"prompt": "3 + 5 =", "counterfactual": "3 @ 5 =", "answer": 9}) + "\n")
     with pytest.raises(PromptError, match=r"answers none of the 1 pairs of .*wrong.jsonl right: check each pair"):
