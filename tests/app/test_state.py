@@ -80,7 +80,7 @@ def test_mlp_cell_selection_shows_the_mlp_view():
     at.run()
     assert not at.exception and not errors(at), errors(at)
     assert "MLP 2" in [h.value for h in at.subheader]
-    assert any("Top number tokens MLP 2 writes" in c.value for c in at.caption)
+    assert any("The numbers MLP 2 pushes most on your prompt" in c.value for c in at.caption)
 
 
 def test_model_change_clears_the_picks_with_a_note(tmp_path):

@@ -29,7 +29,7 @@ def _idle(page):
 
 def test_every_page_renders(server, page):
     for path, marker in (("Prompt_lab", "Next token"), ("Path_patching", "Key heads"),
-                         ("MLP_projections", "Top number tokens"), ("Knockout", "Key heads vs random heads"),
+                         ("MLP_projections", "The numbers each layer"), ("Knockout", "Key heads vs random heads"),
                          ("Transfer", "Compare"), ("Faithfulness", "Compute the curves"),
                          ("Circuit", "Diagram (JSON)")):
         _goto(page, server, path)

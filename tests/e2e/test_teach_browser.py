@@ -80,7 +80,7 @@ def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
     b = cell.bounding_box()
     page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
     page.locator("h3", has_text=f"MLP {layer}").first.wait_for(timeout=WAIT)
-    page.get_by_text(f"Top number tokens MLP {layer} writes on").first.wait_for(timeout=WAIT)
+    page.get_by_text(f"The numbers MLP {layer} pushes most on your prompt").first.wait_for(timeout=WAIT)
     _idle(page)
     shot(page, "teach_mlp_click")
     _nav(page, "Knockout")
