@@ -241,7 +241,7 @@ PAGE_CSVS = {
     "carries": ("--k", "3"),
     "position-patching": ("--group", "*"),
     "attribution": ("--no-total",),
-    "operand-grid": (),
+    "operand-grid": ("--operands", "1-4"),  # its grid: every operand pair of the range (16, not 81)
     "transfer": ("--k", "3"),
     "numbers": ("--no-causal",),
     "faithfulness": ("--draws", "2"),
@@ -258,8 +258,6 @@ def test_the_pages_other_csvs_build_on_every_kind_of_set(organism, kind, cf, tmp
     from engine.cli.context import CliError
     lab = organism
     args = set_args(lab, kind, cf)
-    if kind == "figure8":
-        args = ["--op", "add,sub", "--n", "4", "--counterfactual", cf]  # >= 5 pairs: the probes' folds
     for name, extra in PAGE_CSVS.items():
         out = tmp_path / f"{name}.csv"
         extra = (*extra, "--mib-dir", str(tmp_path / "mib")) if name == "faithfulness" else extra
