@@ -32,9 +32,12 @@ from engine.prompts.pairs import PromptPair
 #: above this many estimated seconds, a page shows a button with the cost before it computes
 HEAVY_S = 10.0
 
-#: the two timed shapes of :func:`pass_timing`: (rows, positions), and the runs of each (the fastest counts)
+#: the two timed shapes of :func:`pass_timing`: (rows, positions), and the runs of each (the fastest counts): at
+#: least REPEATS, more while they take under TIMING_BUDGET_S together, at most MAX_REPEATS (a busy machine's spikes)
 SMALL, LARGE = (1, 8), (32, 16)
-REPEATS = 2
+REPEATS, MAX_REPEATS, TIMING_BUDGET_S = 2, 6, 0.5
+#: rows of the timed MLP-branch call (the END chains run thousands a call)
+MLP_ROWS = 1024
 
 #: a backward pass through the blocks costs about twice the forward pass (two matrix products per one)
 BACKWARD_FACTOR = 2
@@ -128,40 +131,59 @@ def seconds_text(s: float) -> str:
 
 @dataclass(frozen=True)
 class PassTiming:
-    """Seconds of forward work on this machine: a fixed cost per call, and the cost of one position through every
-    block (END-only passes, the lab's common case); the unembedding and MLP-branch rows are weighted by their
-    multiply-accumulates against a position's (:func:`engine.backends.base.macs_per_position`)."""
+    """Seconds of forward work on this machine: a fixed cost per call, the cost of one position through every block
+    (END-only passes, the lab's common case; the unembedding weighted by its multiply-accumulates against a
+    position's, :func:`engine.backends.base.macs_per_position`) and the cost of one row through an MLP branch on its
+    own (the END chains: thousands of rows a call, cheaper per multiply-accumulate than a pass's positions)."""
 
     call_s: float
     position_s: float
+    mlp_row_s: float | None = None  # None: not timed (a backend without the branch), weighted like positions
 
     def seconds(self, backend: ModelBackend, work: Work) -> float:
         """Estimated seconds of ``work`` on ``backend``."""
         c_body, c_unembed, c_mlp = macs_per_position(backend.facts)
-        positions = work.forward_body + (work.unembed * c_unembed + work.mlp_rows * c_mlp) / max(c_body, 1.0)
-        return work.calls * self.call_s + positions * self.position_s
+        positions = work.forward_body + work.unembed * c_unembed / max(c_body, 1.0)
+        mlp = (work.mlp_rows * self.mlp_row_s if self.mlp_row_s is not None
+               else work.mlp_rows * c_mlp / max(c_body, 1.0) * self.position_s)
+        return work.calls * self.call_s + positions * self.position_s + mlp
 
 
-def pass_timing(backend: ModelBackend) -> PassTiming:
+def pass_timing(backend: ModelBackend, *, again: bool = False) -> PassTiming:
     """The backend's :class:`PassTiming`, measured on first use and kept on the backend object itself
-    (``backend.pass_timing``): the fastest of :data:`REPEATS` END-only passes of :data:`SMALL` and of
-    :data:`LARGE` prompts (rows, positions) after one to warm up; the fixed cost and the slope follow from the two.
-    The backend's work meter is left as it was."""
+    (``backend.pass_timing``): the fastest of a few END-only passes of :data:`SMALL` and of :data:`LARGE` prompts
+    (rows, positions) after one to warm up -- the fixed cost and the slope follow from the two -- and of a few calls of
+    one MLP branch on :data:`MLP_ROWS` rows.  ``again``: measured anew, each figure the faster of the two timings (a
+    first timing taken while other work loaded the machine is corrected).  The backend's work meter is left as it
+    was."""
     got = backend.__dict__.get("pass_timing")
-    if isinstance(got, PassTiming):
+    if isinstance(got, PassTiming) and not again:
         return got
     vocab = min(int(getattr(backend.tokenizer, "vocab_size", 0) or backend.facts.vocab_size), backend.facts.vocab_size)
     ids = torch.arange(LARGE[0] * LARGE[1]).remainder(max(vocab - 1, 1)).view(*LARGE) + 1  # [rows, pos]: any tokens
 
+    def fastest(run) -> float:
+        best, spent, n = math.inf, 0.0, 0
+        while n < REPEATS or (n < MAX_REPEATS and spent < TIMING_BUDGET_S):
+            t0 = time.perf_counter()
+            run()
+            took = time.perf_counter() - t0
+            best, spent, n = min(best, took), spent + took, n + 1
+        return best
+
     def timed(rows: int, positions: int) -> float:
         x = ids[:rows, :positions]
         end = torch.full((rows,), positions - 1)
-        best = math.inf
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            backend.end_logits(x, None, end)
-            best = min(best, time.perf_counter() - t0)
-        return best
+        return fastest(lambda: backend.end_logits(x, None, end))
+
+    def mlp_rows() -> float | None:  # seconds of one row through layer 0's MLP branch, MLP_ROWS rows a call
+        try:
+            x = torch.zeros(MLP_ROWS, backend.facts.d_model, dtype=getattr(torch, backend.facts.dtype),
+                            device=backend.device)
+            backend.mlp_branch(0, x)  # its first call pays for its set-up
+            return fastest(lambda: backend.mlp_branch(0, x)) / MLP_ROWS
+        except (AttributeError, NotImplementedError, RuntimeError, TypeError, ValueError, KeyError):
+            return None
 
     meter = backend.meter
     backend.meter = WorkMeter()
@@ -172,9 +194,28 @@ def pass_timing(backend: ModelBackend) -> PassTiming:
         backend.meter = meter
     n_small, n_large = SMALL[0] * SMALL[1], LARGE[0] * LARGE[1]
     position_s = max((large - small) / (n_large - n_small), 1e-9)
-    timing = PassTiming(max(small - position_s * n_small, 0.0), position_s)
+    timing = PassTiming(max(small - position_s * n_small, 0.0), position_s, mlp_rows())
+    if isinstance(got, PassTiming):
+        timing = PassTiming(min(got.call_s, timing.call_s), min(got.position_s, timing.position_s),
+                            got.mlp_row_s if timing.mlp_row_s is None else timing.mlp_row_s if got.mlp_row_s is None
+                            else min(got.mlp_row_s, timing.mlp_row_s))
     backend.pass_timing = timing
+    backend.pass_timed_at = time.monotonic()
     return timing
+
+
+#: a heavy verdict retimes the passes first when their timing is older than this (seconds)
+RETIME_AFTER_S = 120.0
+
+
+def retime(backend: ModelBackend) -> bool:
+    """Time the passes again (:func:`pass_timing` ``again``) when the timing is older than :data:`RETIME_AFTER_S`,
+    before a page asks for a button on its strength; True when the new timing is faster (estimate again)."""
+    at = backend.__dict__.get("pass_timed_at")
+    if at is None or time.monotonic() - at < RETIME_AFTER_S:
+        return False
+    old = pass_timing(backend)
+    return pass_timing(backend, again=True) != old
 
 
 def unit_positions(pairs: Sequence[PromptPair]) -> int:

@@ -234,7 +234,7 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
     returns None.  ``model``: the backend the cost was estimated for -- the computation's measured seconds correct
     its next estimates (``engine.cost.observe``).  ``ask``: a button whatever the cost (a view the user opens on
     purpose: the knockout curve, the faithfulness curves, head -> head ...), labelled with the cost all the same."""
-    from engine.cost import HEAVY_S, for_kind, observe
+    from engine.cost import HEAVY_S, for_kind, observe, retime
     from engine.results import NotCached, cache_only
     try:
         with cache_only():
@@ -243,12 +243,15 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
         pass
     except USER_ERRORS as e:
         return _failed(failure, e, stop)
+    spent = float(st.session_state.get(UNASKED, 0.0))
     try:
         estimated = cost() if callable(cost) else cost
+        c = estimated if model is None else for_kind(model, estimated, key)  # what this view took before, if measured
+        if model is not None and callable(cost) and spent + c.seconds > HEAVY_S and retime(model):
+            estimated = cost()  # the passes' timing was old and is faster now: a load that has passed
+            c = for_kind(model, estimated, key)
     except USER_ERRORS as e:
         return _failed(failure, e, stop)
-    c = estimated if model is None else for_kind(model, estimated, key)  # what this view took before, if measured
-    spent = float(st.session_state.get(UNASKED, 0.0))
 
     def timed(on_demand: bool) -> T | None:
         t0 = time.monotonic()

@@ -193,3 +193,14 @@ def test_estimates_label_and_learn_from_what_they_measure(organism, pairs):
     observe(organism, Cost(1.0, 0.01), 100.0)  # too short to teach anything
     assert organism.cost_factors == before
     del organism.cost_factors
+
+
+def test_a_timing_taken_under_load_is_corrected_before_a_page_asks_on_its_strength(organism):
+    from engine.cost import RETIME_AFTER_S, PassTiming, retime
+    pass_timing(organism)
+    assert not retime(organism)  # just timed: nothing to do
+    organism.pass_timing = slow = PassTiming(5.0, 1.0, 1.0)  # as if timed while the machine was busy
+    organism.pass_timed_at -= RETIME_AFTER_S + 1
+    assert retime(organism)
+    t = pass_timing(organism)
+    assert t.call_s < slow.call_s and t.position_s < slow.position_s and t.mlp_row_s < slow.mlp_row_s
