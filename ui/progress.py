@@ -49,6 +49,16 @@ def _session_active(ctx) -> bool:
         return True
 
 
+class Overran(Exception):
+    """A computation started unasked (:func:`compute_or_button`) ran past its time limit: stopped like a cancelled
+    one (nothing stored, the model freed), so that the page asks instead.  ``projected``: its whole duration, judged
+    from the share it had done."""
+
+    def __init__(self, elapsed: float, projected: float) -> None:
+        super().__init__(f"stopped after {elapsed:.1f} s of about {projected:.0f} s")
+        self.elapsed, self.projected = elapsed, projected
+
+
 class ProgressBar:
     """``st.progress`` fed by an engine callback: "k of N" and an ETA, a Stop button, and a
     computation that stops when nobody waits for it any more.
@@ -69,9 +79,13 @@ class ProgressBar:
     After Stop, the page shows "Stopped" and a Resume button instead of starting again.
     """
 
-    def __init__(self, text: str, key: str | None = None, *, on_demand: bool = False) -> None:
+    limit_s: float | None = None  # an unasked computation: stopped (Overran) once it runs longer
+
+    def __init__(self, text: str, key: str | None = None, *, on_demand: bool = False,
+                 limit_s: float | None = None) -> None:
         from streamlit.runtime.scriptrunner import get_script_run_ctx
         self.text = text
+        self.limit_s = limit_s
         self.key = key or "".join(c if c.isalnum() else "_" for c in text.lower())
         self._ctx = get_script_run_ctx()
         flag = f"stopped:{self.key}"
@@ -114,6 +128,8 @@ class ProgressBar:
         eta = self.eta()
         if eta is not None and eta < FINISH_WINDOW_S:
             return None  # a few seconds from done: finish into the cache
+        if self.limit_s is not None and time.monotonic() - self._t0 > self.limit_s:
+            return "overran"
         if state == "stop":
             return "gone"
         if state == "rerun":
@@ -139,6 +155,11 @@ class ProgressBar:
             self._cancel(why)
 
     def _cancel(self, why: str) -> None:
+        if why == "overran":
+            elapsed = time.monotonic() - self._t0
+            share = self._done / self._total if self._total > 0 and self._done > 0 else 0.0
+            log.warning("%s: stopped after %.1f s unasked (%d of %d)", self.text, elapsed, self._done, self._total)
+            raise Overran(elapsed, elapsed / share if share else 2 * elapsed)
         if why == "stop" and self._ctx is not None:  # thread-safe: the check may run on a model thread
             self._ctx.session_state[f"stopped:{self.key}"] = True
         log.warning("%s: cancelled (%s) after %d of %d", self.text, why, self._done, self._total)
@@ -167,13 +188,13 @@ class ProgressBar:
             raise deferred
 
 
-def progress_bar(text: str, key: str | None = None, *, on_demand: bool = False
+def progress_bar(text: str, key: str | None = None, *, on_demand: bool = False, limit_s: float | None = None
                  ) -> tuple[ProgressBar, ProgressBar]:
     """A progress bar with a Stop button and the engine callback that feeds it (the same object; run
     the computation inside ``with cancellable(bar):`` for a check inside the forward passes, and call
     ``.empty()`` after it).  ``on_demand``: the computation was started by a button of the page (no
-    Resume button after a Stop: that button starts it again)."""
-    bar = ProgressBar(text, key, on_demand=on_demand)
+    Resume button after a Stop: that button starts it again); ``limit_s``: see :class:`Overran`."""
+    bar = ProgressBar(text, key, on_demand=on_demand, limit_s=limit_s)
     return bar, bar
 
 
@@ -187,10 +208,10 @@ USER_ERRORS: tuple[type[BaseException], ...] = (PromptError, CacheError, ValueEr
 
 
 def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], T], *, key: str | None = None,
-                      stop: bool = False, on_demand: bool = False) -> T | None:
-    """``compute(progress)`` under a progress bar with Stop (``on_demand``: see :func:`progress_bar`); a user
-    error is one ``st.error`` ("Cannot {failure}: ...") and then None, or the end of the page when ``stop``."""
-    bar, cb = progress_bar(text, key, on_demand=on_demand)
+                      stop: bool = False, on_demand: bool = False, limit_s: float | None = None) -> T | None:
+    """``compute(progress)`` under a progress bar with Stop (``on_demand``, ``limit_s``: see :func:`progress_bar`); a
+    user error is one ``st.error`` ("Cannot {failure}: ...") and then None, or the end of the page when ``stop``."""
+    bar, cb = progress_bar(text, key, on_demand=on_demand, limit_s=limit_s)
     try:
         with cancellable(bar), collect_notes() as notes:
             out = compute(cb)
@@ -210,6 +231,7 @@ def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], 
 
 
 UNASKED = "_unasked_s"  # seconds the page's current run has computed without a button press
+OVERRUN = 1.5  # an unasked computation is stopped (and asked for) once the page run has spent this x HEAVY_S
 
 
 def page_run_started() -> None:
@@ -234,7 +256,7 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
     returns None.  ``model``: the backend the cost was estimated for -- the computation's measured seconds correct
     its next estimates (``engine.cost.observe``).  ``ask``: a button whatever the cost (a view the user opens on
     purpose: the knockout curve, the faithfulness curves, head -> head ...), labelled with the cost all the same."""
-    from engine.cost import HEAVY_S, for_kind, observe, retime
+    from engine.cost import HEAVY_S, Cost, for_kind, observe, retime
     from engine.results import NotCached, cache_only
     try:
         with cache_only():
@@ -255,7 +277,8 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
 
     def timed(on_demand: bool) -> T | None:
         t0 = time.monotonic()
-        out = run_with_progress(text, failure, compute, key=key, stop=stop, on_demand=on_demand)
+        out = run_with_progress(text, failure, compute, key=key, stop=stop, on_demand=on_demand,
+                                limit_s=None if on_demand else OVERRUN * HEAVY_S - spent)
         took = time.monotonic() - t0
         if not on_demand:
             st.session_state[UNASKED] = spent + took
@@ -264,7 +287,14 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
         return out
 
     if not ask and spent + c.seconds <= HEAVY_S:
-        return timed(False)
+        try:
+            return timed(False)
+        except Overran as e:  # the estimate was short (a busy machine): stopped, nothing stored; ask instead
+            st.session_state[UNASKED] = spent + e.elapsed
+            if model is not None:
+                observe(model, estimated, e.projected, kind=key)
+            c = Cost(c.forward_equivalents, max(e.projected, c.seconds))
+            note = f"{note + ' ' if note else ''}It was stopped after {e.elapsed:.0f} s: longer than estimated."
     go = st.empty()  # the button goes once pressed: nothing is left to press beside the result
     with go.container():
         pressed = st.button(f"{button} ({c.label()})", key=key,

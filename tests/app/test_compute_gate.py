@@ -21,8 +21,18 @@ def gate_page():
     model = SimpleNamespace(facts=SimpleNamespace(fingerprint="gate-test-model"))
     cache = ResultCache()
 
+    import time
+
+    import ui.progress
+    ui.progress.OVERRUN = st.session_state.get("overrun", 1.5)
+    steps = st.session_state.get("steps", 0)  # a computation of this many steps of 0.05 s, each reported
+
     def compute(progress):
         def work():
+            for i in range(steps):
+                time.sleep(0.05)
+                if progress is not None:
+                    progress(i + 1, steps)
             st.session_state["computed"] = st.session_state.get("computed", 0) + 1
             return [], {"answer": 42}
         return run_cached(model, [], "gate_test", {"secs": st.session_state["secs"]}, work, cache)[1]["answer"]
@@ -91,3 +101,20 @@ def test_a_page_run_stops_computing_unasked_once_it_has_spent_the_threshold(tmp_
     at.run()
     assert at.markdown[-1].value == "result: None" and [b.label for b in at.button] == [
         "Compute it (estimated: about 3 s, 60 forward passes of the set)"]
+
+
+def test_an_unasked_computation_that_overruns_is_stopped_and_asked_for(tmp_path, monkeypatch):
+    """Estimated cheap (2 s) but slower on a busy machine: stopped once the page has spent OVERRUN x HEAVY_S (here
+    0.03 x 10 s), nothing stored, and the button shows the duration its progress projected."""
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "gate.duckdb"))
+    at = AppTest.from_function(gate_page, default_timeout=60)
+    at.session_state["secs"], at.session_state["steps"], at.session_state["overrun"] = 2.0, 100, 0.03
+    at.run()
+    assert not at.exception
+    assert at.markdown[-1].value == "result: None" and "computed" not in at.session_state
+    [button] = [b for b in at.button if b.label.startswith("Compute it")]
+    assert button.label.startswith("Compute it (estimated: about ")
+    assert any("stopped after" in i.value for i in at.info)
+    at.session_state["overrun"] = 1.5
+    button.click().run()  # asked: no limit
+    assert at.markdown[-1].value == "result: 42" and at.session_state["computed"] == 1
