@@ -8,11 +8,12 @@ The work is reported in the lab's unit, the **forward-equivalent** (FE): one rig
 pass of the prompt set, positions weighted by their multiply-accumulates
 (:func:`engine.backends.base.macs_per_position`, as ``bench/work.py`` counts).
 
-Seconds are an **estimate** on this machine: a forward call's fixed cost and a position's cost are timed once
-per loaded model (:func:`pass_timing`: two small END-only passes; memoised on the backend object) and applied to
-the counted work.  Work that is not a forward pass (a probe's fits) is added by the technique in seconds.  Every
-computation a page times corrects the estimates that follow (:func:`observe`): the ratio of measured to estimated
-seconds, which holds what the passes' timing misses -- the work around the passes and the machine's load.
+Seconds are an **estimate** on this machine: a forward call's fixed cost, a position's and an END-chain MLP row's
+are timed per loaded model (:func:`pass_timing`: small END-only passes and one MLP branch; memoised on the backend
+object, timed again by :func:`retime` when old) and applied to the counted work.  Work that is not a forward pass (a
+probe's fits) is added by the technique in seconds.  Every computation a page times corrects the estimates that
+follow (:func:`observe`, per view and over all): the ratio of measured to estimated seconds, which holds what the
+passes' timing misses -- the work around the passes and the machine's load.
 
 A page asks before it computes anything estimated above :data:`HEAVY_S` (``ui.progress.compute_or_button``).
 """
@@ -48,15 +49,12 @@ class Cost:
     """A computation's cost before it runs: forward-equivalents counted from the code, seconds estimated."""
 
     forward_equivalents: float  # passes of the set (the lab's unit, as in bench/)
-    seconds: float              # an estimate on this machine: the FE x the measured seconds per pass (+ other work)
+    seconds: float              # an estimate on this machine (PassTiming.seconds x observed_factor, + other work)
 
     @property
     def heavy(self) -> bool:
         """More than :data:`HEAVY_S` estimated seconds: a page asks before it computes."""
         return self.seconds > HEAVY_S
-
-    def __add__(self, other: Cost) -> Cost:
-        return Cost(self.forward_equivalents + other.forward_equivalents, self.seconds + other.seconds)
 
     def label(self) -> str:
         """"estimated: about 40 s, 60 forward passes of the set"."""
@@ -64,9 +62,6 @@ class Cost:
         passes = ("less than one forward pass" if fe < 0.95 else "one forward pass" if fe < 1.5
                   else f"{fe:.0f} forward passes")
         return f"estimated: about {seconds_text(self.seconds)}, {passes} of the set"
-
-
-NOTHING = Cost(0.0, 0.0)
 
 
 @dataclass(frozen=True)
