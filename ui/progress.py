@@ -79,7 +79,8 @@ class ProgressBar:
     After Stop, the page shows "Stopped" and a Resume button instead of starting again.
     """
 
-    limit_s: float | None = None  # an unasked computation: stopped (Overran) once it runs longer
+    limit_s: float | None = None  # an unasked computation: stopped (Overran) once it has worked longer
+    _working_since: float | None = None  # the first sign of work: a check inside a forward pass, or a report
 
     def __init__(self, text: str, key: str | None = None, *, on_demand: bool = False,
                  limit_s: float | None = None) -> None:
@@ -128,7 +129,7 @@ class ProgressBar:
         eta = self.eta()
         if eta is not None and eta < FINISH_WINDOW_S:
             return None  # a few seconds from done: finish into the cache
-        if self.limit_s is not None and time.monotonic() - self._t0 > self.limit_s:
+        if self.limit_s is not None and self.working_s() > self.limit_s:
             return "overran"
         if state == "stop":
             return "gone"
@@ -143,10 +144,17 @@ class ProgressBar:
         self._away_since = self._away_since or now
         return "gone" if now - self._away_since >= GONE_GRACE_S else None
 
+    def working_s(self) -> float:
+        """Seconds since the computation's first sign of work (a check inside a forward pass, which holds the model,
+        or a progress report): the time it waited for the model, shared by every browser session, left out."""
+        return 0.0 if self._working_since is None else time.monotonic() - self._working_since
+
     def check(self) -> None:
         """Raise :class:`Cancelled` if nobody waits for the computation any more (any thread; cheap:
         it looks at the session at most every ``POLL_S``)."""
         now = time.monotonic()
+        if self._working_since is None:
+            self._working_since = now
         if now - self._polled < POLL_S:
             return
         self._polled = now
@@ -156,7 +164,7 @@ class ProgressBar:
 
     def _cancel(self, why: str) -> None:
         if why == "overran":
-            elapsed = time.monotonic() - self._t0
+            elapsed = self.working_s()
             share = self._done / self._total if self._total > 0 and self._done > 0 else 0.0
             log.warning("%s: stopped after %.1f s unasked (%d of %d)", self.text, elapsed, self._done, self._total)
             raise Overran(elapsed, elapsed / share if share else 2 * elapsed)
@@ -208,10 +216,14 @@ USER_ERRORS: tuple[type[BaseException], ...] = (PromptError, CacheError, ValueEr
 
 
 def run_with_progress(text: str, failure: str, compute: Callable[[ProgressBar], T], *, key: str | None = None,
-                      stop: bool = False, on_demand: bool = False, limit_s: float | None = None) -> T | None:
+                      stop: bool = False, on_demand: bool = False, limit_s: float | None = None,
+                      bars: list[ProgressBar] | None = None) -> T | None:
     """``compute(progress)`` under a progress bar with Stop (``on_demand``, ``limit_s``: see :func:`progress_bar`); a
-    user error is one ``st.error`` ("Cannot {failure}: ...") and then None, or the end of the page when ``stop``."""
+    user error is one ``st.error`` ("Cannot {failure}: ...") and then None, or the end of the page when ``stop``.
+    ``bars``: the bar is appended to it (its :meth:`ProgressBar.working_s` afterwards)."""
     bar, cb = progress_bar(text, key, on_demand=on_demand, limit_s=limit_s)
+    if bars is not None:
+        bars.append(bar)
     try:
         with cancellable(bar), collect_notes() as notes:
             out = compute(cb)
@@ -276,10 +288,10 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
         return _failed(failure, e, stop)
 
     def timed(on_demand: bool) -> T | None:
-        t0 = time.monotonic()
+        bars: list[ProgressBar] = []
         out = run_with_progress(text, failure, compute, key=key, stop=stop, on_demand=on_demand,
-                                limit_s=None if on_demand else OVERRUN * HEAVY_S - spent)
-        took = time.monotonic() - t0
+                                limit_s=None if on_demand else OVERRUN * HEAVY_S - spent, bars=bars)
+        took = bars[0].working_s()  # its own work: waiting for the model behind other sessions is not
         if not on_demand:
             st.session_state[UNASKED] = spent + took
         if out is not None and model is not None:

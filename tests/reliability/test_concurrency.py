@@ -21,7 +21,7 @@ SESSIONS = {
     "prompt_lab": ("Prompt_lab", "Next token"),
     "patching_a": ("Path_patching", "Key heads"),
     "patching_b": ("Path_patching", "Key heads"),
-    "mlp": ("MLP_projections", "Top number tokens"),
+    "mlp": ("MLP_projections", "MLP pushes, on your prompt"),
     "knockout": ("Knockout", "Key heads vs random heads"),
     "transfer": ("Transfer", "Compare"),
     "improve": ("Improve", "1 · Train"),
@@ -63,7 +63,7 @@ def test_eight_sessions_at_once(rel_server, browser):
         box.fill("Q: What is 7 times 8? A:")
         box.press("Enter")
 
-        new_set = re.compile(rf"of {4 * NEW_SET_N} prompt pairs answered right")
+        new_set = re.compile(rf"of {4 * NEW_SET_N} prompts answered right")
         for name in ("patching_a", "patching_b"):
             pages[name][1].get_by_text(new_set).first.wait_for(timeout=WAIT)
         pages["knockout"][1].wait_for_function(
