@@ -91,3 +91,33 @@ def shot(page, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+#: the app root says when Streamlit has finished a run (its status widget is no signal: toolbarMode "minimal")
+IDLE_JS = ("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
+           " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }")
+#: the label a page gives a button that asks before a computation (ui.progress.compute_or_button)
+ASKS = r"\(estimated: about "
+
+
+def idle(page, timeout: int = 600_000) -> None:
+    """Wait until the page's current run has finished (a moment first, so that a run just asked for has started)."""
+    page.wait_for_timeout(300)
+    page.wait_for_function(IDLE_JS, timeout=timeout)
+
+
+def ask_all(page, *, skip: tuple[str, ...] = ("Build the report",), tries: int = 6) -> int:
+    """Press each button that asks before a computation, one after the other (pressing one may show the next), but
+    those whose label holds one of ``skip``; the number pressed."""
+    import re
+    pressed = 0
+    for _ in range(tries):
+        ask = page.get_by_role("button", name=re.compile(ASKS))
+        for text in skip:
+            ask = ask.filter(has_not_text=text)
+        if not ask.count():
+            break
+        ask.first.click()
+        idle(page)
+        pressed += 1
+    return pressed

@@ -14,20 +14,19 @@ import urllib.parse
 import pytest
 
 from tests.e2e.chart_reader import chart_problems, read_charts
-from tests.e2e.conftest import shot
+from tests.e2e.conftest import ask_all, idle, shot
 
 pytestmark = pytest.mark.e2e
 WAIT = 600_000
-IDLE = ("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
-        " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }")
 #: buttons pressed on every page (a page's work behind a button: its charts are drawn after it)
 PRESS = "Compute"
 NEXT = "next →"  # the Story's next step
+#: asking buttons left unpressed: the report (no chart on the page) and the Paper's findings (a table)
+SKIP = ("Build the report", "Check the paper's findings")
 
 
 def _idle(page) -> None:
-    page.wait_for_timeout(300)  # let a rerun start before waiting for its end
-    page.wait_for_function(IDLE, timeout=WAIT)
+    idle(page, WAIT)
     page.wait_for_timeout(500)  # charts draw after the run ends
 
 
@@ -38,16 +37,20 @@ def _read(page, where: str, problems: list[str], seen: list[int]) -> None:
 
 
 def _press_compute_buttons(page, limit: int = 6) -> None:
-    """Press each "Compute ..." button once (pressing one may show another: a page's next panel)."""
+    """Press each button that asks before a computation, and each "Compute ..." button, once (pressing one may show
+    another: a page's next panel)."""
+    ask_all(page, skip=SKIP)
     pressed: set[str] = set()
     for _ in range(limit):
         buttons = [b for b in page.get_by_role("button").all() if b.is_visible()
-                   and b.inner_text().strip().startswith(PRESS) and b.inner_text() not in pressed]
+                   and b.inner_text().strip().startswith(PRESS) and b.inner_text() not in pressed
+                   and not any(s in b.inner_text() for s in SKIP)]
         if not buttons:
             return
         pressed.add(buttons[0].inner_text())
         buttons[0].click()
         _idle(page)
+        ask_all(page, skip=SKIP)
 
 
 def walk(page, base: str, query: str, name: str) -> tuple[list[str], int]:
