@@ -25,6 +25,9 @@ def test_the_operand_grid_page_draws_a_head_a_neuron_and_names_a_bad_component()
     text = " ".join(m.value for m in at.markdown)
     assert "head 1.1" in text and "`add.paper.0`: 81 operand pairs, the model answers 81 right" in text
     assert _charts(at) == 1 and _spec(at).count('"mark"') >= 6  # 3 panels
+    # why the grid's 81 differ from the sidebar's set: said beside the count
+    assert any("every operand pair of this one template" in c.value and "a balanced sample of" in c.value
+               for c in at.caption)
     box = at.text_input(key="atlas_component_")
     box.input("6.mlp.5").run()
     assert not errors(at) and "neuron 6.mlp.5" in " ".join(m.value for m in at.markdown)

@@ -286,10 +286,13 @@ def _compute_once_worker(db: str, marker: str, barrier: Any, out: Any) -> None:
             fh.write(f"{os.getpid()}\n")
         return make_rows(200), {"who": os.getpid()}
 
-    c = ResultCache(db)
-    barrier.wait(timeout=30)
-    run, computed = c.get_or_compute("same-key", compute, **META, params={"p": 1})
-    out.put((computed, [r.as_record() for r in run.rows], run.artifacts))
+    try:  # a failure in the child reaches the test as its message, not as an empty queue
+        c = ResultCache(db)
+        barrier.wait(timeout=300)  # a spawned child may take long to start on a loaded 2-core machine
+        run, computed = c.get_or_compute("same-key", compute, **META, params={"p": 1})
+        out.put((computed, [r.as_record() for r in run.rows], run.artifacts))
+    except BaseException as exc:
+        out.put(("failed", repr(exc), None))
 
 
 def test_compute_once_across_processes(db: Path, tmp_path: Path) -> None:
@@ -299,9 +302,10 @@ def test_compute_once_across_processes(db: Path, tmp_path: Path) -> None:
     procs = [SPAWN.Process(target=_compute_once_worker, args=(str(db), str(marker), barrier, out)) for _ in range(2)]
     for p in procs:
         p.start()
-    results = [out.get(timeout=60) for _ in procs]
+    results = [out.get(timeout=600) for _ in procs]
+    assert not [r for r in results if r[0] == "failed"], results
     for p in procs:
-        p.join(timeout=30)
+        p.join(timeout=60)
         assert p.exitcode == 0
     assert len(marker.read_text().splitlines()) == 1
     assert sorted(r[0] for r in results) == [False, True]
