@@ -68,8 +68,8 @@ right = sum(r["right"] for r in rows)
 st.markdown(f"**{comp.kind} {comp.name}** on `{template}`: {len(rows)} operand pairs, the model answers {right} "
             f"right; path-patching metric `{grid.metric}`.")
 st.caption(f"The grid is every operand pair of this one template, answered right or not; the sidebar's prompt set "
-           f"({sample_words(spec)}) spans all its templates and keeps only the prompts the model answers right — so the two "
-           f"counts differ. The other pages analyse that set.")
+           f"({sample_words(spec)}) spans all its templates and keeps only the prompts the model answers right — so "
+           f"the two counts differ. The other pages analyse that set.")
 if picked:
     st.caption(f"None typed: of the {len(grid.candidates)} heads attribution patching (a first-order estimate) ranks "
                f"first over the grid, the one with the most negative exact path-patching mean. Every value shown is "

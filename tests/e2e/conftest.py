@@ -110,14 +110,22 @@ def ask_all(page, *, skip: tuple[str, ...] = ("Build the report",), tries: int =
     """Press each button that asks before a computation, one after the other (pressing one may show the next), but
     those whose label holds one of ``skip``; the number pressed."""
     import re
-    pressed = 0
+
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    pressed, disabled = 0, set()
     for _ in range(tries):
+        idle(page)
         ask = page.get_by_role("button", name=re.compile(ASKS))
         for text in skip:
             ask = ask.filter(has_not_text=text)
-        if not ask.count():
+        ready = [b for b in ask.all() if b.is_visible() and b.inner_text() not in disabled]
+        if not ready:
             break
-        ask.first.click()
+        try:
+            ready[0].click(timeout=10_000)
+        except PlaywrightTimeout:  # a disabled button waits for a choice on its page (a job running, a form)
+            disabled.add(ready[0].inner_text())
+            continue
         idle(page)
         pressed += 1
     return pressed

@@ -30,7 +30,7 @@ def _idle(page):
 def test_every_page_renders(server, page):
     for path, marker in (("Prompt_lab", "Next token"), ("Path_patching", "Key heads"),
                          ("MLP_projections", "The numbers each layer"), ("Knockout", "Key heads vs random heads"),
-                         ("Transfer", "Compare"), ("Faithfulness", "Compute the curves"),
+                         ("Transfer", "Compare"), ("Faithfulness", "Outside the circuit"),
                          ("Circuit", "Diagram (JSON)")):
         _goto(page, server, path)
         page.get_by_text(marker).first.wait_for(timeout=WAIT)
@@ -142,7 +142,7 @@ def test_every_chart_keeps_its_plot_area(server, page):
     """A chart stretched to the page keeps its height for the plot: the legend below it does not squeeze the plot to
     a line (the Numbers page's single-panel charts and the Faithfulness curves once drew flat, with no y labels)."""
     checked = 0
-    for path, marker in (("Numbers", "Linear probes"), ("Faithfulness", "Compute the curves"), ("Home", "Model")):
+    for path, marker in (("Numbers", "Linear probes"), ("Faithfulness", "Outside the circuit"), ("Home", "Model")):
         _goto(page, server, path)
         page.get_by_text(marker).first.wait_for(timeout=WAIT)
         _idle(page)
