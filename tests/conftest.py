@@ -9,6 +9,16 @@ import pytest
 
 TIMINGS: list[str] = []
 CHROMIUM = "/usr/bin/chromium"
+TESTS = Path(__file__).resolve().parent
+#: a test's tier is its folder (docs/testing.md); each folder's tests carry its marker, so `-m unit` picks a tier
+TIERS = ("unit", "integration", "app", "e2e", "reliability")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+        if parts and parts[0] in TIERS:
+            item.add_marker(parts[0])
 
 
 @pytest.fixture(scope="session")

@@ -93,6 +93,16 @@ def shot(page, name: str) -> Path:
     return path
 
 
+#: how long a browser test waits for a page (ms): the first run of a page may compute on a busy machine
+WAIT = 180_000
+
+
+def goto(page, server: str, path: str) -> None:
+    """Open the dashboard's page ``path`` and wait until Streamlit has drawn its frame."""
+    page.goto(f"{server}/{path}")
+    page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=WAIT)
+
+
 #: the app root says when Streamlit has finished a run (its status widget is no signal: toolbarMode "minimal")
 IDLE_JS = ("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
            " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }")

@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import shot
-from tests.e2e.test_pages_browser import WAIT, _goto, _idle
+from tests.e2e.conftest import WAIT, goto, idle, shot
 
 pytestmark = pytest.mark.e2e
 
@@ -18,13 +17,13 @@ def _head_title(page) -> str:
 
 
 def test_attribution_tab_point_click_and_head_to_head(server, page):
-    _goto(page, server, "Path_patching")
+    goto(page, server, "Path_patching")
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     page.get_by_role("tab", name="Exact vs attribution").click()
     page.get_by_role("button", name=re.compile(r"^Compute exact vs attribution")).click()
     page.get_by_text("Spearman").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     # the first chart of the active tab
     scatter = page.locator("[role='tabpanel']:visible [data-testid='stVegaLiteChart']").first
     scatter.wait_for(timeout=WAIT)
@@ -46,7 +45,7 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
     page.get_by_role("tab", name="Heatmap").click()
     page.wait_for_function("(w) => [...document.querySelectorAll('h3')].some(e => e.innerText === w)", arg=want,
                            timeout=60_000)
-    _idle(page)
+    idle(page)
     shot(page, "attribution_click")
     # a head in a later layer: click heatmap cells until the selected head is above layer 0
     page.get_by_role("tab", name="Heatmap").click()
@@ -56,7 +55,7 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
             break
         hb = heat.bounding_box()
         page.mouse.click(hb["x"] + hb["width"] * fx, hb["y"] + hb["height"] * fy)
-        _idle(page)
+        idle(page)
     title = _head_title(page)
     assert not title.startswith("Head 0."), title
     button = page.get_by_role("button", name=re.compile(r"^Compute which heads feed"))
@@ -64,19 +63,19 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
     n_before = page.locator("[data-testid='stVegaLiteChart']").count()
     button.click()
     page.get_by_text(re.compile(r"carried only through head")).first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     assert page.locator("[data-testid='stVegaLiteChart']").count() == n_before + 1
     assert page.locator("[data-testid='stException']").count() == 0
     shot(page, "head_to_head")
 
 
 def test_information_flow_page(server, page):
-    _goto(page, server, "Position_patching")
+    goto(page, server, "Position_patching")
     page.get_by_text("Layer x position patching").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     page.get_by_text(re.compile("a template's positions carry its first prompt's tokens")).first.wait_for(timeout=WAIT)
     page.locator("[data-testid='stVegaLiteChart']").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     assert page.locator("[data-testid='stVegaLiteChart']").count() == 1
     assert page.locator("[data-testid='stException']").count() == 0
     shot(page, "information_flow")

@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import shot
-from tests.e2e.test_pages_browser import WAIT, _ask_all, _goto, _idle
+from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
 from tests.e2e.test_teach_browser import _nav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realmodel, pytest.mark.slow]
@@ -22,16 +21,16 @@ PAGES = ("Prompt lab", "Path patching", "MLP projections", "Knockout", "Position
 def walk(page, server, gguf: str, arch: str, pages, label: str) -> list[str]:
     """Type ``gguf`` into the Model box, load it, open each of ``pages`` and press what it asks for (work estimated
     above HEAVY_S waits for its button): no error, no fast-path fallback note."""
-    _goto(page, server, "")
+    goto(page, server, "")
     page.get_by_label("Model", exact=True).fill(gguf)
     page.get_by_role("button", name="Load model").click()
     page.locator("[data-testid='stMain']").get_by_text(arch).first.wait_for(timeout=WAIT * 2)
-    _idle(page)
+    idle(page)
     times = []
     for title in pages:
         t0 = time.time()
         _nav(page, title)
-        _ask_all(page)
+        ask_all(page)
         shot(page, f"{label}_{title.replace(' ', '_')}")
         main = page.locator("[data-testid='stMain']")
         errors = main.locator("[data-testid='stAlertContentError']")

@@ -7,22 +7,16 @@ import time
 import pytest
 
 from tests.conftest import TIMINGS
-from tests.e2e.conftest import shot
+from tests.e2e.conftest import idle, shot
 
 pytestmark = pytest.mark.e2e
 WAIT = 300_000
 
 
-def _idle(page):
-    page.wait_for_function("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
-                           " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }",
-                           timeout=WAIT)
-
-
 def test_job_survives_reload_and_ends_in_the_comparison(server, page):
     page.goto(f"{server}/Improve")
     page.get_by_text("1 · Train").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page, WAIT)
     page.get_by_role("spinbutton", name="Max steps (0 = no limit)").fill("40")
     page.get_by_role("textbox", name="Save as").fill("e2e-precise")
     t0 = time.time()
@@ -33,7 +27,7 @@ def test_job_survives_reload_and_ends_in_the_comparison(server, page):
     page.get_by_text("2 · Progress").first.wait_for(timeout=WAIT)
     page.get_by_text("3 · Base vs tuned").first.wait_for(timeout=WAIT)
     page.get_by_text("skill (held-out)").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page, WAIT)
     elapsed = time.time() - t0
     assert page.locator("[data-testid='stException']").count() == 0
     body = page.locator("[data-testid='stMain']").inner_text()
@@ -46,11 +40,11 @@ def test_job_survives_reload_and_ends_in_the_comparison(server, page):
     # the Story's last step shows this job's comparison
     page.get_by_test_id("stSidebarNav").get_by_role("link", name="Story", exact=True).click()
     page.wait_for_timeout(500)
-    _idle(page)
+    idle(page, WAIT)
     for _ in range(5):
         page.get_by_role("button", name="next →").click()
         page.wait_for_timeout(500)
-        _idle(page)
+        idle(page, WAIT)
     page.get_by_text("6 · Improve with precise SFT").first.wait_for(timeout=WAIT)
     page.locator(".story-sentence", has_text="skill (held-out)").first.wait_for(timeout=WAIT)
     assert page.locator("[data-testid='stException']").count() == 0
@@ -63,5 +57,5 @@ def test_job_survives_reload_and_ends_in_the_comparison(server, page):
                            "[...document.querySelectorAll('section[data-testid=\"stSidebar\"] input')]"
                            ".find(e => e.getAttribute('aria-label') === 'Model'); "
                            "return i && i.value.endsWith('e2e-precise'); }", timeout=WAIT)
-    _idle(page)
+    idle(page, WAIT)
     assert page.locator("[data-testid='stException']").count() == 0

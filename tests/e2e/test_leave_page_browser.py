@@ -19,8 +19,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.conftest import TIMINGS
-from tests.e2e.conftest import shot, streamlit_server
-from tests.e2e.test_pages_browser import WAIT, _idle
+from tests.e2e.conftest import WAIT, idle, shot, streamlit_server
 
 pytestmark = pytest.mark.e2e
 BUSY = 20.0   # % of one core: the server computes (more on an idle machine; 2 cores shared in CI)
@@ -49,11 +48,11 @@ def test_leaving_the_page_or_stop_ends_the_computation(tmp_path, browser):
         try:
             page.goto(f"{url}/Knockout")
             page.get_by_text("Key heads vs random heads").first.wait_for(timeout=WAIT)
-            _idle(page)
+            idle(page)
             sliders = page.get_by_role("slider")
             sliders.nth(1).focus()
             sliders.nth(1).press("End")  # 30 random draws per k
-            _idle(page)
+            idle(page)
             page.get_by_role("button", name="Compute the curve").click()
             page.get_by_text("Knocking out:").first.wait_for(timeout=WAIT)  # "k of N" is shown
             busy = _cpu(server)
@@ -73,7 +72,7 @@ def test_leaving_the_page_or_stop_ends_the_computation(tmp_path, browser):
             # back on the Knockout page (the curve was not stored: the button again), start it, press Stop
             page.get_by_role("link", name="Knockout").first.click()
             page.get_by_role("button", name="Compute the curve").wait_for(timeout=WAIT)
-            _idle(page)
+            idle(page)
             page.get_by_role("button", name="Compute the curve").click()
             page.get_by_text("Knocking out:").first.wait_for(timeout=WAIT)
             page.get_by_role("button", name="Stop").click()
@@ -84,7 +83,7 @@ def test_leaving_the_page_or_stop_ends_the_computation(tmp_path, browser):
             expect(page.get_by_role("button", name="Stop")).to_have_count(0, timeout=30_000)  # every bar's Stop gone
             page.get_by_text("press the button to compute it").first.wait_for(timeout=30_000)
             page.get_by_role("button", name="Compute the curve").wait_for(timeout=WAIT)  # offered again
-            _idle(page)
+            idle(page)
             stop_s = time.time() - t_stop
             after_stop = _cpu(server)
             assert after_stop < min(IDLE, busy / 2), f"CPU after Stop: {after_stop:.0f} %"

@@ -8,23 +8,9 @@ import time
 import pytest
 
 from tests.conftest import TIMINGS
-from tests.e2e.conftest import shot
+from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
 
 pytestmark = pytest.mark.e2e
-WAIT = 180_000
-
-
-def _goto(page, server, path):
-    page.goto(f"{server}/{path}")
-    page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=WAIT)
-
-
-def _idle(page):
-    """Wait until Streamlit has finished the current run: the app root's data-test-script-state says
-    notRunning (the status widget is no signal: with toolbarMode "minimal" it is never shown)."""
-    page.wait_for_function("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
-                           " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }",
-                           timeout=WAIT)
 
 
 def test_every_page_renders(server, page):
@@ -32,17 +18,17 @@ def test_every_page_renders(server, page):
                          ("MLP_projections", "The numbers each layer"), ("Knockout", "Key heads vs random heads"),
                          ("Transfer", "Compare"), ("Faithfulness", "Outside the circuit"),
                          ("Circuit", "Diagram (JSON)")):
-        _goto(page, server, path)
+        goto(page, server, path)
         page.get_by_text(marker).first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         assert page.locator("[data-testid='stException']").count() == 0, path
         shot(page, f"page_{path}")
 
 
 def test_heatmap_click_shows_that_heads_attention(server, page):
-    _goto(page, server, "Path_patching")
+    goto(page, server, "Path_patching")
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     title = page.locator("h3", has_text=re.compile(r"^Head \d+\.\d+")).first
     chart = page.locator("[data-testid='stVegaLiteChart']").first
     times = []
@@ -55,7 +41,7 @@ def test_heatmap_click_shows_that_heads_attention(server, page):
         page.wait_for_function(
             "(b) => { const h = [...document.querySelectorAll('h3')].map(e => e.innerText)"
             ".find(t => /^Head \\d+\\.\\d+/.test(t)); return h && h !== b; }", arg=before, timeout=60_000)
-        _idle(page)
+        idle(page)
         times.append(time.time() - t0)
         assert title.inner_text() != before
     page.get_by_text("Mean attention of the last token by token role").first.wait_for(timeout=60_000)
@@ -68,21 +54,21 @@ def test_heatmap_click_shows_that_heads_attention(server, page):
 
 
 def test_knockout_toggle_changes_predictions(server, page):
-    _goto(page, server, "Knockout")
+    goto(page, server, "Knockout")
     page.get_by_text("Key heads vs random heads").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     table = page.locator("[data-testid='stTable']").first
     before = table.inner_text()
     page.get_by_role("button", name="Top-3 heads").click()
     page.wait_for_function("(b) => { const t = document.querySelector('[data-testid=\"stTable\"]');"
                            " return t && t.innerText !== b; }", arg=before, timeout=WAIT)
-    _idle(page)
+    idle(page)
     assert table.inner_text() != before
     shot(page, "knockout_toggled")
 
 
 def test_empty_prompt_shows_error(server, page):
-    _goto(page, server, "Prompt_lab")
+    goto(page, server, "Prompt_lab")
     page.get_by_text("Next token").first.wait_for(timeout=WAIT)
     box = page.get_by_label("Prompt", exact=True)
     box.fill("")
@@ -97,9 +83,9 @@ def test_two_sessions_computing_the_same_result_at_once(server, browser):
     for _ in range(2):
         ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
         pg = ctx.new_page()
-        _goto(pg, server, "Path_patching")
+        goto(pg, server, "Path_patching")
         pg.get_by_text("Key heads").first.wait_for(timeout=WAIT)
-        _idle(pg)
+        idle(pg)
         pages.append((ctx, pg))
     try:
         for _, pg in pages:  # a seed nobody has computed yet, submitted in both sessions back to back
@@ -109,7 +95,7 @@ def test_two_sessions_computing_the_same_result_at_once(server, browser):
             pg.get_by_role("button", name="Use this set").click()
         for _, pg in pages:
             pg.get_by_text("computed now").or_(pg.get_by_text("read from the cache")).first.wait_for(timeout=WAIT)
-            _idle(pg)
+            idle(pg)
             body = pg.locator("body").inner_text()
             assert "lock" not in body.lower() and pg.locator("[data-testid='stException']").count() == 0
         texts = [pg.locator("body").inner_text() for _, pg in pages]
@@ -125,29 +111,16 @@ PLOT_SPANS = """(el) => [...el.querySelectorAll('svg g.role-axis[aria-label^="Y-
     const labels = g.querySelector('.role-axis-label'); return (labels || g).getBoundingClientRect().height; })"""
 
 
-def _ask_all(page, tries: int = 6) -> None:
-    """Press each button that asks before a computation (its label says "(estimated: ..."), one after the other: a
-    page computes nothing estimated above HEAVY_S unasked (docs/dashboard.md, which pages ask first)."""
-    for _ in range(tries):
-        ask = page.get_by_role("button", name=re.compile(r"\(estimated: about ")).filter(
-            has_not_text="Build the report")
-        if not ask.count():
-            return
-        ask.first.click()
-        page.wait_for_timeout(500)
-        _idle(page)
-
-
 def test_every_chart_keeps_its_plot_area(server, page):
     """A chart stretched to the page keeps its height for the plot: the legend below it does not squeeze the plot to
     a line (the Numbers page's single-panel charts and the Faithfulness curves once drew flat, with no y labels)."""
     checked = 0
     for path, marker in (("Numbers", "Linear probes"), ("Faithfulness", "Outside the circuit"), ("Home", "Model")):
-        _goto(page, server, path)
+        goto(page, server, path)
         page.get_by_text(marker).first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         if path == "Numbers":  # its probes, helix and causal checks: computed when asked
-            _ask_all(page)
+            ask_all(page)
         charts = page.locator("[data-testid='stVegaLiteChart']")
         for i in range(charts.count()):
             chart = charts.nth(i)

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import shot
-from tests.e2e.test_pages_browser import WAIT, _goto, _idle
+from tests.e2e.conftest import WAIT, goto, idle, shot
 from tests.e2e.test_teach_browser import _nav
 
 pytestmark = pytest.mark.e2e
@@ -28,7 +27,7 @@ def _rows(page) -> list[list[str]]:
 
 def _ask(page) -> None:
     """Press the page's button when it asks first (engine.cost: the findings cost more than HEAVY_S on a cold cache)."""
-    _idle(page)
+    idle(page)
     go = page.get_by_role("button", name=re.compile(r"^Check the paper's findings"))
     if go.count():
         go.first.click()
@@ -37,7 +36,7 @@ def _ask(page) -> None:
 def _check(page, spec: str) -> float:
     t0 = time.time()
     page.get_by_role("button", name="Findings (CSV)").wait_for(timeout=WAIT * 3)
-    _idle(page)
+    idle(page)
     assert page.locator("[data-testid='stException']").count() == 0
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
     head, *rows = _rows(page)
@@ -57,7 +56,7 @@ def _check(page, spec: str) -> float:
 def test_paper_page_on_the_bundled_model_and_on_smollm2(server, page):
     from tests.helpers.smollm2 import smollm2_gguf_path
     t0 = time.time()
-    _goto(page, server, "Paper")
+    goto(page, server, "Paper")
     _ask(page)
     page.locator("[data-testid='stMain']").get_by_text("computed on organism").first.wait_for(timeout=WAIT)
     took = time.time() - t0 + _check(page, "organism")

@@ -10,8 +10,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 
-from tests.e2e.conftest import shot, streamlit_server
-from tests.e2e.test_pages_browser import WAIT, _goto, _idle
+from tests.e2e.conftest import WAIT, goto, idle, shot, streamlit_server
 from tests.e2e.test_teach_browser import _chips, _nav
 
 pytestmark = pytest.mark.e2e
@@ -40,14 +39,14 @@ def test_a_copied_link_opens_the_same_view_in_a_new_browser_context(server, brow
     page = ctx.new_page()
     try:
         # the prompt, on the Prompt lab
-        _goto(page, server, "Prompt_lab")
+        goto(page, server, "Prompt_lab")
         page.get_by_text("Next token").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         box = page.get_by_label("Prompt", exact=True)
         box.fill(PROMPT)
         box.press("Enter")
         page.get_by_text("7 * 8 = 56").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         _param(page, "prompt", PROMPT)
 
         # a head, clicked on the Path patching heatmap
@@ -60,7 +59,7 @@ def test_a_copied_link_opens_the_same_view_in_a_new_browser_context(server, brow
         b = cell.bounding_box()
         page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
         page.locator("h3", has_text=f"Head {layer}.{head}").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         _param(page, "head", f"{layer}.{head}")
 
         # the knockout set: the top-3 heads and an MLP, on the Knockout page
@@ -69,13 +68,13 @@ def test_a_copied_link_opens_the_same_view_in_a_new_browser_context(server, brow
         page.get_by_role("button", name="Top-3 heads").click()
         page.locator("[data-testid='stMultiSelect']", has_text="Heads to knock out").locator(
             "[data-tag]").nth(2).wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         page.locator("[data-testid='stMultiSelect']", has_text="MLPs to knock out").click()
         page.get_by_role("option", name="1", exact=True).click()
         page.keyboard.press("Escape")
         page.locator("[data-testid='stMultiSelect']", has_text="MLPs to knock out").locator(
             "[data-tag]").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         picks, mlps = _chips(page, "Heads to knock out"), _chips(page, "MLPs to knock out")
         assert len(picks) == 3 and mlps == ["1"], (picks, mlps)
         _param(page, "ko_mlp", "1")
@@ -96,7 +95,7 @@ def test_a_copied_link_opens_the_same_view_in_a_new_browser_context(server, brow
     try:
         page.goto(link)
         page.get_by_text("Key heads vs random heads").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         assert page.locator("[data-testid='stException']").count() == 0
         _no_notes(page)
         assert _chips(page, "Heads to knock out") == picks
@@ -127,7 +126,7 @@ def test_a_link_opened_first_on_a_freshly_started_dashboard(browser, tmp_path):
         try:
             page.goto(f"{url}/Knockout?ops=add&n=8&prompt={quote(PROMPT)}&ko=2.1,0.3&ko_mlp=1")
             page.get_by_text("Key heads vs random heads").first.wait_for(timeout=WAIT)
-            _idle(page)
+            idle(page)
             assert page.locator("[data-testid='stException']").count() == 0
             nav = page.get_by_test_id("stSidebarNav").inner_text().splitlines()
             assert "Path patching" in nav and "app" not in nav, nav  # the router's page list
@@ -141,9 +140,9 @@ def test_a_link_opened_first_on_a_freshly_started_dashboard(browser, tmp_path):
 
 
 def test_a_bad_link_says_what_it_ignored_and_the_page_renders(server, page):
-    _goto(page, server, f"Path_patching?head=99.99&ko=1.1,abc&prompt={quote(PROMPT)}")
+    goto(page, server, f"Path_patching?head=99.99&ko=1.1,abc&prompt={quote(PROMPT)}")
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     assert page.locator("[data-testid='stException']").count() == 0
     for text in ("Link parameter head=99.99 ignored", "Link parameter ko=1.1,abc ignored"):
         page.locator("[data-testid='stAlertContentWarning']", has_text=text).first.wait_for(timeout=WAIT)
@@ -159,9 +158,9 @@ def test_a_bad_link_says_what_it_ignored_and_the_page_renders(server, page):
 def test_home_opens_at_slash_home_and_at_the_root(server, page):
     """``/Home`` was "Page not found": it now opens Home, at its own address ``/``, with the link's parameters."""
     for path, query in ((f"Home?prompt={quote(PROMPT)}", {"prompt": [PROMPT]}), ("", {})):
-        _goto(page, server, path)
+        goto(page, server, path)
         page.get_by_text("Circuit summary").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         assert page.locator("h1", has_text="Arithmetic-circuits lab").count() == 1, path
         assert page.get_by_text("Page not found").count() == 0, path
         assert page.locator("[data-testid='stException']").count() == 0, path
@@ -177,15 +176,15 @@ def test_a_class_link_keeps_the_story_step_large_fonts_and_a_pages_control(serve
     ctx = _context(browser)
     page = ctx.new_page()
     try:
-        _goto(page, server, "Story?ops=add&n=8")  # a small set: its path patching takes a second
+        goto(page, server, "Story?ops=add&n=8")  # a small set: its path patching takes a second
         page.locator("h2", has_text=re.compile(r"^1 · ")).first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         page.get_by_role("button", name="next →").click()
         page.locator("h2", has_text=re.compile(r"^2 · ")).first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         page.get_by_text("Large fonts (presenting)").click()
         _param(page, "large", "1")
-        _idle(page)
+        idle(page)
         _param(page, "step", "2")
         _nav(page, "Knockout")
         page.get_by_text("Where your prompt breaks").first.wait_for(timeout=WAIT)
@@ -193,7 +192,7 @@ def test_a_class_link_keeps_the_story_step_large_fonts_and_a_pages_control(serve
         box.fill("5")
         box.press("Enter")
         page.get_by_role("button", name="Top-5 heads").wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         _param(page, "ko_k", "5")
         link = page.url
     finally:
@@ -206,13 +205,13 @@ def test_a_class_link_keeps_the_story_step_large_fonts_and_a_pages_control(serve
     try:
         page.goto(link)
         page.get_by_role("button", name="Top-5 heads").wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         assert page.get_by_label("k", exact=True).input_value() == "5"
         _no_notes(page)
         _nav(page, "Story")
         page.locator("h2", has_text=re.compile(r"^2 · ")).first.wait_for(timeout=WAIT)
         page.locator("[data-testid='stVegaLiteChart'] svg.marks").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         size = page.evaluate("() => parseFloat(getComputedStyle(document.querySelector('h1')).fontSize)")
         assert size >= 47, size  # Large fonts: 3rem
         labels = page.evaluate("() => [...document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] "

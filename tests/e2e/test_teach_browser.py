@@ -10,8 +10,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import shot
-from tests.e2e.test_pages_browser import WAIT, _goto, _idle
+from tests.e2e.conftest import WAIT, goto, idle, shot
 
 pytestmark = pytest.mark.e2e
 PROMPT = "What is 7 times 8?"
@@ -20,7 +19,7 @@ PROMPT = "What is 7 times 8?"
 def _nav(page, title: str) -> None:
     page.get_by_test_id("stSidebarNav").get_by_role("link", name=title, exact=True).click()
     page.wait_for_timeout(500)  # let the run start
-    _idle(page)
+    idle(page)
     errors = page.locator("[data-testid='stException']")
     assert errors.count() == 0, (title, errors.first.inner_text())
 
@@ -38,14 +37,14 @@ def _chips(page, label: str) -> list[str]:
 
 
 def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
-    _goto(page, server, "Prompt_lab")
+    goto(page, server, "Prompt_lab")
     page.get_by_text("Next token").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     box = page.get_by_label("Prompt", exact=True)
     box.fill(PROMPT)
     box.press("Enter")
     page.get_by_text("7 * 8 = 56").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     # top-5 bars: most likely first, each value printed on its bar
     chart = page.locator("[data-testid='stVegaLiteChart']").first
     chart.locator("g.mark-text.role-mark text").first.wait_for(timeout=60_000)
@@ -68,7 +67,7 @@ def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
     page.get_by_role("button", name="Top-3 heads").click()
     page.locator("[data-testid='stMultiSelect']", has_text="Heads to knock out").locator(
         "[data-tag]").nth(2).wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     picks = _chips(page, "Heads to knock out")
     assert len(picks) == 3, picks
     _nav(page, "Path patching")
@@ -81,7 +80,7 @@ def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
     page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
     page.locator("h3", has_text=f"MLP {layer}").first.wait_for(timeout=WAIT)
     page.get_by_text(f"The numbers MLP {layer} pushes most on your prompt").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     shot(page, "teach_mlp_click")
     _nav(page, "Knockout")
     page.get_by_text("Key heads vs random heads").first.wait_for(timeout=WAIT)
@@ -92,17 +91,17 @@ def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
     page.get_by_label("Model", exact=True).fill(str(ORGANISM_DIR))
     page.get_by_role("button", name="Load model").click()
     page.get_by_text("The model changed from").first.wait_for(timeout=WAIT)
-    _idle(page)
+    idle(page)
     assert _chips(page, "Heads to knock out") == []
     shot(page, "teach_model_changed")
 
 
 def test_story_walks_every_step(server, page):
-    _goto(page, server, "Story")
+    goto(page, server, "Story")
     for i in range(1, 7):
         page.locator("h2", has_text=re.compile(rf"^{i} · ")).first.wait_for(timeout=WAIT)
         page.wait_for_timeout(500)  # let the run start
-        _idle(page)
+        idle(page)
         # a step whose work is heavy waits for its button, the estimate on it (the knockout curve of this set)
         main = page.get_by_test_id("stMain")
         for _ in range(3):
@@ -111,7 +110,7 @@ def test_story_walks_every_step(server, page):
                 break
             go.first.click()
             page.wait_for_timeout(500)
-            _idle(page)
+            idle(page)
         # the step's sentence (or the note that no job has finished): waited for, since the browser may still
         # be drawing the run's last elements when Streamlit reports the run finished
         page.locator(".story-sentence, [data-testid='stAlertContentInfo']").first.wait_for(timeout=30_000)
@@ -123,7 +122,7 @@ def test_story_walks_every_step(server, page):
             page.get_by_role("button", name="next →").click()
     page.get_by_text("Large fonts (presenting)").click()
     page.wait_for_timeout(500)
-    _idle(page)
+    idle(page)
     size = page.evaluate("() => parseFloat(getComputedStyle(document.querySelector('h1')).fontSize)")
     assert size >= 47, size  # 3rem
     shot(page, "teach_story_last")

@@ -9,8 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from tests.app.test_templates import MALFORMED as APP_MALFORMED
-from tests.e2e.conftest import shot
-from tests.e2e.test_pages_browser import WAIT, _goto, _idle
+from tests.e2e.conftest import WAIT, goto, idle, shot
 from tests.e2e.test_teach_browser import _nav
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +24,7 @@ def _type(page, text: str) -> None:
     box.fill(text)
     box.press("Enter")
     page.wait_for_timeout(300)
-    _idle(page)
+    idle(page)
 
 
 def _error_text(page) -> str:
@@ -44,9 +43,9 @@ def test_a_written_template_runs_on_every_page_and_travels_in_a_link(server, bro
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = ctx.new_page()
     try:
-        _goto(page, server, "Templates")
+        goto(page, server, "Templates")
         page.get_by_text("Write a template").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         for text, message in MALFORMED.items():
             _type(page, text)
             page.locator("[data-testid='stMain'] [data-testid='stAlertContentError']", has_text=message).first.wait_for(
@@ -60,26 +59,26 @@ def test_a_written_template_runs_on_every_page_and_travels_in_a_link(server, bro
         page.locator("[data-testid='stSelectbox']", has_text="Operator word").click()
         page.get_by_role("option", name="and", exact=True).click()
         page.wait_for_timeout(300)
-        _idle(page)
+        idle(page)
         assert not _error_text(page)
         use = page.get_by_role("button", name="Check the answers and use it on every page")
         use.wait_for(timeout=WAIT)
         assert MARKED in page.locator("[data-testid='stMain']").inner_text()
         use.click()
         page.get_by_text("every page now runs on them").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         _sidebar_has_template(page)
         shot(page, "templates_editor")
 
         for title, marker in (("Path patching", "Key heads"), ("Knockout", "Key heads vs random heads")):
             _nav(page, title)
             page.get_by_text(marker).first.wait_for(timeout=WAIT)
-            _idle(page)
+            idle(page)
             _sidebar_has_template(page)
             assert not _error_text(page), (title, _error_text(page))
         _nav(page, "Paper")
         page.get_by_role("button", name="Findings (CSV)").wait_for(timeout=WAIT * 3)
-        _idle(page)
+        idle(page)
         _sidebar_has_template(page)
         shot(page, "templates_paper")
         link = page.url
@@ -93,7 +92,7 @@ def test_a_written_template_runs_on_every_page_and_travels_in_a_link(server, bro
     try:
         page.goto(link.replace("/Paper", "/Path_patching"))
         page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
-        _idle(page)
+        idle(page)
         _sidebar_has_template(page)
         warnings = page.locator("[data-testid='stAlertContentWarning']")
         assert not [warnings.nth(i).inner_text() for i in range(warnings.count())

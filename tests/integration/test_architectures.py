@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration.arch_matrix import MATRIX, SCALING, ArchResult, replace_table, run_arch, table
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.matrix]
 
 REPO = Path(__file__).resolve().parents[2]
 _RESULTS: dict[str, ArchResult] = {}

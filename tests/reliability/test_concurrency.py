@@ -10,8 +10,7 @@ from collections import Counter
 import pytest
 
 from tests.conftest import TIMINGS
-from tests.e2e.conftest import shot
-from tests.e2e.test_pages_browser import WAIT, _idle
+from tests.e2e.conftest import WAIT, idle, shot
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +31,7 @@ NEW_SET_N = 12  # the set the two patching sessions switch to: 4 ops x 12 prompt
 def _ready(pg, marker: str) -> None:
     pg.wait_for_selector("[data-testid='stAppViewContainer']", timeout=WAIT)
     pg.get_by_text(marker).first.wait_for(timeout=WAIT)
-    _idle(pg)
+    idle(pg)
 
 
 def test_eight_sessions_at_once(rel_server, browser):
@@ -72,7 +71,7 @@ def test_eight_sessions_at_once(rel_server, browser):
         pages["transfer"][1].get_by_text("Shared key heads").first.wait_for(timeout=WAIT)
         pages["prompt_lab"][1].get_by_text("7 * 8 = 56").first.wait_for(timeout=WAIT)
         for _, pg in pages.values():
-            _idle(pg)
+            idle(pg)
         t_done = time.time()
 
         # everything finished, nobody saw an exception or an error (a lock error would be one)

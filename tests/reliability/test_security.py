@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_pages_browser import WAIT, _goto, _idle
+from tests.e2e.conftest import WAIT, goto, idle
 from tests.reliability.conftest import (
     CANARY,
     ORGANISM,
@@ -245,9 +245,9 @@ def test_no_secrets_in_cache_logs_or_pages(rel_server, browser, tmp_path):
         pg = ctx.new_page()
         bodies = []
         for path, marker in (("", "Arithmetic accuracy"), ("Path_patching", "Key heads")):
-            _goto(pg, rel_server.url, path)
+            goto(pg, rel_server.url, path)
             pg.get_by_text(marker).first.wait_for(timeout=WAIT)
-            _idle(pg)
+            idle(pg)
             bodies.append(pg.content())
     finally:
         ctx.close()
