@@ -4,7 +4,9 @@
     .venv/bin/python docs/screenshots.py --pages Position_patching
 
 Starts the dashboard on a free local port with a fresh result cache (so the computations shown are
-real), opens each page, waits until Streamlit has finished its run, and saves a full-page PNG.
+real), opens each page, presses each button that asks before a computation (but the report's), waits until
+Streamlit has finished its run, and saves a full-page PNG; then the README's picture, docs/heatmap.png: Path
+patching with head 1.3 clicked, its heatmap and the head's attention.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from tests.e2e.conftest import streamlit_server  # noqa: E402
+from tests.e2e.conftest import ask_all, streamlit_server  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 WAIT_MS = 600_000
@@ -52,12 +54,32 @@ def main() -> int:
                 page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=WAIT_MS)
                 page.wait_for_timeout(1500)  # let the run start before waiting for its end
                 page.wait_for_function(IDLE, timeout=WAIT_MS)
+                ask_all(page)
                 page.wait_for_timeout(1000)  # charts draw after the run
                 target = args.out / f"{path or 'Home'}.png"
                 page.screenshot(path=str(target), full_page=True)
                 print(target)
+            if args.pages is None:
+                hero(page, url, REPO / "docs" / "heatmap.png")
             browser.close()
     return 0
+
+
+def hero(page, url: str, target: Path) -> None:
+    """The README's picture: Path patching with head 1.3 clicked, from its heatmap to the head's attention."""
+    page.set_viewport_size({"width": 1400, "height": 1400})
+    page.goto(f"{url}/Path_patching?head=1.3")
+    page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=WAIT_MS)
+    page.wait_for_timeout(1500)
+    page.wait_for_function(IDLE, timeout=WAIT_MS)
+    ask_all(page)
+    page.wait_for_timeout(1000)
+    charts = page.locator("[data-testid='stVegaLiteChart']")
+    first, second = charts.nth(0).bounding_box(), charts.nth(1).bounding_box()
+    top = max(0, first["y"] - 60)
+    page.screenshot(path=str(target), full_page=True,
+                    clip={"x": 0, "y": top, "width": 1400, "height": second["y"] + second["height"] + 20 - top})
+    print(target)
 
 
 if __name__ == "__main__":

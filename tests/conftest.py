@@ -1,5 +1,7 @@
 """Session-wide hooks: timings reported by tests are printed in pytest's terminal summary; one
-Chromium (``browser``) serves every browser test (tests/e2e, tests/reliability)."""
+Chromium (``browser``) serves every browser test (tests/e2e, tests/reliability); the bundled model
+(``organism``, alias ``model``) is one fixture for every test module that opens it; each test carries its
+folder's tier marker."""
 
 from __future__ import annotations
 
@@ -32,6 +34,20 @@ def browser():
                                     "--disable-component-update", "--disable-sync", "--no-first-run"])
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def organism():
+    """The bundled model on the CPU through TransformerBridge, opened once per test module (a module's tests may
+    leave memos on the backend; no test module sees another's)."""
+    from engine.backends import open_model
+    return open_model("organism", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def model(organism):
+    """The bundled model, under the name the technique-level tests use."""
+    return organism
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -26,3 +26,15 @@ def page(name: str, *, n: int = 12) -> AppTest:
 
 def errors(at: AppTest) -> list[str]:
     return [e.value for e in at.error]
+
+
+def ask_all(at: AppTest, *, skip: tuple[str, ...] = ("Build the report",), tries: int = 6) -> AppTest:
+    """Press each button that asks before a computation (its label ends "(estimated: about ...)"), but those whose
+    label holds one of ``skip``: whether a page asks depends on the machine's speed (engine.cost), so a test of
+    what a page draws presses them rather than depend on the estimate."""
+    for _ in range(tries):
+        asking = [b for b in at.button if "(estimated: about " in b.label and not any(t in b.label for t in skip)]
+        if not asking:
+            break
+        asking[0].click().run()
+    return at

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.knockout_curve import cached_knockout_curve
 
@@ -43,11 +42,6 @@ class FakeCtx:
     page_script_hash: str = "knockout-page"
     session_id: str = "s1"
     session_state: dict = field(default_factory=dict)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return open_model("organism", device="cpu")
 
 
 @pytest.mark.parametrize("request_kind", ["other_page", "session_stopped"])

@@ -88,11 +88,6 @@ def _check(raw, lo, heads, mlps, tol):
 
 
 @pytest.fixture(scope="module")
-def organism():
-    return open_model("organism", device="cpu")
-
-
-@pytest.fixture(scope="module")
 def organism_pairs(organism):
     pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=3, seed=5))
     return pairs

@@ -15,9 +15,6 @@ import json
 import re
 from dataclasses import replace
 
-import pytest
-
-from engine.backends import open_model
 from engine.prompts.pairs import COUNTERFACTUALS
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.attention import role_attention
@@ -25,11 +22,6 @@ from engine.techniques.carries import carries, what_heads_carry
 from tests.integration.test_cli import run_cli
 
 SPEC = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=30, seed=0)
-
-
-@pytest.fixture(scope="module")
-def organism():
-    return open_model("organism", device="cpu")
 
 
 def test_each_kind_changes_only_its_part(organism):

@@ -36,11 +36,6 @@ SPEC = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=4, seed=3)
 
 
 @pytest.fixture(scope="module")
-def organism():
-    return open_model("organism", device="cpu")
-
-
-@pytest.fixture(scope="module")
 def pairs(organism):
     return keep_correct(organism, generate(organism.tokenizer, SPEC)[0])
 

@@ -12,7 +12,6 @@ import sys
 import pytest
 import torch
 
-from engine.backends import open_model
 from engine.prompts.custom import parse_template, read_text_pairs, unknown_words
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import PromptSetSpec, generate_set
@@ -21,11 +20,6 @@ from engine.techniques.path_patching import path_patching
 from tests.helpers.smollm2 import open_smollm2
 
 APPLES = "{A} apples [and] {B} pears make"
-
-
-@pytest.fixture(scope="module")
-def organism():
-    return open_model("organism")
 
 
 def _spec(text: str, op: str = "add", **kw) -> PromptSetSpec:

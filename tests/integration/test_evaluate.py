@@ -23,11 +23,6 @@ pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"no benchmark data in
 
 
 @pytest.fixture(scope="module")
-def organism():
-    return open_model("organism", device="cpu")
-
-
-@pytest.fixture(scope="module")
 def smol():
     from tests.helpers.smollm2 import smollm2_gguf_path
     try:

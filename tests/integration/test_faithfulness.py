@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec
 from engine.results import cache_only
 from engine.techniques import faithfulness as F
@@ -27,11 +26,6 @@ from tests.integration.test_cli import run_cli
 from tests.unit.test_faithfulness import _validate_like_from_json
 
 SPEC = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=20, seed=0)
-
-
-@pytest.fixture(scope="module")
-def organism():
-    return open_model("organism", device="cpu")
 
 
 @pytest.fixture(scope="module")

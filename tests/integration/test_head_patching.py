@@ -69,11 +69,6 @@ def _check(backend, pairs, receiver, every=1):
     return raw
 
 
-@pytest.fixture(scope="module")
-def organism():
-    return open_model("organism", device="cpu")
-
-
 @pytest.mark.parametrize("inp", ("q", "k", "v"))
 def test_head_to_head_equals_reference_on_bundled_model(organism, inp):
     pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul"), n=2, seed=6))

@@ -9,18 +9,13 @@ import pandas as pd
 import pytest
 import torch
 
-from engine.backends import hooks, open_model
+from engine.backends import hooks
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import PromptSetSpec
 from engine.techniques.operand_grid import grid_pairs, grid_template, operand_grid, parse_component
 from engine.techniques.path_patching import Sender, path_patching_reference
 
 SPEC = PromptSetSpec(ops=("add",), n=40)
-
-
-@pytest.fixture(scope="module")
-def organism():
-    return open_model("organism")
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,8 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 import torch
 
-from engine.backends import open_model
 from engine.organism.card import template_accuracy
 from engine.organism.recipe import DEFAULT_DIR, Recipe, build_tokenizer, split_words
 from engine.organism.train import train
@@ -17,11 +15,6 @@ from engine.prompts.pairs import answer_tokens
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.prompts.templates import NAMES, PAPER_NAMES, TEMPLATES_BY_ID, paper_templates, templates_for
 from tests.integration.test_cli import run_cli
-
-
-@pytest.fixture(scope="module")
-def model():
-    return open_model("organism", device="cpu")
 
 
 def test_shape_and_files(model):

@@ -23,11 +23,6 @@ from tests.helpers.smollm2 import smollm2_gguf_path
 SPEC = PromptSetSpec(ops=("add", "mul"), n=10, seed=0)
 
 
-@pytest.fixture(scope="module")
-def organism():
-    return open_model("organism", device="cpu")
-
-
 def test_findings_are_their_techniques_numbers(organism):
     pairs, _ = kept_pairs(organism, SPEC)
     word, _ = kept_pairs(organism, replace(SPEC, ops=("add",), n=40, families=WORD_PROBLEM_FAMILIES))

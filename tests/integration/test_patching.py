@@ -27,11 +27,6 @@ def _max_rel_diff(backend, pairs, senders=None):
     return worst, fast
 
 
-@pytest.fixture(scope="module")
-def organism():
-    return open_model("organism", device="cpu")
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fast_equals_reference_on_random_init(arch, tmp_path):
     backend = open_model(str(build_tiny_model(arch, tmp_path / arch)), device="cpu")

@@ -50,11 +50,6 @@ def _check_positions(backend, pairs, layers=None, rows_per_pass=None):
     return raw
 
 
-@pytest.fixture(scope="module")
-def organism():
-    return open_model("organism", device="cpu")
-
-
 def test_layer_position_patching_equals_plain_reference_on_bundled_model(organism):
     pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "div"), n=4, seed=3))
     raw = _check_positions(organism, pairs)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from cache import ResultCache
-from engine.backends import open_model
 from engine.findings import steps
 from engine.findings.checks import Verdict
 from engine.prompts.promptsets import PromptSetSpec
@@ -33,11 +32,6 @@ FAKE = steps.Step("pair count", "Fig. 99", "Prompt pairs can be counted", "99 pa
 def with_fake(monkeypatch):
     monkeypatch.setattr(steps, "STEPS", (*steps.STEPS, FAKE))
     return FAKE
-
-
-@pytest.fixture(scope="module")
-def model():
-    return open_model("organism", device="cpu")
 
 
 def test_one_step_reaches_summary_paper_and_report(with_fake, model, tmp_path):

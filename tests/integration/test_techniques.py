@@ -6,18 +6,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.backends import open_model
 from engine.models.spec import resolve_spec
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.attention import FIRST_TOKEN, ROLES, prompt_attention, role_attention, token_roles
 from engine.techniques.knockout import Knockout, knockout_accuracy, mean_activations, parse_heads, top_next_tokens
 from engine.techniques.knockout_curve import knockout_curve
 from engine.techniques.mlp_projections import METRICS, mlp_projections, number_token, top_number_tokens
-
-
-@pytest.fixture(scope="module")
-def model():
-    return open_model("organism", device="cpu")
 
 
 @pytest.fixture(scope="module")
