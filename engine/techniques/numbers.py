@@ -23,7 +23,7 @@ the score is computed over the pooled held-out predictions (every prompt predict
 
 * ``logistic``: the L2 logistic regression of ``LogisticRegression(C=LOGREG_C)`` (multinomial; binary for two
   values) over the values of y, folds ``StratifiedKFold``, a layer's fits solved in one batch
-  (:mod:`engine.techniques.logistic`: Newton-CG to 100x scikit-learn's default tolerance); only prompts whose value
+  (:mod:`engine.numerics.logistic`: Newton-CG to 100x scikit-learn's default tolerance); only prompts whose value
   occurs at least k times are kept, k ≤ ``FOLDS`` folds (:func:`class_folds`: the k in ``MIN_FOLDS..FOLDS`` that
   keeps the most prompts, the larger k on a tie; the rest are dropped, ``n_prompts`` and ``folds`` say what was
   used); no k with two such values: no row.
@@ -95,12 +95,12 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.machinery.batching import batches, check_pairs, pad, pad_id
+from engine.numerics import logistic
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptError, PromptPair, answer_tokens, prompt_set_hash
 from engine.prompts.templates import TEMPLATES_BY_ID
-from engine.techniques import logistic
 from engine.techniques.attention import token_roles
-from engine.techniques.batching import batches, check_pairs, pad, pad_id
 
 METHOD = "numbers"
 VERSION = 4  # bumped when a quantity of the docstring changes (part of every cache key below)
@@ -243,7 +243,7 @@ def residuals_and_prefixes(backend: ModelBackend, pairs: Sequence[PromptPair], l
     keeps their keys and values (``prefix_with_cache_at``): the END logits are the full prompt's, and each chunk's
     unshifted continuation of END from its keys and values cropped before END is the check
     :func:`continued_readouts` holds against them."""
-    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    from engine.machinery.batching import TOKENS_PER_PASS, length_chunks
     check_pairs(pairs, backend.facts.vocab_size)
     names = [resid_hook(x) for x in check_layers(layers, backend.facts.n_layers)]
     out = np.zeros((len(names), len(POSITIONS), len(pairs), backend.facts.d_model))
@@ -579,7 +579,7 @@ def residual_pass_work(backend: ModelBackend, pairs: Sequence[PromptPair]):
         return NO_WORK
     if not keeps_prefixes(backend, pairs):
         return padded_passes([p.ref_ids for p in pairs], 64)
-    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    from engine.machinery.batching import TOKENS_PER_PASS, length_chunks
     w = NO_WORK
     for idx in length_chunks(pairs, TOKENS_PER_PASS):
         n, T = len(idx), len(pairs[idx[0]].ref_ids)
@@ -920,11 +920,11 @@ def shifted_readouts(backend: ModelBackend, pairs: Sequence[PromptPair], layer: 
 
 def continuation_pays(backend: ModelBackend, pairs: Sequence[PromptPair], n_shifts: int) -> bool:
     """Whether the prefixes + their continuations (per chunk: the check, then the shifts ``CONTINUE_ROWS`` rows a
-    call) cost fewer token positions (a call's fixed cost counted, :func:`engine.techniques.batching.call_tokens`)
+    call) cost fewer token positions (a call's fixed cost counted, :func:`engine.machinery.batching.call_tokens`)
     than one padded pass per shift."""
     if not backend.continues:
         return False
-    from engine.techniques.batching import TOKENS_PER_PASS, call_tokens, length_chunks
+    from engine.machinery.batching import TOKENS_PER_PASS, call_tokens, length_chunks
     call = call_tokens(backend.facts)
     width = max(len(p.ref_ids) for p in pairs)
     full = n_shifts * (len(pairs) * width + len(batches(len(pairs), 64)) * call)
@@ -949,7 +949,7 @@ class Prefix:
 def prefixes(backend: ModelBackend, pairs: Sequence[PromptPair]) -> list[Prefix] | None:
     """X_r's prefixes of every prompt, per chunk of equal length (None: a prompt of one token), remembered for the
     last prompt set (:func:`remembered`)."""
-    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    from engine.machinery.batching import TOKENS_PER_PASS, length_chunks
 
     def make() -> list[Prefix] | None:
         out = []
@@ -983,7 +983,7 @@ def continued_readouts(backend: ModelBackend, pairs: Sequence[PromptPair], layer
     """:func:`shifted_readouts` at END from X_r's prefixes (:func:`prefixes`): the unshifted continuation must
     reproduce ``end_logits`` [P, vocab] (else None: the caller runs full passes); then each shift continues the
     prompts ``idx`` (default all) with END alone, ``shift[j]`` added to the residual of prompt ``idx[j]``."""
-    from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, logit_scale
+    from engine.machinery.shortcut import ShortcutMismatch, check_reproduces, logit_scale
     idx = list(range(len(pairs))) if idx is None else list(idx)
     chunks = prefixes(backend, pairs)
     if chunks is None:

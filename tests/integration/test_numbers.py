@@ -437,8 +437,8 @@ def test_one_pass_and_one_prefix_serve_every_step_of_a_prompt_set(organism, add_
     padded pass, and the backends' two-pass default equals the bridge's one pass.  Another prompt set runs its own;
     where continuing does not pay or the prefix is too large to keep, the padded pass runs."""
     from engine.backends.base import ModelBackend
+    from engine.machinery.batching import TOKENS_PER_PASS, length_chunks
     from engine.techniques import helix_patch as H
-    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
     calls = {"padded": 0, "fused": 0, "one pass": 0, "prefix": 0}
     real = {"padded": N.residuals_and_end_logits, "fused": N.residuals_and_prefixes,
             "one pass": organism.prefix_with_cache_at, "prefix": organism.prefix}
