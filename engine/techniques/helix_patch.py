@@ -1,6 +1,6 @@
 """Helix-subspace patching: does the model *use* the helix a number is fitted on (Kantamneni & Tegmark, 2025)?
 
-A helix fit (:mod:`engine.techniques.numbers`, 3) shows that a number n *can* be read from the residual stream
+A helix fit (:mod:`engine.techniques.numbers.helix`) shows that a number n *can* be read from the residual stream
 along cos/sin directions; it does not show that the model reads it there.  Kantamneni & Tegmark test it
 causally: move only the helix part of one prompt's activation to another number's, and see whether the answer
 follows -- beside patching the whole activation, and a subspace of the same dimension found without the helix
