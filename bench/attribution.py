@@ -22,6 +22,7 @@ import torch
 
 from bench.path_patching import qwen_shaped
 from engine.backends import open_model
+from engine.machinery.batching import pad, pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.attribution import (
     AttributionRaw,
@@ -31,7 +32,6 @@ from engine.techniques.attribution import (
     sender_rows,
     total_atp,
 )
-from engine.techniques.batching import pad, pad_id
 from engine.techniques.head_patching import Receiver, head_path_patching, head_path_patching_reference
 from engine.techniques.logit_lens import logit_lens
 from engine.techniques.path_patching import path_patching

@@ -29,9 +29,9 @@ import torch
 from bench.path_patching import organism_label, qwen_shaped
 from engine.backends import hooks as H
 from engine.backends import open_model
+from engine.machinery.batching import pad as pad_ids
 from engine.models.load import load_plain
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.batching import pad as pad_ids
 from engine.techniques.path_patching import path_patching
 
 

@@ -51,10 +51,10 @@ def phases(spec: str) -> dict[str, float]:
     import transformer_lens.model_bridge  # noqa: F401
     out["import transformer-lens"] = time.perf_counter() - t
     from engine.backends.bridge import BridgeBackend
+    from engine.machinery.batching import pad, pad_id
     from engine.models.fingerprint import weights_fingerprint
     from engine.models.load import bridge_plain, load_plain
     from engine.prompts.promptsets import PromptSetSpec, generate
-    from engine.techniques.batching import pad, pad_id
     t = time.perf_counter()
     plain = load_plain(spec, device="cpu")
     out["plain load (config, tokenizer, weights: mapped, or read and de-quantized)"] = time.perf_counter() - t

@@ -298,7 +298,7 @@ def run_cached_rows(model, pairs: Sequence[PromptPair], method: str, params: Map
 
 
 # ---------------------------------------------------------------------------------------------
-# per-pair arrays as artifacts (the bootstrap's inputs, engine.techniques.intervals)
+# per-pair arrays as artifacts (the bootstrap's inputs, engine.numerics.intervals)
 # ---------------------------------------------------------------------------------------------
 
 def encode_array(x: Any) -> dict[str, Any]:

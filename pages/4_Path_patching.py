@@ -6,10 +6,10 @@ import pandas as pd
 import streamlit as st
 
 from engine.findings.glossary import help_text
+from engine.numerics.intervals import SMALL_SET
 from engine.prompts.pairs import PromptError, counterfactual_words
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from engine.techniques.attention import ROLE_DEFINITIONS, ROLES
-from engine.techniques.intervals import SMALL_SET
 from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import typed_attention, typed_pair
 from ui import state, url_state

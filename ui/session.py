@@ -405,7 +405,7 @@ def analysed_pairs(model: ModelBackend, spec: "PromptSetSpec", cache):
         msg = none_right_message(n_generated, custom=bool(spec.templates))
         st.error(msg[0].upper() + msg[1:].replace("your template", "your template (page 'Your templates')") + ".")
         st.stop()
-    from engine.techniques.intervals import small_set_note
+    from engine.numerics.intervals import small_set_note
     note = small_set_note(len(pairs))
     if note:
         st.info(f"{note} {set_size_text(spec, len(pairs), n_generated)}.", icon=":material/info:")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from engine.techniques.components import grid
+from engine.machinery.components import grid
 
 HEAD_SELECTION = "cell"
 #: Okabe-Ito, colour-blind safe; the first colour (vermillion) is the strongest and marks the main result

@@ -13,7 +13,7 @@ which offers exactly what the paper's methods need --
   :mod:`engine.backends.layouts`: the per-head output projection W_O, the attention branch (a post-attention
   norm and a residual scale, the identity on most models), the MLP branch (its norms and scale included),
   the final norm, the unembedding and the transform a model applies to its logits (a soft cap, a scale).
-  The exact END chains (:mod:`engine.techniques.end_chain`) compose these at the END position only.
+  The exact END chains (:mod:`engine.machinery.end_chain`) compose these at the END position only.
 
 ``open_model(spec, backend="bridge" | "nnsight")`` is the one entry point the CLI and pages use:
 ``bridge`` is TransformerBridge (transformer-lens 4), ``nnsight`` the nnsight wrapper of the plain

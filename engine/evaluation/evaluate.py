@@ -189,7 +189,7 @@ def last_logits(model, seqs: Sequence[Sequence[int]], batch_size: int = 8):
     """Next-token logits after each sequence (left padding, batches). # [n, vocab] float32"""
     import torch
 
-    from engine.techniques.batching import pad_batch, tokenizer_pad_id
+    from engine.machinery.batching import pad_batch, tokenizer_pad_id
     if not seqs or any(len(s) == 0 for s in seqs):
         raise BenchmarkError("last_logits needs non-empty token sequences")
     pad = tokenizer_pad_id(model.tokenizer)

@@ -57,7 +57,7 @@ def text_loss(model, texts: Sequence[str], batch_size: int = 8, max_tokens: int 
     import torch
     import torch.nn.functional as F
 
-    from engine.techniques.batching import pad_batch, tokenizer_pad_id
+    from engine.machinery.batching import pad_batch, tokenizer_pad_id
 
     tok = model.tokenizer
     pad = tokenizer_pad_id(tok)

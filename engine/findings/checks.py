@@ -6,7 +6,7 @@ the other findings need (the same problems in other formats, exponentiation, GSM
 newest fine-tuning jobs) -- and returns a :class:`Verdict`.  The path-patching table that most checks start
 from is computed once, by the first check that asks for it.
 
-Every computed number carries its 95 % bootstrap interval over the prompt pairs (:mod:`engine.techniques.
+Every computed number carries its 95 % bootstrap interval over the prompt pairs (:mod:`engine.numerics.
 intervals`, from the per-pair results each technique stores with its cached result: no extra forward pass),
 and a criterion is read off the interval: *holds* when the whole interval is on the finding's side of the
 threshold, *does not hold* when it is wholly on the other side, *inconclusive* (``holds`` None with a number)
@@ -20,9 +20,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from engine.numerics.intervals import NULL_QUANTILE, Interval, all_hold, interval
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.intervals import NULL_QUANTILE, Interval, all_hold, interval
 from engine.techniques.knockout_curve import KNOCKOUT_DRAWS, KNOCKOUT_K
 from engine.techniques.path_patching import TOP_HEADS, head_sparsity
 
@@ -44,8 +44,8 @@ class Verdict:
 
 
 def pairs_text(n: int, what: str = "pairs") -> str:
-    """``n`` pairs, with the small-set note when they are few (:func:`~engine.techniques.intervals.small_set_note`)."""
-    from engine.techniques.intervals import SMALL_SET
+    """``n`` pairs, with the small-set note when they are few (:func:`~engine.numerics.intervals.small_set_note`)."""
+    from engine.numerics.intervals import SMALL_SET
     return f"{n} {what}" + (f" (few: under {SMALL_SET}, the interval is wide)" if n < SMALL_SET else "")
 
 

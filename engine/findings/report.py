@@ -16,11 +16,11 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Callable, Sequence
 
+from engine.machinery.components import wide_rows
 from engine.paths import REPO_ROOT
 from engine.progress import ProgressFn
 from engine.prompts.custom import none_right_message
 from engine.prompts.pairs import PromptPair, prompt_set_hash
-from engine.techniques.components import wide_rows
 
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
 #: the phases of gathering the report's data (its progress bar); its findings come from engine.findings.steps

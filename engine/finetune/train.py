@@ -49,7 +49,7 @@ from torch import nn
 from engine.finetune.errors import FinetuneError
 from engine.finetune.recipe import default_recipe, training_steps
 from engine.finetune.slices import KV_RULES, Head, HeadSlices, attn_layout
-from engine.techniques.batching import pad_batch
+from engine.machinery.batching import pad_batch
 
 Method = Literal["precise", "full", "lora"]
 METHODS: tuple[str, ...] = ("precise", "full", "lora")

@@ -16,6 +16,7 @@ import random
 from collections import defaultdict
 from typing import Any
 
+from engine.machinery.batching import pad_batch
 from engine.organism.recipe import Recipe, control_prompts, distractors, held_out_template_combos, training_combos
 from engine.prompts.pairs import (
     OperandRange,
@@ -28,7 +29,6 @@ from engine.prompts.pairs import (
 )
 from engine.prompts.templates import PAPER_FAMILIES, PAPER_OPS, TEMPLATES_BY_ID, WORD_PROBLEM_FAMILIES
 from engine.techniques.accuracy import score_pairs
-from engine.techniques.batching import pad_batch
 
 
 def _held_out_problems(recipe: Recipe, seed: int) -> list[Problem]:

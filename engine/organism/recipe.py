@@ -328,7 +328,7 @@ def sample_example(rng: random.Random, recipe: Recipe,
 
 def encode_batch(tokenizer, examples: Sequence[tuple[str, str]]):
     """Token ids, attention mask and labels (-100 except on the target and <eos>)."""
-    from engine.techniques.batching import pad_batch
+    from engine.machinery.batching import pad_batch
     eos = tokenizer.eos_token_id
     seqs: list[list[int]] = []
     labels: list[list[int]] = []

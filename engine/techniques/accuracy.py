@@ -98,8 +98,8 @@ def _score(model, pairs: Sequence[PromptPair], *, batch_size: int, progress: Pro
     """Scores of ``pairs``; ``full`` False: END only (``full_ok`` False, not computed)."""
     import torch
 
-    from engine.techniques.batching import call_tokens, length_batches, pad_id
-    from engine.techniques.batching import pad as pad_batch
+    from engine.machinery.batching import call_tokens, length_batches, pad_id
+    from engine.machinery.batching import pad as pad_batch
 
     digit_ids = _number_piece_ids(model)
     pad = pad_id(model)
@@ -136,7 +136,7 @@ def scoring_work(model, pairs: Sequence[PromptPair], *, full: bool = True, batch
     """The forward work of :func:`score_pairs` (``full``) or of the filter's END-only pass (not ``full``): the same
     batches as :func:`_score`, counted without running them (``engine.cost.Work``)."""
     from engine.cost import NO_WORK, one_pass
-    from engine.techniques.batching import call_tokens, length_batches
+    from engine.machinery.batching import call_tokens, length_batches
 
     def answer(p: PromptPair) -> list[int]:
         return p.answer_ids if full else []

@@ -27,10 +27,10 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.machinery.batching import pad, pad_id
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.prompts.templates import TEMPLATES_BY_ID
-from engine.techniques.batching import pad, pad_id
 
 FIRST_TOKEN = "first token (attention sink)"
 ROLES: tuple[str, ...] = (FIRST_TOKEN, "operand A", "operand B", "operator", "other")

@@ -12,7 +12,7 @@ quantities are estimated, each beside its exact value:
 
 **Path AtP -- the estimate of path patching (Algorithm 1, every other head frozen).**  With every
 other head frozen at X_r, a change of head (l, h)'s END output reaches the logit only through the
-END position's MLPs and norms: the exact END chain of :mod:`engine.techniques.end_chain`, the fast path of
+END position's MLPs and norms: the exact END chain of :mod:`engine.machinery.end_chain`, the fast path of
 path patching.  So the gradient is that of the frozen END chain, taken once at the X_r residual stream::
 
     g_l  = d logit / d a_l      a_l: the attention module's END output at layer l (o_proj(z), before
@@ -25,7 +25,7 @@ path patching.  So the gradient is that of the frozen END chain, taken once at t
 Cost per batch: the 2 forward passes of path patching (X_r, X_c) plus one backward pass through
 the END chain (L single-position MLP evaluations) -- for every head and MLP at once.  The chain checks
 itself first (its own answer logit must be the model's, and the block model must hold:
-:func:`engine.techniques.end_chain.check_block_model`); where it does not, the same gradient is taken
+:func:`engine.machinery.end_chain.check_block_model`); where it does not, the same gradient is taken
 through the model itself, every head frozen at X_r by hooks (one forward and backward pass per batch),
 and the result says so (``fallback``).
 
@@ -54,14 +54,14 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.machinery import end_chain
+from engine.machinery.batching import in_pair_order, pair_batches
+from engine.machinery.components import Component, wide_rows
+from engine.machinery.patch_rows import patch_rows, prepare
+from engine.machinery.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 from engine.progress import ProgressFn, note
 from engine.prompts.pairs import PromptPair
-from engine.techniques import end_chain
-from engine.techniques.batching import in_pair_order, pair_batches
-from engine.techniques.components import Component, wide_rows
-from engine.techniques.patch_rows import patch_rows, prepare
 from engine.techniques.path_patching import PatchingRaw, Sender, path_patching, sender_edits, sender_hooks
-from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 
 METHOD = "attribution_patching"
 #: the four estimates, as (name, what it is)
@@ -247,7 +247,7 @@ def total_atp_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_
 def activation_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 64):
     """The forward work of :func:`activation_patching` (``engine.cost.Work``): X_r and X_c cached, then every
     head and MLP as a variant of the whole prompts."""
-    from engine.techniques.patch_rows import patch_rows_work, prepare_work
+    from engine.machinery.patch_rows import patch_rows_work, prepare_work
     L, H = backend.facts.n_layers, backend.facts.n_heads
     width = max(len(p.ref_ids) for p in pairs)
     return prepare_work(pairs) + patch_rows_work(L * (H + 1), len(pairs), width, rows_per_pass=rows_per_pass)

@@ -13,7 +13,7 @@ Here:
    operator: + and -, * and /) -- filtered to the prompts the model answers right,
    and path-patched (each head's END output from that X_c, every other head frozen at X_r; cached per kind).
 3. **Effect.**  Each key head's mean path-patching value under each kind, in the metric the key heads were ranked
-   by, with its 95 % bootstrap interval over that kind's pairs (:func:`engine.techniques.intervals.mean_intervals`).
+   by, with its 95 % bootstrap interval over that kind's pairs (:func:`engine.numerics.intervals.mean_intervals`).
    The head *carries* the kind whose effect is the most negative; ``clear`` when that kind's interval lies wholly
    below every other kind's.
 
@@ -28,10 +28,10 @@ from typing import Sequence
 import numpy as np
 
 from engine.backends.base import ModelBackend
+from engine.numerics.intervals import mean_intervals
 from engine.progress import ProgressFn, Stages
 from engine.prompts.custom import none_right_message
 from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED, PromptError
-from engine.techniques.intervals import mean_intervals
 
 KINDS: tuple[str, ...] = tuple(COUNTERFACTUALS)
 

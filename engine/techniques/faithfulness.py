@@ -30,7 +30,7 @@ The paper validates its key heads one knockout at a time (Fig. 3).  The field no
 6. **Scores.**  MIB's areas with x normalised to [0, 1] (trapezoids between the grid's points): CPR, the area under
    f (higher is better), and CMD, the area between f and 1, |1 - f| (lower is better).
 7. **Intervals.**  Every f(x), CPR and CMD with a percentile bootstrap over the prompt pairs
-   (:mod:`engine.techniques.intervals`: ``RESAMPLES`` resamples, seeded), from the stored per-pair readouts -- no
+   (:mod:`engine.numerics.intervals`: ``RESAMPLES`` resamples, seeded), from the stored per-pair readouts -- no
    forward pass again.  Resampling the pairs resamples the random ranking's orders with them.
 
 Cost: one END-only readout per distinct circuit and pair it applies to, several circuits per pass
@@ -58,9 +58,9 @@ import numpy as np
 import torch
 
 from engine.backends.base import ModelBackend
+from engine.numerics.intervals import LEVEL, RESAMPLES, SEED, Interval
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.intervals import LEVEL, RESAMPLES, SEED, Interval
 from engine.techniques.knockout import Knockout, MeanActivations, knockout_end, mean_activations
 
 METHOD = "faithfulness"

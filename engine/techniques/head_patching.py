@@ -24,13 +24,13 @@ the END residual, so only the receiver's END query (or END key / value) moves.
 Cost -- the floor.  With every head frozen and the sender patched at END, no position before END
 differs from X_r's run: the receiver's queries, keys and values there are X_r's.  So X_r's keys and
 values up to END are kept once per prompt length, and each (sender, prompt) row runs **the END token
-alone** against them (:func:`engine.techniques.patch_rows.at_end`): one position per row, through the
+alone** against them (:func:`engine.machinery.patch_rows.at_end`): one position per row, through the
 model's own layers (its rotary embedding, grouped-query attention, norms), instead of the whole
 prompt.  :func:`head_path_patching_reference` -- whole prompts, one row per sender and prompt, on the
 patching core -- is the textbook loop; the two agree to float rounding (``tests/integration/
 test_head_patching.py``).  A backend that cannot keep keys and values (NDIF) runs the reference, and
 so does a model whose keys and values do not give back its own logits (the self-check of
-:func:`engine.techniques.patch_rows.patch_rows`; the result's ``fallback`` says so).
+:func:`engine.machinery.patch_rows.patch_rows`; the result's ``fallback`` says so).
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.machinery.batching import TOKENS_PER_PASS, check_pairs, length_chunks
+from engine.machinery.components import wide_rows
+from engine.machinery.patch_rows import PatchRun, at_end, patch_rows, prepare, replace
+from engine.machinery.shortcut import ShortcutMismatch, fallback_note
 from engine.progress import ProgressFn, Stages, note
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import TOKENS_PER_PASS, check_pairs, length_chunks
-from engine.techniques.components import wide_rows
-from engine.techniques.patch_rows import PatchRun, at_end, patch_rows, prepare, replace
 from engine.techniques.path_patching import PatchingRaw, Sender, SenderValue, sender_edits, sender_hooks, summarize
 from engine.techniques.path_patching import cli as patching_cli
-from engine.techniques.shortcut import ShortcutMismatch, fallback_note
 
 Input = Literal["q", "k", "v"]
 INPUTS: tuple[str, ...] = ("q", "k", "v")
@@ -131,7 +131,7 @@ def head_path_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], 
     cached, X_r's keys and values, and every earlier sender as a row of the END token alone (the textbook loop
     where the backend cannot continue a prefix)."""
     from engine.cost import NO_WORK, one_pass
-    from engine.techniques.patch_rows import patch_rows_work, prepare_work
+    from engine.machinery.patch_rows import patch_rows_work, prepare_work
     n_senders = len(senders_before(receiver, backend.facts.n_heads))
     if not backend.continues:
         width = max(len(p.ref_ids) for p in pairs)

@@ -1,6 +1,6 @@
 """Helix-subspace patching: does the model *use* the helix a number is fitted on (Kantamneni & Tegmark, 2025)?
 
-A helix fit (:mod:`engine.techniques.numbers`, 3) shows that a number n *can* be read from the residual stream
+A helix fit (:mod:`engine.techniques.numbers.helix`) shows that a number n *can* be read from the residual stream
 along cos/sin directions; it does not show that the model reads it there.  Kantamneni & Tegmark test it
 causally: move only the helix part of one prompt's activation to another number's, and see whether the answer
 follows -- beside patching the whole activation, and a subspace of the same dimension found without the helix
@@ -34,7 +34,7 @@ values, computed once, where that is less work and reproduces the unpatched END 
 C'_i's first token; stays = fraction still on C_i's; ld = logit[C'_i] - logit[C_i] (first tokens), recovered =
 (mean ld_patch - mean ld_none) / (mean ld_full - mean ld_none) -- the share of the full patch's
 logit-difference change the patch achieves.
-Intervals: percentile bootstrap over the prompts (:mod:`engine.techniques.intervals`; success and recovered,
+Intervals: percentile bootstrap over the prompts (:mod:`engine.numerics.intervals`; success and recovered,
 from the per-prompt results, no extra forward pass).
 """
 
@@ -47,9 +47,9 @@ import numpy as np
 import torch
 
 from engine.backends.base import ModelBackend
+from engine.numerics import intervals
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptError, PromptPair, compute_answer
-from engine.techniques import intervals
 from engine.techniques.numbers import (
     PERIODS,
     POSITIONS,

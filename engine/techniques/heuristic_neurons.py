@@ -29,10 +29,10 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.machinery.batching import pad, pad_id
+from engine.numerics.intervals import Interval
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptError, PromptPair
-from engine.techniques.batching import pad, pad_id
-from engine.techniques.intervals import Interval
 
 #: A neuron whose best heuristic reaches this held-out R^2 is tagged (the issue's threshold).
 TAG_R2 = 0.5
@@ -304,7 +304,7 @@ def neuron_circuit(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, te
 def _neuron_circuit(backend: ModelBackend, all_pairs: Sequence[PromptPair], layer: int, neurons: tuple[int, ...]
                     ) -> NeuronCircuit:
     """:func:`neuron_circuit`'s computation on the grid's pairs ``all_pairs``."""
-    from engine.techniques.intervals import interval, mean_intervals
+    from engine.numerics.intervals import interval, mean_intervals
     act_r = end_activations(backend, [p.ref_ids for p in all_pairs], layer)        # [P, d_mlp]
     act_c = end_activations(backend, [p.cf_ids for p in all_pairs], layer)
     m_full, top = end_margins(backend, all_pairs, layer, None)

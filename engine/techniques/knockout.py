@@ -26,9 +26,9 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.machinery.batching import CALL_MACS_PER_LAYER, TOKENS_PER_PASS, length_chunks, pad, pad_id
 from engine.progress import ProgressFn, current_check
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import CALL_MACS_PER_LAYER, TOKENS_PER_PASS, length_chunks, pad, pad_id
 
 ALL = "*"
 
@@ -482,7 +482,7 @@ def _continued(backend: ModelBackend, ref: torch.Tensor, cf: torch.Tensor, lg_c:
     """X_r's keys and values of its first ``start`` positions (``ref`` [n, width], unpadded), when continuing
     them saves work for ``n_sets`` sets and reproduces X_c's END logits ``lg_c`` [n, vocab] from X_c's own
     positions ``start ..`` (X_c shares them); None: the textbook passes (not worth it, or not reproduced)."""
-    from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, logit_scale
+    from engine.machinery.shortcut import ShortcutMismatch, check_reproduces, logit_scale
     n, width = ref.shape
     if not 1 <= start < width or n_sets * start <= 2 * width:  # prefix + check: about one pass, in two calls
         return None

@@ -197,7 +197,7 @@ def curve_intervals(right: np.ndarray) -> dict[str, np.ndarray]:
     """95 % bootstrap intervals over the pairs of each point's accuracies: ``right`` [points, 1 + draws, P] (the
     top set, then the random draws) -> {"top_low", "top_high", "random_low", "random_high"}: [points] each (the
     random draws' mean accuracy, its draws fixed, the pairs resampled)."""
-    from engine.techniques.intervals import mean_intervals
+    from engine.numerics.intervals import mean_intervals
     per_pair = np.stack([right[:, 0], right[:, 1:].mean(1)], -1).transpose(1, 0, 2)  # [P, points, 2]
     _, low, high = mean_intervals(per_pair.astype(np.float64))
     return {"top_low": low[:, 0], "top_high": high[:, 0], "random_low": low[:, 1], "random_high": high[:, 1]}

@@ -24,10 +24,10 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.machinery.batching import batches, check_pairs, pad, pad_id
+from engine.machinery.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 from engine.progress import ProgressFn, note
 from engine.prompts.pairs import PromptPair, groups_of
-from engine.techniques.batching import batches, check_pairs, pad, pad_id
-from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 
 METHOD = "logit_lens"
 

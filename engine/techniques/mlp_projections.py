@@ -32,9 +32,9 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.machinery.batching import pad, pad_id
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptError, PromptPair, answer_tokens
-from engine.techniques.batching import pad, pad_id
 
 METHOD = "mlp_projection"
 METRICS: tuple[str, ...] = ("cos_in_A", "cos_in_B", "cos_out_C", "cos_out_other")

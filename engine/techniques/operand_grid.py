@@ -42,6 +42,8 @@ import torch
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
+from engine.machinery import end_chain
+from engine.machinery.batching import pad, pad_id
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import (
     PromptError,
@@ -51,8 +53,6 @@ from engine.prompts.pairs import (
     template_operands,
 )
 from engine.prompts.templates import TEMPLATES_BY_ID, Template, templates_for
-from engine.techniques import end_chain
-from engine.techniques.batching import pad, pad_id
 
 #: Most pairs one grid holds (0..99 x 0..99 of an addition is 10 000).
 MAX_GRID_PAIRS = 10_000

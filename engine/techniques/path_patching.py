@@ -29,7 +29,7 @@ left out of the effect's mean (its logit_diff still counts); the number left out
 through the END position's MLPs and norms: attention outputs are frozen everywhere, and no later
 position exists.  So after one X_r and one X_c forward pass per batch, each sender needs only a
 chain of END-position evaluations from its layer to the top, after the block model of the
-architecture (:mod:`engine.techniques.end_chain` -- pre- and post-norms, parallel blocks, residual
+architecture (:mod:`engine.machinery.end_chain` -- pre- and post-norms, parallel blocks, residual
 scales, the logits' soft cap)::
 
     a_l  = o_proj(z_r)[l, END] + (z_c - z_r)[l, END, h] @ W_O[l, h]   # head sender (l, h)
@@ -44,7 +44,7 @@ itself (the heads' outputs reach the attention output linearly; one unchanged ch
 model's answer logit); where it does not hold, the technique runs the textbook loop instead and says so
 (``PatchingRaw.fallback``, the table's ``fallback``, one line in the CLI, a note on the page).
 :func:`path_patching_reference` is the textbook version -- one hooked forward pass per sender, on the
-patching core (:mod:`engine.techniques.patch_rows`) -- kept for verification and benchmarks; the two
+patching core (:mod:`engine.machinery.patch_rows`) -- kept for verification and benchmarks; the two
 agree to float rounding.
 """
 
@@ -59,13 +59,10 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
-from engine.progress import ProgressFn, note
-from engine.prompts.pairs import PromptPair, groups_of
-from engine.techniques import end_chain
-from engine.techniques.batching import batches, in_pair_order, pair_batches
-from engine.techniques.components import Component, grid, wide_rows
-from engine.techniques.intervals import NULL_QUANTILE, Interval, interval, shuffled_null, top_share
-from engine.techniques.patch_rows import (
+from engine.machinery import end_chain
+from engine.machinery.batching import batches, in_pair_order, pair_batches
+from engine.machinery.components import Component, grid, wide_rows
+from engine.machinery.patch_rows import (
     Edit,
     PatchRun,
     Slot,
@@ -76,7 +73,10 @@ from engine.techniques.patch_rows import (
     replace_except_head,
     take,
 )
-from engine.techniques.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
+from engine.machinery.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
+from engine.numerics.intervals import NULL_QUANTILE, Interval, interval, shuffled_null, top_share
+from engine.progress import ProgressFn, note
+from engine.prompts.pairs import PromptPair, groups_of
 
 METHOD = "path_patching"
 METRICS: tuple[str, ...] = ("effect", "logit_diff", "prob_diff")
@@ -424,8 +424,8 @@ class PatchingTable:
     def heatmap_intervals(self, metric: str = "effect", group: str = "*") -> tuple[Grid, Grid] | None:
         """((heads, mlps) low, (heads, mlps) high): each cell of :meth:`heatmap` with its 95 % percentile bootstrap
         interval over the group's pairs, every cell from the same resamples, from the stored per-pair results (no
-        forward pass; :func:`engine.techniques.intervals.mean_intervals`).  None: no per-pair results stored."""
-        from engine.techniques.intervals import mean_intervals
+        forward pass; :func:`engine.numerics.intervals.mean_intervals`).  None: no per-pair results stored."""
+        from engine.numerics.intervals import mean_intervals
         if self.per_pair is None:
             return None
         heads, mlps = self.per_pair.per_pair(metric)

@@ -18,7 +18,7 @@ lengths line up; a template's cells are labelled with its first prompt's tokens,
 (an operation, all prompts) with ``END``, ``END-1``, ...  Cells where X_r and X_c have
 the same residual vector for every prompt (every position before the first differing token, in
 every layer) are exactly 0 and need no forward pass; the others are batched on the patching core
-(:mod:`engine.techniques.patch_rows`), several (l, p) cells per pass, one row per prompt and cell.
+(:mod:`engine.machinery.patch_rows`), several (l, p) cells per pass, one row per prompt and cell.
 A patch at position p leaves every position before p as in X_r's run, so (prompts grouped by length)
 a cell's rows run positions p .. END alone against X_r's cached keys and values.
 """
@@ -34,11 +34,11 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
+from engine.machinery.batching import TOKENS_PER_PASS, check_pairs, length_chunks
+from engine.machinery.patch_rows import PatchRun, Slot, from_position, patch_rows, prepare, take
+from engine.machinery.shortcut import ShortcutMismatch, fallback_note
 from engine.progress import ProgressFn, Stages, note
 from engine.prompts.pairs import PromptPair, groups_of
-from engine.techniques.batching import TOKENS_PER_PASS, check_pairs, length_chunks
-from engine.techniques.patch_rows import PatchRun, Slot, from_position, patch_rows, prepare, take
-from engine.techniques.shortcut import ShortcutMismatch, fallback_note
 
 METHOD = "layer_position_patching"
 RESTORED_MIN_GAP = 1e-3
@@ -71,7 +71,7 @@ def layer_position_patching(backend: ModelBackend, pairs: Sequence[PromptPair], 
     """Patch resid_pre[l] at every END-relative position p from X_c, for every layer l (exact).
 
     The prompts go by length; a cell at position p runs positions p .. END alone, against X_r's keys and
-    values of the positions before p (:func:`engine.techniques.patch_rows.from_position`: nothing
+    values of the positions before p (:func:`engine.machinery.patch_rows.from_position`: nothing
     before p differs from X_r's run).  A backend that cannot keep keys and values runs whole prompts."""
     check_pairs(pairs, backend.facts.vocab_size)
     if backend.continues:
@@ -89,7 +89,7 @@ def position_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], *
     cell counted (the cells whose X_r and X_c residuals agree are skipped when it runs); per chunk of one length
     X_r and X_c cached, X_r's keys and values, and each position's cells continued from it."""
     from engine.cost import NO_WORK, one_pass
-    from engine.techniques.patch_rows import patch_rows_work, prepare_work
+    from engine.machinery.patch_rows import patch_rows_work, prepare_work
     L = backend.facts.n_layers
     if not backend.continues:
         T = max(len(p.ref_ids) for p in pairs)

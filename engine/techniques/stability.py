@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.techniques.intervals import RESAMPLES, SEED
+from engine.numerics.intervals import RESAMPLES, SEED
 
 ALL = "*"
 

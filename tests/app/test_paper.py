@@ -35,7 +35,7 @@ def test_every_finding_has_a_number_or_a_reason():
         assert row["this model"] != "–" or row["verdict"].endswith("not computed"), row.to_dict()
         assert row["how judged"], row.to_dict()
     # each number says how many pairs its interval rests on, and whether they are few
-    from engine.techniques.intervals import SMALL_SET
+    from engine.numerics.intervals import SMALL_SET
     n = n_kept(at)
     for finding in ("Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14", "MIB"):
         rests = df.loc[df["finding"] == finding, "rests on"].item()

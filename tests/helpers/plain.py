@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from engine.techniques.batching import pad
+from engine.machinery.batching import pad
 
 ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention")
 O_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "o", "Wo")

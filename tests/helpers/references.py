@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from engine.techniques.batching import pad, pad_id
+from engine.machinery.batching import pad, pad_id
 from engine.techniques.knockout import Knockout, MeanActivations, knocked_out
 from engine.techniques.knockout_curve import CurvePoint, curve_knockouts
 

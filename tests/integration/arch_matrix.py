@@ -177,7 +177,7 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
         return max(rel_err(raw.logit_o, lo), rel_err(raw.patched, patched)), raw.fallback or ""
 
     def knockout():
-        from engine.techniques.batching import pad, pad_id
+        from engine.machinery.batching import pad, pad_id
         from engine.techniques.knockout import Knockout, knocked_out, mean_activations
         means = mean_activations(backend, pairs)
         ids, mask, end = pad([p.ref_ids for p in pairs], pad_id(backend))
@@ -329,9 +329,9 @@ def run_arch(model_type: str, root: Path) -> ArchResult:
     """Build ``model_type`` tiny, open it on both backends, run every technique against the references."""
     from engine.backends import open_model
     from engine.backends.layouts import LAYOUTS
+    from engine.machinery.batching import pad_id
     from engine.models.spec import ModelLoadError
     from engine.prompts.promptsets import PromptSetSpec, generate
-    from engine.techniques.batching import pad_id
     from tests.integration.tiny_models import build_tiny
     t0 = time.perf_counter()
     res = ArchResult(model_type)

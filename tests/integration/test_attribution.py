@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.backends import hooks, open_model
+from engine.machinery.batching import pad, pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.attribution import (
     activation_patching,
@@ -20,7 +21,6 @@ from engine.techniques.attribution import (
     spearman,
     total_atp,
 )
-from engine.techniques.batching import pad, pad_id
 from tests.helpers.smollm2 import open_smollm2
 from tests.integration.tiny_models import build_tiny_model
 

@@ -53,8 +53,8 @@ def test_prompts_are_read_at_the_digit_position(gemma, pairs):
 
 
 def test_fast_path_patching_equals_the_plain_per_sender_loop(gemma, pairs):
+    from engine.machinery.batching import pad_id
     from engine.models.load import load_plain
-    from engine.techniques.batching import pad_id
     from engine.techniques.path_patching import path_patching
     from tests.helpers.plain import Plain
     from tests.helpers.plain import path_patching as plain_path_patching

@@ -1,4 +1,4 @@
-"""Scale-free criteria with intervals (engine.techniques.intervals, the Paper rows of engine.findings.checks).
+"""Scale-free criteria with intervals (engine.numerics.intervals, the Paper rows of engine.findings.checks).
 
 The sparsity row must separate a model with a known sparse circuit (the bundled model, trained for it) from one
 whose effects are spread (the same architecture with random weights), by the same criterion whatever the logit
@@ -16,9 +16,9 @@ import torch
 from engine.backends import open_model
 from engine.findings import checks
 from engine.models.spec import ORGANISM_DIR
+from engine.numerics.intervals import NULL_QUANTILE, shuffled_null, top_share
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.accuracy import kept_pairs
-from engine.techniques.intervals import NULL_QUANTILE, shuffled_null, top_share
 from engine.techniques.path_patching import cached_path_patching, head_sparsity, path_patching
 
 SPEC = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=12, seed=0)
@@ -139,7 +139,7 @@ def test_heatmap_cells_carry_their_bootstrap_interval(three, tmp_path):
     """Each heatmap cell's interval is the percentile bootstrap of that cell's mean over the group's pairs: a loop of
     one scipy bootstrap per cell (the lab's one-cell ``interval``) on the per-pair results of the textbook mean."""
     from cache import ResultCache
-    from engine.techniques.intervals import interval
+    from engine.numerics.intervals import interval
     organism = three[0]
     pairs, _ = kept_pairs(organism, SPEC)
     table, _ = cached_path_patching(organism, pairs, cache=ResultCache(tmp_path / "c.duckdb"))

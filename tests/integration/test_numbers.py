@@ -431,8 +431,9 @@ def test_one_pass_and_one_prefix_serve_every_step_of_a_prompt_set(organism, add_
     padded pass, and the backends' two-pass default equals the bridge's one pass.  Another prompt set runs its own;
     where continuing does not pay or the prefix is too large to keep, the padded pass runs."""
     from engine.backends.base import ModelBackend
+    from engine.machinery.batching import TOKENS_PER_PASS, length_chunks
     from engine.techniques import helix_patch as H
-    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
+    from engine.techniques.numbers import activations, shifts
     calls = {"padded": 0, "fused": 0, "one pass": 0, "prefix": 0}
     real = {"padded": N.residuals_and_end_logits, "fused": N.residuals_and_prefixes,
             "one pass": organism.prefix_with_cache_at, "prefix": organism.prefix}
@@ -442,11 +443,12 @@ def test_one_pass_and_one_prefix_serve_every_step_of_a_prompt_set(organism, add_
             calls[name] += 1
             return real[name](*a, **k)
         return fn
-    monkeypatch.setattr(N, "residuals_and_end_logits", counted("padded"))
-    monkeypatch.setattr(N, "residuals_and_prefixes", counted("fused"))
+    monkeypatch.setattr(activations, "residuals_and_end_logits", counted("padded"))  # where residual_pass reads it
+    monkeypatch.setattr(activations, "residuals_and_prefixes", counted("fused"))
     monkeypatch.setattr(organism, "prefix_with_cache_at", counted("one pass"))
     monkeypatch.setattr(organism, "prefix", counted("prefix"))
-    monkeypatch.setattr(N, "continuation_pays", lambda *a: True)  # the bundled model is small enough for either
+    for module in (activations, shifts):  # the bundled model is small enough for either
+        monkeypatch.setattr(module, "continuation_pays", lambda *a: True)
     pairs = add_pairs[:-1]  # a prompt set no other test has remembered
     N.number_probes(organism, pairs, layers=[4])
     N.helix_circle(organism, pairs, 4, "END", "C")
@@ -472,7 +474,7 @@ def test_one_pass_and_one_prefix_serve_every_step_of_a_prompt_set(organism, add_
     X = N.layer_residuals(organism, add_pairs, [-1, 4])  # the last set remembered was the other one
     assert calls["fused"] == 2
     np.testing.assert_allclose(X, real["padded"](organism, add_pairs, [-1, 4])[0], atol=1e-5)
-    monkeypatch.setattr(N, "KEEP_PREFIX_BYTES", 0)  # too large to keep (a big model on a GPU): made per call
+    monkeypatch.setattr(activations, "KEEP_PREFIX_BYTES", 0)  # too large to keep (a big model on a GPU): made per call
     other, before = add_pairs[:-2], dict(calls)
     assert H.helix_patch(organism, other, 4, "END", "C") == H.helix_patch(organism, other, 4, "END", "C")
     assert calls["padded"] == before["padded"] + 1 and calls["fused"] == before["fused"]

@@ -7,8 +7,8 @@ import torch
 
 from engine.backends import hooks, open_model
 from engine.backends.base import WorkMeter
+from engine.machinery.batching import pad, pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.batching import pad, pad_id
 from engine.techniques.logit_lens import cached_logit_lens, logit_lens
 from engine.techniques.position_patching import cached_layer_position_patching, layer_position_patching, summarize
 from tests.helpers.smollm2 import open_smollm2

@@ -1,5 +1,5 @@
 """Every fast path checks itself before it reports, and gives way to its textbook loop -- saying so -- when the
-check fails (engine/techniques/shortcut.py).
+check fails (engine/machinery/shortcut.py).
 
 Each test breaks one assumption of a fast path on a live model (a component that no longer matches the model, a
 KV cache that no longer gives back its logits) and asserts: the result carries the fallback's note, equals the

@@ -173,8 +173,8 @@ def test_end_only_knockouts_and_scores_equal_full_logits_on_smollm2(smol):
     import torch
 
     from engine.backends.base import WorkMeter
+    from engine.machinery.batching import TOKENS_PER_PASS, length_chunks
     from engine.techniques.accuracy import first_token_right, forget_scores, score_pairs
-    from engine.techniques.batching import TOKENS_PER_PASS, length_chunks
     from engine.techniques.knockout_curve import curve_knockouts, knockout_curve
     ps, _ = generate(smol.tokenizer, PromptSetSpec(ops=("add", "mul"), n=4, seed=1))
     for p in ps:  # the digit position: END is the last prompt token, the answer starts with a digit token

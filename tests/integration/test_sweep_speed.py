@@ -20,9 +20,9 @@ import torch
 
 from engine.backends import open_model
 from engine.backends.base import WorkMeter
+from engine.machinery.batching import TOKENS_PER_PASS, length_chunks, pad, pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.accuracy import keep_correct, score_pairs
-from engine.techniques.batching import TOKENS_PER_PASS, length_chunks, pad, pad_id
 from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
 from engine.techniques.knockout_curve import curve_knockouts, knockout_curve
 from tests.helpers.references import knockout_accuracy_full_logits, knockout_curve_full_logits

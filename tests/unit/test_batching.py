@@ -1,4 +1,4 @@
-"""Batches by length (engine.techniques.batching.length_batches): the dynamic programme finds the cheapest cut of
+"""Batches by length (engine.machinery.batching.length_batches): the dynamic programme finds the cheapest cut of
 the sorted lengths (checked against every cut of small cases), respects the row limit, and per-batch results go back
 into the pairs' order."""
 
@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from engine.techniques.batching import in_pair_order, length_batches
+from engine.machinery.batching import in_pair_order, length_batches
 
 
 def cost(lengths, groups, call):

@@ -1,4 +1,4 @@
-"""engine.techniques.intervals: the verdict read off an interval, and the bootstrap against plain numpy."""
+"""engine.numerics.intervals: the verdict read off an interval, and the bootstrap against plain numpy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.techniques.intervals import Interval, all_hold, interval, mean_intervals
+from engine.numerics.intervals import Interval, all_hold, interval, mean_intervals
 
 
 def test_a_criterion_holds_fails_or_is_inconclusive_by_where_the_interval_lies():

@@ -59,8 +59,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("finetune", ("engine/finetune/",)),
     ("studies", ("engine/organism/", "engine/evaluation/")),
     ("techniques", ("engine/techniques/",)),
+    ("machinery", ("engine/machinery/",)),
     ("core", ("engine/results.py", "engine/cost.py", "engine/backends/")),
-    ("base", ("engine/prompts/", "engine/models/", "engine/progress.py", "engine/paths.py", "cache/")),
+    ("base", ("engine/prompts/", "engine/models/", "engine/numerics/", "engine/progress.py", "engine/paths.py",
+              "cache/")),
 )
 
 

@@ -1,4 +1,4 @@
-"""The batched logistic probes against scikit-learn's pipeline, fold by fold (engine.techniques.logistic)."""
+"""The batched logistic probes against scikit-learn's pipeline, fold by fold (engine.numerics.logistic)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from engine.techniques import logistic
+from engine.numerics import logistic
 
 
 def problem(rng, K: int, P: int, d: int, signal: float, constant: int = 0):

@@ -19,13 +19,13 @@ A head sender (l, h) changes the attention module's output at END, ``a_l = o_pro
 models) and runs its MLP on the new stream (a parallel block's MLP reads the unchanged block input).  An MLP
 sender l starts after its block at ``resid_post[l] + (mlp_c - mlp_r)[l]``.
 
-**Self-check** (:mod:`engine.techniques.shortcut`).  The chains rest on the block model, so each batch
+**Self-check** (:mod:`engine.machinery.shortcut`).  The chains rest on the block model, so each batch
 checks it before anything is reported: (1) for every layer, ``a_c - a_r`` equals ``(z_c - z_r) @ W_O``
 summed over heads (the heads' outputs reach the attention module's output linearly, through W_O) and the
 attention branch gives back X_r's contribution, ``attn_branch(a_r) = attn_r``; (2) one extra chain starts
 at layer 0 with no change at all and, through every block's MLP branch, the final norm, the unembedding and
 the logits' transform, must give back the model's own answer logit.  A mismatch raises
-:class:`~engine.techniques.shortcut.ShortcutMismatch`.
+:class:`~engine.machinery.shortcut.ShortcutMismatch`.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
+from engine.machinery.batching import PairBatch, pair_batches
+from engine.machinery.shortcut import ShortcutMismatch, check_reproduces
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import PairBatch, pair_batches
-from engine.techniques.shortcut import ShortcutMismatch, check_reproduces
 
 
 def chain_hooks(n_layers: int) -> tuple[list[HookName], list[HookName]]:

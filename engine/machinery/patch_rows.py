@@ -21,7 +21,7 @@ X_r), the rows need not run those positions: X_r's keys and values are kept once
 (``backend.prefix``, the model's own KV cache) and each row runs positions p .. END alone against
 them (``backend.continue_end_logits``) -- the END token alone for a patch at END -- the same numbers.
 That rests on the model's KV cache giving back what a whole forward pass gives, so :func:`patch_rows`
-checks it first (:mod:`engine.techniques.shortcut`): the prompts continued with no edit at all must
+checks it first (:mod:`engine.machinery.shortcut`): the prompts continued with no edit at all must
 give back the model's answer logits, else it raises ``ShortcutMismatch`` and the technique runs whole
 prompts instead (:func:`whole_prompts`).
 
@@ -38,10 +38,10 @@ import torch
 
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
+from engine.machinery.batching import batches, check_pairs, pad, pad_id
+from engine.machinery.shortcut import check_reproduces, logit_scale
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.batching import batches, check_pairs, pad, pad_id
-from engine.techniques.shortcut import check_reproduces, logit_scale
 
 V = TypeVar("V")
 HookFn = Callable[[torch.Tensor], torch.Tensor]

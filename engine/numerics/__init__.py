@@ -1,0 +1,1 @@
+"""Numerics the techniques share: bootstrap intervals over prompt pairs, batched logistic probes."""
