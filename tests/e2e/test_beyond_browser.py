@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import WAIT, goto, idle, shot
+from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
 
 pytestmark = pytest.mark.e2e
 
@@ -18,6 +18,7 @@ def _head_title(page) -> str:
 
 def test_attribution_tab_point_click_and_head_to_head(server, page):
     goto(page, server, "Path_patching")
+    ask_all(page)  # on a busy machine the page asks before computing
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
     idle(page)
     page.get_by_role("tab", name="Exact vs attribution").click()

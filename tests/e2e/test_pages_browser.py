@@ -27,6 +27,7 @@ def test_every_page_renders(server, page):
 
 def test_heatmap_click_shows_that_heads_attention(server, page):
     goto(page, server, "Path_patching")
+    ask_all(page)  # on a busy machine the page asks before computing
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
     idle(page)
     title = page.locator("h3", has_text=re.compile(r"^Head \d+\.\d+")).first

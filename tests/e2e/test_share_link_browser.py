@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 
-from tests.e2e.conftest import WAIT, goto, idle, shot, streamlit_server
+from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot, streamlit_server
 from tests.e2e.test_teach_browser import _chips, _nav
 
 pytestmark = pytest.mark.e2e
@@ -51,6 +51,7 @@ def test_a_copied_link_opens_the_same_view_in_a_new_browser_context(server, brow
 
         # a head, clicked on the Path patching heatmap
         _nav(page, "Path patching")
+        ask_all(page)  # on a busy machine the page asks before computing
         page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
         layer, head = HEAD
         cell = page.locator(f"[data-testid='stVegaLiteChart'] path[aria-label*='column: {head};']"
@@ -141,6 +142,7 @@ def test_a_link_opened_first_on_a_freshly_started_dashboard(browser, tmp_path):
 
 def test_a_bad_link_says_what_it_ignored_and_the_page_renders(server, page):
     goto(page, server, f"Path_patching?head=99.99&ko=1.1,abc&prompt={quote(PROMPT)}")
+    ask_all(page)  # on a busy machine the page asks before computing
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
     idle(page)
     assert page.locator("[data-testid='stException']").count() == 0

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import WAIT, goto, idle, shot
+from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
 
 pytestmark = pytest.mark.e2e
 PROMPT = "What is 7 times 8?"
@@ -72,6 +72,7 @@ def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
     assert len(picks) == 3, picks
     _nav(page, "Path patching")
     # a click on an MLP cell shows that layer's MLP view
+    ask_all(page)  # on a busy machine the page asks before computing
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
     cell = page.locator("[data-testid='stVegaLiteChart'] path[aria-label*='column: MLP']").first
     cell.wait_for(timeout=WAIT)

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from tests.app.test_templates import MALFORMED as APP_MALFORMED
-from tests.e2e.conftest import WAIT, goto, idle, shot
+from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
 from tests.e2e.test_teach_browser import _nav
 
 pytestmark = pytest.mark.e2e
@@ -72,6 +72,7 @@ def test_a_written_template_runs_on_every_page_and_travels_in_a_link(server, bro
 
         for title, marker in (("Path patching", "Key heads"), ("Knockout", "Key heads vs random heads")):
             _nav(page, title)
+            ask_all(page)  # on a busy machine the page asks before computing
             page.get_by_text(marker).first.wait_for(timeout=WAIT)
             idle(page)
             _sidebar_has_template(page)
@@ -91,6 +92,7 @@ def test_a_written_template_runs_on_every_page_and_travels_in_a_link(server, bro
     page = ctx.new_page()
     try:
         page.goto(link.replace("/Paper", "/Path_patching"))
+        ask_all(page)  # on a busy machine the page asks before computing
         page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
         idle(page)
         _sidebar_has_template(page)

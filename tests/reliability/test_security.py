@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import WAIT, goto, idle
+from tests.e2e.conftest import WAIT, ask_all, goto, idle
 from tests.reliability.conftest import (
     CANARY,
     ORGANISM,
@@ -246,6 +246,7 @@ def test_no_secrets_in_cache_logs_or_pages(rel_server, browser, tmp_path):
         bodies = []
         for path, marker in (("", "Arithmetic accuracy"), ("Path_patching", "Key heads")):
             goto(pg, rel_server.url, path)
+            ask_all(pg)  # on a busy machine the page asks before computing
             pg.get_by_text(marker).first.wait_for(timeout=WAIT)
             idle(pg)
             bodies.append(pg.content())
