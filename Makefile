@@ -10,7 +10,7 @@ PORT ?= 8501
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint chromium smollm2 gemma3 bench clean-cache screenshots
+.PHONY: setup run test test-fast lint chromium smollm2 gemma3 bench clean-cache screenshots
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -50,6 +50,11 @@ lint: setup
 
 test: setup lint chromium smollm2 gemma3
 	HF_HUB_OFFLINE=1 $(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The loop for every change (under 3 minutes): model-free units and the bundled model's core techniques against
+# their references (tests/conftest.py: FAST); no Chromium, no real model, no architecture matrix.
+test-fast: setup lint
+	HF_HUB_OFFLINE=1 $(PY) -m pytest tests -m fast $(PYTEST_ARGS)
 
 # Every page of the dashboard in Chromium, freshly computed, as docs/screenshots/<page>.png (the docs/dashboard.md gallery).
 screenshots: setup chromium

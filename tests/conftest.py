@@ -14,6 +14,13 @@ CHROMIUM = "/usr/bin/chromium"
 TESTS = Path(__file__).resolve().parent
 #: a test's tier is its folder (docs/testing.md); each folder's tests carry its marker, so `-m unit` picks a tier
 TIERS = ("unit", "integration", "app", "e2e", "reliability")
+#: the fast tier (`make test-fast`, the loop for every change): the model-free units and, on the bundled model, each
+#: core technique against its plain reference, the charts' specs, the compute gate and one page end to end -- no
+#: Chromium, no real model, no architecture matrix, nothing marked slow
+FAST = ("unit/", "integration/test_techniques.py", "integration/test_patching.py", "integration/test_head_patching.py",
+        "integration/test_position_patching.py", "integration/test_carries.py", "app/test_charts.py",
+        "app/test_compute_gate.py", "app/test_operand_grid.py")
+NOT_FAST = ("slow", "realmodel", "e2e", "matrix")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -23,6 +30,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(parts[0])
         if "smollm2" in item.name.lower():  # a test named for the real SmolLM2 opens it (4 did without the marker)
             item.add_marker("realmodel")
+        rel = "/".join(parts)
+        if rel.startswith(FAST) and not any(item.get_closest_marker(m) for m in NOT_FAST):
+            item.add_marker("fast")
 
 
 @pytest.fixture(scope="session")
