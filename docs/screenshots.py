@@ -2,6 +2,7 @@
 
     make screenshots                      # every page, bundled model -> docs/screenshots/<page>.png
     .venv/bin/python docs/screenshots.py --pages Position_patching
+    .venv/bin/python docs/screenshots.py --pages heatmap        # the README's picture only
 
 Starts the dashboard on a free local port with a fresh result cache (so the computations shown are
 real), opens each page, presses each button that asks before a computation (but the report's), waits until
@@ -21,7 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 from tests.e2e.conftest import ask_all, streamlit_server  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
+HERO = "heatmap"
 WAIT_MS = 600_000
+#: pressing a button scrolls Streamlit's own container: back to the top before a picture
+TO_TOP = "() => document.querySelectorAll('*').forEach(e => { if (e.scrollTop) e.scrollTop = 0; })"
 IDLE = ("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
         " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }")
 
@@ -40,6 +44,8 @@ def main() -> int:
     ap.add_argument("--height", type=int, default=2000)
     args = ap.parse_args()
     paths = page_paths() if args.pages is None else args.pages.split(",")
+    with_hero = args.pages is None or HERO in paths  # "--pages heatmap": the README's picture only
+    paths = [p for p in paths if p != HERO]
     args.out.mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,11 +62,12 @@ def main() -> int:
                 page.wait_for_function(IDLE, timeout=WAIT_MS)
                 ask_all(page)
                 page.wait_for_timeout(1000)  # charts draw after the run
+                page.evaluate(TO_TOP)
                 target = args.out / f"{path or 'Home'}.png"
                 page.screenshot(path=str(target), full_page=True)
                 print(target)
-            if args.pages is None:
-                hero(page, url, REPO / "docs" / "heatmap.png")
+            if with_hero:
+                hero(page, url, REPO / "docs" / f"{HERO}.png")
             browser.close()
     return 0
 
@@ -74,11 +81,13 @@ def hero(page, url: str, target: Path) -> None:
     page.wait_for_function(IDLE, timeout=WAIT_MS)
     ask_all(page)
     page.wait_for_timeout(1000)
+    page.evaluate(TO_TOP)
     charts = page.locator("[data-testid='stVegaLiteChart']")
     first, second = charts.nth(0).bounding_box(), charts.nth(1).bounding_box()
-    top = max(0, first["y"] - 60)
+    top, left = max(0, first["y"] - 60), max(0, first["x"] - 30)
     page.screenshot(path=str(target), full_page=True,
-                    clip={"x": 0, "y": top, "width": 1400, "height": second["y"] + second["height"] + 20 - top})
+                    clip={"x": left, "y": top, "width": second["x"] + second["width"] + 30 - left,
+                          "height": second["y"] + second["height"] + 20 - top})
     print(target)
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 from views.charts import stretched
 
 KIND_COLOR = {"token": "#7f7f7f", "head": "#d55e00", "mlp": "#0072b2", "answer": "#009e73"}
-#: an edge's colour says what it is: a token's attention share, or a patching effect by its sign (red: the answer's
+#: an edge's colour says what it is: a token's attention share, or a patching effect by its sign (orange: the answer's
 #: logit drops when the sender's output comes from the counterfactual -- it carries the operation; blue: it rises)
 EDGE_KINDS = {"attention": "attention share (token → head)",
               "lowers": "patching it lowers the answer logit",

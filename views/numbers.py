@@ -13,6 +13,9 @@ from views.charts import LEGEND, LINE_LEGEND, PALETTE, layer_axis, stretched
 POSITION_ORDER = ("END", "A", "B")
 #: the width of one panel of a three-panel chart: the three fit the page's column (about 900 px on a laptop)
 FACET_PX = 220
+#: a dash legend draws line pieces (its default, a point, looks the same for solid and dashed)
+DASH_LEGEND = alt.Legend(orient="bottom", title=None, symbolType="stroke", symbolStrokeWidth=2,
+                         symbolSize=300, symbolStrokeColor="#555")
 TARGET_COLORS = alt.Scale(domain=["A", "B", "C"], range=[PALETTE[1], PALETTE[2], PALETTE[0]])
 
 
@@ -33,7 +36,7 @@ def probe_lines(df: pd.DataFrame, method: str = "logistic", threshold: float | N
         x=layer_axis(),
         y=alt.Y("value:Q", title=title, scale=alt.Scale(domain=[0, 1], clamp=True)),
         color=alt.Color("target:N", scale=TARGET_COLORS, legend=LINE_LEGEND),
-        strokeDash=alt.StrokeDash("kind:N", legend=alt.Legend(orient="bottom", title=None)),
+        strokeDash=alt.StrokeDash("kind:N", legend=DASH_LEGEND),
         tooltip=["layer", "position", "target", "kind", alt.Tooltip("value:Q", format=".3f"), "n_prompts",
                  "n_classes"])
     layers = [base]
@@ -55,7 +58,7 @@ def kappa_lines(df: pd.DataFrame) -> alt.Chart:
         x=layer_axis(),
         y=alt.Y("kappa:Q", title="held-out Cohen's κ of C mod T", scale=alt.Scale(domain=[-0.2, 1], clamp=True)),
         color=alt.Color("T:N", title="T", sort=["2", "5", "10", "100"], legend=LINE_LEGEND),
-        strokeDash=alt.StrokeDash("kind:N", legend=alt.Legend(orient="bottom", title=None)),
+        strokeDash=alt.StrokeDash("kind:N", legend=DASH_LEGEND),
         tooltip=["layer", "T", "kind", alt.Tooltip("kappa:Q", format=".3f"), "n_prompts"],
     ).properties(height=220))
 
@@ -164,7 +167,7 @@ def digit_lines(df: pd.DataFrame) -> alt.FacetChart:
         x=layer_axis(),
         y=alt.Y("mean(accuracy):Q", title="held-out digit accuracy", scale=alt.Scale(domain=[0, 1], clamp=True)),
         color=alt.Color("target:N", scale=colors, legend=LINE_LEGEND),
-        strokeDash=alt.StrokeDash("digit:N", sort=["units", "tens"], legend=alt.Legend(orient="bottom", title=None)),
+        strokeDash=alt.StrokeDash("digit:N", sort=["units", "tens"], legend=DASH_LEGEND),
         detail="line:N",
         tooltip=["layer", "position", "target", "digit", "kind", alt.Tooltip("mean(accuracy):Q", format=".3f"),
                  "n_prompts"],
