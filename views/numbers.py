@@ -14,8 +14,9 @@ POSITION_ORDER = ("END", "A", "B")
 #: the width of one panel of a three-panel chart: the three fit the page's column (about 900 px on a laptop)
 FACET_PX = 220
 #: a dash legend draws line pieces (its default, a point, looks the same for solid and dashed)
-DASH_LEGEND = alt.Legend(orient="bottom", title=None, symbolType="stroke", symbolStrokeWidth=2,
-                         symbolSize=300, symbolStrokeColor="#555")
+#: (drawn only with a fill colour set too: Streamlit's theme leaves a bare stroke symbol invisible)
+DASH_LEGEND = alt.Legend(orient="bottom", title=None, symbolType="stroke", symbolStrokeWidth=2, symbolSize=400,
+                         symbolStrokeColor="#333", symbolFillColor="#333", symbolOpacity=1)
 TARGET_COLORS = alt.Scale(domain=["A", "B", "C"], range=[PALETTE[1], PALETTE[2], PALETTE[0]])
 
 

@@ -13,7 +13,9 @@ values: ...").  :func:`read_charts` collects, per chart on the page:
 * texts truncated by Vega's ``labelLimit`` (they end in "…");
 * the chart's right edge against the page's main column (a panel run off the page);
 * the number of data items its marks draw (an empty chart draws its axes and nothing else);
-* the texts its text marks draw (values on bars, node labels): none may lie on another.
+* the texts its text marks draw (values on bars, node labels): none may lie on another;
+* legend symbols drawn with no paint (a line piece with no stroke: the Numbers page's dash legends once showed
+  "probe" and "shuffled labels" with nothing beside them).
 
 :func:`chart_problems` turns that into sentences, one per defect; an empty list is a legible chart.
 """
@@ -25,7 +27,7 @@ import re
 #: a text box may pass the drawing's edge by this much (font ascent and descent round up the glyph box)
 SLACK_PX = 4
 
-READ_JS = """
+READ_JS = r"""
 (slack) => {
   const main = document.querySelector('[data-testid="stMainBlockContainer"]');
   const mr = main ? main.getBoundingClientRect() : null;
@@ -56,7 +58,14 @@ READ_JS = """
     const marks_text = [...svg.querySelectorAll('g.mark-text.role-mark text')]
       .filter(t => shown(t) && !t.closest('.role-axis, .role-legend, .role-title'))
       .map(t => ({text: t.textContent, box: box(t)}));
-    out.push({i, drawn: true, width: r.w, height: r.h, axes, outside, cut, items, legends, marks_text,
+    const paint = (v) => v && v !== 'none' && v !== 'transparent' && !/rgba\(.*,\s*0\)$/.test(v);
+    const unseen = [...svg.querySelectorAll('g.role-legend-symbol path')].filter(p => {
+        const st = getComputedStyle(p), stroked = paint(st.stroke) && parseFloat(st.strokeWidth) > 0;
+        const line = /^M[^A-Za-z]*L[^A-Za-z]*$/.test(p.getAttribute('d') || '');  // a line piece: no area to fill
+        return +st.opacity === 0 || !(stroked || (!line && paint(st.fill))); })
+      .map(p => { let e = p.parentNode; while (e && e !== svg && !e.querySelector('text')) e = e.parentNode;
+                  const t = e ? e.querySelector('text') : null; return t ? t.textContent : '?'; });
+    out.push({i, drawn: true, width: r.w, height: r.h, axes, outside, cut, items, legends, marks_text, unseen,
               past_page: mr ? r.r - mr.r : 0});
   });
   return out;
@@ -105,6 +114,8 @@ def chart_problems(chart: dict) -> list[str]:
         out.append("text truncated: " + "; ".join(chart["cut"]))
     if chart["past_page"] > SLACK_PX:
         out.append(f"the chart runs {chart['past_page']:.0f} px past the page's right edge")
+    if chart.get("unseen"):
+        out.append("legend symbols not drawn (no stroke or fill): " + ", ".join(chart["unseen"]))
     if chart["items"] == 0:
         out.append("the chart draws no data (axes only)")
     texts = chart["marks_text"]
