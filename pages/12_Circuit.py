@@ -8,7 +8,7 @@ import streamlit as st
 
 from engine.cost import estimate
 from engine.techniques.circuit import circuit_diagram, circuit_work
-from ui import state
+from ui import state, url_state
 from ui.nav import link_to
 from ui.progress import compute_or_button
 from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page
@@ -28,9 +28,11 @@ cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 L, H = model.facts.n_layers, model.facts.n_heads
 c1, c2, c3 = st.columns(3)
-k = c1.number_input("Key heads", 1, L * H, min(5, L * H), key="circuit_k")
-mlps = c2.number_input("MLPs", 0, L, min(3, L), key="circuit_mlps")
-senders = c3.toggle("Head → head edges", key="circuit_senders",
+url_state.check("circ_k", range(1, L * H + 1))
+url_state.check("circ_mlps", range(0, L + 1))
+k = c1.number_input("Key heads", 1, L * H, **url_state.bound("circ_k", min(5, L * H)))
+mlps = c2.number_input("MLPs", 0, L, **url_state.bound("circ_mlps", min(3, L)))
+senders = c3.toggle("Head → head edges", **url_state.bound("circ_hh"),
                     help="Which key heads feed which (head → head path patching into each key head's query): one "
                          "path patching per key head, computed once and cached.")
 d = compute_or_button(lambda cb: circuit_diagram(model, pairs, k=int(k), mlps=int(mlps), senders=senders,

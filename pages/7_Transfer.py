@@ -13,6 +13,7 @@ from engine.prompts.promptsets import PromptSetSpec, format_spec, generate
 from engine.prompts.templates import PAPER_FAMILIES
 from engine.techniques.accuracy import answered_right, kept_pairs
 from engine.techniques.transfer import benchmark_pairs, compare_work, transfer
+from ui import url_state
 from ui.progress import USER_ERRORS, cancellable, progress_bar
 from ui.session import result_cache, setup_page
 
@@ -34,10 +35,10 @@ model, spec = setup_page(
     "are knocked out. If the heads transfer, both knockouts hurt.")
 
 c1, c2, c3 = st.columns(3)
-second = c1.selectbox("Second set (B)", ("word problems (Fig. 10)", "multi-digit integers (Fig. 4)",
-                                         "decimals (Fig. 4)", "paper templates", "SVAMP questions",
-                                         "GSM8K questions"))
-k = c2.number_input("Top k", 1, model.facts.n_layers * model.facts.n_heads, 10)
+second = c1.selectbox("Second set (B)", url_state.TRANSFER_SETS, **url_state.bound("tr_set"))
+n_heads = model.facts.n_layers * model.facts.n_heads
+url_state.check("tr_k", range(1, n_heads + 1))
+k = c2.number_input("Top k", 1, n_heads, **url_state.bound("tr_k", min(10, n_heads)))
 data_dir = c3.text_input("Data directory (benchmarks)", "../shared/data")
 inputs = {"second": second, "k": int(k), "data_dir": data_dir, "model": model.facts.fingerprint,
           "set": spec.to_params()}

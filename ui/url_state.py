@@ -18,9 +18,10 @@ Keys (all optional; absent = the default)::
     prompt=TEXT  head=LAYER.HEAD | head=LAYER.mlp  ko=LAYER.HEAD,...  ko_mlp=LAYER,...
 
 and each page's own controls (:data:`CHOICES`: the Story's ``step=`` and ``large=1``, Path patching's
-``pp_metric=``/``pp_group=``/``pp_k=``/``pp_tab=``, Knockout's ``ko_k=``/``ko_kmax=``/``ko_draws=``, ...).  A page
-control's value that the page alone can check (a layer of the model, an operation of the set) is checked by the
-page before it draws the control (:func:`check`).
+``pp_metric=``/``pp_group=``/``pp_k=``/``pp_tab=``, Knockout's ``ko_k=``/``ko_kmax=``/``ko_draws=``, the
+Circuit's ``circ_k=``/``circ_mlps=``/``circ_hh=1``, Transfer's ``tr_set=``/``tr_k=``, ...).  A page control's value
+that the page alone can check (a layer of the model, an operation of the set) is checked by the page before it
+draws the control (:func:`check`).
 
 A link never turns on remote (NDIF) execution: that spends the server's API key and stays a sidebar choice.
 Other keys in the address bar (the Improve page's ``job``) are left alone.
@@ -46,6 +47,9 @@ OPS, FAMILIES, N, SEED, BALANCE, CF, TPL = "ops", "families", "n", "seed", "bala
 EVERY = "every"
 PROMPT, HEAD, KO, KO_MLP = "prompt", "head", "ko", "ko_mlp"
 MODEL_KEYS = (MODEL, DEVICE, DTYPE, BACKEND)
+#: the Transfer page's second sets (its selectbox, in order)
+TRANSFER_SETS = ("word problems (Fig. 10)", "multi-digit integers (Fig. 4)", "decimals (Fig. 4)", "paper templates",
+                 "SVAMP questions", "GSM8K questions")
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,11 @@ CHOICES: tuple[Choice, ...] = (
     Choice("atlas_template", "atlas_template_pick", "atlas_template"),
     Choice("atlas_layer", "atlas_layer", "atlas_neuron_layer", lo=0),
     Choice("atlas_top", "atlas_top", "atlas_neuron_top", 20, lo=1, hi=200),
+    Choice("circ_k", "circuit_k", "circuit_k_input", lo=1),
+    Choice("circ_mlps", "circuit_mlps", "circuit_mlps_input", lo=0),
+    Choice("circ_hh", "circuit_senders", "circuit_senders_input", False, flag=True),
+    Choice("tr_set", "transfer_second", "transfer_second_input", TRANSFER_SETS[0], values=TRANSFER_SETS),
+    Choice("tr_k", "transfer_k", "transfer_k_input", lo=1),
 )
 CHOICE = {c.key: c for c in CHOICES}
 KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF, PROMPT, HEAD, KO, KO_MLP,

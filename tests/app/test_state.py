@@ -350,6 +350,19 @@ def test_a_link_sets_each_pages_controls_and_a_changed_control_is_written_back()
     assert at.query_params["step"] == "3" and "large" not in at.query_params
 
 
+def test_a_link_sets_the_circuit_and_transfer_controls():
+    at = _link({"circ_k": "4", "circ_mlps": "2", "circ_hh": "1", "tr_set": "decimals (Fig. 4)", "tr_k": "6"})
+    assert not at.exception and not errors(at) and not _notes(at), (errors(at), _notes(at))
+    _go(at, "12_Circuit.py")
+    assert at.number_input(key="circuit_k_input").value == 4 and at.number_input(key="circuit_mlps_input").value == 2
+    assert at.toggle(key="circuit_senders_input").value is True
+    _go(at, "7_Transfer.py")
+    assert at.selectbox(key="transfer_second_input").value == "decimals (Fig. 4)"
+    assert at.number_input(key="transfer_k_input").value == 6
+    assert {k: at.query_params[k] for k in ("circ_k", "circ_mlps", "circ_hh", "tr_set", "tr_k")} == {
+        "circ_k": "4", "circ_mlps": "2", "circ_hh": "1", "tr_set": "decimals (Fig. 4)", "tr_k": "6"}
+
+
 # parameter -> (bad value, phrase of its note, the page that checks it: None = read with the link)
 BAD_CHOICES = {
     "step": ("x", "not a whole number from 1 to 99", None),
@@ -358,6 +371,8 @@ BAD_CHOICES = {
     "pp_k": ("999", "not a whole number from 1 to 64 here", "4_Path_patching.py"),
     "pp_group": ("op:pow", "choose from *, op:add, op:mul, typed", "4_Path_patching.py"),
     "ko_kmax": ("31", "not a whole number from 1 to 30", None),
+    "circ_k": ("999", "not a whole number from 1 to 64 here", "12_Circuit.py"),
+    "tr_set": ("lyrics", "choose from word problems (Fig. 10)", None),
 }
 
 
