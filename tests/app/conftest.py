@@ -24,6 +24,25 @@ def page(name: str, *, n: int = 12) -> AppTest:
     return at
 
 
+#: the small set the router's tests start from (two operations, 8 prompts each)
+SMALL_SET = {"ops": ["add", "mul"], "families": "paper (Fig. 8, 32 templates)", "n": 8, "seed": 0}
+
+
+def app() -> AppTest:
+    """The whole dashboard (the router, app.py) on :data:`SMALL_SET`, after its first run."""
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=300)
+    at.session_state["prompt_set"] = dict(SMALL_SET)
+    return at.run()
+
+
+def go(at: AppTest, script: str) -> AppTest:
+    """Switch the router to ``pages/<script>`` and run it: no exception, no st.error."""
+    at.switch_page(f"pages/{script}").run()
+    assert not at.exception, at.exception
+    assert not errors(at), errors(at)
+    return at
+
+
 def errors(at: AppTest) -> list[str]:
     return [e.value for e in at.error]
 

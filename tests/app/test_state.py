@@ -8,23 +8,10 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import REPO, errors
+from tests.app.conftest import REPO, SMALL_SET, app, errors, go
 
 PROMPT = "What is 7 times 8?"
-SET = {"ops": ["add", "mul"], "families": "paper (Fig. 8, 32 templates)", "n": 8, "seed": 0}
-
-
-def _app() -> AppTest:
-    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=300)
-    at.session_state["prompt_set"] = dict(SET)
-    return at.run()
-
-
-def _go(at: AppTest, script: str) -> AppTest:
-    at.switch_page(f"pages/{script}").run()
-    assert not at.exception, at.exception
-    assert not errors(at), errors(at)
-    return at
+SET = SMALL_SET
 
 
 def _text(at: AppTest) -> str:
@@ -32,7 +19,7 @@ def _text(at: AppTest) -> str:
 
 
 def test_router_titles_and_home_first():
-    at = _app()
+    at = app()
     assert not at.exception, at.exception
     assert [t.value for t in at.title] == ["Arithmetic-circuits lab"]
     from ui.nav import PAGES
@@ -44,24 +31,24 @@ def test_router_titles_and_home_first():
 
 
 def test_typed_prompt_follows_every_page_and_stays_in_the_box():
-    at = _go(_app(), "3_Prompt_lab.py")
+    at = go(app(), "3_Prompt_lab.py")
     at.text_input(key="typed_prompt").set_value(PROMPT).run()
     assert "7 * 8 = 56" in _text(at)
     for script in ("4_Path_patching.py", "5_MLP_projections.py", "6_Knockout.py", "1_Story.py"):
-        _go(at, script)
+        go(at, script)
         assert f"`{PROMPT}`" in _text(at), script
-    _go(at, "3_Prompt_lab.py")
+    go(at, "3_Prompt_lab.py")
     assert at.text_input(key="typed_prompt").value == PROMPT
     assert "7 * 8 = 56" in _text(at)
 
 
 def test_knockout_picks_are_kept_and_a_heatmap_click_only_selects():
-    at = _go(_app(), "6_Knockout.py")
+    at = go(app(), "6_Knockout.py")
     next(b for b in at.button if b.label == "Top-3 heads").click().run()
     top3 = list(at.multiselect(key="knockout_heads").value)
     assert len(top3) == 3
     at.multiselect(key="knockout_mlps").set_value([1]).run()
-    _go(at, "4_Path_patching.py")
+    go(at, "4_Path_patching.py")
     at.session_state["selected_head"] = (0, 0)  # what a heatmap click stores
     at.run()
     assert "Head 0.0" in [h.value for h in at.subheader]
@@ -69,13 +56,13 @@ def test_knockout_picks_are_kept_and_a_heatmap_click_only_selects():
     if "0.0" not in top3:
         at.button(key="add_to_knockout").click().run()
         assert "0.0" in at.session_state["ko_heads"]
-    _go(at, "6_Knockout.py")
+    go(at, "6_Knockout.py")
     kept = list(at.multiselect(key="knockout_heads").value)
     assert set(top3) <= set(kept) and list(at.multiselect(key="knockout_mlps").value) == [1]
 
 
 def test_mlp_cell_selection_shows_the_mlp_view():
-    at = _go(_app(), "4_Path_patching.py")
+    at = go(app(), "4_Path_patching.py")
     at.session_state["selected_head"] = (2, -1)
     at.run()
     assert not at.exception and not errors(at), errors(at)
@@ -84,7 +71,7 @@ def test_mlp_cell_selection_shows_the_mlp_view():
 
 
 def test_model_change_clears_the_picks_with_a_note(tmp_path):
-    at = _go(_app(), "6_Knockout.py")
+    at = go(app(), "6_Knockout.py")
     next(b for b in at.button if b.label == "Top-3 heads").click().run()
     assert at.session_state["ko_heads"]
     # another model (the same weights under another spec, so this test needs no second model)
@@ -100,7 +87,7 @@ def test_model_change_clears_the_picks_with_a_note(tmp_path):
 
 @pytest.mark.parametrize("steps", [6])
 def test_story_walks_every_step(steps):
-    at = _go(_app(), "1_Story.py")
+    at = go(app(), "1_Story.py")
     seen = []
     for i in range(steps):
         seen.append(at.header[0].value)
@@ -119,21 +106,21 @@ def test_smollm2_tokens_are_readable_and_bundled_heads_are_not_carried_over():
     """On the real SmolLM2 (byte-level tokens with Ġ): the Prompt lab shows ␣ with the raw piece beside it;
     a knockout set picked on the bundled model is cleared when SmolLM2 is loaded."""
     from tests.helpers.smollm2 import smollm2_gguf_path
-    at = _go(_app(), "6_Knockout.py")
+    at = go(app(), "6_Knockout.py")
     next(b for b in at.button if b.label == "Top-3 heads").click().run()
     assert len(at.session_state["ko_heads"]) == 3
     at.sidebar.text_input(key="model_spec_input").set_value(str(smollm2_gguf_path()))
     next(b for b in at.button if b.label == "Load model").click().run()
     assert not at.exception, at.exception
     assert any("The model changed" in w.value for w in at.warning)
-    _go(at, "3_Prompt_lab.py")
+    go(at, "3_Prompt_lab.py")
     at.text_input(key="typed_prompt").set_value("3 + 5 =").run()
     assert not at.exception, at.exception
     tokens = at.dataframe[0].value
     shown, raw = list(tokens.loc["token"]), list(tokens.loc["raw"])
     assert any(t.startswith("Ġ") for t in raw) and not any("Ġ" in t for t in shown)
     assert any(t.startswith("␣") for t in shown)
-    _go(at, "6_Knockout.py")
+    go(at, "6_Knockout.py")
     assert list(at.multiselect(key="knockout_heads").value) == []
 
 
@@ -172,14 +159,14 @@ def test_a_link_sets_the_prompt_selection_and_knockouts_every_page_shows():
     assert not at.exception, at.exception
     assert not errors(at) and not at.warning, (errors(at), [w.value for w in at.warning])
     assert at.session_state["prompt"] == PROMPT and at.session_state["selected_head"] == (1, 2)
-    _go(at, "6_Knockout.py")
+    go(at, "6_Knockout.py")
     assert list(at.multiselect(key="knockout_heads").value) == ["0.1", "1.3"]
     assert list(at.multiselect(key="knockout_mlps").value) == [1]
     assert f"`{PROMPT}`" in _text(at)
-    _go(at, "4_Path_patching.py")
+    go(at, "4_Path_patching.py")
     assert "Head 1.2" in [h.value for h in at.subheader]
     assert at.button(key="add_to_knockout").label == "Add head 1.2 to the knockout set"
-    _go(at, "3_Prompt_lab.py")
+    go(at, "3_Prompt_lab.py")
     assert at.text_input(key="typed_prompt").value == PROMPT and "7 * 8 = 56" in _text(at)
     assert not at.warning, [w.value for w in at.warning]
     # the address bar still holds the link (plus the prompt set's non-default fields); other keys are kept
@@ -193,7 +180,7 @@ def test_a_links_selection_for_its_own_model_is_not_cleared():
     assert not at.exception and not errors(at), errors(at)
     assert at.session_state["model_choice"].spec == str(ORGANISM_DIR)
     assert at.sidebar.text_input(key="model_spec_input").value == str(ORGANISM_DIR)
-    _go(at, "4_Path_patching.py")
+    go(at, "4_Path_patching.py")
     assert not any("The model changed" in w.value for w in at.warning), [w.value for w in at.warning]
     assert "MLP 2" in [h.value for h in at.subheader]
     assert at.session_state["ko_heads"] == ["0.1"]
@@ -203,7 +190,7 @@ def test_a_links_selection_for_its_own_model_is_not_cleared():
 def test_state_changes_are_written_into_the_url_and_defaults_removed():
     at = _link({"job": "kept"})
     assert at.query_params == {"ops": "add,mul", "n": "8", "job": "kept"}  # the test's prompt set, nothing else
-    _go(at, "3_Prompt_lab.py")
+    go(at, "3_Prompt_lab.py")
     at.text_input(key="typed_prompt").set_value(PROMPT).run()
     assert at.query_params["prompt"] == PROMPT
     at.sidebar.number_input(key="ps_seed").set_value(3)
@@ -213,19 +200,19 @@ def test_state_changes_are_written_into_the_url_and_defaults_removed():
     at.sidebar.number_input(key="ps_seed").set_value(0)
     next(b for b in at.button if b.label == "Use this set").click().run()
     assert "seed" not in at.query_params  # back at its default
-    _go(at, "6_Knockout.py")
+    go(at, "6_Knockout.py")
     at.multiselect(key="knockout_heads").set_value(["1.3", "0.1"]).run()
     at.multiselect(key="knockout_mlps").set_value([2]).run()
     assert at.query_params["ko"] == "0.1,1.3" and at.query_params["ko_mlp"] == "2"
-    _go(at, "4_Path_patching.py")
+    go(at, "4_Path_patching.py")
     _click_cell(at, 2, -1)  # the page selects the MLP while it runs, then stops after the MLP view
     assert not at.exception, at.exception
     assert "MLP 2" in [h.value for h in at.subheader]
     assert at.query_params["head"] == "2.mlp"
-    _go(at, "3_Prompt_lab.py")
+    go(at, "3_Prompt_lab.py")
     at.text_input(key="typed_prompt").set_value(state_default_prompt()).run()
     assert "prompt" not in at.query_params
-    _go(at, "6_Knockout.py")
+    go(at, "6_Knockout.py")
     at.multiselect(key="knockout_heads").set_value([]).run()
     at.multiselect(key="knockout_mlps").set_value([]).run()
     assert "ko" not in at.query_params and "ko_mlp" not in at.query_params
@@ -269,7 +256,7 @@ def test_bad_link_values_give_a_note_each_and_their_defaults_nothing_else_is_los
         assert check(at.session_state), key
     assert at.session_state["prompt"] == PROMPT  # the good part of the link is kept
     assert at.query_params == {"ops": "add,mul", "n": "8", "prompt": PROMPT, "ko": "0.1"}  # bad values are gone
-    _go(at, "6_Knockout.py")  # the notes are for the page the link opened
+    go(at, "6_Knockout.py")  # the notes are for the page the link opened
     assert not _notes(at) and list(at.multiselect(key="knockout_heads").value) == ["0.1"]
 
 
@@ -278,7 +265,7 @@ def test_the_counterfactual_kind_follows_the_link_and_the_sidebar():
     assert not at.exception and not errors(at), errors(at)
     assert at.session_state["prompt_set"]["counterfactual"] == "operand-b"
     assert at.query_params["cf"] == "operand-b"
-    _go(at, "4_Path_patching.py")
+    go(at, "4_Path_patching.py")
     assert not at.exception and not errors(at), errors(at)
     assert at.sidebar.selectbox(key="ps_counterfactual").value == "operand-b"
     at.sidebar.selectbox(key="ps_counterfactual").set_value("operator-removed")
@@ -308,7 +295,7 @@ def test_a_link_whose_model_cannot_be_loaded_falls_back_to_the_default_model(tmp
     assert len(notes) == 1 and notes[0].startswith(f"Link parameter `model={tmp_path / 'missing'}` ignored")
     assert "does not exist" in notes[0] and "`dtype=float16`" in notes[0] and "default model `organism`" in notes[0]
     assert at.session_state["model_choice"].spec == "organism"
-    _go(at, "4_Path_patching.py")  # the rest of the link is kept, on the default model
+    go(at, "4_Path_patching.py")  # the rest of the link is kept, on the default model
     assert "Head 1.2" in [h.value for h in at.subheader] and at.session_state["ko_heads"] == ["0.1", "1.3"]
     assert "model" not in at.query_params and "dtype" not in at.query_params
     assert at.query_params["head"] == "1.2" and at.query_params["prompt"] == PROMPT
@@ -325,26 +312,26 @@ CHOICE_LINK = {"step": "2", "large": "1", "pp_metric": "logit_diff", "pp_k": "3"
 def test_a_link_sets_each_pages_controls_and_a_changed_control_is_written_back():
     at = _link(CHOICE_LINK)
     assert not at.exception and not errors(at) and not _notes(at), (errors(at), _notes(at))
-    _go(at, "1_Story.py")
+    go(at, "1_Story.py")
     assert at.header[0].value.startswith("2 · ") and at.toggle(key="story_large_input").value is True
-    _go(at, "6_Knockout.py")
+    go(at, "6_Knockout.py")
     assert at.number_input(key="ko_k_input").value == 5 and at.slider(key="ko_draws_input").value == 4
     assert "Top-5 heads" in [b.label for b in at.button]
-    _go(at, "4_Path_patching.py")
+    go(at, "4_Path_patching.py")
     assert at.selectbox(key="pp_metric_input").value == "logit_diff" and at.number_input(key="pp_k_input").value == 3
     assert at.session_state["pp_tab_input"] == "Stability"
-    _go(at, "5_MLP_projections.py")
+    go(at, "5_MLP_projections.py")
     assert at.selectbox(key="lens_group").value == "op:mul"
-    _go(at, "11_Faithfulness.py")
+    go(at, "11_Faithfulness.py")
     assert at.radio(key="faith_metric").value == "accuracy"
     assert not _notes(at) and at.query_params == {"ops": "add,mul", "n": "8", **CHOICE_LINK}
     # a control changed on its page is written into the URL; back at its default it leaves it
-    _go(at, "6_Knockout.py")
+    go(at, "6_Knockout.py")
     at.number_input(key="ko_k_input").set_value(7).run()
     assert at.query_params["ko_k"] == "7" and "Top-7 heads" in [b.label for b in at.button]
     at.number_input(key="ko_k_input").set_value(3).run()
     assert "ko_k" not in at.query_params
-    _go(at, "1_Story.py")
+    go(at, "1_Story.py")
     at.button(key="story_next").click().run()
     at.toggle(key="story_large_input").set_value(False).run()
     assert at.query_params["step"] == "3" and "large" not in at.query_params
@@ -353,10 +340,10 @@ def test_a_link_sets_each_pages_controls_and_a_changed_control_is_written_back()
 def test_a_link_sets_the_circuit_and_transfer_controls():
     at = _link({"circ_k": "4", "circ_mlps": "2", "circ_hh": "1", "tr_set": "decimals (Fig. 4)", "tr_k": "6"})
     assert not at.exception and not errors(at) and not _notes(at), (errors(at), _notes(at))
-    _go(at, "12_Circuit.py")
+    go(at, "12_Circuit.py")
     assert at.number_input(key="circuit_k_input").value == 4 and at.number_input(key="circuit_mlps_input").value == 2
     assert at.toggle(key="circuit_senders_input").value is True
-    _go(at, "7_Transfer.py")
+    go(at, "7_Transfer.py")
     assert at.selectbox(key="transfer_second_input").value == "decimals (Fig. 4)"
     assert at.number_input(key="transfer_k_input").value == 6
     assert {k: at.query_params[k] for k in ("circ_k", "circ_mlps", "circ_hh", "tr_set", "tr_k")} == {
@@ -383,7 +370,7 @@ def test_a_bad_page_control_in_a_link_gives_a_note_and_the_default(key):
     assert not at.exception and not errors(at), errors(at)
     if checked_by is not None:
         assert not _notes(at)  # the value's form is right: its page checks it
-        _go(at, checked_by)
+        go(at, checked_by)
     note = next((n for n in _notes(at) if n.startswith(f"Link parameter `{key}={value}` ignored")), None)
     assert note is not None and phrase in note, _notes(at)
     assert key not in at.query_params and at.query_params["prompt"] == PROMPT
@@ -391,6 +378,6 @@ def test_a_bad_page_control_in_a_link_gives_a_note_and_the_default(key):
 
 def test_a_links_step_beyond_the_story_gives_a_note_and_step_1():
     at = _link({"step": "9"})
-    _go(at, "1_Story.py")
+    go(at, "1_Story.py")
     assert any("`step=9` ignored: not a whole number from 1 to 6 here" in n for n in _notes(at)), _notes(at)
     assert at.header[0].value.startswith("1 · ") and "step" not in at.query_params

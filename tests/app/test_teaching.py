@@ -10,22 +10,9 @@ import json
 import pyarrow as pa
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import REPO, errors
+from tests.app.conftest import REPO, SMALL_SET, app, errors, go
 
-SET = {"ops": ["add", "mul"], "families": "paper (Fig. 8, 32 templates)", "n": 8, "seed": 0}
-
-
-def _app() -> AppTest:
-    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=300)
-    at.session_state["prompt_set"] = dict(SET)
-    return at.run()
-
-
-def _go(at: AppTest, script: str) -> AppTest:
-    at.switch_page(f"pages/{script}").run()
-    assert not at.exception, at.exception
-    assert not errors(at), errors(at)
-    return at
+SET = SMALL_SET
 
 
 def _charts(at: AppTest) -> list[tuple[dict, "pa.Table | None"]]:
@@ -55,7 +42,7 @@ def _sentences(at: AppTest) -> list[str]:
 
 
 def test_knockout_picks_k_and_shows_where_the_typed_prompt_breaks():
-    at = _go(_app(), "6_Knockout.py")
+    at = go(app(), "6_Knockout.py")
     # nothing knocked out: no change, and no green arrow for it
     assert [(m.label, m.delta) for m in at.metric] == [("P(answer)", ""), ("Accuracy after knockout", "")]
     at.number_input(key="ko_k_input").set_value(5).run()
@@ -77,9 +64,9 @@ def test_knockout_picks_k_and_shows_where_the_typed_prompt_breaks():
 
 
 def test_the_story_attention_sentences_follow_their_charts_and_the_typed_prompt():
-    at = _app()
+    at = app()
     at.session_state["story_step"] = 4
-    _go(at, "1_Story.py")
+    go(at, "1_Story.py")
     assert at.header[0].value.startswith("4 · What the top head reads")
     (set_said, prompt_said), charts = _sentences(at), _charts(at)
     assert set_said.startswith("<p class='story-sentence'>Over the ") and "prompts of the set" in set_said
@@ -91,9 +78,9 @@ def test_the_story_attention_sentences_follow_their_charts_and_the_typed_prompt(
         row = next(d for _, d in _charts(at) if d is not None and "weight" in d)
         top = row.loc[row["weight"].idxmax()]
         assert f"looks most at token {int(top['position'])} " in said and f"{top['weight']:.0%}" in said, (said, row)
-        _go(at, "3_Prompt_lab.py")
+        go(at, "3_Prompt_lab.py")
         at.text_input(key="typed_prompt").set_value(text).run()
-        _go(at, "1_Story.py")
+        go(at, "1_Story.py")
         said = _sentences(at)[1]
         assert f"On your prompt <code>{text}</code>" in said, said
     assert _sentences(at)[0] == set_said  # the set's mean does not depend on the typed prompt
@@ -101,9 +88,9 @@ def test_the_story_attention_sentences_follow_their_charts_and_the_typed_prompt(
 
 def test_the_story_explains_its_words_and_large_fonts_scale_the_charts():
     from engine.findings.glossary import define
-    at = _app()
+    at = app()
     at.session_state["story_step"] = 1
-    _go(at, "1_Story.py")
+    go(at, "1_Story.py")
     [words] = _popovers(at, "Words used here")
     text = " ".join(m.value for m in words.markdown)
     assert define("counterfactual") in text and define("probability") in text
@@ -118,7 +105,7 @@ def test_the_story_explains_its_words_and_large_fonts_scale_the_charts():
 
 
 def test_home_speaks_plainly():
-    at = _app()
+    at = app()
     shown = " ".join([c.value for c in at.caption] + [m.value for m in at.markdown])
     assert "docs/" not in shown and ".md" not in shown, shown
 
@@ -133,17 +120,17 @@ def test_the_storys_heavy_steps_wait_for_a_button_with_their_cost(monkeypatch):
     at.session_state["prompt_set"] = {**SET, "seed": 7}  # a set nobody has computed
     at.session_state["story_step"] = 3
     at.run()
-    _go(at, "1_Story.py")
+    go(at, "1_Story.py")
     pressed = []
     def buttons():  # the step's (and the set's filter's), not the sidebar's report
         return [b for b in at.button if "(estimated: about " in b.label and not b.label.startswith("Build the report")]
     for _ in range(4):  # the filter of the set, path patching, the knockout curve
-        go = buttons()
-        if not go:
+        asking = buttons()
+        if not asking:
             break
-        assert not _charts(at) and not _sentences(at), go[0].label
-        pressed.append(go[0].label)
-        go[0].click().run()
+        assert not _charts(at) and not _sentences(at), asking[0].label
+        pressed.append(asking[0].label)
+        asking[0].click().run()
         assert not at.exception and not errors(at), errors(at)
     assert any(label.startswith("Run path patching (estimated: about ") for label in pressed)
     assert any(label.startswith("Compute the knockout curve (k = 0 .. 10") for label in pressed), pressed
