@@ -5,6 +5,7 @@ folder's tier marker."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,21 @@ def browser():
                                     "--disable-component-update", "--disable-sync", "--no-first-run"])
         yield b
         b.close()
+
+
+#: the interpreter's own __main__ (pytest's): a spawned process re-imports it
+_MAIN = sys.modules["__main__"]
+
+
+@pytest.fixture(autouse=True)
+def _main_module_restored():
+    """Streamlit's AppTest leaves the last page script it ran as ``sys.modules["__main__"]``; a process started with
+    multiprocessing's "spawn" afterwards re-runs that script as its main module and dies before its target runs (the
+    cache's cross-process tests then waited on an empty queue, in every full run). Each test ends with pytest's own
+    __main__ back."""
+    yield
+    if sys.modules.get("__main__") is not _MAIN:
+        sys.modules["__main__"] = _MAIN
 
 
 @pytest.fixture(scope="module")
