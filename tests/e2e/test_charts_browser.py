@@ -9,6 +9,7 @@ Path patching page is read with a head selected, so its END-row attention bars a
 
 from __future__ import annotations
 
+import time
 import urllib.parse
 
 import pytest
@@ -58,7 +59,9 @@ def walk(page, base: str, query: str, name: str) -> tuple[list[str], int]:
     from ui.nav import PAGES
     problems: list[str] = []
     seen = [0]
+    times = []
     for p in PAGES:
+        t0 = time.time()
         page.goto(f"{base}/{p.url_path}?{query}")
         page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=WAIT)
         _idle(page)
@@ -81,6 +84,8 @@ def walk(page, base: str, query: str, name: str) -> tuple[list[str], int]:
             _press_compute_buttons(page)
             _read(page, f"{name} / {title} / {label}", problems, seen)
         shot(page, f"charts_{name}_{p.url_path or 'Home'}")
+        times.append(f"{title} {time.time() - t0:.0f}s")
+    print(f"e2e: every chart, {name}, cold cache: " + ", ".join(times))
     return problems, seen[0]
 
 
