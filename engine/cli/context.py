@@ -77,6 +77,9 @@ def set_args(p: argparse.ArgumentParser, families_default: str = "paper", with_f
                    help="what X_c changes: the operator removed (the paper's, default), operand A or operand B "
                         "replaced by another operand of the range, or the operator swapped for the paired "
                         "operation's (+ and -, * and /) (docs/methods.md: counterfactual kinds)")
+    p.add_argument("--digit", default="first", metavar="first|last|K",
+                   help="the answer digit analysed: first (default), last (the units digit) or the K-th answer token; "
+                        "the digits before it are teacher-forced in both prompts (docs/methods.md: the answer digit)")
     p.add_argument("--no-balance", action="store_true",
                    help="keep the first n sampled prompts per op instead of balancing their first answer tokens "
                         "(docs/methods.md: balance rule)")
@@ -151,6 +154,7 @@ class Context:
 
     def spec(self, families: str | None = None):
         """The prompt set of ``--op``, ``--n``, ``--families`` ... (``families`` overrides ``--families``)."""
+        from engine.prompts.pairs import parse_digit
         from engine.prompts.promptsets import PromptSetSpec, parse_families, parse_operands, parse_ops
         a = self.args
         lo, hi = parse_operands(a.operands)
@@ -161,7 +165,8 @@ class Context:
                              families=parse_families(families or a.families), operand_lo=lo, operand_hi=hi,
                              allow_negative=a.allow_negative, decimals=a.decimals, balance=not a.no_balance,
                              every=getattr(a, "every", False),
-                             counterfactual=getattr(a, "counterfactual", "operator-removed"), templates=templates)
+                             counterfactual=getattr(a, "counterfactual", "operator-removed"), templates=templates,
+                             digit=parse_digit(getattr(a, "digit", "first")))
 
     def templates(self) -> tuple[str, ...]:
         """``--template`` values as ``op:text`` (checked): an ``op:`` prefix, else the one operation of ``--op``."""
@@ -191,6 +196,9 @@ class Context:
         if given and getattr(a, "counterfactual", "operator-removed") != "operator-removed":
             raise CliError(f"--counterfactual does not apply to {given.name}: each of its pairs brings its own "
                            f"counterfactual prompt; write the ones you want in the file")
+        if given and getattr(a, "digit", "first") not in ("first", "1"):
+            raise CliError(f"--digit does not apply to {given.name}: its pairs are read at their first answer token; "
+                           f"write the earlier digits into the prompts to read a later one")
         if getattr(a, "pairs", None):
             written = read_text_pairs(model.tokenizer, str(a.pairs))
             self.n_given = len(written)
@@ -236,9 +244,12 @@ class Context:
         return out
 
     def answer_tokens(self, pairs) -> dict[str, Any]:
-        """The first-answer-token distribution of ``pairs``, with its warning (docs/methods.md: balance rule)."""
+        """The distribution of ``pairs``' answer tokens at END (the chosen digit's), with its warning (docs/methods.md:
+        balance rule)."""
         from engine.prompts.promptsets import answer_token_stats
-        return answer_token_stats(self.model.tokenizer, pairs).to_json()
+        given = getattr(self.args, "pairs", None) or getattr(self.args, "prompts", None)
+        digit = "first" if given or not hasattr(self.args, "digit") else self.spec().digit
+        return answer_token_stats(self.model.tokenizer, pairs, digit).to_json()
 
     # -- running and output --------------------------------------------------------------------------
     @contextmanager

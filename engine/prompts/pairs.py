@@ -12,6 +12,15 @@ model must emit the answer.  ``answer_ids`` are all the number's tokens, for ful
 Counterfactual ids get the same treatment and must have the same length as the reference ids
 (position-aligned patching); fillers are tried in a seeded order until one fits.
 
+**The chosen digit** (:data:`DIGITS`: the answer's first token, today's and the default; its last; or its k-th).
+The answer's tokens before the chosen one are appended, teacher-forced, to X_r's ids *and* to X_c's ids (X_r's tokens
+in both: the patched run is told the same answer so far), so END -- the last position -- predicts the chosen token,
+``answer_id`` is that token and ``answer_ids`` the number's tokens from it on; ``forced`` counts the appended tokens
+(0 at the first digit: the pair is the one it always was).  On tokenizers that split numbers into single digits
+(Llama, Qwen2, SmolLM2, Gemma, the bundled model) the k-th token is the k-th digit ("last" is the units digit); where
+a number token holds several digits (GPT-2, Llama 3's up to 999) it is the k-th *token*, and "last" of a one-token
+answer is its first.  An answer with fewer than k tokens has no k-th: the problem is dropped, with that reason.
+
 **Typed prompts** (CLI ``--text``, the pages) go through the same rule: :func:`engine.prompts.typed.typed_prompt_ids`
 parses the operation, computes the answer and applies :func:`answer_tokens`, so the model is always
 read at the position that predicts the answer's first digit -- never at a lone whitespace token.  A
@@ -27,7 +36,7 @@ import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Collection, Iterable, Protocol, Sequence
 
 from engine.prompts.templates import (
     CF_SYMBOLS,
@@ -248,6 +257,42 @@ class AnswerTokens:
     answer_ids: list[int]  # every token of the number
 
 
+#: The answer digits a prompt set can analyse: "first" (the default), "last", or k >= 2 written as text ("2").
+DIGITS = ("first", "last")
+FIRST_DIGIT = "first"
+
+
+def parse_digit(text: str | int) -> str:
+    """``first`` / ``last`` / a whole number k >= 1 (the k-th answer token; 1 is ``first``) -> the spec's value."""
+    t = str(text).strip().lower()
+    if t in DIGITS:
+        return t
+    if t.isdigit() and int(t) >= 1:
+        return FIRST_DIGIT if int(t) == 1 else str(int(t))
+    raise PromptError(f"answer digit {text!r}: choose first, last or a number k >= 1 (the k-th answer token)")
+
+
+def digit_words(digit: str) -> str:
+    """The chosen digit in the pages' words: "first", "last (units)", "2nd" ..."""
+    if digit in DIGITS:
+        return "last (units)" if digit == "last" else digit
+    k = int(digit)
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def at_digit(tokens: AnswerTokens, digit: str) -> tuple[AnswerTokens, int]:
+    """``tokens`` read at the chosen digit (module docstring): the earlier answer tokens join the prompt; returns
+    (the tokens, how many joined).  PromptError when the answer has no such token."""
+    n = len(tokens.answer_ids)
+    k = 0 if digit == FIRST_DIGIT else n - 1 if digit == "last" else int(digit) - 1
+    if k >= n:
+        raise PromptError(f"the answer has {n} token(s): it has no {digit_words(digit)} one")
+    if k == 0:
+        return tokens, 0
+    ids = tokens.answer_ids
+    return AnswerTokens(tokens.prompt_ids + ids[:k], ids[k], ids[k:]), k
+
+
 def _is_number_piece(text: str, first: bool) -> bool:
     t = text.strip().lstrip("▁Ġ")
     return any(c.isdigit() for c in t) or (first and t in ("-", "−"))
@@ -312,9 +357,20 @@ class PromptPair:
     cf_ids: list[int]
     answer_id: int
     answer_ids: list[int] = field(default_factory=list)
+    #: the answer tokens before the chosen digit, teacher-forced at the end of ref_ids and of cf_ids (0: the first
+    #: digit); the filter checks that the model predicts them too
+    forced: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.forced:  # a first-digit pair is written as it was before the digit could be chosen
+            d.pop("forced")
+        return d
+
+    @property
+    def forced_ids(self) -> list[int]:
+        """The teacher-forced answer tokens before END's (empty at the first digit)."""
+        return self.ref_ids[len(self.ref_ids) - self.forced:] if self.forced else []
 
     @property
     def carry(self) -> bool | None:
@@ -334,7 +390,7 @@ class PromptPair:
                    b=_number(d["b"]), answer=_number(d["answer"]), ref_text=d["ref_text"], cf_text=d["cf_text"],
                    ref_ids=[int(x) for x in d["ref_ids"]], cf_ids=[int(x) for x in d["cf_ids"]],
                    answer_id=int(d["answer_id"]),
-                   answer_ids=[int(x) for x in d.get("answer_ids", [d["answer_id"]])])
+                   answer_ids=[int(x) for x in d.get("answer_ids", [d["answer_id"]])], forced=int(d.get("forced", 0)))
 
 
 def column_carry(op: str, a: int | float, b: int | float) -> bool | None:
@@ -375,6 +431,9 @@ COUNTERFACTUALS: dict[str, str] = {
     "operand-b": "operand B replaced by another operand of the range (the operator kept; the answer changes)",
     "operator-swapped": "the operator replaced by the paired operation's (+ and -, * and /: the parallel template's "
                         "word; the answer changes)",
+    "carry": "the operands' units digits changed so that the carry into the tens (addition) or the borrow from them "
+             "(subtraction) flips, their other digits and the answer's units digit kept (the answer's tens change "
+             "by one)",
 }
 OPERATOR_REMOVED = "operator-removed"
 OPERATOR_SWAPPED = "operator-swapped"
@@ -384,7 +443,30 @@ COUNTERFACTUAL_WORDS: dict[str, tuple[str, str]] = {
     "operand-a": ("operand A changed", "operand A"),
     "operand-b": ("operand B changed", "operand B"),
     "operator-swapped": ("operator swapped", "the operation"),
+    "carry": ("carry flipped", "the carry"),
 }
+CARRY = "carry"
+
+
+def units_carry(op: str, a: int, b: int) -> bool:
+    """Whether the units column of a op b carries (``add``: its digits sum to 10 or more) or borrows (``sub``: a's
+    units digit below b's); a and b whole numbers (operands with decimals: in units of their last decimal)."""
+    if op == "add":
+        return a % 10 + b % 10 >= 10
+    if op == "sub":
+        return a % 10 < b % 10
+    raise PromptError(f"the carry counterfactual is for add and sub, not {op}")
+
+
+def carry_operands(op: str, a: int, b: int, candidates: Collection[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (A', B') of ``candidates`` (the valid operands: a set, for speed) that differ from (a, b) only in the
+    carry: the same digits above the units, the answer's units digit kept, the units column's carry (borrow)
+    flipped."""
+    flipped = not units_carry(op, a, b)
+    units = compute_answer(op, a, b) % 10
+    same = [(a - a % 10 + i, b - b % 10 + j) for i in range(10) for j in range(10)]  # only the units digits change
+    return [(x, y) for x, y in same if (x, y) in candidates and units_carry(op, x, y) == flipped
+            and compute_answer(op, x, y) % 10 == units]
 
 
 def counterfactual_words(kind: str | None) -> tuple[str, str]:
@@ -437,6 +519,12 @@ def _counterfactual_texts(problem: Problem, kind: str, r: OperandRange | None) -
         return _swapped_texts(problem)
     r = r or OperandRange()
     t, d = problem.template, problem.decimals
+    if kind == CARRY:
+        alts = carry_operands(t.op, problem.a, problem.b, set(template_operands(t, r)))
+        random.Random(f"{t.id}|{problem.a}|{problem.b}|{kind}").shuffle(alts)  # seeded by the problem
+        alts.sort(key=lambda ab: (ab[0] != problem.a) + (ab[1] != problem.b))  # one operand changed first
+        return [(t.render(as_number(a, d), as_number(b, d), slots=dict(problem.slots)), answer_value(t.op, a, b, d))
+                for a, b in alts]
     which = 0 if kind == "operand-a" else 1
     keep = (problem.a, problem.b)[1 - which]
     alts = [ab for ab in template_operands(t, r) if ab[1 - which] == keep and ab[which] != (problem.a, problem.b)[which]
@@ -447,32 +535,40 @@ def _counterfactual_texts(problem: Problem, kind: str, r: OperandRange | None) -
 
 
 def build_pair(tokenizer: TokenizerLike, problem: Problem, counterfactual: str = OPERATOR_REMOVED,
-               operands: OperandRange | None = None) -> PromptPair:
+               operands: OperandRange | None = None, digit: str = FIRST_DIGIT) -> PromptPair:
     """Tokenize one problem with an X_c of the ``counterfactual`` kind (:data:`COUNTERFACTUALS`; operand kinds
-    draw the other operand from ``operands``); raises PromptError when no X_c of equal length exists, or (operator
-    swapped) the template's operator has no swap or the swap leaves the answer unchanged."""
+    draw the other operand from ``operands``), read at the answer's ``digit`` (module docstring: X_r's answer tokens
+    before it are appended to both prompts); raises PromptError when no X_c of equal length exists, the answer has
+    no such digit, or (operator swapped) the template's operator has no swap or the swap leaves the answer
+    unchanged (carry: no operands flip the carry)."""
     sep = problem.template.answer_sep
-    ref = answer_tokens(tokenizer, problem.ref_text, problem.answer, sep)
-    for cf_text, cf_answer in _counterfactual_texts(problem, check_counterfactual(counterfactual), operands):
+    ref, forced = at_digit(answer_tokens(tokenizer, problem.ref_text, problem.answer, sep), digit)
+    tail = ref.prompt_ids[len(ref.prompt_ids) - forced:] if forced else []
+    texts = _counterfactual_texts(problem, check_counterfactual(counterfactual), operands)
+    if counterfactual == CARRY and not texts:
+        raise PromptError("no operands of the range flip the carry and keep the answer's units digit")
+    for cf_text, cf_answer in texts:
         cf = answer_tokens(tokenizer, cf_text, cf_answer, sep)
-        if len(cf.prompt_ids) == len(ref.prompt_ids):
+        if len(cf.prompt_ids) + forced == len(ref.prompt_ids):
             a, b = problem.operands
             return PromptPair(op=problem.template.op, template=problem.template.id,
                               family=problem.template.family, a=a, b=b,
                               answer=problem.answer, ref_text=problem.ref_text, cf_text=cf_text,
-                              ref_ids=ref.prompt_ids, cf_ids=cf.prompt_ids, answer_id=ref.answer_id,
-                              answer_ids=ref.answer_ids)
+                              ref_ids=ref.prompt_ids, cf_ids=cf.prompt_ids + tail, answer_id=ref.answer_id,
+                              answer_ids=ref.answer_ids, forced=forced)
     raise PromptError(LENGTH_MISMATCH)
 
 
 def build_pairs(tokenizer: TokenizerLike, problems: Iterable[Problem], counterfactual: str = OPERATOR_REMOVED,
-                operands: OperandRange | None = None) -> tuple[list[PromptPair], list[tuple[Problem, str]]]:
-    """Tokenize problems (X_c of the ``counterfactual`` kind); returns (pairs, dropped problems with the reason)."""
+                operands: OperandRange | None = None, digit: str = FIRST_DIGIT
+                ) -> tuple[list[PromptPair], list[tuple[Problem, str]]]:
+    """Tokenize problems (X_c of the ``counterfactual`` kind, read at ``digit``); returns (pairs, dropped problems
+    with the reason)."""
     pairs: list[PromptPair] = []
     dropped: list[tuple[Problem, str]] = []
     for p in problems:
         try:
-            pairs.append(build_pair(tokenizer, p, counterfactual, operands))
+            pairs.append(build_pair(tokenizer, p, counterfactual, operands, digit))
         except PromptError as e:
             dropped.append((p, str(e)))
     return pairs, dropped
@@ -490,8 +586,9 @@ def groups_of(pairs: Sequence[PromptPair], by: Sequence[str] = ("op", "template"
 
 
 def prompt_set_hash(pairs: Sequence[PromptPair]) -> str:
-    """sha256 of the canonical JSON of the pairs' token ids and answers (the cache's prompt key)."""
-    payload = [[p.ref_ids, p.cf_ids, p.answer_id, p.op, p.template] for p in pairs]
+    """sha256 of the canonical JSON of the pairs' token ids and answers (the cache's prompt key); a pair read past its
+    first digit adds its ``forced`` count (a first-digit pair hashes as it did before the digit could be chosen)."""
+    payload = [[p.ref_ids, p.cf_ids, p.answer_id, p.op, p.template] + ([p.forced] if p.forced else []) for p in pairs]
     return hashlib.sha256(json.dumps(payload, separators=(",", ":")).encode()).hexdigest()
 
 

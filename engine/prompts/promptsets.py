@@ -13,6 +13,12 @@ unless the other tokens run out of candidates.  The flag and :data:`BALANCE_RULE
 spec's params, and the chosen pairs are part of the prompt-set hash, so cached results of balanced
 and unbalanced sets never mix.  :func:`answer_token_stats` reports the distribution of any set and
 warns when one token holds more than :data:`DOMINANT_SHARE` of it.
+
+**The answer digit** (``digit``: "first", the default; "last"; or the k-th token, :mod:`engine.prompts.pairs`).  A set
+read past its first digit is built with the earlier answer tokens teacher-forced in both prompts, and then everything
+above follows the chosen digit: the balance rule takes its groups by the chosen digit's token (``answer_id``), the
+distribution and its warning count that token, and the spec's params carry ``digit`` (only when it is not "first": a
+first-digit set keeps the cache keys it had before the choice existed).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from typing import Any, Sequence
 from engine.prompts.custom import CUSTOM_FAMILY, WrittenTemplate, check_kind, explain_dropped, parse_param
 from engine.prompts.pairs import (
     ANSWER_TOKEN_RULE,
+    CARRY,
+    FIRST_DIGIT,
     OPERATOR_REMOVED,
     OperandRange,
     Problem,
@@ -31,6 +39,8 @@ from engine.prompts.pairs import (
     PromptPair,
     build_pairs,
     check_counterfactual,
+    digit_words,
+    parse_digit,
     sample_problems,
 )
 from engine.prompts.templates import FAMILIES, OPS, PAPER_FAMILIES, PAPER_OPS, WORD_PROBLEM_FAMILIES
@@ -105,6 +115,8 @@ class PromptSetSpec:
     counterfactual: str = "operator-removed"  # what X_c changes (engine.prompts.pairs.COUNTERFACTUALS)
     #: templates written by a user, ``op:text`` (engine.prompts.custom); they replace ``families`` when given
     templates: tuple[str, ...] = ()
+    #: the answer digit analysed: "first", "last" or the k-th token as text ("2"); engine.prompts.pairs.DIGITS
+    digit: str = FIRST_DIGIT
 
     def __post_init__(self) -> None:
         if self.n <= 0:
@@ -113,6 +125,10 @@ class PromptSetSpec:
             raise PromptError(f"n={self.n} is too large: at most 100000 prompts per operation")
         parse_ops(",".join(self.ops))
         check_counterfactual(self.counterfactual)
+        if parse_digit(self.digit) != self.digit:
+            raise PromptError(f"answer digit {self.digit!r}: write it as {parse_digit(self.digit)!r}")
+        if self.counterfactual == CARRY and any(op not in ("add", "sub") for op in self.ops):
+            raise PromptError("the carry counterfactual is for additions and subtractions: keep only add and sub")
         for written in self.written:
             check_kind(written, self.counterfactual)
             if written.op not in self.ops:
@@ -134,6 +150,8 @@ class PromptSetSpec:
             d.pop("decimals")
         if self.counterfactual == OPERATOR_REMOVED:  # the paper's X_c keeps the keys it had before the kinds
             d.pop("counterfactual")
+        if self.digit == FIRST_DIGIT:  # the first digit keeps the keys it had before the digit could be chosen
+            d.pop("digit")
         if self.templates:  # written templates replace the families
             d["templates"] = list(self.templates)
             d["families"] = [CUSTOM_FAMILY]
@@ -214,11 +232,14 @@ def generate_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
     written = spec.written
     problems = sample_problems(spec.ops, n_sample, spec.seed, operands=spec.operand_range,
                                families=spec.families, templates=[w.template for w in written])
-    pairs, dropped = build_pairs(tokenizer, problems, spec.counterfactual, spec.operand_range)
+    pairs, dropped = build_pairs(tokenizer, problems, spec.counterfactual, spec.operand_range, spec.digit)
     if not pairs and written:
         raise PromptError(explain_dropped(written, [r for _, r in dropped], tokenizer))
     if not pairs:
         reason = dropped[0][1] if dropped else "no problems"
+        if dropped and all(r.startswith("the answer has ") for _, r in dropped):
+            raise PromptError(f"no answer of these problems has a {digit_words(spec.digit)} token: pick an earlier "
+                              f"digit or wider operands")
         if dropped and all(r.startswith("no swapped operator") for _, r in dropped):  # the kind, not the tokenizer
             raise PromptError(f"{reason}: the operator-swapped counterfactual needs an operator with a paired "
                               f"operation (+ and -, * and /); pick other templates or another counterfactual")
@@ -262,12 +283,19 @@ class AnswerTokenStats:
     top_op: str                          # the operation whose most frequent token has the largest share
     top_token: str
     top_share: float                     # that token's share of that operation's pairs
+    digit: str = FIRST_DIGIT             # the answer digit counted (the pairs' answer_id)
 
     @property
     def warning(self) -> str | None:
         """A sentence when one token holds more than DOMINANT_SHARE of an operation's pairs, else None."""
         if self.top_share <= DOMINANT_SHARE:
             return None
+        if self.digit != FIRST_DIGIT:
+            which = digit_words(self.digit).split(" ")[0]
+            return (f"{self.top_share:.0%} of the {self.top_op} prompts have the same {which} answer token "
+                    f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. "
+                    f"Balance the set (on by default); if it is balanced already, keeping only the prompts the model "
+                    f"answers right unbalanced it: use more prompts or other operations.")
         return (f"{self.top_share:.0%} of the {self.top_op} prompts have the same first answer token "
                 f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. "
                 f"Balance the set's first answer tokens (on by default); if it is balanced already, keeping "
@@ -278,8 +306,11 @@ class AnswerTokenStats:
         return " · ".join(f"`{t}` {c} ({c / self.n:.0%})" for t, c in self.counts.items())
 
     def to_json(self) -> dict[str, Any]:
-        return {"n": self.n, "counts": self.counts, "per_op": self.per_op, "top_op": self.top_op,
-                "top_token": self.top_token, "top_share": round(self.top_share, 4), "warning": self.warning}
+        d = {"n": self.n, "counts": self.counts, "per_op": self.per_op, "top_op": self.top_op,
+             "top_token": self.top_token, "top_share": round(self.top_share, 4), "warning": self.warning}
+        if self.digit != FIRST_DIGIT:
+            d["digit"] = self.digit
+        return d
 
 
 def _token_counts(tokenizer, pairs: Sequence[PromptPair]) -> dict[str, int]:
@@ -288,8 +319,9 @@ def _token_counts(tokenizer, pairs: Sequence[PromptPair]) -> dict[str, int]:
     return {str(t): c for t, c in sorted(zip(toks, ids.values()), key=lambda x: (-x[1], str(x[0])))}
 
 
-def answer_token_stats(tokenizer, pairs: Sequence[PromptPair]) -> AnswerTokenStats:
-    """How often each first answer token occurs in ``pairs`` (real tokenization: the pairs' ids)."""
+def answer_token_stats(tokenizer, pairs: Sequence[PromptPair], digit: str = FIRST_DIGIT) -> AnswerTokenStats:
+    """How often each answer token at END (the first digit's, or ``digit``'s of a set read there) occurs in ``pairs``
+    (real tokenization: the pairs' ids)."""
     if not pairs:
         raise PromptError("no prompt pairs: nothing to count")
     by_op: dict[str, list[PromptPair]] = defaultdict(list)
@@ -299,4 +331,4 @@ def answer_token_stats(tokenizer, pairs: Sequence[PromptPair]) -> AnswerTokenSta
     top_op = max(per_op, key=lambda op: next(iter(per_op[op].values())) / len(by_op[op]))
     top_token, top_n = next(iter(per_op[top_op].items()))
     return AnswerTokenStats(len(pairs), _token_counts(tokenizer, pairs), per_op, top_op, top_token,
-                            top_n / len(by_op[top_op]))
+                            top_n / len(by_op[top_op]), digit)

@@ -13,6 +13,11 @@ measures are reported:
   ``len(answer) + 1`` positions from END on go through the final norm and the unembedding
   (``ModelBackend.logits_at``), never the full ``[batch, pos, vocab]`` tensor.
 
+**A set read past its first digit** (``PromptPair.forced`` > 0: the earlier answer tokens are teacher-forced at the end
+of the prompt, :mod:`engine.prompts.pairs`): a pair is answered right when the argmax at every forced token's position
+and at END is that token -- every answer token up to the chosen one right; the full answer adds the tokens after it.
+The same pass reads the ``forced`` positions before END as well (a first-digit pair: END alone, as before).
+
 The scores of a prompt set are memoized per (model fingerprint, prompt-set hash).  The prompt filter
 (:func:`kept_pairs`) needs only the first-token measure: it reads the memo when the accuracy table
 (:func:`accuracy_report`) has scored the set, else it runs the prompts alone (END is their last position,
@@ -59,7 +64,7 @@ def forget_scores() -> None:
 
 def _memo_key(model, pairs: Sequence[PromptPair]) -> tuple[str, str, int]:
     from engine.prompts.pairs import prompt_set_hash
-    return model.facts.fingerprint, prompt_set_hash(pairs), hash(tuple(tuple(p.answer_ids) for p in pairs))
+    return model.facts.fingerprint, prompt_set_hash(pairs), hash(tuple((tuple(p.answer_ids), p.forced) for p in pairs))
 
 
 def score_pairs(model, pairs: Sequence[PromptPair], *, batch_size: int = 64,
@@ -114,17 +119,18 @@ def _score(model, pairs: Sequence[PromptPair], *, batch_size: int, progress: Pro
         chunk = [pairs[i] for i in idx]
         seqs = [p.ref_ids + answer(p) for p in chunk]
         ids, mask, _ = pad_batch(seqs, pad)
-        # positions END .. END + len(answer) of each row (the last one repeated as padding)
-        m = max(len(answer(p)) for p in chunk) + 1
-        pos = torch.tensor([[min(len(p.ref_ids) - 1 + j, len(s) - 1) for j in range(m)]
+        # positions END - forced .. END + len(answer) of each row (the last one repeated as padding)
+        m = max(p.forced + len(answer(p)) for p in chunk) + 1
+        pos = torch.tensor([[min(len(p.ref_ids) - 1 - p.forced + j, len(s) - 1) for j in range(m)]
                             for p, s in zip(chunk, seqs)])  # [batch, m]
         with torch.no_grad():
             out = model.logits_at(ids, mask, pos).float()  # [batch, m, vocab]
         for i, p in enumerate(chunk):
-            pred = out[i, :len(p.answer_ids) + 1].argmax(-1).tolist()
-            first_ok = pred[0] == p.answer_id
-            full_ok = full and pred[:len(p.answer_ids)] == p.answer_ids and pred[len(p.answer_ids)] not in digit_ids
-            prob = torch.softmax(out[i, 0], -1)[p.answer_id].item()
+            f, gold = p.forced, p.forced_ids + p.answer_ids
+            pred = out[i, :f + len(p.answer_ids) + 1].argmax(-1).tolist()
+            first_ok = pred[:f + 1] == gold[:f + 1]  # every answer token up to the chosen one (END's)
+            full_ok = full and pred[:len(gold)] == gold and pred[len(gold)] not in digit_ids
+            prob = torch.softmax(out[i, f], -1)[p.answer_id].item()
             scores[idx[i]] = PairScore(first_ok, full_ok, prob)
         done += len(idx)
         if progress is not None:
@@ -146,7 +152,7 @@ def scoring_work(model, pairs: Sequence[PromptPair], *, full: bool = True, batch
                               call_tokens(model.facts)):
         chunk = [pairs[i] for i in idx]
         width = max(len(p.ref_ids) + len(answer(p)) for p in chunk)
-        w += one_pass(len(chunk), width, len(chunk) * (max(len(answer(p)) for p in chunk) + 1))
+        w += one_pass(len(chunk), width, len(chunk) * (max(p.forced + len(answer(p)) for p in chunk) + 1))
     return w
 
 

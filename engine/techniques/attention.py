@@ -41,7 +41,8 @@ ROLE_DEFINITIONS: dict[str, str] = {
     "operand B": "the digit tokens of the second operand (B)",
     "operator": "the tokens that differ between the prompt and its counterfactual, outside the operands (the "
                 "operation's word or sign; none when the counterfactual changes an operand)",
-    "other": "every other token: template words, '=', whitespace before the answer",
+    "other": "every other token: template words, '=', whitespace before the answer, and the answer's digits "
+             "teacher-forced before the chosen one (a set read past its first digit)",
 }
 #: Bumped when the role labels or their rules change (part of the cache params).
 ROLES_VERSION = 4  # 4: an operand counterfactual's changed digits stay the operand's (they were "operator")
@@ -49,11 +50,13 @@ METHOD = "attention_roles"
 
 
 def token_roles(backend: ModelBackend, pair: PromptPair) -> list[str]:
-    """The role of every position of ``pair.ref_ids``."""
-    toks = backend.tokenizer.convert_ids_to_tokens(pair.ref_ids)
+    """The role of every position of ``pair.ref_ids``; the teacher-forced answer tokens at its end (``pair.forced``)
+    are "other" (the same in X_r and X_c, and no operand)."""
+    ids = pair.ref_ids[:len(pair.ref_ids) - pair.forced]
+    toks = backend.tokenizer.convert_ids_to_tokens(ids)
     tpl = TEMPLATES_BY_ID.get(pair.template)
     a_first = tpl is None or tpl.text.index("{A}") < tpl.text.index("{B}")
-    return roles_of(toks, [r != c for r, c in zip(pair.ref_ids, pair.cf_ids)], a_first=a_first)
+    return roles_of(toks, [r != c for r, c in zip(ids, pair.cf_ids)], a_first=a_first) + ["other"] * pair.forced
 
 
 def roles_of(toks: Sequence[str | None], operator: Sequence[bool], *, a_first: bool = True) -> list[str]:
