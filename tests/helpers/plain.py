@@ -237,7 +237,7 @@ def each_sender(plain: Plain, ref, cf_mlp, end, answer, n_layers: int, frozen, p
 # head -> head: the receiver's q, k or v recomputed, the other two frozen at X_r
 # ---------------------------------------------------------------------------------------------
 
-def _qkv_split(plain: Plain, layer: int) -> tuple[dict[str, torch.nn.Module], object]:
+def qkv_split(plain: Plain, layer: int) -> tuple[dict[str, torch.nn.Module], object]:
     """({"q"|"k"|"v"|"qkv": projection}, split) of a layer's attention: separate projections, or one fused
     projection and ``split(out) -> (q, k, v) slices`` of its last dimension, from the model's own code."""
     attn = plain.attn(layer)
@@ -283,7 +283,7 @@ def head_to_head(plain: Plain, pairs, receiver: tuple[int, int, str]
     ref = [p.ref_ids for p in pairs]
     answer = torch.tensor([p.answer_id for p in pairs])
     r, c = plain.capture(ref), plain.capture([p.cf_ids for p in pairs])
-    proj, split = _qkv_split(plain, lr)
+    proj, split = qkv_split(plain, lr)
     outs: dict[str, torch.Tensor] = {}
     keep = {m: (lambda x, m=m: outs.__setitem__(m, x.clone()) or x) for m in proj}
     plain.run(ref, post={mod: keep[name] for name, mod in proj.items()})
@@ -600,7 +600,7 @@ def head_slices(plain: Plain, heads: Sequence[tuple[int, int]], kv_rule: str = "
                 m.index_fill_(weight_dim if leaf == "weight" else 0, idx, True)
                 masks[key] = m
     for layer, hs in by_layer.items():
-        proj, split = _qkv_split(plain, layer)
+        proj, split = qkv_split(plain, layer)
         o = plain.o_proj(layer)
         in_dim = 1 - out_dim(o)
         dh = o.weight.shape[in_dim] // H

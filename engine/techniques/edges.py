@@ -1,0 +1,299 @@
+"""Edges: MIB's residual graph of a model, and exact edge patching (each edge's X_c value reaching one receiver).
+
+**The graph** (MIB, Mueller et al. 2025; Hanna et al. 2024, EAP-IG's ``Graph.from_model``): the nodes are
+``input`` (the token embeddings), every head ``a{l}.h{h}``, every MLP ``m{l}`` and ``logits``.  An *edge*
+u -> v joins a sender u to what a receiver v reads: a head's query, key or value input (``<q>``, ``<k>``,
+``<v>``), an MLP's input, the logits.  A head reads every earlier node; an MLP reads those and, in a
+sequential block, its own layer's heads (a parallel block's MLP reads the block input:
+``backend.parallel_attn_mlp``, read from the lab's block model, :mod:`engine.backends.layouts`); the logits
+read every node (:func:`engine.techniques.faithfulness.mib_edges` lists them, MIB's order and names).
+
+**A sender's value** is what it adds to the residual stream, at every position: the embedding stream for
+``input`` (``resid_pre(0)``), a head's contribution (the attention's output with only that head's output from
+the run in question, the block's post-attention norm and residual scale applied:
+``hooks.attn_out``), an MLP's output (``hooks.mlp_out``).  Its *difference*
+``d_u = value_u(X_c) - value_u(X_r)`` is what patching the edge sends.
+
+**Exact edge patching** (the ground truth MIB's edge attributions estimate): run X_r with receiver v's input
+replaced by its X_r value plus ``d_u`` -- the sender's X_c value reaching only that receiver; every other
+path, the receiver's other inputs included, stays clean -- and everything after v recomputed.  Read the
+answer token's logit at END: ``logit_p - logit_o`` is the edge's effect.
+
+* receiver ``logits``: the final stream plus ``d_u`` (one pass, every such edge a row);
+* receiver ``m{l}``: the MLP branch's input plus ``d_u`` (``hooks.mlp_in``: a write there changes the MLP
+  branch only), one pass; a parallel block's MLP input is the block input, there the MLP's new output is
+  computed with the block model's ``mlp_branch`` and written into ``hooks.mlp_out``;
+* receiver ``a{l}.h{h}<x>`` (x = q, k or v): two passes.  (A) X_r with layer l's input plus ``d_u`` and the
+  layer's other two of q / k / v frozen at X_r -- only input x sees the patched stream -- from which head h's
+  output z is read; (B) X_r with head h's output at layer l replaced by it.  Grouped-query attention: the
+  key and value heads are shared, but only head h's output is taken, so only that head sees the edge.
+
+Each pass carries many edges as rows (:func:`engine.machinery.patch_rows.patch_rows`).  Cost: one row per
+edge and pair for the logits and MLP receivers, two for the heads' -- ~2 E forward passes of the prompts for
+E edges (6,637 on the bundled model); :func:`edge_patching_work` counts them.  Exact against a plain
+transformers loop (``tests/integration/test_edges.py``: one hooked model per edge, written without the lab's
+backends) on the bundled model and a sample of edges on three architectures of the matrix.  There is no
+shortcut yet: every edge runs whole prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.machinery.batching import batches
+from engine.machinery.patch_rows import Edit, PatchRun, patch_rows, prepare
+from engine.progress import ProgressFn, Stages
+from engine.prompts.pairs import PromptPair
+from engine.techniques.faithfulness import mib_edges
+
+METHOD = "edge_patching"
+QKV: tuple[str, ...] = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the graph: ``kind`` input | head | mlp | logits, its layer (input: -1, logits: L) and head."""
+
+    kind: str
+    layer: int = -1
+    head: int = -1
+
+    @property
+    def name(self) -> str:
+        """MIB's name: ``input``, ``a3.h1``, ``m3``, ``logits``."""
+        return {"input": "input", "logits": "logits", "mlp": f"m{self.layer}"}.get(self.kind,
+                                                                                 f"a{self.layer}.h{self.head}")
+
+
+def node_of(name: str, n_layers: int) -> Node:
+    """MIB's node name -> Node (ValueError for anything else)."""
+    if name in ("input", "logits"):
+        return Node(name, -1 if name == "input" else n_layers)
+    try:
+        if name.startswith("m"):
+            return Node("mlp", int(name[1:]))
+        if name.startswith("a"):
+            layer, head = name[1:].split(".h")
+            return Node("head", int(layer), int(head))
+    except ValueError:
+        pass
+    raise ValueError(f"node {name!r}: write input, logits, m<layer> or a<layer>.h<head>")
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Sender -> receiver (through ``qkv`` when the receiver is a head)."""
+
+    sender: Node
+    receiver: Node
+    qkv: str | None = None
+
+    @property
+    def name(self) -> str:
+        """MIB's name: ``a0.h1->a3.h2<q>``, ``m0->logits``."""
+        return f"{self.sender.name}->{self.receiver.name}" + (f"<{self.qkv}>" if self.qkv else "")
+
+
+def edge_graph(backend: ModelBackend) -> list[Edge]:
+    """Every edge of the model's residual graph, in MIB's order (module docstring)."""
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    return [Edge(node_of(p, L), node_of(c, L), q) for p, c, q in mib_edges(L, H, backend.parallel_attn_mlp)]
+
+
+def parse_edge(text: str, n_layers: int) -> Edge:
+    """``"a0.h1->a3.h2<q>"`` -> Edge (ValueError saying what to type)."""
+    left, arrow, right = text.strip().partition("->")
+    qkv = None
+    if right.endswith(">") and "<" in right:
+        right, _, qkv = right[:-1].partition("<")
+    if not arrow or (qkv is not None and qkv not in QKV):
+        raise ValueError(f"edge {text!r}: write SENDER->RECEIVER[<q|k|v>], e.g. a0.h1->a3.h2<q>")
+    return Edge(node_of(left, n_layers), node_of(right, n_layers), qkv)
+
+
+# ---------------------------------------------------------------------------------------------
+# the senders' differences d_u = value_u(X_c) - value_u(X_r), at every position
+# ---------------------------------------------------------------------------------------------
+
+def prepared(backend: ModelBackend, pairs: Sequence[PromptPair]) -> PatchRun:
+    """X_r and X_c run once, caching what the senders' values and the receivers' inputs are read from."""
+    L = backend.facts.n_layers
+    names = [hooks.resid_pre(0), hooks.resid_post(L - 1)]
+    names += [n for j in range(L) for n in (hooks.attn_z(j), hooks.attn_out(j), hooks.mlp_out(j), hooks.mlp_in(j),
+                                              hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j))]
+    names = list(dict.fromkeys(names))
+    return prepare(backend, pairs, names, [hooks.resid_pre(0), *[n for j in range(L)
+                                                                for n in (hooks.attn_z(j), hooks.mlp_out(j))]])
+
+
+@torch.no_grad()
+def sender_differences(backend: ModelBackend, run: PatchRun, senders: Sequence[Node]) -> dict[str, torch.Tensor]:
+    """{sender name: d_u [P, pos, d_model]} (module docstring).  A head's: one pass per layer, the layer's heads
+    as rows, each row's head output from X_c at every position, the attention's output read."""
+    out: dict[str, torch.Tensor] = {}
+    P = run.n
+    by_layer: dict[int, list[int]] = {}
+    for s in senders:
+        if s.kind == "input":
+            out[s.name] = (run.cf_cache[hooks.resid_pre(0)] - run.ref_cache[hooks.resid_pre(0)]).float()
+        elif s.kind == "mlp":
+            name = hooks.mlp_out(s.layer)
+            out[s.name] = (run.cf_cache[name] - run.ref_cache[name]).float()
+        elif s.kind == "head":
+            by_layer.setdefault(s.layer, []).append(s.head)
+    for layer, heads in by_layer.items():
+        z = hooks.attn_z(layer)
+        S = len(heads)
+
+        def put(act: torch.Tensor, heads=heads, z=z) -> torch.Tensor:  # [S * P, pos, H, d_head]
+            for i, h in enumerate(heads):
+                act[i * P:(i + 1) * P, :, h] = run.cf_cache[z][:, :, h].to(act.device, act.dtype)
+            return act
+        with backend.hooks([(z, put)]):
+            acts = backend.activations(run.stacked(run.ref, S), run.stacked(run.mask, S), [hooks.attn_out(layer)])
+        a = acts[hooks.attn_out(layer)].float().reshape(S, P, *run.ref_cache[hooks.attn_out(layer)].shape[1:])
+        for i, h in enumerate(heads):
+            out[Node("head", layer, h).name] = (a[i] - run.ref_cache[hooks.attn_out(layer)].float()).cpu()
+    return {k: v.cpu() for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# exact edge patching
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class EdgeRaw:
+    """Per-pair answer logits with each edge patched.  E edges, P pairs."""
+
+    pairs: list[PromptPair]
+    edges: list[Edge]
+    logit_o: torch.Tensor   # [P]     unpatched answer logit on X_r
+    patched: torch.Tensor   # [E, P]  answer logit with the edge patched
+
+    def effects(self) -> torch.Tensor:
+        """Mean logit difference per edge over the pairs.  # [E]"""
+        return (self.patched - self.logit_o[None]).double().mean(1)
+
+
+def _add_rows(deltas: Sequence[torch.Tensor], P: int) -> "callable":
+    """Hook: row block s gets ``deltas[s]`` [P, pos, d] added (an empty block: None)."""
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        act = act.clone()
+        for s, d in enumerate(deltas):
+            if d is not None:
+                act[s * P:(s + 1) * P] += d.to(act.device, act.dtype)
+        return act
+    return fn
+
+
+def _frozen_rows(value: torch.Tensor, keep: Sequence[bool], P: int) -> "callable":
+    """Hook: row blocks s with ``keep[s]`` False take ``value`` [P, ...] (X_r's), the others keep what they compute."""
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        act = act.clone()
+        for s, k in enumerate(keep):
+            if not k:
+                act[s * P:(s + 1) * P] = value.to(act.device, act.dtype)
+        return act
+    return fn
+
+
+@torch.no_grad()
+def edge_patching(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
+                  rows_per_pass: int = 256, progress: ProgressFn | None = None) -> EdgeRaw:
+    """The answer logit with each edge patched (exact; module docstring).  ``edges``: default every edge."""
+    edges = list(edges) if edges is not None else edge_graph(backend)
+    run = prepared(backend, pairs)
+    diffs = sender_differences(backend, run, list({e.sender: None for e in edges}))
+    P = run.n
+    out = torch.empty(len(edges), P)
+    per = max(1, rows_per_pass // max(1, P))
+    groups: dict[tuple, list[int]] = {}
+    for i, e in enumerate(edges):
+        groups.setdefault((e.receiver.kind, e.receiver.layer), []).append(i)
+    steps = Stages(progress, [len(ix) for ix in groups.values()])
+    for gi, ((kind, layer), idx) in enumerate(groups.items()):
+        bar = steps.stage(gi)
+        for bi, b in enumerate(batches(len(idx), per)):
+            group = [edges[idx[i]] for i in b]
+            d = [diffs[e.sender.name] for e in group]
+            if kind == "logits":
+                edits = [(hooks.resid_post(backend.facts.n_layers - 1), _add_rows(d, P))]
+            elif kind == "mlp":
+                edits = _mlp_edits(backend, run, layer, d)
+            else:
+                edits = _head_edits(backend, run, group, d)
+            out[[idx[i] for i in b]] = patch_rows(backend, run, list(range(len(group))), lambda _g, e=edits: e,
+                                                  rows_per_pass=len(group) * P)
+            if bar is not None:
+                bar(bi + 1, len(batches(len(idx), per)))
+    return EdgeRaw(list(pairs), edges, run.logit_o, out)
+
+
+def _mlp_edits(backend: ModelBackend, run: PatchRun, layer: int, d: Sequence[torch.Tensor]) -> list[Edit]:
+    """The MLP's input plus each row's difference (a parallel block: its output, through the block model)."""
+    P = run.n
+    if not backend.parallel_attn_mlp:
+        return [(hooks.mlp_in(layer), _add_rows(d, P))]
+    x = run.ref_cache[hooks.resid_pre(layer)]  # [P, pos, d_model]: the block input the MLP reads
+
+    def branch(v: torch.Tensor) -> torch.Tensor:
+        flat = v.reshape(-1, v.shape[-1]).to(backend.device, x.dtype)
+        return backend.mlp_branch(layer, flat).float().cpu().reshape(v.shape)
+    base = run.ref_cache[hooks.mlp_out(layer)].float() - branch(x)  # the model's own output, rounding kept
+    stacked = torch.cat([branch(x.float() + dd) + base for dd in d])
+
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        return stacked.to(act.device, act.dtype)
+    return [(hooks.mlp_out(layer), fn)]
+
+
+def _head_edits(backend: ModelBackend, run: PatchRun, group: Sequence[Edge], d: Sequence[torch.Tensor]
+                ) -> list[Edit]:
+    """Pass (A): each receiver head's output with only its input x seeing the patched stream; the edit of
+    pass (B) that writes it, every other head computing as it does."""
+    P, S = run.n, len(group)
+    layer = group[0].receiver.layer
+    qkv = {"q": hooks.attn_q(layer), "k": hooks.attn_k(layer), "v": hooks.attn_v(layer)}
+    edits_a = [(hooks.resid_pre(layer), _add_rows(d, P))]
+    edits_a += [(name, _frozen_rows(run.ref_cache[name], [e.qkv == x for e in group], P)) for x, name in qkv.items()]
+    z = hooks.attn_z(layer)
+    with backend.hooks(edits_a):
+        got = backend.activations(run.stacked(run.ref, S), run.stacked(run.mask, S), [z])[z]  # [S * P, pos, H, dh]
+    new = torch.stack([got[s * P:(s + 1) * P, :, e.receiver.head] for s, e in enumerate(group)])  # [S, P, pos, dh]
+
+    def put(act: torch.Tensor) -> torch.Tensor:
+        act = act.clone()
+        for s, e in enumerate(group):
+            act[s * P:(s + 1) * P, :, e.receiver.head] = new[s].to(act.device, act.dtype)
+        return act
+    return [(z, put)]
+
+
+def edge_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
+                       rows_per_pass: int = 256):
+    """The forward work of :func:`edge_patching` (``engine.cost.Work``): X_r and X_c, the heads' differences
+    (a pass per layer, the heads as rows) and a row per edge and pair, two for a head receiver."""
+    from engine.cost import one_pass
+    from engine.machinery.patch_rows import patch_rows_work, prepare_work
+    edges = list(edges) if edges is not None else edge_graph(backend)
+    n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
+    H = backend.facts.n_heads
+    w = prepare_work(pairs)
+    layers = {e.sender.layer for e in edges if e.sender.kind == "head"}
+    for _ in layers:
+        w += one_pass(H * n, width)
+    groups: dict[tuple, int] = {}
+    for e in edges:
+        groups[(e.receiver.kind, e.receiver.layer)] = groups.get((e.receiver.kind, e.receiver.layer), 0) + 1
+    per = max(1, rows_per_pass // max(1, n))
+    for (kind, _), count in groups.items():
+        w += patch_rows_work(count, n, width, rows_per_pass=per * n)
+        if kind == "head":
+            for g in range(0, count, per):
+                w += one_pass(min(per, count - g) * n, width)
+    return w
