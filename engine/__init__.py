@@ -61,6 +61,10 @@ API: dict[str, str] = {
     "head_stability": "engine.techniques.stability",
     "what_heads_carry": "engine.techniques.carries",
     "circuit_diagram": "engine.techniques.circuit",
+    "Intervention": "engine.techniques.intervene",
+    "intervene": "engine.techniques.intervene",
+    "parse_targets": "engine.techniques.intervene",
+    "number_token": "engine.techniques.intervene",
     # the paper's argument
     "circuit_summary": "engine.findings.summary",
     "paper_findings": "engine.findings.paper",

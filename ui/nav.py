@@ -33,6 +33,7 @@ PAGES = (
     PageDef("pages/12_Circuit.py", "Circuit", ":material/hub:", "Circuit"),
     PageDef("pages/13_Templates.py", "Your templates", ":material/edit_note:", "Templates"),
     PageDef("pages/14_Atlas.py", "Atlas", ":material/grid_view:", "Atlas"),
+    PageDef("pages/15_Intervene.py", "Intervene", ":material/science:", "Intervene"),
 )
 
 #: a second address of Home (the default page, at ``/``): the router sends ``/Home`` there, the link kept
@@ -47,6 +48,7 @@ PAGE_OF: dict[str, str] = {
     "faithfulness": "Faithfulness", "circuit": "Circuit", "operand-grid": "Atlas",
     "heuristic-neurons": "Atlas", "helix-patch": "Numbers",
     "position-patching": "Position_patching", "numbers": "Numbers", "finetune": "Improve",
+    "intervene": "Intervene",
 }
 
 

@@ -1,0 +1,100 @@
+"""Intervene: patch, scale, zero, mean-ablate chosen components or add a number's direction on the typed prompt."""
+
+from __future__ import annotations
+
+import shlex
+
+import streamlit as st
+
+from engine.prompts.pairs import PromptError
+from engine.techniques.intervene import Intervention, intervene, number_token, parse_targets
+from engine.techniques.knockout import mean_activations
+from engine.techniques.promptlab import check_typed_text, typed_pair
+from ui.session import (
+    analysed_pairs,
+    current_prompt,
+    prompt_caption,
+    result_cache,
+    setup_page,
+    words_used,
+)
+from views.charts import display_token, fmt_prob, signed_change
+from views.intervene import distribution_chart, distribution_frame
+
+ACTIONS = {"patch from another prompt": "patch", "scale": "scale", "zero": "zero",
+           "mean (the knockouts' mean ablation)": "mean", "add a number's direction": "add"}
+
+model, spec = setup_page(
+    "Intervene",
+    "Change chosen components of the typed prompt's forward pass and see the next-token distribution before and "
+    "after: set them to their value on another prompt (patch), scale them, zero them, replace them by their mean "
+    "over the counterfactual prompts, or add a number's unembedding direction at a chosen strength.")
+prompt_caption()
+words_used("counterfactual", "END", "probability", "knockout", "path patching")
+f = model.facts
+L, H = f.n_layers, f.n_heads
+opts = ([f"{layer}.{h}" for layer in range(L) for h in range(H)] + [f"{layer}.mlp" for layer in range(L)]
+        + [f"{layer}.resid" for layer in range(L)])
+c1, c2 = st.columns([3, 2])
+chosen = c1.multiselect("Components (layer.head, layer.mlp, layer.resid: the residual stream leaving the layer)",
+                        opts, default=[opts[0]], key="iv_components")
+action = ACTIONS[c2.radio("Action", list(ACTIONS), key="iv_action", horizontal=False)]
+c3, c4, c5 = st.columns(3)
+positions = c3.radio("Where", ["end", "all"], key="iv_positions", format_func=lambda p: {
+    "end": "the last token only (END)", "all": "every position"}[p], disabled=action == "mean",
+                     help="Mean ablation is the knockouts': every position.")
+freeze = c4.checkbox("Hold every other head at its value on the typed prompt", key="iv_freeze",
+                     help="Path patching's frozen heads: patching one head at END from the counterfactual then "
+                          "gives path patching's number for that head.")
+text = current_prompt()
+source_text, factor, number, strength = None, 0.0, None, 0.0
+if action == "patch":
+    source_text = c5.text_input("Take the values from (empty: the typed prompt's counterfactual)", key="iv_source")
+elif action == "scale":
+    factor = c5.slider("Factor", -3.0, 3.0, 0.0, 0.1, key="iv_factor")
+elif action == "add":
+    number = int(c5.number_input("Number", 0, 10_000, 7, key="iv_number"))
+    strength = c5.slider("Strength (1: as long as the component's own output at END)", -5.0, 5.0, 1.0, 0.1,
+                         key="iv_strength")
+
+if not chosen:
+    st.error("Choose at least one component above.")
+    st.stop()
+try:
+    targets = parse_targets(",".join(chosen), L, H, f.d_mlp)
+    typed = check_typed_text(model.tokenizer, text)
+    source = ()
+    if action == "patch":
+        source = tuple(check_typed_text(model.tokenizer, source_text).ids if source_text
+                       else typed_pair(model.tokenizer, text).cf_ids)
+    token = number_token(model.tokenizer, text, number) if action == "add" else None
+    iv = Intervention(action, targets, "all" if action == "mean" else positions, factor, strength, source, token,
+                      freeze).check()
+except (PromptError, ValueError) as e:
+    st.error(f"Cannot intervene: {e}.")
+    st.stop()
+means = None
+if action == "mean":
+    pairs, _ = analysed_pairs(model, spec, result_cache())
+    means = mean_activations(model, pairs)
+watch = typed.answer.answer_id if typed.answer is not None else None
+res = intervene(model, typed.ids, iv, watch=watch, means=means, k=5)  # the one engine call
+
+st.altair_chart(distribution_chart(distribution_frame(res.before.top, res.after.top)), width="stretch")
+if res.watched is not None:
+    change = signed_change(res.after.watched_prob - res.before.watched_prob)
+    m1, m2 = st.columns(2)
+    m1.metric(f"P(answer `{display_token(res.watched)}`)", fmt_prob(res.after.watched_prob), change,
+              delta_color="normal" if change else "off")
+    m2.metric("Answer logit", f"{res.after.watched_logit:.3f}",
+              f"{res.after.watched_logit - res.before.watched_logit:+.3f}", delta_color="off")
+st.caption(f"{res.forward_passes} forward pass(es) for this view (the typed prompt's and the other prompt's own "
+           f"passes are kept while they do not change). Exact: the model's own softmax at END, no estimate.")
+
+args = ["python", "-m", "engine", "intervene", "--model", f.spec,
+        "--text", text, "--components", ",".join(t.name for t in targets), "--action", action]
+args += {"patch": ["--source", source_text] if source_text else [], "scale": ["--factor", f"{factor:g}"],
+         "add": ["--number", str(number), "--strength", f"{strength:g}"]}.get(action, [])
+args += (["--positions", positions] if action != "mean" else []) + (["--freeze"] if freeze else [])
+with st.expander("This view as a command"):
+    st.code(shlex.join(args), language="bash")
