@@ -1,7 +1,8 @@
-"""Session-wide hooks: timings reported by tests are printed in pytest's terminal summary; one
-Chromium (``browser``) serves every browser test (tests/e2e, tests/reliability); the bundled model
-(``organism``, alias ``model``) is one fixture for every test module that opens it; each test carries its
-folder's tier marker."""
+"""Session-wide hooks: timings reported by tests are printed in pytest's terminal summary (from every xdist
+worker); one Chromium (``browser``) serves every browser test of a process (tests/e2e, tests/reliability); the
+bundled model (``organism``, alias ``model``) is one fixture for every test module that opens it; each test carries
+its folder's tier marker, ``fast`` when it belongs to the fast tier and ``serial`` when it compares a time or a CPU
+reading with a threshold (`make test` runs those alone, after the rest ran on two workers)."""
 
 from __future__ import annotations
 
@@ -22,18 +23,42 @@ FAST = ("unit/", "integration/test_techniques.py", "integration/test_patching.py
         "integration/test_position_patching.py", "integration/test_carries.py", "app/test_charts.py",
         "app/test_compute_gate.py", "app/test_operand_grid.py")
 NOT_FAST = ("slow", "realmodel", "e2e", "matrix")
+#: tests that compare a time or a CPU reading with a threshold: run alone (`make test`: `-m serial` after the
+#: parallel run), since a second worker's load would move the reading, not the code
+SERIAL = ("e2e/test_cold_cache_browser.py", "e2e/test_leave_page_browser.py", "app/test_cancel.py",
+          "reliability/test_concurrency.py", "reliability/test_crashes.py")
+#: the files that take longest (minutes: browser walks, real models), collected first so that under xdist
+#: (`--dist loadfile`) neither worker is left with one of them at the end while the other idles
+LONGEST = ("e2e/test_charts_browser.py", "e2e/test_gemma3_browser.py", "integration/test_exports.py",
+           "integration/test_gemma3.py", "integration/test_numbers.py", "integration/test_architectures.py",
+           "e2e/test_pages_browser.py", "integration/test_smollm2_finetune.py", "e2e/test_paper_browser.py",
+           "integration/test_cli.py", "e2e/test_share_link_browser.py", "e2e/test_beyond_browser.py")
+
+
+def _rel(item) -> str:
+    return "/".join(Path(str(item.path)).resolve().relative_to(TESTS).parts)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
-        if parts and parts[0] in TIERS:
-            item.add_marker(parts[0])
+        rel = _rel(item)
+        tier = rel.split("/")[0]
+        if tier in TIERS:
+            item.add_marker(tier)
         if "smollm2" in item.name.lower():  # a test named for the real SmolLM2 opens it (4 did without the marker)
             item.add_marker("realmodel")
-        rel = "/".join(parts)
         if rel.startswith(FAST) and not any(item.get_closest_marker(m) for m in NOT_FAST):
             item.add_marker("fast")
+        if rel.startswith(SERIAL):
+            item.add_marker("serial")
+    first = {f: i for i, f in enumerate(LONGEST)}
+    items.sort(key=lambda item: first.get(_rel(item).split("::")[0], len(LONGEST)))  # stable: order kept within
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # an xdist worker: two of them share the 2 cores, one torch thread each
+        import torch
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -78,10 +103,28 @@ def model(organism):
     return organism
 
 
+#: the lines already attached to a report (TIMINGS is per process; reports travel from xdist workers)
+_SENT = {"n": 0}
+#: the lines of every report, in the process that prints the summary
+_REPORTED: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.user_properties.extend(("timing", line) for line in TIMINGS[_SENT["n"]:])
+    _SENT["n"] = len(TIMINGS)
+
+
+def pytest_runtest_logreport(report):
+    _REPORTED.extend(v for k, v in report.user_properties if k == "timing")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if TIMINGS:
+    if _REPORTED:
         terminalreporter.section("timings reported by tests")
-        for line in TIMINGS:
+        for line in _REPORTED:
             terminalreporter.write_line(line)
 
 
@@ -115,8 +158,8 @@ def pytest_unconfigure(config):
     """
     import os
     import sys
-    if os.environ.get("ARITHLAB_PYTEST_FAST_EXIT", "1") != "1":
-        return
+    if os.environ.get("ARITHLAB_PYTEST_FAST_EXIT", "1") != "1" or hasattr(config, "workerinput"):
+        return  # an xdist worker ends as xdist ends it (its reports still travel after this hook)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_EXIT_STATUS["value"])
