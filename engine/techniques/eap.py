@@ -1,0 +1,218 @@
+"""Edge attribution patching (EAP) and EAP with integrated gradients (EAP-IG): gradient estimates of edge patching.
+
+EAP (Syed, Rager & Conmy 2023, "Attribution Patching Outperforms Automated Circuit Discovery") scores an edge
+u -> v of the residual graph (:mod:`engine.techniques.edges`) by the first-order estimate of patching it::
+
+    EAP(u -> v) = sum over positions of  d_u . dm/dx_v          (on X_r)
+
+with ``d_u = value_u(X_c) - value_u(X_r)`` the sender's difference (what exact edge patching sends, every
+position) and ``x_v`` what receiver v reads: a head's query, key or value input, an MLP's input, the final
+stream; m is the answer token's logit at END, so EAP estimates ``logit_p - logit_o`` of
+:func:`engine.techniques.edges.edge_patching`.
+
+EAP-IG (Hanna, Pezzelle & Belinkov 2024, "Have Faith in Faithfulness"; MIB's strongest edge method,
+"EAP-IG-inputs") averages the gradient over ``steps`` points between X_c and X_r on the inputs: the embedding
+stream entering the first block is ``x_c + (k / steps) (x_r - x_c)`` for k = 1 .. steps (EAP-IG's
+``input_interpolation_hook``), every later activation recomputed there::
+
+    EAP-IG(u -> v) = sum over positions of  d_u . mean_k dm/dx_v (k / steps)
+
+With one step the only point is X_r itself: EAP-IG equals EAP (``tests/integration/test_eap.py``).
+
+**The gradients.**  A head's three inputs are one stream (the layer's input) read three times, so its
+gradient through one of them is not a hook's gradient.  Per point: (1) one forward and backward pass with zero
+probes on every head's output z, every MLP's output and the final stream: dm/dz[l, h], dm/dmlp_out[l], dm/dx
+at the logits; (2) per layer l, one forward and backward pass with the layer's heads x (q, k, v) as 3 H row
+blocks, a zero probe on the layer's input and, in each block, the two other inputs detached: the gradient of
+``z[l, h] . dm/dz[l, h]`` with respect to the probe is dm/dx through head h's input x (the chain rule: x reaches
+m only through z[l, h] along the edge).  An MLP's input gradient is the vector-Jacobian product of the block
+model's MLP branch (``backend.mlp_branch``) with dm/dmlp_out.  Cost per point: 1 + L forward and backward
+passes, the layer passes 3 H rows per pair; the senders' differences L passes of H rows per pair
+(:func:`eap_work`).  Checked against autograd through hand-patched runs of a plain model
+(``tests/helpers/plain_edges.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import ModelBackend
+from engine.machinery.patch_rows import PatchRun
+from engine.progress import ProgressFn
+from engine.prompts.pairs import PromptPair
+from engine.techniques.edges import QKV, Edge, edge_graph, prepared, sender_differences
+
+METHOD = "eap"
+
+
+@dataclass
+class Gradients:
+    """dm/dx of every receiver's input, averaged over the points of one run.  P pairs, T positions."""
+
+    logits: torch.Tensor       # [P, T, d]        the final stream
+    mlp: list[torch.Tensor]    # [L] of [P, T, d]  each MLP's input
+    heads: dict[int, torch.Tensor]  # layer -> [P, T, H, 3, d]  each head's q, k, v input
+
+    def of(self, edge: Edge) -> torch.Tensor:
+        v = edge.receiver
+        if v.kind == "logits":
+            return self.logits
+        if v.kind == "mlp":
+            return self.mlp[v.layer]
+        return self.heads[v.layer][:, :, v.head, QKV.index(edge.qkv)]
+
+
+@dataclass
+class EapRaw:
+    """Per-pair estimates of each edge's ``logit_p - logit_o``.  E edges, P pairs."""
+
+    pairs: list[PromptPair]
+    edges: list[Edge]
+    scores: torch.Tensor  # [E, P]
+    steps: int            # 0: EAP, else EAP-IG's points
+
+    def effects(self) -> torch.Tensor:
+        """Mean estimate per edge.  # [E]"""
+        return self.scores.double().mean(1)
+
+
+def eap(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
+        steps: int = 0, progress: ProgressFn | None = None) -> EapRaw:
+    """EAP (``steps`` 0) or EAP-IG with ``steps`` points of every edge (default all; module docstring)."""
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0 (0: EAP, n: EAP-IG with n points), got {steps}")
+    edges = list(edges) if edges is not None else edge_graph(backend)
+    run = prepared(backend, pairs)
+    diffs = sender_differences(backend, run, list({e.sender: None for e in edges}))
+    layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
+    points = [1.0] if steps <= 1 else [k / steps for k in range(1, steps + 1)]
+    total = None
+    for i, alpha in enumerate(points):
+        g = gradients(backend, run, layers, alpha)
+        total = g if total is None else _summed(total, g)
+        if progress is not None:
+            progress(i + 1, len(points))
+    n = float(len(points))
+    scores = torch.stack([(diffs[e.sender.name] * total.of(e)).sum((1, 2)) / n for e in edges])  # [E, P]
+    return EapRaw(list(pairs), edges, scores, steps)
+
+
+def _summed(a: Gradients, b: Gradients) -> Gradients:
+    return Gradients(a.logits + b.logits, [x + y for x, y in zip(a.mlp, b.mlp)],
+                     {j: a.heads[j] + b.heads[j] for j in a.heads})
+
+
+def _interpolated(run: PatchRun, alpha: float):
+    """The edit of the point ``alpha`` between X_c (0) and X_r (1) on the embedding stream (X_r itself: none)."""
+    if alpha == 1.0:
+        return []
+    x_r, x_c = run.ref_cache[hooks.resid_pre(0)], run.cf_cache[hooks.resid_pre(0)]
+    point = x_c + alpha * (x_r - x_c)  # [P, T, d]
+
+    def fn(act: torch.Tensor) -> torch.Tensor:  # [S * P, T, d]
+        return point.repeat(act.shape[0] // point.shape[0], 1, 1).to(act.device, act.dtype)
+    return [(hooks.resid_pre(0), fn)]
+
+
+def _add(probe: torch.Tensor):
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        return act + probe.to(act.device, act.dtype)
+    return fn
+
+
+def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], alpha: float = 1.0) -> Gradients:
+    """Every receiver input's gradient at the point ``alpha`` (module docstring): 1 + len(head_layers) passes."""
+    f = backend.facts
+    L, H = f.n_layers, f.n_heads
+    P, T = run.ref.shape
+    point = _interpolated(run, alpha)
+    z_p = [torch.zeros(P, T, H, f.d_head, requires_grad=True) for _ in range(L)]
+    m_p = [torch.zeros(P, T, f.d_model, requires_grad=True) for _ in range(L)]
+    x_p = torch.zeros(P, T, f.d_model, requires_grad=True)
+    edits = list(point) + [(hooks.resid_post(L - 1), _add(x_p))]
+    for j in range(L):
+        edits += [(hooks.attn_z(j), _add(z_p[j])), (hooks.mlp_out(j), _add(m_p[j]))]
+    seen: dict[int, torch.Tensor] = {}
+
+    def keep(j: int):
+        def fn(act: torch.Tensor) -> torch.Tensor:
+            seen[j] = act.detach()
+            return act
+        return fn
+    edits += [(hooks.mlp_in(j), keep(j)) for j in range(L)]  # the stream each MLP reads (after the point's edit)
+    with torch.enable_grad(), backend.hooks(edits):
+        lg = backend.logits(run.ref, run.mask)
+        m = lg[torch.arange(P, device=lg.device), run.end.to(lg.device), run.answer.to(lg.device)].float()
+        grads = torch.autograd.grad(m.sum(), [x_p, *z_p, *m_p])
+    g_x, g_z, g_m = grads[0].float().cpu(), [g.float().cpu() for g in grads[1:L + 1]], grads[L + 1:]
+    mlp = [_mlp_vjp(backend, j, seen[j], g_m[j]) for j in range(L)]
+    heads = {j: _head_input_gradients(backend, run, j, g_z[j], point) for j in head_layers}
+    return Gradients(g_x, mlp, heads)
+
+
+def _mlp_vjp(backend: ModelBackend, layer: int, x: torch.Tensor, cot: torch.Tensor) -> torch.Tensor:
+    """(d mlp_branch(x) / dx)^T cot: dm through the MLP's input.  x, cot: [P, T, d] -> [P, T, d]"""
+    flat = x.reshape(-1, x.shape[-1]).to(backend.device).requires_grad_(True)
+    with torch.enable_grad():
+        out = backend.mlp_branch(layer, flat)
+        (g,) = torch.autograd.grad(out, flat, cot.reshape(flat.shape).to(out.device, out.dtype))
+    return g.float().cpu().reshape(x.shape)
+
+
+def _detached_rows(keep: Sequence[bool], P: int):
+    """Hook: the row blocks with ``keep`` False are cut from the graph (their value unchanged)."""
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        parts = [act[s * P:(s + 1) * P] if k else act[s * P:(s + 1) * P].detach() for s, k in enumerate(keep)]
+        return torch.cat(parts)
+    return fn
+
+
+def _head_input_gradients(backend: ModelBackend, run: PatchRun, layer: int, g_z: torch.Tensor, point
+                          ) -> torch.Tensor:
+    """dm/dx through each head's q, k and v input at ``layer``: one pass, 3 H row blocks.  -> [P, T, H, 3, d]"""
+    f = backend.facts
+    H = f.n_heads
+    P, T = run.ref.shape
+    blocks = [(h, x) for h in range(H) for x in QKV]
+    S = len(blocks)
+    probe = torch.zeros(S * P, T, f.d_model, requires_grad=True)
+    seen: dict[str, torch.Tensor] = {}
+
+    def record(act: torch.Tensor) -> torch.Tensor:
+        seen["z"] = act
+        return act
+    names = {"q": hooks.attn_q(layer), "k": hooks.attn_k(layer), "v": hooks.attn_v(layer)}
+    edits = list(point) + [(hooks.resid_pre(layer), _add(probe))]
+    edits += [(name, _detached_rows([x == inp for _, x in blocks], P)) for inp, name in names.items()]
+    edits.append((hooks.attn_z(layer), record))
+    with torch.enable_grad(), backend.hooks(edits):
+        backend.logits(run.stacked(run.ref, S), run.stacked(run.mask, S))
+        z = seen["z"].float()  # [S * P, T, H, dh]
+        head = torch.tensor([h for h, _ in blocks]).repeat_interleave(P).to(z.device)
+        zh = z[torch.arange(S * P, device=z.device), :, head]  # [S * P, T, dh]
+        obj = (zh * g_z.repeat(S, 1, 1, 1)[torch.arange(S * P), :, head.cpu()].to(z.device)).sum()
+        (g,) = torch.autograd.grad(obj, probe)
+    return g.float().reshape(H, 3, P, T, f.d_model).permute(2, 3, 0, 1, 4).contiguous()
+
+
+def eap_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, steps: int = 0):
+    """The forward and backward work of :func:`eap` (``engine.cost.Work``): X_r and X_c, the heads' differences,
+    and per point one pass of the prompts and one of 3 H rows per layer, each with its backward pass."""
+    from engine.cost import Work, one_pass
+    from engine.machinery.patch_rows import prepare_work
+    f = backend.facts
+    n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
+    w = prepare_work(pairs)
+    for _ in range(f.n_layers):
+        w += one_pass(f.n_heads * n, width)
+    per_point = Work(1, n * width, n, backward=n * width)
+    rows = 3 * f.n_heads * n
+    for _ in range(f.n_layers):
+        per_point += Work(1, rows * width, rows, backward=rows * width)
+    for _ in range(max(1, steps)):
+        w += per_point
+    return w
