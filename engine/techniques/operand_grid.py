@@ -44,7 +44,7 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.machinery import end_chain
 from engine.machinery.batching import pad, pad_id
-from engine.progress import ProgressFn, Stages
+from engine.progress import ProgressFn, Stages, note
 from engine.prompts.pairs import (
     PromptError,
     PromptPair,
@@ -153,6 +153,7 @@ class OperandGrid:
     direct_head: torch.Tensor    # [P, L, H]  direct effect on the answer logit
     direct_mlp: torch.Tensor     # [P, L]
     neurons: dict[str, list[float]]  # neuron name -> [P] activation at END
+    fallback: str | None = None  # why the textbook loop computed the direct effects (None: the fast path, checked)
 
     def top_head(self) -> Component:
         """Of the heads computed, the one with the most negative mean path-patching value over the grid."""
@@ -210,34 +211,136 @@ def removal_effects(backend: ModelBackend, x: torch.Tensor, answer: torch.Tensor
     return (clean[:, None] - gone).float().cpu()
 
 
+@dataclass
+class DirectEffects:
+    """Every head's and MLP's direct effect on the answer logit at END of X_r (module docstring, 3b), per pair."""
+
+    head: torch.Tensor          # [P, L, H]
+    mlp: torch.Tensor           # [P, L]
+    fallback: str | None = None  # why the textbook loop computed them (None: the fast path, checked)
+
+
+def direct_hooks(n_layers: int) -> list:
+    """What the fast path of :func:`direct_effects` reads: the last stream, and per layer the stream entering it, the
+    heads' outputs z, the attention module's output and contribution, and the MLP's contribution."""
+    return [hooks.resid_post(n_layers - 1)] + [n for j in range(n_layers) for n in (
+        hooks.resid_pre(j), hooks.attn_z(j), hooks.attn_proj_out(j), hooks.attn_out(j), hooks.mlp_out(j))]
+
+
 @torch.no_grad()
-def direct_effects(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every head's and MLP's direct effect on the answer logit at END of X_r (module docstring, 3b), per pair:
-    ([P, L, H], [P, L])."""
+def direct_effects(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32) -> DirectEffects:
+    """Every head's and MLP's direct effect on the answer logit at END of X_r (module docstring, 3b) -- exact: read
+    off one cached pass where its self-check holds (:func:`check_direct_reads`), else the textbook loop
+    (:func:`direct_effects_loop`), which says so (``fallback``)."""
+    from engine.machinery.shortcut import ShortcutMismatch, fallback_note
+    try:
+        return _direct_effects_cached(backend, pairs, batch_size=batch_size)
+    except ShortcutMismatch as e:
+        out = direct_effects_loop(backend, pairs, batch_size=batch_size)
+        out.fallback = fallback_note("direct effects", str(e))
+        return out
+
+
+def check_direct_reads(backend: ModelBackend, acts: end_chain.EndActs, W_O: Sequence[torch.Tensor],
+                       x: torch.Tensor, clean: torch.Tensor, end_logits: torch.Tensor, answer: torch.Tensor) -> None:
+    """The self-check of :func:`direct_effects`' fast path (ShortcutMismatch on a miss), on one batch:
+
+    * ``clean`` = logit(x), the last stream x [b, d_model] through the final norm, the unembedding and the logits'
+      transform, is the model's own answer logit (``end_logits`` [b, vocab], the same forward pass);
+    * x is the stream entering layer 0 plus every block's attention and MLP contribution at END (removing a
+      component's write from the stream is subtracting it);
+    * the block model of the heads (:func:`engine.machinery.end_chain.check_block_model`): the heads reach the
+      attention module's output linearly through W_O (``acts``' second point is the position before END, so
+      zeroing one head's z removes exactly z_h W_O[h]) and the attention branch gives back the contribution."""
+    from engine.machinery.shortcut import check_reproduces, logit_scale
+    dtype = backend.facts.dtype
+    rows = torch.arange(len(answer), device=end_logits.device)
+    check_reproduces("the last residual stream through the final norm and the unembedding", clean,
+                     end_logits[rows, answer.to(end_logits.device)], logit_scale(end_logits), dtype)
+    writes = acts.pre[0].float() + sum(a.float() + m.float() for a, m in zip(acts.attn, acts.mlp))
+    err = (writes - x.float()).norm(dim=-1)
+    check_reproduces("the last residual stream as the sum of every block's writes", err, torch.zeros_like(err),
+                     x.float().norm(dim=-1), dtype)
+    end_chain.check_block_model(backend, acts, W_O, dtype)
+
+
+def direct_acts(c: dict, end: torch.Tensor, n_layers: int) -> tuple[end_chain.EndActs, torch.Tensor]:
+    """(the END rows of :func:`direct_hooks`' cache ``c`` as ``EndActs`` -- its second point, read as X_c, the
+    position before END -- and the last stream at END [b, d_model])."""
+    rows = torch.arange(len(end))
+
+    def at(name, shift: int = 0):  # [b, ...] the rows at END (shift -1: the position before)
+        return c[name][rows, (end + shift).to(c[name].device)]
+
+    def per_layer(name, shift: int = 0):
+        return [at(name(j), shift) for j in range(n_layers)]
+    acts = end_chain.EndActs(per_layer(hooks.resid_pre), per_layer(hooks.attn_proj_out), per_layer(hooks.attn_out),
+                             per_layer(hooks.mlp_out), per_layer(hooks.attn_z), per_layer(hooks.attn_z, -1),
+                             per_layer(hooks.attn_proj_out, -1), per_layer(hooks.mlp_out, -1))
+    return acts, at(hooks.resid_post(n_layers - 1))
+
+
+def _direct_effects_cached(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int) -> DirectEffects:
+    """The fast path: one ``run_with_cache_at`` per batch, every component's write at END removed from the last
+    stream (module docstring, 3b), after :func:`check_direct_reads`."""
     L, H = backend.facts.n_layers, backend.facts.n_heads
-    identity = backend.attn_branch_is_identity
-    names = [hooks.resid_post(L - 1)] + [n for j in range(L) for n in (
-        hooks.attn_z(j), hooks.mlp_out(j), *(() if identity else (hooks.attn_proj_out(j),)))]
+    end_chain.check_components(backend)
+    names = direct_hooks(L)
     W_O = [backend.W_O(j) for j in range(L)]  # [H, d_head, d_model] each
     heads, mlps = torch.zeros(len(pairs), L, H), torch.zeros(len(pairs), L)
     for s in range(0, len(pairs), batch_size):
         chunk = pairs[s:s + batch_size]
         ids, mask, end = pad([p.ref_ids for p in chunk], pad_id(backend))
-        _, c = backend.run_with_cache_at(ids, mask, names, end[:, None])
-        rows = torch.arange(len(chunk))
-        at = {name: c[name][rows, end.to(c[name].device)] for name in names}  # the END rows [b, ...]
-        x = at[hooks.resid_post(L - 1)]  # [b, d_model]
+        lg, c = backend.run_with_cache_at(ids, mask, names, end[:, None])  # lg [b, 1, vocab]; c: every position
+        acts, x = direct_acts(c, end, L)
         answer = torch.tensor([p.answer_id for p in chunk], device=x.device)
         clean = backend.answer_logits(x, answer)  # [b]
+        check_direct_reads(backend, acts, W_O, x, clean, lg[:, 0].float(), answer)
         for j in range(L):
-            o = torch.einsum("bhd,hdm->bhm", at[hooks.attn_z(j)].to(W_O[j].dtype), W_O[j])  # [b, H, d_model]
-            if not identity:  # a norm after the attention: the stream loses attn_branch(a) - attn_branch(a - o_h)
-                a = at[hooks.attn_proj_out(j)][:, None]  # [b, 1, d_model]
+            o = torch.einsum("bhd,hdm->bhm", acts.z[j].to(W_O[j].dtype), W_O[j])  # [b, H, d_model]
+            if not backend.attn_branch_is_identity:  # a norm after the attention: attn_branch(a) - attn_branch(a - o_h)
+                a = acts.a[j][:, None]  # [b, 1, d_model]
                 o = end_chain.attn_branch(backend, j, a) - end_chain.attn_branch(backend, j, a - o)
             heads[s:s + len(chunk), j] = removal_effects(backend, x, answer, clean, o)
-            mlps[s:s + len(chunk), j] = removal_effects(backend, x, answer, clean, at[hooks.mlp_out(j)][:, None])[:, 0]
-    return heads, mlps
+            mlps[s:s + len(chunk), j] = removal_effects(backend, x, answer, clean, acts.mlp[j][:, None])[:, 0]
+    return DirectEffects(heads, mlps)
+
+
+@torch.no_grad()
+def direct_effects_loop(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
+                        rows_per_pass: int = 128) -> DirectEffects:
+    """The textbook loop of :func:`direct_effects`, exact on any architecture: per component one hooked forward pass
+    of X_r (components stacked as rows) with every head's z and every MLP's output frozen at X_r, at every position,
+    and the component's own write at END removed -- a head's z at END zeroed (its layer's attention module and branch
+    recompute the rest), an MLP's output at END zeroed -- the model's own final norm and unembedding reading the
+    answer logit; the direct effect is the model's answer logit minus that."""
+    from engine.machinery.batching import batches
+    from engine.machinery.patch_rows import Slot, chain, patch_rows, prepare, take
+    from engine.machinery.patch_rows import replace as frozen_at
+    from engine.techniques.path_patching import all_senders, placed, sender_hooks, sender_slots
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    senders = all_senders(L, H)
+    slots = sender_slots([list(range(H))] * L, H)
+    heads, mlps = [], []
+    for idx in batches(len(pairs), batch_size):
+        run = prepare(backend, [pairs[i] for i in idx], sender_hooks(L), [])
+
+        def edits(group, run=run):
+            S, out = len(group), []
+            for j in range(L):
+                for name, kind in ((hooks.attn_z(j), "head"), (hooks.mlp_out(j), "mlp")):
+                    mine = [Slot(s, run.end, snd.head if kind == "head" else None) for s, snd in enumerate(group)
+                            if snd.component == kind and snd.layer == j]
+                    fns = [frozen_at(run.stacked(run.ref_cache[name], S))]  # X_r's, at every position
+                    if mine:
+                        fns.append(take(torch.zeros_like(run.ref_cache[name]), mine, run.n))  # removed at END
+                    out.append((name, chain(*fns)))
+            return out
+        patched = patch_rows(backend, run, senders, edits, rows_per_pass=rows_per_pass)  # [senders, P]
+        per = placed((run.logit_o[None] - patched).T.reshape(-1), slots, L, H)  # [P, L, H + 1]
+        heads.append(per[:, :, :H])
+        mlps.append(per[:, :, H])
+    return DirectEffects(torch.cat(heads), torch.cat(mlps))
 
 
 def operand_attention(backend: ModelBackend, pairs: Sequence[PromptPair], *, progress: ProgressFn | None = None
@@ -295,7 +398,7 @@ def operand_grid_work(backend: ModelBackend, spec, *, template: str | None = Non
 
 def grid_params(backend: ModelBackend) -> dict:
     """The cache parameters of the grid's own passes (its candidates: as many heads as a layer has)."""
-    return {"dtype": backend.facts.dtype, "v": 3, "candidates": backend.facts.n_heads}
+    return {"dtype": backend.facts.dtype, "v": 4, "candidates": backend.facts.n_heads}
 
 
 def _cached_candidates_patching(backend: ModelBackend, pairs: Sequence[PromptPair], params: dict, cache):
@@ -321,12 +424,15 @@ def operand_grid(backend: ModelBackend, spec, *, template: str | None = None, co
     def compute():
         right = [s.first_ok for s in score_pairs(backend, pairs)]
         att_a, att_b = operand_attention(backend, pairs, progress=stages.stage(0))
-        d_head, d_mlp = direct_effects(backend, pairs)
+        direct = direct_effects(backend, pairs)
         return [], {"right": right, "attn_a": att_a.tolist(), "attn_b": att_b.tolist(),
-                    "direct_head": d_head.tolist(), "direct_mlp": d_mlp.tolist(),
+                    "direct_head": direct.head.tolist(), "direct_mlp": direct.mlp.tolist(),
+                    "direct_fallback": direct.fallback or "",
                     "candidates": [list(h) for h in atp_candidates(backend, pairs, k)]}
 
     _, art, _ = run_cached(backend, pairs, "operand_grid", grid_params(backend), compute, cache)
+    if art.get("direct_fallback"):
+        note(art["direct_fallback"])
     stages.finish(0)
     candidates = [(int(a), int(b)) for a, b in art["candidates"]]
     heads = [(component.layer, component.head)] if component is not None and component.kind == "head" else candidates
@@ -339,7 +445,7 @@ def operand_grid(backend: ModelBackend, spec, *, template: str | None = None, co
     return OperandGrid(t.id, t.op, metric, candidates, [p.a for p in pairs], [p.b for p in pairs],
                        [p.answer for p in pairs], list(art["right"]), head_effect.float(), mlp_effect.float(),
                        torch.tensor(art["attn_a"]), torch.tensor(art["attn_b"]), torch.tensor(art["direct_head"]),
-                       torch.tensor(art["direct_mlp"]), acts)
+                       torch.tensor(art["direct_mlp"]), acts, art.get("direct_fallback") or None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,5 +465,5 @@ def cli(args, ctx) -> dict:
     ctx.write_csv(args.out, rows)
     right = sum(r["right"] for r in rows)
     return {"out": str(args.out), "component": comp.name, "template": grid.template, "metric": grid.metric,
-            "pairs": len(rows), "answered_right": right,
+            "pairs": len(rows), "answered_right": right, "fallback": grid.fallback,
             "mean_effect": sum(r["effect"] for r in rows if r["effect"] == r["effect"]) / max(1, len(rows))}

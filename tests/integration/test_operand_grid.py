@@ -120,6 +120,38 @@ def test_direct_effects_equal_a_removal_from_the_last_stream(organism, grid):
     assert "direct" in grid.rows(parse_component("1.3", 8, 8))[0]
 
 
+def test_direct_effects_fast_path_equals_its_textbook_loop(organism, grid):
+    """The grid's direct effects (one cached pass, checked) equal the textbook loop (every head and MLP frozen at X_r,
+    the component's write at END removed, the model's own logits), on every component of the first 16 pairs."""
+    from engine.techniques.operand_grid import direct_effects, direct_effects_loop
+    pairs = grid_pairs(organism.tokenizer, SPEC, grid_template(SPEC))[:16]
+    fast, loop = direct_effects(organism, pairs), direct_effects_loop(organism, pairs)
+    assert grid.fallback is None and fast.fallback is None and loop.fallback is None
+    assert torch.allclose(fast.head, loop.head, atol=1e-4) and torch.allclose(fast.mlp, loop.mlp, atol=1e-4)
+    assert torch.equal(fast.head, grid.direct_head[:16]) and torch.equal(fast.mlp, grid.direct_mlp[:16])
+    assert float(loop.head.abs().max()) > 0.1  # not vacuous: the heads write to the answer's logit
+
+
+def test_a_direct_effect_fast_path_that_misses_falls_back_and_says_so(organism, grid, monkeypatch, tmp_path):
+    """W_O 1 % off the model's: the heads no longer sum to the attention's output, the grid's direct effects come from
+    the textbook loop (equal to the checked fast path's), and the note is in the result, the cache and the notes the
+    page shows; read back from the cache, the same note."""
+    from cache import ResultCache
+    from engine.progress import collect_notes
+    original = organism.W_O
+    monkeypatch.setattr(organism, "W_O", lambda layer: original(layer) * 1.01)
+    cache = ResultCache(tmp_path / "c.duckdb")
+    with collect_notes() as notes:
+        got = operand_grid(organism, SPEC, cache=cache)
+    assert got.fallback and "direct effects" in got.fallback and "textbook loop" in got.fallback
+    assert "the heads' outputs through W_O" in got.fallback and got.fallback in notes
+    assert torch.allclose(got.direct_head, grid.direct_head, atol=1e-4)
+    assert torch.allclose(got.direct_mlp, grid.direct_mlp, atol=1e-4)
+    with collect_notes() as notes:
+        again = operand_grid(organism, SPEC, cache=cache)
+    assert again.fallback == got.fallback and got.fallback in notes
+
+
 def test_the_bundled_models_key_heads_read_the_larger_operand(organism, grid):
     for name in ("1.0", "1.1", "1.3"):
         d = pd.DataFrame(grid.rows(parse_component(name, 8, 8)))
