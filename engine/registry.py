@@ -206,6 +206,20 @@ TECHNIQUES: tuple[Technique, ...] = (
              help="also write the exact ranking's importance scores in MIB's submission format here, one folder "
                   "per task (arithmetic-addition / -subtraction) and model"))),
     Technique(
+        "edge-scores", "Edge scores (MIB's graph)",
+        "every edge of MIB's residual graph ranked by exact edge patching, EAP or EAP-IG -> CSV (and MIB files)",
+        "edge_scores",
+        (out("output .csv, one row per edge, one column per ranking"),
+         opt("--ranking", choices=("exact", "eap", "eap-ig", "all"), default="eap",
+             help="exact edge patching (about two passes of the set per edge), EAP (one gradient) or EAP-IG "
+                  "(--steps gradients); default eap"),
+         opt("--steps", type=positive_int, default=5, help="EAP-IG's points between X_c and X_r (default 5)"),
+         opt("--mib-dir", type=Path, default=None,
+             help="also write each ranking's edge scores in MIB's submission format here, one folder per task "
+                  "(arithmetic-addition / -subtraction) and model, node scores kept"),
+         opt("--mib-sizes", default=None, metavar="X,Y",
+             help="with --mib-dir, also a circuit file per share of the edges kept (top |score|), e.g. 0.01,0.05"))),
+    Technique(
         "transfer", "Transfer (Table 4)", "Table 4: key-head overlap and cross knockouts of two sets -> JSON",
         "transfer",
         (opt("--b-families", default="word", help="families of the second set (default word)"),

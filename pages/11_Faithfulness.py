@@ -9,6 +9,7 @@ import streamlit as st
 
 from engine.cost import estimate
 from engine.findings.glossary import help_text
+from engine.techniques.edge_scores import RANKINGS, STEPS, cached_edge_scores, mib_edge_graph, ranking_work
 from engine.techniques.faithfulness import (
     ABLATIONS,
     RANDOM_DRAWS,
@@ -85,3 +86,31 @@ for name, graph in files.items():
                        name.replace("/", "__"), "application/json", key=f"mib_{name}")
 st.caption("MIB's submission format: one folder per task and model holding the node and edge scores that "
            "EAP-IG's Graph.from_json reads (EAP-IG/src/eap/graph.py in MIB's circuit-track repository).")
+
+st.subheader("Edges (MIB's residual graph)")
+st.caption("An edge joins a sender (the input, a head, an MLP) to what a receiver reads (a head's query, key or value, "
+           "an MLP's input, the logits). Exact edge patching sends the sender's counterfactual value to that receiver "
+           "alone; EAP estimates it with one gradient, EAP-IG with the gradient averaged between the counterfactual "
+           "and the prompt. Scores: the mean change of the answer logit over the prompt pairs.")
+names = {"eap": "EAP (one gradient)", "eap-ig": f"EAP-IG ({STEPS} steps)", "exact": "exact edge patching"}
+ranking = st.radio("Edge ranking", RANKINGS[1:] + RANKINGS[:1], horizontal=True, format_func=names.get,
+                   key="faith_edge_ranking")
+got = compute_or_button(
+    lambda cb: cached_edge_scores(model, pairs, ranking, cache=cache, progress=cb),
+    lambda: estimate(model, pairs, ranking_work(model, pairs, ranking)),
+    model=model, ask=True, button=f"Score every edge ({names[ranking]})", key=f"edges_{ranking}",
+    text="Scoring edges", failure="score the edges",
+    note="Every edge of the model's graph is scored on the prompts of the set; exact edge patching runs about two "
+         "passes of the set per edge.")
+if got is not None:
+    rows, art, _ = got
+    edf = pd.DataFrame([{"edge": r.edge, "score": r.value} for r in rows])
+    edf = edf.reindex(edf["score"].abs().sort_values(ascending=False).index)
+    st.dataframe(edf.head(25), hide_index=True, width="stretch")
+    st.caption(f"{len(edf)} edges; the 25 with the largest |score| shown. Computed in {art.get('seconds', 0):.1f} s, "
+               f"{art.get('forward_equivalents', 0):.0f} forward-equivalents (counted from the code).")
+    f = model.facts
+    graph = mib_edge_graph({r.edge: r.value for r in rows}, f.n_layers, f.n_heads, f.d_model,
+                           parallel_attn_mlp=model.parallel_attn_mlp)
+    st.download_button(f"Edge scores in MIB's format ({names[ranking]})", json.dumps(graph).encode(),
+                       f"edges-{ranking}.json", "application/json", key=f"mib_edges_{ranking}")

@@ -45,7 +45,7 @@ PAGE_OF: dict[str, str] = {
     "stability": "Path_patching", "carries": "Path_patching",
     "mlp-projections": "MLP_projections", "logit-lens": "MLP_projections",
     "knockout": "Knockout", "knockout-curve": "Knockout", "transfer": "Transfer",
-    "faithfulness": "Faithfulness", "circuit": "Circuit", "operand-grid": "Atlas",
+    "faithfulness": "Faithfulness", "edge-scores": "Faithfulness", "circuit": "Circuit", "operand-grid": "Atlas",
     "heuristic-neurons": "Atlas", "helix-patch": "Numbers",
     "position-patching": "Position_patching", "numbers": "Numbers", "finetune": "Improve",
     "intervene": "Intervene",

@@ -1,0 +1,19 @@
+"""The Faithfulness page's edge section: asked before it computes, then every edge scored and exportable."""
+
+from __future__ import annotations
+
+from tests.app.conftest import errors, page
+
+
+def test_edges_on_demand_top_edges_and_mib_file():
+    at = page("11_Faithfulness.py", n=2).run()
+    next(b for b in at.button if b.key == "faithfulness_go").click().run()
+    assert not errors(at)
+    edge_button = [b for b in at.button if b.key == "edges_eap"]
+    assert edge_button and "Score every edge" in edge_button[0].label  # nothing computed unasked
+    edge_button[0].click().run()
+    assert not errors(at)
+    top = at.dataframe[-1].value
+    assert list(top.columns) == ["edge", "score"] and len(top) == 25
+    assert list(top["score"].abs()) == sorted(top["score"].abs(), reverse=True)
+    assert any("Edge scores in MIB's format" in str(b.proto.label) for b in at.get("download_button"))
