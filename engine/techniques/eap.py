@@ -25,8 +25,10 @@ probes on every head's output z, every MLP's output and the final stream: dm/dz[
 at the logits; (2) per layer l, one forward and backward pass with the layer's heads x (q, k, v) as 3 H row
 blocks, a zero probe on the layer's input and, in each block, the two other inputs detached: the gradient of
 ``z[l, h] . dm/dz[l, h]`` with respect to the probe is dm/dx through head h's input x (the chain rule: x reaches
-m only through z[l, h] along the edge).  An MLP's input gradient is the vector-Jacobian product of the block
-model's MLP branch (``backend.mlp_branch``) with dm/dmlp_out.  Cost per point: 1 + L forward and backward
+m only through z[l, h] along the edge).  An MLP's input gradient comes from a probe on the MLP branch's input
+(``hooks.mlp_in``, in pass 1); a parallel block's MLP reads the block input, shared with the attention, so there
+it is the vector-Jacobian product of the block model's MLP branch (``backend.mlp_branch``) with dm/dmlp_out,
+checked first against the model's own MLP output.  Cost per point: 1 + L forward and backward
 passes, the layer passes 3 H rows per pair; the senders' differences L passes of H rows per pair
 (:func:`eap_work`).  Checked against autograd through hand-patched runs of a plain model
 (``tests/helpers/plain_edges.py``).
@@ -42,6 +44,7 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.machinery.patch_rows import PatchRun
+from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.techniques.edges import QKV, Edge, edge_graph, prepared, sender_differences
@@ -136,6 +139,10 @@ def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], 
     edits = list(point) + [(hooks.resid_post(L - 1), _add(x_p))]
     for j in range(L):
         edits += [(hooks.attn_z(j), _add(z_p[j])), (hooks.mlp_out(j), _add(m_p[j]))]
+    sequential = not backend.parallel_attn_mlp
+    i_p = [torch.zeros(P, T, f.d_model, requires_grad=True) for _ in range(L)] if sequential else []
+    # a sequential block: a probe on the MLP's input (a write there reaches the MLP branch only); a parallel one
+    # reads the block input, shared with the attention: its stream is kept for the branch's VJP instead
     seen: dict[int, torch.Tensor] = {}
 
     def keep(j: int):
@@ -143,22 +150,32 @@ def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], 
             seen[j] = act.detach()
             return act
         return fn
-    edits += [(hooks.mlp_in(j), keep(j)) for j in range(L)]  # the stream each MLP reads (after the point's edit)
+    edits += [(hooks.mlp_in(j), _add(i_p[j]) if sequential else keep(j)) for j in range(L)]
     with torch.enable_grad(), backend.hooks(edits):
         lg = backend.logits(run.ref, run.mask)
         m = lg[torch.arange(P, device=lg.device), run.end.to(lg.device), run.answer.to(lg.device)].float()
-        grads = torch.autograd.grad(m.sum(), [x_p, *z_p, *m_p])
-    g_x, g_z, g_m = grads[0].float().cpu(), [g.float().cpu() for g in grads[1:L + 1]], grads[L + 1:]
-    mlp = [_mlp_vjp(backend, j, seen[j], g_m[j]) for j in range(L)]
+        grads = torch.autograd.grad(m.sum(), [x_p, *z_p, *m_p, *i_p])
+    g_x, g_z = grads[0].float().cpu(), [g.float().cpu() for g in grads[1:L + 1]]
+    if sequential:
+        mlp = [g.float().cpu() for g in grads[2 * L + 1:]]
+    else:
+        mlp = [_mlp_vjp(backend, run, j, seen[j], grads[L + 1 + j]) for j in range(L)]
     heads = {j: _head_input_gradients(backend, run, j, g_z[j], point) for j in head_layers}
     return Gradients(g_x, mlp, heads)
 
 
-def _mlp_vjp(backend: ModelBackend, layer: int, x: torch.Tensor, cot: torch.Tensor) -> torch.Tensor:
-    """(d mlp_branch(x) / dx)^T cot: dm through the MLP's input.  x, cot: [P, T, d] -> [P, T, d]"""
+def _mlp_vjp(backend: ModelBackend, run: PatchRun, layer: int, x: torch.Tensor, cot: torch.Tensor) -> torch.Tensor:
+    """(d mlp_branch(x) / dx)^T cot: dm through a parallel block's MLP input, by the block model's MLP branch --
+    checked first: at X_r it must give back the model's own MLP output (ShortcutMismatch otherwise).
+    x, cot: [P, T, d] -> [P, T, d]"""
     flat = x.reshape(-1, x.shape[-1]).to(backend.device).requires_grad_(True)
     with torch.enable_grad():
         out = backend.mlp_branch(layer, flat)
+        want = run.ref_cache[hooks.mlp_out(layer)].reshape(out.shape).float()
+        err = float((out.detach().float().cpu() - want.cpu()).abs().max() / want.abs().max().clamp_min(1e-6))
+        if not err <= TOLERANCE.get(backend.facts.dtype, 1e-4) * 10:
+            raise ShortcutMismatch(f"the block model's MLP branch misses layer {layer}'s MLP output by {err:.2g} of "
+                                   f"its scale: EAP cannot take the MLP's input gradient on this parallel block")
         (g,) = torch.autograd.grad(out, flat, cot.reshape(flat.shape).to(out.device, out.dtype))
     return g.float().cpu().reshape(x.shape)
 
