@@ -14,6 +14,8 @@ Public API::
             -> tuple[CachedRun, bool]
         .delete(run_id) -> bool
         .list_runs(method=None) -> list[RunSummary]
+        .pin(fingerprint, component, note="") / .unpin(fingerprint, component) / .pins(fingerprint) -> list[Pin]
+        .save_workspace(name, fingerprint, state_json) / .delete_workspace(name) / .workspaces() -> list[Workspace]
         .last_warning: str | None
     make_key, canonical_json, hash_prompt_set, rows_as_records
     ResultRow, CachedRun, RunSummary
@@ -27,6 +29,7 @@ This package imports neither streamlit nor torch.
 
 from __future__ import annotations
 
+from .annotations import MAX_NOTE_CHARS, NoteError, Pin, Workspace
 from .errors import CacheBusyError, CacheError, CacheReadError, CacheWriteError
 from .keys import canonical_json, hash_prompt_set, make_key
 from .models import CachedRun, ResultRow, RowLike, RunSummary, rows_as_records
@@ -43,6 +46,10 @@ __all__ = [
     "CacheReadError",
     "CacheWriteError",
     "CachedRun",
+    "MAX_NOTE_CHARS",
+    "NoteError",
+    "Pin",
+    "Workspace",
     "ComputeResult",
     "ResultCache",
     "ResultRow",

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from . import queries
+from . import annotations, queries
 from . import schema as _schema
 from .database import CacheDatabase
 from .errors import CacheWriteError
@@ -173,6 +173,48 @@ class ResultCache:
         if not self.path.exists():
             return False
         return self._db.write(lambda con: queries.delete_run(con, run_id), action=f"delete run {run_id!r}")
+
+    # ------------------------------------------------------- pins, notes, workspaces (cache.annotations)
+    def pins(self, model_fingerprint: str) -> list[annotations.Pin]:
+        """The pinned components of one model (by weights fingerprint) with their notes, by component."""
+        _check_str("model_fingerprint", model_fingerprint)
+        return self._db.read(lambda con: annotations.fetch_pins(con, model_fingerprint), [])
+
+    def pin(self, model_fingerprint: str, component: str, note: str = "") -> annotations.Pin:
+        """Pin ``component`` of the model with ``note`` (plain text; replaces its note).  NoteError (nothing
+        written) for a bad component or a note over ``annotations.MAX_NOTE_CHARS`` characters."""
+        _check_str("model_fingerprint", model_fingerprint)
+        c, text = annotations.check_component(component), annotations.clean_note(note)
+        self._db.write(lambda con: annotations.put_pin(con, model_fingerprint, c, text), action=f"pin {c}")
+        return next(p for p in self.pins(model_fingerprint) if p.component == c)
+
+    def labels(self, model_fingerprint: str) -> dict[str, str]:
+        """Component -> its note ("pinned" for a pin without one): what a chart or an export labels."""
+        return {p.component: p.note or "pinned" for p in self.pins(model_fingerprint)}
+
+    def unpin(self, model_fingerprint: str, component: str) -> bool:
+        """Remove a pin and its note; True when it was pinned."""
+        c = annotations.check_component(component)
+        if not self.path.exists():
+            return False
+        return self._db.write(lambda con: annotations.delete_pin(con, model_fingerprint, c), action=f"unpin {c}")
+
+    def workspaces(self) -> list[annotations.Workspace]:
+        """The saved workspaces, newest first."""
+        return self._db.read(annotations.fetch_workspaces, [])
+
+    def save_workspace(self, name: str, model_fingerprint: str, state_json: str) -> None:
+        """Keep ``state_json`` under ``name`` (replacing a workspace of that name)."""
+        n = annotations.check_name(name)
+        self._db.write(lambda con: annotations.put_workspace(con, n, model_fingerprint, state_json),
+                       action=f"save workspace {n!r}")
+
+    def delete_workspace(self, name: str) -> bool:
+        """Remove a saved workspace; True when it existed."""
+        n = annotations.check_name(name)
+        if not self.path.exists():
+            return False
+        return self._db.write(lambda con: annotations.delete_workspace(con, n), action=f"delete workspace {n!r}")
 
     def get_or_compute(
         self,

@@ -65,6 +65,10 @@ API: dict[str, str] = {
     "intervene": "engine.techniques.intervene",
     "parse_targets": "engine.techniques.intervene",
     "number_token": "engine.techniques.intervene",
+    # pins and notes (kept per model in the result cache)
+    "pin": "engine.findings.notes",
+    "unpin": "engine.findings.notes",
+    "pins": "engine.findings.notes",
     # the paper's argument
     "circuit_summary": "engine.findings.summary",
     "paper_findings": "engine.findings.paper",

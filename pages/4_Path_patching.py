@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.findings.glossary import help_text
+from engine.findings.notes import labels as note_labels
 from engine.numerics.intervals import SMALL_SET
 from engine.prompts.pairs import PromptError, counterfactual_words
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
@@ -24,6 +25,7 @@ from ui.circuit_panels import (
     select_head,
     stability_view,
 )
+from ui.notes_panel import note_box
 from ui.progress import USER_ERRORS
 from ui.session import (
     analysed_pairs,
@@ -34,7 +36,7 @@ from ui.session import (
     setup_page,
     words_used,
 )
-from views.charts import display_token, heatmap, heatmap_frame, token_bars
+from views.charts import display_token, heatmap, heatmap_frame, token_bars, with_notes
 
 
 def intro(spec) -> str:
@@ -112,6 +114,7 @@ elif metric == "effect" and note:
 
 heads, mlps = shown.heatmap(metric, shown_group)
 df = heatmap_frame(heads, mlps, shown.heatmap_intervals(metric, shown_group))
+df = with_notes(df, note_labels(model.facts.fingerprint, cache))  # pinned cells outlined, the note in the tooltip
 TABS = ["Heatmap", "Exact vs attribution", "Stability", "What each head carries"]
 url_state.check("pp_tab", TABS)
 tab_map, tab_atp, tab_stab, tab_carry = st.tabs(TABS, **url_state.bound("pp_tab"))
@@ -152,10 +155,12 @@ with tab_map:
     if head == state.MLP:
         with right:
             st.subheader(f"MLP {layer}")
+            note_box(model, cache, f"{layer}.mlp", f"MLP {layer}")
             mlp_layer_view(model, pairs, cache, layer, current_prompt())
         st.stop()
     with right:
         st.subheader(f"Head {layer}.{head}")
+        note_box(model, cache, f"{layer}.{head}", f"head {layer}.{head}")
         name = f"{layer}.{head}"
         if name in state.ko_heads():
             st.caption(f"Head {name} is in the knockout set ({', '.join(state.ko_heads())}).")

@@ -82,23 +82,44 @@ def heatmap(df: pd.DataFrame, metric: str, lim: float | None = None) -> alt.Char
     same ``lim`` to compare them on one scale.  Each layer is a row of :data:`ROW_PX` pixels, so every layer's
     label is drawn however many layers the model has (the chart grows with them).
 
-    ``df`` columns: layer, column (head number as text, or "MLP"), head (-1 for MLPs), value.
+    ``df`` columns: layer, column (head number as text, or "MLP"), head (-1 for MLPs), value; optional low, high
+    (the tooltip's interval) and note (:func:`with_notes`: a pinned cell is outlined in orange, its note in the
+    tooltip).
     """
     lim = heatmap_limit(df) if lim is None else float(lim)
     sel = alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick",
                               empty=False)
     cols = [c for c in df["column"].unique() if c != "MLP"] + ["MLP"]
+    x = alt.X("column:N", sort=cols, title="head (and the layer's MLP)",
+              axis=alt.Axis(labelAngle=0, labelOverlap=False))
+    y = alt.Y("layer:O", sort="descending", title="layer", axis=alt.Axis(labelOverlap=False))
+    noted = "note" in df and bool((df["note"] != "").any())
+    tooltip = (["layer", "column", alt.Tooltip("value:Q", format=".4f")]
+               + [alt.Tooltip(f"{c}:Q", format=".4f", title=f"95 % interval, {c}") for c in ("low", "high") if c in df]
+               + ([alt.Tooltip("note:N", title="your note")] if noted else []))
+    # a pinned cell (a note) is outlined in orange, its note in the tooltip (text, never markup); a click outlines
+    # a cell in black, over the orange
+    stroke, width = alt.condition(sel, alt.value("black"), alt.value("white")), \
+        alt.condition(sel, alt.value(3), alt.value(0.5))
+    if noted:
+        pinned = alt.datum.note != ""
+        stroke = alt.when(sel).then(alt.value("black")).when(pinned).then(alt.value(PALETTE[4])) \
+            .otherwise(alt.value("white"))
+        width = alt.when(sel).then(alt.value(3)).when(pinned).then(alt.value(2.5)).otherwise(alt.value(0.5))
     return stretched(alt.Chart(df).mark_rect(stroke="white", strokeWidth=0.5).encode(
-        x=alt.X("column:N", sort=cols, title="head (and the layer's MLP)",
-                axis=alt.Axis(labelAngle=0, labelOverlap=False)),
-        y=alt.Y("layer:O", sort="descending", title="layer", axis=alt.Axis(labelOverlap=False)),
+        x=x, y=y,
         color=alt.Color("value:Q", title=metric,
                         scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0, clamp=True)),
-        stroke=alt.condition(sel, alt.value("black"), alt.value("white")),
-        strokeWidth=alt.condition(sel, alt.value(3), alt.value(0.5)),
-        tooltip=["layer", "column", alt.Tooltip("value:Q", format=".4f")]
-        + [alt.Tooltip(f"{c}:Q", format=".4f", title=f"95 % interval, {c}") for c in ("low", "high") if c in df],
+        stroke=stroke, strokeWidth=width,
+        tooltip=tooltip,
     ).add_params(sel).properties(height=alt.Step(ROW_PX)))
+
+
+def with_notes(df: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
+    """``df`` (:func:`heatmap_frame`) with a ``note`` column: each pinned head's (``1.3``) or MLP's (``1.mlp``) note
+    from ``labels`` (component -> note, :func:`engine.findings.notes.labels`), "" elsewhere."""
+    names = [f"{layer}.mlp" if h < 0 else f"{layer}.{h}" for layer, h in zip(df["layer"], df["head"])]
+    return df.assign(note=[labels.get(n, "") for n in names])
 
 
 def token_bars(df: pd.DataFrame, x: str, y: str, title: str, fmt: str = ".3f") -> alt.Chart:

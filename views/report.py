@@ -17,7 +17,7 @@ import pandas as pd
 
 from engine.findings.report import Report
 from engine.techniques.circuit import Diagram
-from views.charts import component_frame, grouped_bars, heatmap, lines_with_band
+from views.charts import component_frame, grouped_bars, heatmap, lines_with_band, with_notes
 from views.circuit_charts import lens_lines
 from views.circuit_diagram import diagram_chart
 
@@ -28,6 +28,7 @@ def charts(rep: Report) -> dict[str, tuple[str, alt.TopLevelMixin]]:
     L, H = rep.model["n_layers"], rep.model["n_heads"]
     grid = component_frame([(r["component"], r["layer"], r["head"], r.get("effect", float("nan")))
                             for r in rep.patching], L, H)
+    grid = with_notes(grid, {p["component"]: p["note"] for p in rep.pins})  # pinned cells outlined, notes in tooltips
     out["patching"] = ("Path patching: relative change of the answer logit when one head's (or MLP's) output at the "
                        "last position comes from the counterfactual prompt, every other head frozen. Red = key head.",
                        heatmap(grid, "effect").properties(width=560))
@@ -102,7 +103,7 @@ def render_html(rep: Report) -> str:
     for i, (name, (caption, chart)) in enumerate(charts(rep).items()):
         parts.append(f'<section><h2>{html.escape(name.capitalize() if name != "lens" else "Logit lens")}</h2>'
                      f'<p class="cap">{html.escape(caption)}</p><div id="chart{i}" class="chart"></div></section>')
-        spec = json.dumps(chart.to_dict()).replace("</", "<\\/")
+        spec = json.dumps(chart.to_dict()).replace("<", "\\u003c")  # no tag of a note ends or opens the script
         scripts.append(f'vegaEmbed("#chart{i}", {spec}, {{"mode": "vega-lite", "renderer": "svg"}})'
                        f'.catch(e => {{ document.getElementById("chart{i}").innerText = "chart error: " + e; }});')
     facts = {k: rep.model[k] for k in ("spec", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model",
@@ -110,6 +111,7 @@ def render_html(rep: Report) -> str:
     meta = (f"<h2>Model</h2>{_facts(facts)}<h2>Prompt set</h2>{_facts(rep.prompt_set)}"
             f"<h2>Kept prompts per operation</h2>{_table(rep.accuracy)}"
             f"<h2>Top heads</h2>{_table(rep.top_heads)}"
+            + (f"<h2>Your pins and notes</h2>{_table(rep.pins)}" if rep.pins else "")  # escaped: plain text
             + "".join(f"<p class='note'>{html.escape(n)}</p>" for n in rep.notes))
     versions = _facts(rep.versions)
     found = [f for f in rep.summary if f.get("computed")]

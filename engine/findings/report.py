@@ -45,6 +45,7 @@ class Report:
     paper: list[dict[str, Any]] = field(default_factory=list)  # the paper's verdicts (engine.findings.paper)
     summary: list[dict[str, Any]] = field(default_factory=list)  # step, text, technique: the summary's findings
     circuit: dict[str, Any] = field(default_factory=dict)  # the circuit diagram (engine.techniques.circuit, JSON)
+    pins: list[dict[str, Any]] = field(default_factory=list)  # component, note: the user's pins (engine.findings.notes)
 
 
 def versions() -> dict[str, str]:
@@ -123,6 +124,7 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     for p in pairs:
         kept[p.op] = kept.get(p.op, 0) + 1
     notes = [n for n in (table.effect_note(),) if n]
+    from engine.findings.notes import labels
     from engine.findings.summary import circuit_summary
     summary = [f.__dict__ for f in circuit_summary(model, pairs, cache)]  # every technique's sentence, cached
     findings = []
@@ -147,6 +149,7 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
         paper=findings,
         summary=summary,
         circuit=circuit,
+        pins=[{"component": c, "note": n} for c, n in labels(f.fingerprint, cache).items()],
     )
 
 

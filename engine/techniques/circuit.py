@@ -21,7 +21,7 @@ Layout: x is the layer (tokens at -1, the answer at L), nodes of one layer stack
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 from engine.backends.base import ModelBackend
@@ -41,6 +41,7 @@ class Node:
     head: int = -1
     label: str = ""
     effect: float = 0.0  # heads / MLPs: the heatmap's value
+    note: str = ""       # the user's note on a pinned head / MLP (plain text; engine.findings.notes)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,13 @@ class Diagram:
     def from_json(cls, d: dict) -> "Diagram":
         return cls(d["model"], d["metric"], int(d["n_pairs"]), [Node(**n) for n in d["nodes"]],
                    [Edge(**e) for e in d["edges"]])
+
+    def noted(self, labels: dict[str, str]) -> "Diagram":
+        """The diagram with each pinned head's / MLP's note (``labels``: component ``1.3`` / ``1.mlp`` -> note)."""
+        def name(n: Node) -> str:
+            return f"{n.layer}.{n.head}" if n.kind == "head" else f"{n.layer}.mlp" if n.kind == "mlp" else ""
+        return Diagram(self.model, self.metric, self.n_pairs,
+                       [replace(n, note=labels.get(name(n), "")) for n in self.nodes], list(self.edges))
 
     def node(self, node_id: str) -> Node:
         return next(n for n in self.nodes if n.id == node_id)
@@ -170,6 +178,8 @@ def cli(args, ctx) -> dict:
     with ctx.progress("circuit") as bar:
         d = circuit_diagram(ctx.model, pairs, k=args.k, mlps=args.mlps, senders=args.senders, cache=ctx.cache,
                             progress=bar)
+    labels = ctx.cache.labels(ctx.model.facts.fingerprint) if ctx.cache is not None else {}
+    d = d.noted(labels)  # each pinned node's note beside its label
     args.out.write_text(json.dumps(d.to_json(), indent=1))
     return {"out": str(args.out), "n_pairs": len(pairs), "metric": d.metric, "nodes": len(d.nodes),
             "edges": len(d.edges), "heads": [n.label for n in d.nodes if n.kind == "head"],

@@ -4,4 +4,4 @@ techniques' subcommands come from :mod:`engine.registry`."""
 
 #: in ``--help`` order: these first, then the registry's techniques, then AFTER
 BEFORE = ("info", "prompts", "accuracy")
-AFTER = ("evaluate", "finetune", "report", "reproduce")
+AFTER = ("evaluate", "finetune", "report", "reproduce", "pins")

@@ -1,0 +1,72 @@
+"""Bad notes (issue 51): a 10,000-character note and HTML in a note -- a clear message, nothing lost, nothing
+rendered as HTML: on the Path patching page, in the CLI, the circuit JSON and the report."""
+
+from __future__ import annotations
+
+import json
+
+from cache import ResultCache
+from tests.reliability.conftest import SMALL_SET_ARGS, run_page, texts
+
+HTML = "<b>operator</b> mover <script>alert('x')</script> <img src=x onerror=alert(1)> **bold** [a](javascript:x)"
+
+
+def _page_with(tmp_path, monkeypatch, organism, note: str | None):
+    db = tmp_path / "results.duckdb"
+    monkeypatch.setenv("ARITHLAB_CACHE", str(db))
+    cache = ResultCache(db)
+    if note is not None:
+        cache.pin(organism.facts.fingerprint, "1.3", note)
+    from streamlit.testing.v1 import AppTest
+    from tests.reliability.conftest import PAGES, SMALL_SET
+    at = AppTest.from_file(str(PAGES / "4_Path_patching.py"), default_timeout=300)
+    at.session_state["prompt_set"] = dict(SMALL_SET)
+    at.session_state["selected_head"] = (1, 3)
+    return cache, at.run()
+
+
+def test_html_in_a_note_is_shown_as_text_on_the_page(tmp_path, monkeypatch, organism):
+    _, at = _page_with(tmp_path, monkeypatch, organism, HTML)
+    assert not at.exception and not at.error, (texts(at, "exception"), texts(at, "error"))
+    assert HTML in [t.value for t in at.text]  # st.text: shown as typed
+    assert not any("<script>" in str(m.value) or "<b>operator" in str(m.value) for m in at.markdown)
+    specs = [c.proto.spec for c in [*at.get("arrow_vega_lite_chart"), *at.get("vega_lite_chart")]]
+    assert any("your note" in s for s in specs)  # the heatmap's tooltip carries it (Vega draws tooltips as text)
+
+
+def test_a_10000_character_note_is_refused_on_the_page_and_the_kept_note_stays(tmp_path, monkeypatch, organism):
+    cache, at = _page_with(tmp_path, monkeypatch, organism, "operator mover")
+    at.text_area(key="note_1.3").set_value("x" * 10_000).run()
+    at.button(key="pin_1.3").click().run()
+    assert not at.exception
+    assert any("at most 1,000 characters; this one has 10,000" in e for e in texts(at, "error")), texts(at, "error")
+    assert cache.labels(organism.facts.fingerprint) == {"1.3": "operator mover"}
+
+
+def test_the_cli_refuses_a_long_note_and_a_missing_head_in_one_line(tmp_path, monkeypatch, cli):
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    assert cli("pins", "--model", "organism", "--pin", "1.3", "--note", HTML).rc == 0
+    for argv in (("--pin", "1.1", "--note", "x" * 10_000), ("--pin", "9.9"), ("--pin", "<b>1.3</b>"),
+                 ("--note", "a note with no pin")):
+        r = cli("pins", "--model", "organism", *argv)
+        r.error_line()
+    out = json.loads(cli("pins", "--model", "organism").out)
+    assert out["pins"] == [{"component": "1.3", "note": HTML, "updated_at": out["pins"][0]["updated_at"]}]
+
+
+def test_the_circuit_json_and_the_report_carry_the_note_escaped(tmp_path, monkeypatch, cli, organism):
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    ResultCache(tmp_path / "results.duckdb").pin(organism.facts.fingerprint, "1.3", HTML)
+    out = tmp_path / "circuit.json"
+    assert cli("circuit", "--model", "organism", *SMALL_SET_ARGS, "--k", "5", "--out", str(out)).rc == 0
+    nodes = {n["id"]: n for n in json.loads(out.read_text())["nodes"]}
+    assert nodes["h1.3"]["note"] == HTML and nodes["h1.3"]["label"] == "1.3"
+    assert all(n["note"] == "" for i, n in nodes.items() if i != "h1.3")
+    from engine.findings.report import Report
+    from views.report import render_html
+    rep = Report("t", "now", {"spec": "x", "n_layers": 2, "n_heads": 4}, {}, {}, [],
+                 [{"component": "head", "layer": 1, "head": 3, "effect": -0.2}], [], [], [], [], [],
+                 pins=[{"component": "1.3", "note": HTML}])
+    page = render_html(rep)
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page and "<img src=x" not in page
+    assert page.count("<script") == 2  # the inlined library and the charts' own: none from the note
