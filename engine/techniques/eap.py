@@ -47,7 +47,7 @@ from engine.machinery.patch_rows import PatchRun
 from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
-from engine.techniques.edges import QKV, Edge, edge_graph, prepared, sender_differences
+from engine.techniques.edges import QKV, Edge, edge_graph, head_senders_per_layer, prepared, sender_differences
 
 METHOD = "eap"
 
@@ -216,20 +216,21 @@ def _head_input_gradients(backend: ModelBackend, run: PatchRun, layer: int, g_z:
     return g.float().reshape(H, 3, P, T, f.d_model).permute(2, 3, 0, 1, 4).contiguous()
 
 
-def eap_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, steps: int = 0):
-    """The forward and backward work of :func:`eap` (``engine.cost.Work``): X_r and X_c, the heads' differences,
-    and per point one pass of the prompts and one of 3 H rows per layer, each with its backward pass."""
+def eap_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
+             steps: int = 0):
+    """The forward and backward work of :func:`eap` (``engine.cost.Work``): X_r and X_c, the heads' differences (a
+    pass per layer with head senders), and per point one full-logits pass of the prompts and one of 3 H rows per
+    layer with head receivers, each with its backward pass."""
     from engine.cost import Work, one_pass
     from engine.machinery.patch_rows import prepare_work
     f = backend.facts
+    edges = list(edges) if edges is not None else edge_graph(backend)
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
     w = prepare_work(pairs)
-    for _ in range(f.n_layers):
-        w += one_pass(f.n_heads * n, width)
-    per_point = Work(1, n * width, n, backward=n * width)
+    for count in head_senders_per_layer(edges).values():
+        w += one_pass(count * n, width)
+    per_point = Work(1, n * width, n * width, backward=n * width)
     rows = 3 * f.n_heads * n
-    for _ in range(f.n_layers):
-        per_point += Work(1, rows * width, rows, backward=rows * width)
-    for _ in range(max(1, steps)):
-        w += per_point
-    return w
+    for _ in {e.receiver.layer for e in edges if e.receiver.kind == "head"}:
+        per_point += Work(1, rows * width, rows * width, backward=rows * width)
+    return w + per_point * max(1, steps)

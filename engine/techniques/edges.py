@@ -274,6 +274,12 @@ def _head_edits(backend: ModelBackend, run: PatchRun, group: Sequence[Edge], d: 
     return [(z, put)]
 
 
+def head_senders_per_layer(edges: Sequence[Edge]) -> dict[int, int]:
+    """{layer: its distinct head senders among ``edges``} (the rows of :func:`sender_differences`' passes)."""
+    heads = {(e.sender.layer, e.sender.head) for e in edges if e.sender.kind == "head"}
+    return {layer: sum(1 for j, _ in heads if j == layer) for layer in sorted({j for j, _ in heads})}
+
+
 def edge_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
                        rows_per_pass: int = 256):
     """The forward work of :func:`edge_patching` (``engine.cost.Work``): X_r and X_c, the heads' differences
@@ -282,11 +288,9 @@ def edge_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges
     from engine.machinery.patch_rows import patch_rows_work, prepare_work
     edges = list(edges) if edges is not None else edge_graph(backend)
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
-    H = backend.facts.n_heads
     w = prepare_work(pairs)
-    layers = {e.sender.layer for e in edges if e.sender.kind == "head"}
-    for _ in layers:
-        w += one_pass(H * n, width)
+    for count in head_senders_per_layer(edges).values():
+        w += one_pass(count * n, width)
     groups: dict[tuple, int] = {}
     for e in edges:
         groups[(e.receiver.kind, e.receiver.layer)] = groups.get((e.receiver.kind, e.receiver.layer), 0) + 1

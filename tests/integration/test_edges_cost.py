@@ -1,0 +1,39 @@
+"""The forward work of exact edge patching and EAP / EAP-IG, counted from the code, against the backend's WorkMeter."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.backends.base import WorkMeter
+from engine.cost import metered
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.eap import eap, eap_work
+from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work
+from tests.integration.test_edges import sample
+
+
+@pytest.fixture(scope="module")
+def setup(organism):
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul"), n=2, seed=5))
+    return organism, pairs, sample(edge_graph(organism), heads=6, others=4)
+
+
+def counted(model, run):
+    model.meter = WorkMeter()
+    run()
+    w = metered(model.meter)
+    return w.calls, w.body, w.unembed
+
+
+def test_exact_edge_patching_work(setup):
+    model, pairs, edges = setup
+    w = edge_patching_work(model, pairs, edges, rows_per_pass=32)
+    assert counted(model, lambda: edge_patching(model, pairs, edges, rows_per_pass=32)) == (w.calls, w.body, w.unembed)
+
+
+@pytest.mark.parametrize("steps", [0, 2])
+def test_eap_work(setup, steps):
+    model, pairs, edges = setup
+    w = eap_work(model, pairs, edges, steps=steps)
+    assert counted(model, lambda: eap(model, pairs, edges, steps=steps)) == (w.calls, w.body, w.unembed)
+    assert w.backward > 0
