@@ -34,6 +34,7 @@ PAGES = (
     PageDef("pages/13_Templates.py", "Your templates", ":material/edit_note:", "Templates"),
     PageDef("pages/14_Atlas.py", "Atlas", ":material/grid_view:", "Atlas"),
     PageDef("pages/15_Intervene.py", "Intervene", ":material/science:", "Intervene"),
+    PageDef("pages/16_Workspaces.py", "Workspaces", ":material/bookmarks:", "Workspaces"),
 )
 
 #: a second address of Home (the default page, at ``/``): the router sends ``/Home`` there, the link kept
