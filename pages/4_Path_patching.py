@@ -8,7 +8,7 @@ import streamlit as st
 from engine.findings.glossary import help_text
 from engine.findings.notes import labels as note_labels
 from engine.numerics.intervals import SMALL_SET
-from engine.prompts.pairs import PromptError, counterfactual_words
+from engine.prompts.pairs import PromptError, counterfactual_words, digit_words
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from engine.techniques.attention import ROLE_DEFINITIONS, ROLES
 from engine.techniques.path_patching import cached_path_patching
@@ -94,9 +94,11 @@ if group == TYPED:  # the heatmap of one pair: the typed prompt and its counterf
     st.caption(f"The typed prompt `{current_prompt()}` against its counterfactual `{one.cf_text}`: "
                f"one pair, so no mean -- a single prompt's circuit.")
 
-stats = answer_token_stats(model.tokenizer, pairs if group != TYPED else [one])
+stats = answer_token_stats(model.tokenizer, pairs if group != TYPED else [one],
+                           spec.digit if group != TYPED else "first")
+which = "First answer" if stats.digit == "first" else f"{digit_words(stats.digit).capitalize()} answer-digit"
 with st.container(border=True):
-    st.markdown(f"**First answer tokens of these {stats.n} prompts** (the token whose logit the heatmap measures): "
+    st.markdown(f"**{which} tokens of these {stats.n} prompts** (the token whose logit the heatmap measures): "
                 + stats.summary())
     if stats.warning:
         st.warning(stats.warning)

@@ -200,6 +200,8 @@ def _saved_templates() -> list[str]:
         return []
 
 
+#: the sidebar's "Answer digit" choices (a link may give another k: it is added to them)
+DIGIT_CHOICES = ("first", "last", "2", "3", "4")
 #: the sidebar's "Which prompts": label -> (balance, every)
 SAMPLES = {"balanced sample": (True, False), "unbalanced sample": (False, False),
            "every prompt answered right": (True, True)}
@@ -207,7 +209,7 @@ SAMPLES = {"balanced sample": (True, False), "unbalanced sample": (False, False)
 
 def prompt_set_choice() -> "PromptSetSpec":
     """Sidebar: which prompt set the analysis pages use (kept in session state)."""
-    from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED
+    from engine.prompts.pairs import COUNTERFACTUALS, FIRST_DIGIT, OPERATOR_REMOVED, digit_words
     from engine.prompts.promptsets import PromptSetSpec, parse_families
     from engine.prompts.templates import OPS
     cur = st.session_state.get("prompt_set") or default_prompt_set()
@@ -243,9 +245,16 @@ def prompt_set_choice() -> "PromptSetSpec":
                               key="ps_counterfactual", format_func=lambda k: k.replace("-", " "),
                               help="What the counterfactual prompt changes: " + "; ".join(
                                   f"{k.replace('-', ' ')}: {v}" for k, v in COUNTERFACTUALS.items()) + ".")
+            digits = list(dict.fromkeys([*DIGIT_CHOICES, cur.get("digit", FIRST_DIGIT)]))
+            digit = st.selectbox("Answer digit", digits, index=digits.index(cur.get("digit", FIRST_DIGIT)),
+                                 key="ps_digit", format_func=digit_words,
+                                 help="Which digit of the answer the pages analyse: the first (the paper's), the "
+                                      "last (the units digit, where the sum's arithmetic and its carry happen) or "
+                                      "the k-th. The digits before it are given to the model (in the prompt and "
+                                      "its counterfactual alike) and must be predicted right too.")
             if st.form_submit_button("Use this set", width="stretch", key="ps_submit"):
                 cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed), "balance": bool(balance),
-                       "every": every, "counterfactual": cf}
+                       "every": every, "counterfactual": cf, "digit": digit}
                 if choices.get(fam):
                     cur.update(template=choices[fam], ops=[choices[fam].split(":", 1)[0]])
                 st.session_state["prompt_set"] = cur
@@ -256,7 +265,7 @@ def prompt_set_choice() -> "PromptSetSpec":
     return PromptSetSpec(ops=tuple(cur["ops"]), n=cur["n"], seed=cur["seed"], families=families,
                          balance=cur.get("balance", True), every=bool(cur.get("every")),
                          counterfactual=cur.get("counterfactual", OPERATOR_REMOVED),
-                         templates=(template,) if template else ())
+                         templates=(template,) if template else (), digit=cur.get("digit", FIRST_DIGIT))
 
 
 def use_typed_template(text: str, cache: ResultCache | None) -> None:
@@ -386,6 +395,10 @@ def set_size_text(spec: "PromptSetSpec", n_kept: int, n_generated: int) -> str:
     if not spec.every and total > n_generated:
         text += ("; 'Which prompts' → 'every prompt answered right' in the sidebar keeps all of the "
                  f"{total} the model gets right")
+    if spec.digit != "first":
+        from engine.prompts.pairs import digit_words
+        text += (f"; read at the answer's {digit_words(spec.digit)} digit, the digits before it given to the model "
+                 f"in both prompts and answered right too")
     return text
 
 

@@ -15,6 +15,7 @@ Keys (all optional; absent = the default)::
 
     model=PATH-OR-ID  device=cpu|cuda|all GPUs  dtype=bfloat16|float16  backend=nnsight
     ops=add,mul  families=word|all|notation  tpl=OP:TEMPLATE  n=40  seed=0  balance=0  every=1  cf=operand-a|operand-b
+    digit=last|2|3...
     prompt=TEXT  head=LAYER.HEAD | head=LAYER.mlp  ko=LAYER.HEAD,...  ko_mlp=LAYER,...
 
 and each page's own controls (:data:`CHOICES`: the Story's ``step=`` and ``large=1``, Path patching's
@@ -37,14 +38,14 @@ import streamlit as st
 
 from engine.models import DTYPE_NAMES
 from engine.prompts.custom import parse_param
-from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED, PromptError
+from engine.prompts.pairs import COUNTERFACTUALS, FIRST_DIGIT, OPERATOR_REMOVED, PromptError, parse_digit
 from engine.prompts.templates import OPS as OP_NAMES
 from ui import state
 from ui.state import BACKEND_CHOICES, DEVICES, FAMILY_CHOICES, ModelChoice, default_prompt_set
 
 MODEL, DEVICE, DTYPE, BACKEND = "model", "device", "dtype", "backend"
 OPS, FAMILIES, N, SEED, BALANCE, CF, TPL = "ops", "families", "n", "seed", "balance", "cf", "tpl"
-EVERY = "every"
+EVERY, DIGIT = "every", "digit"
 PROMPT, HEAD, KO, KO_MLP = "prompt", "head", "ko", "ko_mlp"
 MODEL_KEYS = (MODEL, DEVICE, DTYPE, BACKEND)
 #: the Transfer page's second sets (its selectbox, in order)
@@ -116,7 +117,7 @@ CHOICES: tuple[Choice, ...] = (
     Choice("tr_k", "transfer_k", "transfer_k_input", lo=1),
 )
 CHOICE = {c.key: c for c in CHOICES}
-KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF, PROMPT, HEAD, KO, KO_MLP,
+KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF, DIGIT, PROMPT, HEAD, KO, KO_MLP,
         *CHOICE)
 
 READ = "_url_read"              # set once the session's first run has read the link
@@ -168,6 +169,8 @@ def url_params() -> dict[str, str]:
         out[EVERY] = "1"
     if cur.get("counterfactual", OPERATOR_REMOVED) != OPERATOR_REMOVED:
         out[CF] = cur["counterfactual"]
+    if cur.get("digit", FIRST_DIGIT) != FIRST_DIGIT:
+        out[DIGIT] = cur["digit"]
     if state.prompt() != state.DEFAULT_PROMPT:
         out[PROMPT] = state.prompt()
     sel = state.selected()
@@ -258,7 +261,7 @@ def from_url() -> None:
         st.session_state[MODEL_PENDING] = {k: given[k] for k in MODEL_KEYS if k in given}
 
     # the prompt set: only the fields the link names; the others keep their value
-    if any(k in given for k in (OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF)):
+    if any(k in given for k in (OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF, DIGIT)):
         cur = dict(st.session_state.get("prompt_set") or default_prompt_set())
         if OPS in given:
             ops = [o.strip() for o in given[OPS].split(",") if o.strip()]
@@ -300,6 +303,12 @@ def from_url() -> None:
             else:
                 ignored(CF, given[CF], f"choose from {', '.join(COUNTERFACTUALS)}",
                         f"`{cur.get('counterfactual', OPERATOR_REMOVED)}`")
+        if DIGIT in given:
+            try:
+                cur["digit"] = parse_digit(given[DIGIT])
+            except PromptError:
+                ignored(DIGIT, given[DIGIT], "choose first, last or a number k (the k-th answer digit)",
+                        f"`{cur.get('digit', FIRST_DIGIT)}`")
         st.session_state["prompt_set"] = cur
 
     if PROMPT in given:

@@ -31,9 +31,10 @@ from engine.backends.base import ModelBackend
 from engine.numerics.intervals import mean_intervals
 from engine.progress import ProgressFn, Stages
 from engine.prompts.custom import none_right_message
-from engine.prompts.pairs import COUNTERFACTUALS, OPERATOR_REMOVED, PromptError
+from engine.prompts.pairs import CARRY, COUNTERFACTUALS, OPERATOR_REMOVED, PromptError
 
-KINDS: tuple[str, ...] = tuple(COUNTERFACTUALS)
+#: the kinds compared: every kind but ``carry`` (additions and subtractions only; path-patch it as the set's kind)
+KINDS: tuple[str, ...] = tuple(k for k in COUNTERFACTUALS if k != CARRY)
 
 
 @dataclass(frozen=True)
