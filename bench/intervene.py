@@ -1,8 +1,9 @@
 """Benchmark: a live intervention on the bundled model, engine side (what one move of a slider costs).
 
 The first call on a prompt runs X (and X' for a patch) once; a change of the action or its strength then
-runs the intervened pass alone.  Prints, per intervention, the median seconds over repeats and the forward
-passes of the warm call (X and X' memoised).  Target: < 300 ms warm.
+runs the intervened pass alone.  Prints, per intervention, the median wall-clock seconds over repeats, the
+median CPU seconds of this process (all its threads: what the call costs, whatever else the machine runs) and
+the forward passes of the warm call (X and X' memoised).  Target: < 300 ms warm.
 
     .venv/bin/python bench/intervene.py
 """
@@ -37,16 +38,17 @@ def main(repeats: int = 9) -> None:
     t0 = time.perf_counter()
     cold = intervene(model, pair.ref_ids, cases[0][1], watch=pair.answer_id)
     print(f"cold (X and X_c run and memoised): {time.perf_counter() - t0:.3f} s, {cold.forward_passes} forward passes")
-    print(f"{'intervention':45s} {'warm median s':>14s} {'passes':>7s}")
+    print(f"{'intervention':45s} {'warm median s':>14s} {'CPU s':>7s} {'passes':>7s}")
     for label, iv in cases:
         intervene(model, pair.ref_ids, iv, watch=pair.answer_id)  # warm: X and X' memoised
-        times, passes = [], []
+        times, cpu, passes = [], [], []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = intervene(model, pair.ref_ids, iv, watch=pair.answer_id)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             passes.append(res.forward_passes)
-        print(f"{label:45s} {statistics.median(times):14.4f} {max(passes):7d}")
+        print(f"{label:45s} {statistics.median(times):14.4f} {statistics.median(cpu):7.4f} {max(passes):7d}")
 
 
 if __name__ == "__main__":
