@@ -6,7 +6,10 @@ reading with a threshold (`make test` runs those alone, after the rest ran on tw
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +62,42 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):  # an xdist worker: two of them share the 2 cores, one torch thread each
         import torch
         torch.set_num_threads(1)
+    elif config.getoption("numprocesses", None):  # the xdist controller: a folder for the workers' shared dashboard
+        import os
+        import tempfile
+
+        from tests.e2e.conftest import SHARED_ENV
+        os.environ[SHARED_ENV] = tempfile.mkdtemp(prefix="arithlab-tests-")
+
+
+def _stop_shared_server() -> None:
+    """Stop the dashboard the xdist workers shared (tests/e2e/conftest.py: shared_server) and remove its folder."""
+    import json
+    import shutil
+    import signal
+
+    from tests.e2e.conftest import SHARED_ENV
+    shared = os.environ.pop(SHARED_ENV, None)
+    if not shared:
+        return
+    info = Path(shared) / "server.json"
+    if info.exists():
+        pid = json.loads(info.read_text())["pid"]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+            deadline = time.time() + 10
+            while time.time() < deadline and _alive(pid):
+                time.sleep(0.2)
+            os.killpg(pid, signal.SIGKILL)
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")
@@ -156,8 +195,8 @@ def pytest_unconfigure(config):
     after a long session (torch, Streamlit and DuckDB objects still referenced); they would bury
     pytest's closing line. The exit status is pytest's own.
     """
-    import os
-    import sys
+    if not hasattr(config, "workerinput"):
+        _stop_shared_server()
     if os.environ.get("ARITHLAB_PYTEST_FAST_EXIT", "1") != "1" or hasattr(config, "workerinput"):
         return  # an xdist worker ends as xdist ends it (its reports still travel after this hook)
     sys.stdout.flush()

@@ -28,49 +28,87 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def streamlit_server(env: Mapping[str, str], *, port: int | None = None, log: Path | None = None,
-                     args: Sequence[str] = ("--server.address", "127.0.0.1")) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``python -m ui.serve app.py`` (``streamlit run``, see ui/serve.py; cwd = repo root, so
-    ``.streamlit/config.toml`` applies) until it answers
-    its health check; yields (url, process) and stops it afterwards.  Output goes to ``log`` (or a pipe
-    read only on a failed start)."""
+def start_streamlit(env: Mapping[str, str], *, port: int | None = None, log: Path | None = None,
+                    args: Sequence[str] = ("--server.address", "127.0.0.1"), own_session: bool = False
+                    ) -> tuple[str, subprocess.Popen]:
+    """Start ``python -m ui.serve app.py`` (``streamlit run``, see ui/serve.py; cwd = repo root, so
+    ``.streamlit/config.toml`` applies) and wait until it answers its health check: (url, process).  Output goes
+    to ``log`` (or a pipe read only on a failed start); ``own_session``: in a process group of its own (a server
+    that outlives the process that started it)."""
     port = port or _free_port()
     out = open(log, "wb") if log is not None else subprocess.PIPE
     proc = subprocess.Popen(
         [sys.executable, "-m", "ui.serve", str(REPO / "app.py"), *args, "--server.port", str(port),
          "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-        cwd=REPO, env=dict(env), stdout=out, stderr=subprocess.STDOUT)
+        cwd=REPO, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=own_session)
+    if log is not None:
+        out.close()  # the child holds its own copy
     url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
+                break
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+    else:
+        proc.kill()
+    if proc.poll() is not None:
+        text = (log.read_bytes() if log is not None else proc.stdout.read()).decode(errors="replace")
+        raise RuntimeError("streamlit did not start: " + text[-2000:])
+    return url, proc
+
+
+def stop_streamlit(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if urllib.request.urlopen(url + "/_stcore/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                if proc.poll() is not None:
-                    break
-                time.sleep(0.5)
-        else:
-            proc.kill()
-        if proc.poll() is not None:
-            text = (log.read_bytes() if log is not None else proc.stdout.read()).decode(errors="replace")
-            raise RuntimeError("streamlit did not start: " + text[-2000:])
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def streamlit_server(env: Mapping[str, str], *, port: int | None = None, log: Path | None = None,
+                     args: Sequence[str] = ("--server.address", "127.0.0.1")) -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`start_streamlit` until the block ends; yields (url, process) and stops it afterwards."""
+    url, proc = start_streamlit(env, port=port, log=log, args=args)
+    try:
         yield url, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        if log is not None:
-            out.close()
+        stop_streamlit(proc)
+
+
+def shared_server(shared: Path) -> str:
+    """The url of the dashboard the xdist workers share (started by the first worker that asks, under a file lock;
+    tests/conftest.py stops it when the run ends): one model load and one result cache for every browser test."""
+    import fcntl
+    import json
+    with open(shared / "server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        info = shared / "server.json"
+        if info.exists():
+            return json.loads(info.read_text())["url"]
+        env = dict(os.environ, ARITHLAB_CACHE=str(shared / "results.duckdb"), ARITHLAB_JOBS=str(shared / "jobs"),
+                   HF_HUB_OFFLINE="1")
+        url, proc = start_streamlit(env, log=shared / "server.log", own_session=True)
+        info.write_text(json.dumps({"url": url, "pid": proc.pid}))
+        return url
+
+
+#: set by tests/conftest.py on an xdist run: the folder of the dashboard the workers share
+SHARED_ENV = "ARITHLAB_TEST_SHARED"
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
+    """The dashboard every browser test of the run opens: one per run (shared by the xdist workers), fresh cache."""
+    shared = os.environ.get(SHARED_ENV)
+    if shared and os.environ.get("PYTEST_XDIST_WORKER"):
+        yield shared_server(Path(shared))
+        return
     tmp = tmp_path_factory.mktemp("e2e")
     env = dict(os.environ, ARITHLAB_CACHE=str(tmp / "results.duckdb"), ARITHLAB_JOBS=str(tmp / "jobs"),
                HF_HUB_OFFLINE="1")

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import shot
+from tests.e2e.conftest import ask_all, shot
 
 pytestmark = pytest.mark.e2e
 
@@ -15,6 +15,7 @@ def test_home_page_renders_model_and_accuracy(server, page):
     t0 = time.time()
     page.goto(server)
     page.get_by_text("Arithmetic accuracy").first.wait_for(timeout=120_000)
+    ask_all(page)  # on a busy machine the scoring waits for its button (its estimate is over the limit)
     page.get_by_text("first-token accuracy").first.wait_for(timeout=120_000)
     assert page.get_by_text("LlamaForCausalLM").count() >= 1
     print(f"home page with accuracy chart in {time.time() - t0:.1f}s")
