@@ -35,6 +35,7 @@ PAGES = (
     PageDef("pages/14_Atlas.py", "Atlas", ":material/grid_view:", "Atlas"),
     PageDef("pages/15_Intervene.py", "Intervene", ":material/science:", "Intervene"),
     PageDef("pages/16_Workspaces.py", "Workspaces", ":material/bookmarks:", "Workspaces"),
+    PageDef("pages/17_Compare.py", "Compare", ":material/difference:", "Compare"),
 )
 
 #: a second address of Home (the default page, at ``/``): the router sends ``/Home`` there, the link kept

@@ -96,7 +96,7 @@ def heatmap(df: pd.DataFrame, metric: str, lim: float | None = None) -> alt.Char
     noted = "note" in df and bool((df["note"] != "").any())
     tooltip = (["layer", "column", alt.Tooltip("value:Q", format=".4f")]
                + [alt.Tooltip(f"{c}:Q", format=".4f", title=f"95 % interval, {c}") for c in ("low", "high") if c in df]
-               + ([alt.Tooltip("note:N", title="your note")] if noted else []))
+               + ([alt.Tooltip("note:N", title="note")] if noted else []))
     # a pinned cell (a note) is outlined in orange, its note in the tooltip (text, never markup); a click outlines
     # a cell in black, over the orange
     stroke, width = alt.condition(sel, alt.value("black"), alt.value("white")), \

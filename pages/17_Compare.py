@@ -1,0 +1,78 @@
+"""Compare: two path-patching runs side by side (A: the sidebar's set; B: the same set, another counterfactual kind)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+
+from engine.findings.compare import compare_tables
+from engine.prompts.pairs import COUNTERFACTUAL_WORDS, PromptError
+from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
+from ui.circuit_panels import patching_table
+from ui.progress import compute_or_button
+from ui.session import analysed_pairs, result_cache, setup_page, words_used
+from views.charts import component_frame, heatmap, heatmap_frame, heatmap_limit
+
+model, spec = setup_page(
+    "Compare",
+    "Two path-patching runs side by side: A is the sidebar's prompt set, B the same set with another counterfactual "
+    "kind. Both heatmaps share one colour scale; the third is their difference A - B per head and MLP, each with a "
+    "95 % bootstrap interval (A's and B's pairs resampled independently, 1000 times): a cell outlined in orange "
+    "differs, its interval excludes 0.")
+words_used("path patching", "counterfactual", "logit difference", "effect", "key heads", "bootstrap interval")
+kinds = list(COUNTERFACTUAL_WORDS)
+a_kind = spec.counterfactual
+c1, c2, c3 = st.columns([2, 1, 1])
+b_kind = c1.selectbox("B: the counterfactual kind", [k for k in kinds if k != a_kind], key="cmp_kind",
+                      format_func=lambda k: COUNTERFACTUAL_WORDS[k][0],
+                      help=f"A is the sidebar's kind: {COUNTERFACTUAL_WORDS[a_kind][0]}.")
+metric = c2.selectbox("Metric", ("logit_diff", "effect"), key="cmp_metric",
+                      help="logit_diff: the answer logit's change (every pair); effect: the relative change")
+k = int(c3.number_input("Top k", 1, model.facts.n_layers * model.facts.n_heads, 5, key="cmp_k"))
+cache = result_cache()
+pairs_a, _ = analysed_pairs(model, spec, cache)
+table_a, _ = patching_table(model, pairs_a, cache)
+try:
+    spec_b = replace(spec, counterfactual=b_kind)  # the set checks its kind (PromptError)
+except PromptError as e:
+    st.error(f"B cannot use {COUNTERFACTUAL_WORDS[b_kind][0]} on this set: {e}. Pick another kind for B, or other "
+             f"operations in the sidebar.")
+    st.stop()
+try:
+    pairs_b, _ = compute_or_button(lambda cb: kept_pairs(model, spec_b, cache=cache, progress=cb),
+                                   lambda: kept_pairs_cost(model, spec_b), model=model, stop=True,
+                                   button="Check which of B's prompts the model answers right", key="cmp_filter",
+                                   text="Checking B's prompts", failure="build B's prompt set")
+except PromptError as e:
+    st.error(f"B cannot use {COUNTERFACTUAL_WORDS[b_kind][0]} on this set: {e}. Pick another kind for B.")
+    st.stop()
+if not pairs_b:
+    st.error("The model answers none of B's prompts right: pick another kind for B.")
+    st.stop()
+table_b, _ = patching_table(model, pairs_b, cache, key="cmp_patching_go", text="Path patching B, batch")
+cmp = compare_tables(table_a, table_b, metric=metric, k=k)  # the one engine call
+
+fa = heatmap_frame(*table_a.heatmap(metric))
+fb = heatmap_frame(*table_b.heatmap(metric))
+lim = max(heatmap_limit(fa), heatmap_limit(fb))  # one scale for A and B
+left, right = st.columns(2)
+left.markdown(f"**A: {COUNTERFACTUAL_WORDS[a_kind][0]}** ({cmp.n_a} pairs)")
+left.altair_chart(heatmap(fa, metric, lim), width="stretch", key="cmp_a")
+right.markdown(f"**B: {COUNTERFACTUAL_WORDS[b_kind][0]}** ({cmp.n_b} pairs)")
+right.altair_chart(heatmap(fb, metric, lim), width="stretch", key="cmp_b")
+
+cells = [(c.component, c.layer, c.head, c.diff) for c in cmp.cells]
+fd = component_frame(cells, model.facts.n_layers, model.facts.n_heads)
+by = {(c.layer, c.head): c for c in cmp.cells}
+fd["low"] = [by[(layer, h)].low for layer, h in zip(fd["layer"], fd["head"])]
+fd["high"] = [by[(layer, h)].high for layer, h in zip(fd["layer"], fd["head"])]
+fd["note"] = ["the interval excludes 0" if by[(layer, h)].differs else "" for layer, h in zip(fd["layer"], fd["head"])]
+st.markdown(f"**A - B** ({metric}): {len(cmp.differing())} of {len(cmp.cells)} cells differ (outlined)")
+st.altair_chart(heatmap(fd, f"A - B, {metric}"), width="stretch", key="cmp_diff")
+st.download_button("Difference data (CSV)", fd.to_csv(index=False).encode(), "compare.csv", "text/csv")
+
+st.subheader(f"Top {k} heads: {cmp.overlap} of {k} shared")
+st.dataframe(pd.DataFrame({"A": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_a],
+                           "B": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_b]}), hide_index=True)
