@@ -46,7 +46,7 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.machinery.batching import batches
-from engine.machinery.patch_rows import Edit, PatchRun, patch_rows, prepare
+from engine.machinery.patch_rows import Edit, HookFn, PatchRun, patch_rows, prepare
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
 from engine.techniques.faithfulness import mib_edges
@@ -180,7 +180,7 @@ class EdgeRaw:
         return (self.patched - self.logit_o[None]).double().mean(1)
 
 
-def _add_rows(deltas: Sequence[torch.Tensor], P: int) -> "callable":
+def _add_rows(deltas: Sequence[torch.Tensor], P: int) -> HookFn:
     """Hook: row block s gets ``deltas[s]`` [P, pos, d] added (an empty block: None)."""
     def fn(act: torch.Tensor) -> torch.Tensor:
         act = act.clone()
@@ -191,7 +191,7 @@ def _add_rows(deltas: Sequence[torch.Tensor], P: int) -> "callable":
     return fn
 
 
-def _frozen_rows(value: torch.Tensor, keep: Sequence[bool], P: int) -> "callable":
+def _frozen_rows(value: torch.Tensor, keep: Sequence[bool], P: int) -> HookFn:
     """Hook: row blocks s with ``keep[s]`` False take ``value`` [P, ...] (X_r's), the others keep what they compute."""
     def fn(act: torch.Tensor) -> torch.Tensor:
         act = act.clone()
