@@ -229,6 +229,11 @@ def prompt_set_choice() -> "PromptSetSpec":
             c1, c2 = st.columns(2)
             n = c1.number_input("Prompts per op", 1, 1000, cur["n"], key="ps_n")
             seed = c2.number_input("Seed", 0, 10**9, cur["seed"], key="ps_seed")
+            lo = c1.number_input("Operands from", 0, 9999, cur.get("operand_lo", 1), key="ps_operand_lo",
+                                 help="The smallest operand A and B may be (1 to 9 by default; 10 to 99 gives "
+                                      "two-digit problems, whose units digit and carry the 'Answer digit' reads).")
+            hi = c2.number_input("to", 0, 9999, cur.get("operand_hi", 9), key="ps_operand_hi",
+                                 help="The largest operand.")
             labels = list(SAMPLES)
             shown = labels[2] if cur.get("every") else labels[0] if cur.get("balance", True) else labels[1]
             sample = st.selectbox("Which prompts", labels, index=labels.index(shown), key="ps_sample",
@@ -254,7 +259,8 @@ def prompt_set_choice() -> "PromptSetSpec":
                                       "its counterfactual alike) and must be predicted right too.")
             if st.form_submit_button("Use this set", width="stretch", key="ps_submit"):
                 cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed), "balance": bool(balance),
-                       "every": every, "counterfactual": cf, "digit": digit}
+                       "every": every, "counterfactual": cf, "digit": digit, "operand_lo": int(lo),
+                       "operand_hi": int(hi)}
                 if choices.get(fam):
                     cur.update(template=choices[fam], ops=[choices[fam].split(":", 1)[0]])
                 st.session_state["prompt_set"] = cur
@@ -265,7 +271,8 @@ def prompt_set_choice() -> "PromptSetSpec":
     return PromptSetSpec(ops=tuple(cur["ops"]), n=cur["n"], seed=cur["seed"], families=families,
                          balance=cur.get("balance", True), every=bool(cur.get("every")),
                          counterfactual=cur.get("counterfactual", OPERATOR_REMOVED),
-                         templates=(template,) if template else (), digit=cur.get("digit", FIRST_DIGIT))
+                         templates=(template,) if template else (), digit=cur.get("digit", FIRST_DIGIT),
+                         operand_lo=cur.get("operand_lo", 1), operand_hi=cur.get("operand_hi", 9))
 
 
 def use_typed_template(text: str, cache: ResultCache | None) -> None:

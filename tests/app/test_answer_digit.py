@@ -35,3 +35,25 @@ def test_a_bad_digit_in_the_link_is_ignored_with_a_note():
     notes = [w.value for w in at.warning if "Link parameter" in w.value]
     assert [n for n in notes if n.startswith("Link parameter `digit=units` ignored")], notes
     assert "digit" not in at.query_params
+
+
+def test_the_operand_range_follows_the_link_and_the_sidebar():
+    at = _link({"operands": "10-99", "digit": "last"})
+    assert not at.exception and not errors(at), errors(at)
+    cur = at.session_state["prompt_set"]
+    assert (cur["operand_lo"], cur["operand_hi"], cur["digit"]) == (10, 99, "last")
+    assert at.query_params["operands"] == "10-99"
+    assert at.sidebar.number_input(key="ps_operand_lo").value == 10
+    at.sidebar.number_input(key="ps_operand_lo").set_value(1)
+    at.sidebar.number_input(key="ps_operand_hi").set_value(9)
+    next(b for b in at.button if b.label == "Use this set").click().run()
+    assert not at.exception, at.exception
+    assert "operands" not in at.query_params and at.query_params["digit"] == "last"
+
+
+def test_a_bad_operand_range_in_the_link_is_ignored_with_a_note():
+    at = _link({"operands": "9-1"})
+    assert not at.exception and not errors(at), errors(at)
+    notes = [w.value for w in at.warning if "Link parameter" in w.value]
+    assert [n for n in notes if n.startswith("Link parameter `operands=9-1` ignored")], notes
+    assert "operands" not in at.query_params
