@@ -8,31 +8,12 @@ import math
 
 import pytest
 
-from engine.techniques.edge_scores import mib_edge_graph, parse_sizes
-from engine.techniques.faithfulness import mib_edges
 from tests.integration.test_cli import run_cli
 
 
 def _csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-def test_mib_graph_holds_the_scores_and_the_top_edges():
-    names = [f"{p}->{c}" + (f"<{q}>" if q else "") for p, c, q in mib_edges(2, 2)]
-    scores = {n: (-1) ** i * i / 10 for i, n in enumerate(names)}
-    g = mib_edge_graph(scores, 2, 2, 16, size=0.1, node_scores=[0.5] * 6)
-    assert g["cfg"] == {"n_layers": 2, "n_heads": 2, "parallel_attn_mlp": False, "d_model": 16}
-    assert {n: e["score"] for n, e in g["edges"].items()} == scores
-    kept = [n for n, e in g["edges"].items() if e["in_graph"]]
-    assert kept == names[-math.floor(0.1 * len(names)):]  # the largest |score|: the last ones
-    assert g["nodes"]["a0.h0"]["score"] == 0.5 and g["nodes"]["logits"]["in_graph"]
-    touched = {x.split("<")[0] for n in kept for x in n.split("->")}
-    assert {n for n, v in g["nodes"].items() if v["in_graph"]} == touched | {"input", "logits"}
-    assert all(e["in_graph"] for e in mib_edge_graph(scores, 2, 2, 16)["edges"].values())
-    assert parse_sizes("0.01,0.05") == [None, 0.01, 0.05]
-    with pytest.raises(ValueError):
-        parse_sizes("2")
 
 
 def test_cli_rows_cache_and_mib_files(tmp_path):

@@ -8,7 +8,7 @@ import torch
 from engine.backends import open_model
 from engine.machinery.batching import pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.edges import Edge, Node, edge_graph, edge_patching, parse_edge
+from engine.techniques.edges import Edge, edge_graph, edge_patching
 from tests.helpers.plain import Plain
 from tests.helpers.plain_edges import PlainEdges
 from tests.integration.tiny_models import build_tiny
@@ -44,25 +44,6 @@ def check(backend, path, pairs, edges) -> float:
     assert float(moved.max()) > 1e-3
     assert any(float(moved[i]) > 1e-4 for i, e in enumerate(edges) if e.receiver.kind == "head")
     return worst
-
-
-def test_graph_is_mibs():
-    class Facts:
-        n_layers, n_heads = 2, 2
-
-    class B:
-        facts, parallel_attn_mlp = Facts, False
-    edges = edge_graph(B)
-    names = [e.name for e in edges]
-    # MIB: heads read earlier layers through q, k, v; a sequential MLP reads its own layer's heads; logits all
-    assert "input->a0.h0<q>" in names and "a0.h1->a1.h0<v>" in names and "a0.h0->m0" in names
-    assert "m1->logits" in names and "a1.h0->a1.h1<q>" not in names and "m0->a0.h0<k>" not in names
-    assert len(edges) == len(set(names)) == 2 * 3 * 1 + 2 * 3 * 4 + 3 + 6 + 7  # heads l0, l1; m0, m1; logits
-    B.parallel_attn_mlp = True
-    assert "a0.h0->m0" not in [e.name for e in edge_graph(B)]
-    assert parse_edge("a0.h1->a3.h2<q>", 8) == Edge(Node("head", 0, 1), Node("head", 3, 2), "q")
-    with pytest.raises(ValueError):
-        parse_edge("a0.h1->a3.h2<x>", 8)
 
 
 def test_exact_equals_plain_loop_on_bundled_model(organism):
