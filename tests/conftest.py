@@ -165,6 +165,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("timings reported by tests")
         for line in _REPORTED:
             terminalreporter.write_line(line)
+    from tests.e2e.conftest import SHARED_ENV, TRACE, compute_seconds
+    if os.environ.get(SHARED_ENV):
+        spent = sorted(compute_seconds(Path(os.environ[SHARED_ENV]) / TRACE).items(), key=lambda kv: -kv[1][1])
+        if spent:
+            terminalreporter.section("what the browser tests' dashboard computed (s)")
+            terminalreporter.write_line(", ".join(f"{m} {s:.0f} ({n})" for m, (n, s) in spent))
 
 
 def pytest_sessionfinish(session, exitstatus):

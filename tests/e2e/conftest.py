@@ -81,6 +81,26 @@ def streamlit_server(env: Mapping[str, str], *, port: int | None = None, log: Pa
         stop_streamlit(proc)
 
 
+#: the shared dashboard's computation trace (cache/trace.py), summed up at the end of the run (compute_seconds)
+TRACE = "trace.jsonl"
+
+
+def compute_seconds(trace: Path) -> dict[str, tuple[int, float]]:
+    """Per method, (results computed, seconds from compute-start to stored) in a computation trace; nested
+    computations count in their own method and in the one that asked for them."""
+    import json
+    started: dict[str, dict] = {}
+    out: dict[str, tuple[int, float]] = {}
+    for line in trace.read_text().splitlines() if trace.exists() else ():
+        e = json.loads(line)
+        if e["event"] == "compute-start":
+            started[e["run_id"]] = e
+        elif e["event"] == "stored" and e["run_id"] in started:
+            n, s = out.get(e["method"], (0, 0.0))
+            out[e["method"]] = (n + 1, s + e["t"] - started.pop(e["run_id"])["t"])
+    return out
+
+
 def shared_server(shared: Path) -> str:
     """The url of the dashboard the xdist workers share (started by the first worker that asks, under a file lock;
     tests/conftest.py stops it when the run ends): one model load and one result cache for every browser test."""
@@ -92,7 +112,7 @@ def shared_server(shared: Path) -> str:
         if info.exists():
             return json.loads(info.read_text())["url"]
         env = dict(os.environ, ARITHLAB_CACHE=str(shared / "results.duckdb"), ARITHLAB_JOBS=str(shared / "jobs"),
-                   HF_HUB_OFFLINE="1")
+                   ARITHLAB_TRACE=str(shared / TRACE), HF_HUB_OFFLINE="1")
         url, proc = start_streamlit(env, log=shared / "server.log", own_session=True)
         info.write_text(json.dumps({"url": url, "pid": proc.pid}))
         return url
