@@ -43,9 +43,10 @@ c3, c4, c5 = st.columns(3)
 positions = c3.radio("Where", ["end", "all"], key="iv_positions", format_func=lambda p: {
     "end": "the last token only (END)", "all": "every position"}[p], disabled=action == "mean",
                      help="Mean ablation is the knockouts': every position.")
-freeze = c4.checkbox("Hold every other head at its value on the typed prompt", key="iv_freeze",
-                     help="Path patching's frozen heads: patching one head at END from the counterfactual then "
-                          "gives path patching's number for that head.")
+freeze = c4.checkbox("Hold the other heads fixed", key="iv_freeze",
+                     help="Every other head keeps its output on the typed prompt (path patching's frozen heads): "
+                          "patching one head at END from the counterfactual then gives path patching's number for "
+                          "that head.")
 text = current_prompt()
 source_text, factor, number, strength = None, 0.0, None, 0.0
 if action == "patch":

@@ -145,6 +145,9 @@ with tab_map:
         # keyed by the view: a new metric or operation starts with no cell outlined
         event = st.altair_chart(heatmap(df, metric), width="stretch", on_select="rerun",
                                 key=f"heatmap_{metric}_{group}")
+        if (df["note"] != "").any():
+            st.caption("Outlined in orange: a head or MLP you pinned (its note in the cell's tooltip; click it to "
+                       "change the note).")
         st.download_button("Heatmap data (CSV)", df.to_csv(index=False).encode(), "patching.csv", "text/csv")
         top = pd.DataFrame(shown.top_heads(int(k), metric, shown_group), columns=["layer", "head", metric])
         st.markdown("**Key heads** (most negative first)")
