@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import streamlit as st
 
 from engine.cost import estimate
+from engine.findings.notes import labels as note_labels
 from engine.techniques.circuit import circuit_diagram, circuit_work
 from ui import state, url_state
 from ui.nav import link_to
@@ -43,7 +45,13 @@ d = compute_or_button(lambda cb: circuit_diagram(model, pairs, k=int(k), mlps=in
                       failure="build the circuit diagram",
                       note="The diagram needs path patching and the attention by token role of this set"
                            + (", and one head → head path patching per key head" if senders else "") + ".")
+d = d.noted(note_labels(model.facts.fingerprint, cache))  # each pinned head's / MLP's note (Path patching's pins)
 event = st.altair_chart(diagram_chart(d), width="stretch", on_select="rerun", key=f"circuit_{k}_{mlps}_{senders}")
+noted = [n for n in d.nodes if n.note]
+if noted:
+    st.markdown("**Your notes** on the circuit's components (pinned on the Path patching page)")
+    st.dataframe(pd.DataFrame({"component": [n.label for n in noted], "note": [n.note for n in noted]}),
+                 hide_index=True, width="stretch")  # plain text, never Markdown or HTML
 picked = (event.selection.get(DIAGRAM_SELECTION) or [{}])[0].get("id") if event and event.selection else None
 if picked:
     n = d.node(picked)

@@ -71,3 +71,21 @@ def test_the_circuit_json_and_the_report_carry_the_note_escaped(tmp_path, monkey
     page = render_html(rep)
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page and "<img src=x" not in page
     assert page.count("<script") == 2  # the inlined library and the charts' own: none from the note
+
+
+def test_the_circuit_page_lists_the_notes_of_its_nodes_as_text(tmp_path, monkeypatch, organism):
+    db = tmp_path / "results.duckdb"
+    monkeypatch.setenv("ARITHLAB_CACHE", str(db))
+    ResultCache(db).pin(organism.facts.fingerprint, "1.3", HTML)
+    from streamlit.testing.v1 import AppTest
+
+    from tests.reliability.conftest import PAGES, SMALL_SET
+    at = AppTest.from_file(str(PAGES / "12_Circuit.py"), default_timeout=300)
+    at.session_state["prompt_set"] = dict(SMALL_SET)
+    at.run()
+    for b in [b for b in at.button if "(estimated: about " in b.label]:  # the page may ask first
+        b.click().run()
+    assert not at.exception and not at.error, (texts(at, "exception"), texts(at, "error"))
+    frames = [f.value for f in at.dataframe]
+    assert any(list(f.get("note", [])) == [HTML] for f in frames), frames
+    assert not any("<script>" in str(m.value) for m in at.markdown)
