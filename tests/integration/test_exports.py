@@ -149,7 +149,9 @@ def pairs_file(lab: Lab) -> Path:
     return path
 
 
-SETS = ([("figure8", cf) for cf in CF_KINDS] + [("template", cf) for cf in CF_KINDS]
+#: the written template under the carry kind: the bundled model answers none of its 6 (the problems whose units
+#: digits can flip the carry), so only the paper's templates run it
+SETS = ([("figure8", cf) for cf in CF_KINDS] + [("template", cf) for cf in CF_KINDS if cf != "carry"]
         + [("every", "operator-removed"), ("pairs", "file")])
 
 
@@ -249,6 +251,8 @@ PAGE_CSVS = {
 #: (command, set kind) -> what it says instead of an export: the commands that need the set's templates
 REFUSED = {(cmd, "pairs"): "unrecognized arguments: --pairs" for cmd in ("carries", "operand-grid", "transfer")}
 REFUSED[("transfer", "operator-swapped")] = "the operator-swapped counterfactual needs an operator with a paired"
+#: the grid needs every operand pair, and a units sum of 9 has no carry flip
+REFUSED[("operand-grid", "carry")] = "no operands of the range flip the carry and keep the answer's units digit"
 SMALL_SETS = [("figure8", cf) for cf in CF_KINDS] + [("template", "operator-removed"), ("pairs", "file")]
 
 
@@ -266,7 +270,7 @@ def test_the_pages_other_csvs_build_on_every_kind_of_set(organism, kind, cf, tmp
             with pytest.raises((PromptError, ValueError, CliError), match=re.escape(refusal)):
                 cli(lab, name, *args, "--out", str(out), *extra)
             continue
-        if name == "numbers" and kind != "figure8":
+        if name == "numbers" and (kind != "figure8" or cf == "carry"):  # carry: 3 of its 6 pairs kept here
             with pytest.raises(ValueError, match=r"the probes need at least 5 prompt pairs \(here \d\)"):
                 cli(lab, name, *args, "--out", str(out), *extra)
             continue
