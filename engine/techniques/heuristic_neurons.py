@@ -118,12 +118,13 @@ def tag_neuron(a: np.ndarray, b: np.ndarray, c: np.ndarray, y: np.ndarray, seed:
 def end_activations(backend: ModelBackend, ids: Sequence[Sequence[int]], layer: int, *, batch_size: int = 64
                     ) -> torch.Tensor:
     """The MLP's hidden activation at END of each prompt: [P, d_mlp]."""
+    from engine.techniques.operand_grid import check_hidden
     out = []
     for s in range(0, len(ids), batch_size):
         chunk = ids[s:s + batch_size]
         x, mask, end = pad(chunk, pad_id(backend))
         _, c = backend.run_with_cache(x, mask, [hooks.mlp_post(layer)])
-        act = c[hooks.mlp_post(layer)]                                  # [batch, pos, d_mlp]
+        act = check_hidden(backend, c[hooks.mlp_post(layer)])           # [batch, pos, d_mlp]
         out.append(act[torch.arange(len(chunk)), end.to(act.device)].float().cpu())
     return torch.cat(out)
 

@@ -184,6 +184,19 @@ class OperandGrid:
         return out
 
 
+def check_hidden(backend: ModelBackend, act: torch.Tensor) -> torch.Tensor:
+    """``act`` (hook ``mlp_post``, [..., features]) when it is an MLP's hidden layer of the model's ``d_mlp`` neurons;
+    else MissingActivation: a mixture of experts has no one hidden layer (its hook holds the block's output), and its
+    "neurons" would be something else."""
+    from engine.backends.base import MissingActivation
+    f = backend.facts
+    if act.shape[-1] != f.d_mlp:
+        raise MissingActivation(f"{f.architecture}'s MLP has no hidden layer of {f.d_mlp} neurons to read (its "
+                                f"activation has {act.shape[-1]} features: a mixture of experts has one per expert); "
+                                f"neurons are read on dense MLPs only")
+    return act
+
+
 @torch.no_grad()
 def neuron_activations(backend: ModelBackend, pairs: Sequence[PromptPair], neurons: Sequence[Component], *,
                        batch_size: int = 64) -> dict[str, list[float]]:
@@ -197,7 +210,7 @@ def neuron_activations(backend: ModelBackend, pairs: Sequence[PromptPair], neuro
         _, c = backend.run_with_cache(ids, mask, names)
         rows = torch.arange(len(chunk))
         for n in neurons:
-            act = c[hooks.mlp_post(n.layer)]                      # [batch, pos, d_mlp]
+            act = check_hidden(backend, c[hooks.mlp_post(n.layer)])  # [batch, pos, d_mlp]
             out[n.name] += act[rows, end.to(act.device)][:, n.neuron].float().cpu().tolist()
     return out
 
