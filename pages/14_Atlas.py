@@ -61,6 +61,8 @@ grid = compute_or_button(lambda cb: operand_grid(model, spec, template=template,
                          text="Computing the operand grid", failure="compute the operand grid",
                          note="The grid runs every operand pair of the template through the model: the answers, the "
                               "attention, the direct effects and path patching of the candidate heads.")
+if grid.fallback:  # the direct effects' fast path did not reproduce this model: the textbook loop computed them
+    st.info(grid.fallback, icon=":material/info:")
 picked = comp is None
 comp = comp or grid.top_head()  # none typed: the grid's strongest head among attribution patching's candidates
 rows = grid.rows(comp)

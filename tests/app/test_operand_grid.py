@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.app.conftest import errors, page
+from tests.app.conftest import ask_all, errors, page
 
 pytestmark = pytest.mark.app
 
@@ -35,3 +35,20 @@ def test_the_operand_grid_page_draws_a_head_a_neuron_and_names_a_bad_component()
     assert any("neurons tagged" in m.value and "MLP 7" in m.value for m in at.markdown)
     at.text_input(key="atlas_component_").input("9.1").run()
     assert errors(at) == ["The model has layers 0-7, not 9."] and not at.exception
+
+
+def test_the_atlas_says_when_the_textbook_loop_computed_the_direct_effects(monkeypatch, tmp_path):
+    """A direct-effect fast path whose self-check fails (forced here): the page shows the fallback's note beside the
+    grid, and the grid is drawn."""
+    from engine.machinery.shortcut import ShortcutMismatch
+    from engine.techniques import operand_grid
+
+    def miss(*a, **k):
+        raise ShortcutMismatch("forced by the test")
+    monkeypatch.setattr(operand_grid, "check_direct_reads", miss)
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "fresh.duckdb"))  # computed here, not read
+    at = ask_all(page("14_Atlas.py").run())
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    notes = [i.value for i in at.info]
+    assert any("direct effects" in n and "forced by the test" in n and "textbook loop" in n for n in notes), notes
+    assert _charts(at) == 1
