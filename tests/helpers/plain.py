@@ -319,6 +319,39 @@ def head_to_head(plain: Plain, pairs, receiver: tuple[int, int, str]
 
 
 # ---------------------------------------------------------------------------------------------
+# direct effects: a component's own write at END removed, every head and MLP frozen at X_r
+# ---------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def direct_effects(plain: Plain, pairs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head [P, L, H], mlp [P, L]) direct effects on the answer logit at END of X_r: the model's answer logit minus
+    the one with every head's o_proj input and every MLP's output frozen at X_r and the component's own write at END
+    removed (a head's o_proj input slice at END zeroed, an MLP's output at END zeroed), one pass per component."""
+    ref = [p.ref_ids for p in pairs]
+    answer = torch.tensor([p.answer_id for p in pairs])
+    r = plain.capture(ref)
+    lg, end = plain.run(ref)
+    rows = torch.arange(len(pairs))
+    L, H = plain.L, plain.H
+    head, mlp = torch.empty(len(pairs), L, H), torch.empty(len(pairs), L)
+
+    def frozen(layer, sender_head=None):
+        def fn(x):
+            x = r["z"][layer].clone()
+            if sender_head is not None:
+                x[rows, end, sender_head] = 0
+            return x.reshape(*x.shape[:2], -1)
+        return fn
+
+    def frozen_mlps():
+        # a copy: Falcon adds the attention to the MLP's output in place
+        return {plain.mlp_out(j): (lambda x, j=j: r["mlp"][j].to(x.dtype, copy=True)) for j in range(L)}
+    each_sender(plain, ref, [torch.zeros_like(m) for m in r["mlp"]], end, answer, L, frozen, frozen_mlps, head, mlp)
+    logit_o = lg[rows, end, answer]
+    return logit_o[:, None, None] - head, logit_o[:, None] - mlp
+
+
+# ---------------------------------------------------------------------------------------------
 # layer x position: resid_pre[l] at one position from X_c
 # ---------------------------------------------------------------------------------------------
 
@@ -561,14 +594,64 @@ def residual_at(plain: Plain, seqs, layer: int, positions: torch.Tensor) -> torc
 def shifted_top(plain: Plain, seqs, layer: int, shift: torch.Tensor) -> torch.Tensor:
     """Top next token at END [n] with ``shift[i]`` added to layer ``layer``'s output at END."""
     end = torch.tensor([len(s) - 1 for s in seqs])
+    return shifted_end_logits(plain, seqs, layer, end, shift).argmax(-1)
+
+
+@torch.no_grad()
+def shifted_end_logits(plain: Plain, seqs, layer: int, at: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Logits at END [n, vocab] with ``shift[i]`` added to x[layer] (-1: the first layer's input, else layer
+    ``layer``'s output) at position ``at[i]`` only."""
+    end = torch.tensor([len(s) - 1 for s in seqs])
     rows = torch.arange(len(seqs))
 
     def add(x):
         x = x.clone()
-        x[rows, end] += shift.to(x.dtype)
+        x[rows, at] += shift.to(x.dtype)
         return x
-    lg, _ = plain.run(seqs, post={plain.layers[layer]: add})
-    return lg[rows, end].argmax(-1)
+    hooks = {"pre": {plain.layers[0]: add}} if layer < 0 else {"post": {plain.layers[layer]: add}}
+    lg, _ = plain.run(seqs, **hooks)
+    return lg[rows, end]
+
+
+# ---------------------------------------------------------------------------------------------
+# an MLP's hidden activations: the input of its down projection
+# ---------------------------------------------------------------------------------------------
+
+def down_proj(plain: Plain, layer: int, d_mlp: int) -> torch.nn.Module:
+    """The layer's MLP down projection: its one linear map (``nn.Linear`` or GPT-2's ``Conv1D``) from ``d_mlp``
+    features to the model's width, outside the attention; LookupError unless exactly one."""
+    d = plain.model.config.get_text_config().hidden_size
+    attn = set(plain.attn(layer).modules())
+
+    def dims(m) -> tuple[int, int] | None:
+        if isinstance(m, torch.nn.Linear):
+            return m.in_features, m.out_features
+        if type(m).__name__ == "Conv1D":
+            return m.weight.shape[0], m.weight.shape[1]
+        return None
+    found = [m for m in plain.layers[layer].modules() if m not in attn and dims(m) == (d_mlp, d)]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} linear maps from {d_mlp} to {d} features in layer {layer}")
+    return found[0]
+
+
+@torch.no_grad()
+def mlp_hidden(plain: Plain, seqs, layer: int, d_mlp: int, new: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the MLP's hidden activation at END [n, d_mlp] -- its down projection's input --, the logits at END
+    [n, vocab]) with that activation at END replaced by ``new`` [n, d_mlp] where it is not NaN (None: the model)."""
+    end = torch.tensor([len(s) - 1 for s in seqs])
+    rows = torch.arange(len(seqs))
+    seen = {}
+
+    def fn(x):
+        if new is not None:
+            x = x.clone()
+            x[rows, end] = torch.where(torch.isnan(new), x[rows, end], new.to(x.dtype))
+        seen["act"] = x[rows, end].float().clone()
+        return x
+    lg, _ = plain.run(seqs, pre={down_proj(plain, layer, d_mlp): fn})
+    return seen["act"], lg[rows, end]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,7 +55,8 @@ MATRIX: tuple[str, ...] = (
 TOL = 1e-4
 TECHNIQUES = ("path patching", "path AtP", "activation patching", "AtP (total)", "head -> head", "layer x position",
               "knockout", "circuits (X_c)", "attention", "MLP projections", "logit lens", "numbers",
-              "precise SFT slices")
+              "operand grid", "helix patching", "heuristic neurons", "precise SFT slices")
+HELIX = ("C", "END")  # helix patching's target and position (at the second-to-last layer's output)
 
 
 @dataclass
@@ -264,11 +265,66 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
         want = refs.get("num_top", lambda: P.shifted_top(pl, [p.ref_ids for p in pairs], 1, shift))
         return max(err, 0.0 if torch.equal(top, want) else float("inf")), ""
 
+    def grid():  # the Atlas's operand grid on the matrix's pairs: direct effects, END-row attention on A and B
+        from engine.techniques.attention import token_roles
+        from engine.techniques.operand_grid import direct_effects, operand_attention
+        got = direct_effects(backend, pairs)
+        head, mlp = refs.get("direct", lambda: P.direct_effects(pl, pairs))
+        att = operand_attention(backend, pairs)
+        rows = refs.get("att", lambda: P.end_rows(pl, [p.ref_ids for p in pairs]))  # the "attention" column's
+        want = [torch.stack([r[:, :, [j for j, x in enumerate(token_roles(backend, p)) if x == role]].sum(-1)
+                             for r, p in zip(rows, pairs)]) for role in ("operand A", "operand B")]
+        return max(rel_err(got.head, head), rel_err(got.mlp, mlp), rel_err(att[0], want[0]),
+                   rel_err(att[1], want[1])), got.fallback or ""
+
+    def helix():  # success, stays and the logit difference of every patch, the shifts applied by plain hooks
+        from engine.techniques import helix_patch as Hx
+        from engine.techniques.numbers import positions, target_values
+        layer, (target, position) = backend.facts.n_layers - 2, HELIX
+        rows = {r.method: r for r in Hx.helix_patch(backend, pairs, layer, position, target)}
+
+        def plain_rows():
+            d = Hx.donors(backend, pairs, target)
+            at = torch.tensor([[positions(backend, p)[position]] for p in pairs])
+            X = P.residual_at(pl, [p.ref_ids for p in pairs], layer, at)[:, 0].double().numpy()
+            _, delta = Hx.shifts(X, target_values(pairs)[target], d)
+            tokens = torch.tensor([[t, pairs[i].answer_id] for t, i in zip(d.new_token, d.idx)])
+            out = []
+            for name in Hx.PATCHES:
+                lg = P.shifted_end_logits(pl, [pairs[i].ref_ids for i in d.idx], layer, at[d.idx, 0],
+                                          torch.from_numpy(delta[name]).float())
+                top, picked = lg.argmax(-1), lg.gather(1, tokens)
+                out.append([float((top == tokens[:, 0]).float().mean()), float((top == tokens[:, 1]).float().mean()),
+                            float((picked[:, 0] - picked[:, 1]).mean())])
+            return torch.tensor(out)
+        got = torch.tensor([[rows[m].success, rows[m].stays, rows[m].logit_diff] for m in Hx.PATCHES])
+        return rel_err(got, refs.get("helix", plain_rows)), ""
+
+    def neurons():  # the last MLP's hidden activations at END on X_r and X_c, the reaction, the margins with half
+        from engine.techniques.heuristic_neurons import end_activations, end_margins  # its neurons at the X_c mean
+        layer, d_mlp = backend.facts.n_layers - 1, backend.facts.d_mlp
+        ref, cf = [p.ref_ids for p in pairs], [p.cf_ids for p in pairs]
+
+        def half_at_mean(act_c):
+            new = act_c.mean(0).expand(len(pairs), -1).clone()
+            new[:, ::2] = float("nan")
+            return new
+        act_r, act_c = end_activations(backend, ref, layer), end_activations(backend, cf, layer)
+        margins, _ = end_margins(backend, pairs, layer, half_at_mean(act_c))
+
+        def plain_side():
+            (pr, _), (pc, _) = P.mlp_hidden(pl, ref, layer, d_mlp), P.mlp_hidden(pl, cf, layer, d_mlp)
+            _, lg = P.mlp_hidden(pl, ref, layer, d_mlp, half_at_mean(pc))
+            return pr, pc, lg[torch.arange(len(pairs)), [p.answer_id for p in pairs]] - lg.mean(-1)
+        pr, pc, m = refs.get("neurons", plain_side)
+        reaction = rel_err((act_r - act_c).abs().mean(0), (pr - pc).abs().mean(0))
+        return max(rel_err(act_r, pr), rel_err(act_c, pc), reaction, rel_err(torch.from_numpy(margins).float(), m)), ""
+
     return {"path patching": path_patching, "path AtP": path_atp, "activation patching": activation,
             "AtP (total)": atp_total, "head -> head": head_to_head, "layer x position": position,
             "knockout": knockout, "circuits (X_c)": circuits, "attention": attention,
             "MLP projections": projections, "logit lens": lens,
-            "numbers": numbers}
+            "numbers": numbers, "operand grid": grid, "helix patching": helix, "heuristic neurons": neurons}
 
 
 def sft_cell(model_dir: Path, refs: References) -> Cell:
