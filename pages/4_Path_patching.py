@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.findings.as_code import path_patching_code
 from engine.findings.glossary import help_text
 from engine.findings.notes import labels as note_labels
 from engine.numerics.intervals import SMALL_SET
@@ -152,6 +153,11 @@ with tab_map:
         top = pd.DataFrame(shown.top_heads(int(k), metric, shown_group), columns=["layer", "head", metric])
         st.markdown("**Key heads** (most negative first)")
         st.dataframe(top, hide_index=True, width="stretch")
+        if group == "*":  # the set's own pairs: the CLI and the notebook give the same numbers
+            cli, py = path_patching_code(model.facts.spec, spec, metric, int(k))
+            with st.expander("This view as code"):
+                st.code(cli, language="bash")
+                st.code(py, language="python")
     select_head("heatmap_click", clicked_cell(event))  # a click selects; the knockout set is not touched
     sel = state.selected()
     if sel is None or sel[0] >= table.n_layers or sel[1] >= table.n_heads:
