@@ -176,6 +176,9 @@ def test_every_export_builds_on_every_set(lab, kind, cf, tmp_path):
     if kind == "every" and lab.name != "organism":
         pytest.skip("every prompt answered right: 42 pairs on SmolLM2, the written template's code path at 20 times "
                     "the cost; the bundled model runs it")
+    if cf == "carry" and lab.name != "organism":
+        pytest.skip("carry on 1..9: only sums whose units flip (none of the subtractions) -- SmolLM2 keeps 1 of its 4; "
+                    "the bundled model runs it")
     from engine.techniques.circuit import Diagram
     from engine.techniques.faithfulness import MIB_TASKS, mib_submission
     from engine.techniques.path_patching import cached_path_patching
