@@ -127,7 +127,7 @@ def grid_pairs(tokenizer, spec, template: Template) -> list[PromptPair]:
                           f"range")
     rng = random.Random(spec.seed)
     problems = [make_problem(template, a, b, rng, r.decimals) for a, b in operands]
-    pairs, dropped = build_pairs(tokenizer, problems, spec.counterfactual, r)
+    pairs, dropped = build_pairs(tokenizer, problems, spec.counterfactual, r, spec.digit)  # read at the set's digit
     if not pairs:
         raise PromptError(f"no pair of template {template.id} could be built: "
                           f"{dropped[0][1] if dropped else 'no operands'}")
