@@ -22,7 +22,9 @@ TIERS = ("unit", "integration", "app", "e2e", "reliability")
 #: the fast tier (`make test-fast`, the loop for every change): the model-free units and, on the bundled model, each
 #: core technique against its plain reference, the charts' specs, the compute gate and one page end to end -- no
 #: Chromium, no real model, no architecture matrix, nothing marked slow
-FAST = ("unit/", "integration/test_techniques.py", "integration/test_patching.py", "integration/test_head_patching.py",
+FAST = ("unit/", "integration/test_path_patching.py", "integration/test_knockout.py",
+        "integration/test_knockout_curve.py", "integration/test_attention.py", "integration/test_mlp_projections.py",
+        "integration/test_promptlab.py", "integration/test_logit_lens.py", "integration/test_head_patching.py",
         "integration/test_position_patching.py", "integration/test_carries.py", "app/test_charts.py",
         "app/test_compute_gate.py", "app/test_operand_grid.py")
 NOT_FAST = ("slow", "realmodel", "e2e", "matrix")

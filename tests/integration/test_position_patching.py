@@ -1,4 +1,4 @@
-"""Layer x position patching and the logit lens against plain one-forward references."""
+"""Layer x position patching (engine/techniques/position_patching.py) against a plain one-forward-per-cell reference."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import torch
 
 from engine.backends import hooks, open_model
 from engine.backends.base import WorkMeter
-from engine.machinery.batching import pad, pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.logit_lens import cached_logit_lens, logit_lens
 from engine.techniques.position_patching import cached_layer_position_patching, layer_position_patching, summarize
 from tests.helpers.smollm2 import open_smollm2
 from tests.integration.tiny_models import build_tiny_model
@@ -100,36 +98,7 @@ def test_layer_position_patching_on_smollm2_labels_the_digit_position():
     assert tok.decode([pairs[0].answer_id]).strip().isdigit()  # END predicts the answer's digit
 
 
-def _plain_lens(backend, pairs):
-    L = backend.facts.n_layers
-    names = [hooks.resid_pre(0)] + [hooks.resid_post(layer) for layer in range(L)]
-    W_U, b_U = backend.unembed()
-    prob, rank = [], []
-    for p in pairs:
-        _, c = backend.run_with_cache(torch.tensor([p.ref_ids]), None, names)
-        pr, rk = [], []
-        for n in names:
-            lg = backend.final_norm(c[n][:, -1]) @ W_U + (0 if b_U is None else b_U)
-            pr.append(float(torch.softmax(lg[0], -1)[p.answer_id]))
-            rk.append(int((lg[0] > lg[0, p.answer_id]).sum()) + 1)
-        prob.append(pr)
-        rank.append(rk)
-    return torch.tensor(prob), torch.tensor(rank)
-
-
-def test_logit_lens_equals_plain_reference_and_ends_at_the_model_output(organism):
-    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul"), n=4, seed=2))
-    raw = logit_lens(organism, pairs, batch_size=3)
-    prob, rank = _plain_lens(organism, pairs)
-    assert torch.allclose(raw.prob, prob, atol=1e-5) and torch.equal(raw.rank, rank)
-    ref, mask, end = pad([p.ref_ids for p in pairs], pad_id(organism))
-    with torch.no_grad():
-        final = torch.softmax(organism.logits(ref, mask)[torch.arange(len(pairs)), end], -1)
-    want = final[torch.arange(len(pairs)), torch.tensor([p.answer_id for p in pairs])]
-    assert torch.allclose(raw.prob[:, -1], want, atol=1e-5)  # the last layer's lens is the model's output
-
-
-def test_cached_views_are_served_from_cache(organism, tmp_path):
+def test_cached_cells_are_served_from_cache(organism, tmp_path):
     from cache import ResultCache
     cache = ResultCache(tmp_path / "c.duckdb")
     pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("sub",), n=3, seed=4))
@@ -137,6 +106,3 @@ def test_cached_views_are_served_from_cache(organism, tmp_path):
     a, c1 = cached_layer_position_patching(organism, pairs, cache=cache, tokens=tokens)
     b, c2 = cached_layer_position_patching(organism, pairs, cache=cache, tokens=tokens)
     assert c1 and not c2 and a == b and any(c.token for c in b)
-    x, c3 = cached_logit_lens(organism, pairs, cache=cache)
-    y, c4 = cached_logit_lens(organism, pairs, cache=cache)
-    assert c3 and not c4 and x == y and {r.layer for r in y} == set(range(-1, organism.facts.n_layers))

@@ -7,8 +7,7 @@
   independently, by a forward hook on the Hugging Face embedding;
 * the batched END-only path gives the same accuracies and curve as the full-logits reference (tests.helpers.references),
   and rows of one pass carrying different knockouts give what each knockout gives alone;
-* the accuracy scores (teacher-forced, END.. positions only) equal a full-logits computation;
-* transfer evaluates its three knockouts per set in one pass (small work: one padded pass).
+(the accuracy scores against full logits: ``test_accuracy.py``; transfer's one pass per set: ``test_transfer.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from engine.backends import open_model
 from engine.backends.base import WorkMeter
 from engine.machinery.batching import TOKENS_PER_PASS, length_chunks, pad, pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.accuracy import keep_correct, score_pairs
+from engine.techniques.accuracy import keep_correct
 from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
 from engine.techniques.knockout_curve import curve_knockouts, knockout_curve
 from tests.helpers.references import knockout_accuracy_full_logits, knockout_curve_full_logits
@@ -106,75 +105,3 @@ def test_rows_with_different_knockouts_equal_each_alone(organism, pairs):
     assert together == alone
     assert together[1] == together[4]
     assert len(set(together)) > 1
-
-
-def test_accuracy_scores_equal_full_logits(organism):
-    ps, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul", "pow"), n=8, seed=11))
-    scores = score_pairs(organism, ps)
-    ids, mask = _padded(organism, [p.ref_ids + p.answer_ids for p in ps])
-    with torch.no_grad():
-        full = organism.logits(ids, mask).float()
-    for p, s, lg in zip(ps, scores, full):
-        end = len(p.ref_ids) - 1
-        pred = lg[end:end + len(p.answer_ids) + 1].argmax(-1).tolist()
-        assert s.first_ok == (pred[0] == p.answer_id)
-        assert s.full_ok == (pred[:len(p.answer_ids)] == p.answer_ids and
-                             not any(c.isdigit() for c in organism.tokenizer.convert_ids_to_tokens(pred[-1])))
-        assert abs(s.p_answer - torch.softmax(lg[end], -1)[p.answer_id].item()) < 1e-5
-    assert any(not s.first_ok for s in scores) and any(s.first_ok for s in scores)
-
-
-def test_the_first_token_filter_equals_full_logits_without_the_answer(organism):
-    """The filter's own pass (the prompts alone, END their last position) keeps what full logits keep."""
-    from engine.techniques.accuracy import first_token_right, forget_scores
-    ps, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul", "pow"), n=8, seed=12))
-    forget_scores()  # not read from the memo: the filter's own pass
-    organism.meter = WorkMeter()
-    right = first_token_right(organism, ps)
-    own = organism.meter.body_tokens
-    organism.meter = WorkMeter()
-    assert right == [s.first_ok for s in score_pairs(organism, ps)]  # the teacher-forced pass agrees
-    assert own < organism.meter.body_tokens  # and costs more positions
-    assert first_token_right(organism, ps) == right  # now read from the memo
-    ids, mask = _padded(organism, [p.ref_ids for p in ps])
-    with torch.no_grad():
-        full = organism.logits(ids, mask).float()
-    assert right == [int(lg[len(p.ref_ids) - 1].argmax()) == p.answer_id for p, lg in zip(ps, full)]
-    assert any(right) and not all(right)
-
-
-def test_filter_reads_the_accuracy_tables_pass(organism):
-    """The accuracy table first: the filter of the same set reads its pass.  The filter first: its own pass of the
-    prompts alone, fewer positions than the table's teacher-forced one."""
-    from engine.techniques.accuracy import accuracy_report, forget_scores, kept_pairs
-    spec = PromptSetSpec(ops=("sub",), n=5, seed=99 + len(organism.name))  # the backends share memo entries
-    organism.meter = WorkMeter()
-    accuracy_report(organism, spec)
-    calls, table_tokens = organism.meter.forward_calls, organism.meter.body_tokens
-    assert calls >= 1
-    kept_pairs(organism, spec)
-    assert organism.meter.forward_calls == calls
-    forget_scores()
-    organism.meter = WorkMeter()
-    kept_pairs(organism, spec)
-    assert 1 <= organism.meter.forward_calls and organism.meter.body_tokens < table_tokens
-
-
-def test_transfer_knockouts_one_pass_per_set(organism):
-    from engine.techniques.path_patching import path_patching
-    from engine.techniques.transfer import transfer
-    a, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add",), n=6, seed=21))
-    b, _ = generate(organism.tokenizer, PromptSetSpec(ops=("mul",), n=6, seed=22))
-    a, b = keep_correct(organism, a), keep_correct(organism, b)
-    mean_activations(organism, a), mean_activations(organism, b)  # memoized: shared by every technique
-    organism.meter = WorkMeter()
-    path_patching(organism, a)
-    path_patching(organism, b)
-    patch_calls = organism.meter.forward_calls
-    organism.meter = WorkMeter()
-    seen = []
-    res = transfer(organism, a, b, k=3, progress=lambda d, t: seen.append((d, t)))
-    # + one (padded: the bundled model is small) knockout pass per set for its 3 knockouts
-    assert organism.meter.forward_calls == patch_calls + 2
-    assert res.a.accuracy_ko_own <= res.a.accuracy
-    assert seen[-1][0] == seen[-1][1] and [d for d, _ in seen] == sorted(d for d, _ in seen)
