@@ -105,7 +105,7 @@ with st.container(border=True):
         st.warning(stats.warning)
     st.caption(f"Largest share within one operation: `{stats.top_token}`, {stats.top_share:.0%} of the "
                f"{stats.top_op} prompts (a warning above {DOMINANT_SHARE:.0%}). Sets are balanced by default: "
-               f"candidates are taken round-robin over their first answer token, so no token (e.g. the '1' of "
+               f"candidates are taken round-robin over their {which.lower()} token, so no token (e.g. the '1' of "
                f"every sum from 10 to 18) holds more than its share.")
 
 note = shown.effect_note(shown_group)
