@@ -37,6 +37,7 @@ def test_the_operand_grid_page_draws_a_head_a_neuron_and_names_a_bad_component()
     assert errors(at) == ["The model has layers 0-7, not 9."] and not at.exception
 
 
+@pytest.mark.slow  # the textbook loop over the grid's 81 pairs: about 100 s on a busy 2-core machine, not the fast tier
 def test_the_atlas_says_when_the_textbook_loop_computed_the_direct_effects(monkeypatch, tmp_path):
     """A direct-effect fast path whose self-check fails (forced here): the page shows the fallback's note beside the
     grid, and the grid is drawn."""
