@@ -11,7 +11,7 @@ from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.results import NotCached, cache_only
 from engine.techniques.logit_lens import cached_logit_lens
 from engine.techniques.path_patching import cached_path_patching
-from tests.integration.test_patching import CountingBackend
+from tests.integration.test_path_patching import CountingBackend
 
 
 def test_summary_reads_only_the_cache_and_quotes_its_numbers(tmp_path):
