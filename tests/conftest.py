@@ -65,7 +65,6 @@ def pytest_configure(config):
         import torch
         torch.set_num_threads(1)
     elif config.getoption("numprocesses", None):  # the xdist controller: a folder for the workers' shared dashboard
-        import os
         import tempfile
 
         from tests.e2e.conftest import SHARED_ENV
