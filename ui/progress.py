@@ -289,7 +289,9 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
 
     def timed(on_demand: bool) -> T | None:
         bars: list[ProgressBar] = []
-        out = run_with_progress(text, failure, compute, key=key, stop=stop, on_demand=on_demand,
+        # an unasked run that overran and the button's run can both happen in one script run: their bars' keys differ
+        out = run_with_progress(text, failure, compute, key=key if on_demand else f"{key}:unasked", stop=stop,
+                                on_demand=on_demand,
                                 limit_s=None if on_demand else OVERRUN * HEAVY_S - spent, bars=bars)
         took = bars[0].working_s()  # its own work: waiting for the model behind other sessions is not
         if not on_demand:

@@ -15,7 +15,10 @@ import sys
 def main() -> None:
     from streamlit.runtime.pages_manager import PagesManager
     from streamlit.web import cli
+
+    from engine.models.load import preload
     PagesManager.uses_pages_directory = False  # what st.navigation sets; read when each session starts
+    preload()  # transformers' classes resolved here, not by two sessions' threads at once
     sys.argv = ["streamlit", "run", *sys.argv[1:]]
     cli.main()
 

@@ -109,6 +109,15 @@ def _from_pretrained_kwargs(resolved: ResolvedSpec) -> dict[str, Any]:
     return kwargs
 
 
+def preload() -> None:
+    """Resolve transformers' lazily imported classes the loaders use, once, in the calling thread: two sessions
+    opening their first model at the same moment resolved them concurrently from their own threads, and one got
+    ``ImportError: cannot import name 'AutoConfig' from 'transformers'`` (the dashboard calls this at start)."""
+    import transformers
+    for name in ("AutoConfig", "AutoTokenizer", "AutoModelForCausalLM", "PreTrainedModel", "PreTrainedTokenizerBase"):
+        getattr(transformers, name)
+
+
 def load_config(resolved: ResolvedSpec) -> Any:
     from transformers import AutoConfig
 
