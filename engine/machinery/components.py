@@ -7,8 +7,12 @@ no torch, so ``views/`` (the heatmap frame) reads them too.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
+
+#: ``3.1`` (a head), ``3.mlp`` (an MLP), ``3.mlp.120`` (one MLP neuron), ``3.resid`` (a residual stream)
+_SITE = re.compile(r"^(\d{1,4})\.(?:(\d{1,4})|mlp(?:\.(\d{1,6}))?|(resid))$")
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,30 @@ class Component:
     @property
     def name(self) -> str:
         return f"L{self.layer}H{self.head}" if self.component == "head" else f"MLP{self.layer}"
+
+
+def parse_site(text: str, n_layers: int, n_heads: int, d_mlp: int | None = None, resid: bool = False
+               ) -> tuple[str, int, int]:
+    """``3.1`` / ``3.mlp`` / ``3.mlp.120`` (and ``3.resid`` when ``resid``) -> ``(kind, layer, index)`` with kind
+    "head" | "mlp" | "neuron" | "resid" and index the head or neuron (-1 otherwise); ValueError saying what to
+    write or what the model has.  The one reader of a typed component for the Atlas and Intervene."""
+    m = _SITE.match((text or "").strip())
+    if m is None or (m.group(4) and not resid):
+        kinds = "LAYER.HEAD (3.1), LAYER.mlp (3.mlp)" + (", LAYER.mlp.NEURON (3.mlp.120) or LAYER.resid (3.resid)"
+                                                        if resid else " or LAYER.mlp.NEURON (3.mlp.120)")
+        raise ValueError(f"{text!r} names no component: write {kinds}")
+    layer = int(m.group(1))
+    if layer >= n_layers:
+        raise ValueError(f"the model has layers 0-{n_layers - 1}, not {layer}")
+    if m.group(2) is not None:
+        if int(m.group(2)) >= n_heads:
+            raise ValueError(f"the model has heads 0-{n_heads - 1}, not {m.group(2)}")
+        return "head", layer, int(m.group(2))
+    if m.group(3) is not None:
+        if d_mlp is not None and int(m.group(3)) >= d_mlp:
+            raise ValueError(f"the MLPs have neurons 0-{d_mlp - 1}, not {m.group(3)}")
+        return "neuron", layer, int(m.group(3))
+    return ("resid" if m.group(4) else "mlp"), layer, -1
 
 
 def grid(cells: Iterable[tuple[str, int, int, float]], n_layers: int, n_heads: int

@@ -33,7 +33,6 @@ for X (memoised per model and prompt: it also caches X's head outputs for ``free
 
 from __future__ import annotations
 
-import re
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -43,14 +42,13 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.backends.hooks import HookName
+from engine.machinery.components import parse_site
 from engine.prompts.pairs import PromptError, answer_tokens
 from engine.techniques.knockout import Knockout, MeanActivations, TokenProb, knocked_out, top_of
 
 ACTIONS = ("patch", "scale", "zero", "mean", "add")
 POSITIONS = ("end", "all")
 MAX_STRENGTH = 1000.0  # |alpha| and |s| beyond this are refused (a typo, not an experiment)
-
-_TARGET = re.compile(r"^(\d{1,4})\.(?:(\d{1,4})|mlp(?:\.(\d{1,6}))?|(resid))$")
 
 
 @dataclass(frozen=True)
@@ -78,23 +76,10 @@ def parse_targets(text: str, n_layers: int, n_heads: int, d_mlp: int | None = No
     for part in (p.strip() for p in (text or "").split(",")):
         if not part:
             continue
-        m = _TARGET.match(part)
-        if m is None:
-            raise PromptError(f"{part!r} names no component: write LAYER.HEAD (3.1), LAYER.mlp (3.mlp), "
-                              f"LAYER.mlp.NEURON (3.mlp.120) or LAYER.resid (3.resid)")
-        layer = int(m.group(1))
-        if layer >= n_layers:
-            raise PromptError(f"the model has layers 0-{n_layers - 1}, not {layer} ({part})")
-        if m.group(2) is not None:
-            if int(m.group(2)) >= n_heads:
-                raise PromptError(f"the model has heads 0-{n_heads - 1}, not {m.group(2)} ({part})")
-            out.append(Target("head", layer, int(m.group(2))))
-        elif m.group(3) is not None:
-            if d_mlp is not None and int(m.group(3)) >= d_mlp:
-                raise PromptError(f"the MLPs have neurons 0-{d_mlp - 1}, not {m.group(3)} ({part})")
-            out.append(Target("neuron", layer, int(m.group(3))))
-        else:
-            out.append(Target("resid" if m.group(4) else "mlp", layer))
+        try:
+            out.append(Target(*parse_site(part, n_layers, n_heads, d_mlp, resid=True)))
+        except ValueError as e:
+            raise PromptError(f"{e} ({part})" if "names no component" not in str(e) else str(e)) from None
     if not out:
         raise PromptError("no component chosen: write e.g. 1.3 (a head), 2.mlp, 2.mlp.40 (a neuron) or 3.resid")
     return tuple(dict.fromkeys(out))

@@ -34,7 +34,6 @@ the attribution-patching ranking (cached with them), the neurons' activations in
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -44,6 +43,7 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.machinery import end_chain
 from engine.machinery.batching import pad, pad_id
+from engine.machinery.components import parse_site
 from engine.progress import ProgressFn, Stages, note
 from engine.prompts.pairs import (
     PromptError,
@@ -56,7 +56,6 @@ from engine.prompts.templates import TEMPLATES_BY_ID, Template, templates_for
 
 #: Most pairs one grid holds (0..99 x 0..99 of an addition is 10 000).
 MAX_GRID_PAIRS = 10_000
-_COMPONENT = re.compile(r"^(\d{1,4})\.(?:(\d{1,4})|mlp(?:\.(\d{1,6}))?)$")
 
 
 @dataclass(frozen=True)
@@ -80,22 +79,11 @@ class Component:
 
 def parse_component(text: str, n_layers: int, n_heads: int, d_mlp: int | None = None) -> Component:
     """``3.1`` / ``3.mlp`` / ``3.mlp.120`` -> :class:`Component`; PromptError saying what the model has."""
-    m = _COMPONENT.match((text or "").strip())
-    if m is None:
-        raise PromptError(f"{text!r} names no component: write LAYER.HEAD (3.1), LAYER.mlp (3.mlp) or "
-                          f"LAYER.mlp.NEURON (3.mlp.120)")
-    layer = int(m.group(1))
-    if layer >= n_layers:
-        raise PromptError(f"the model has layers 0-{n_layers - 1}, not {layer}")
-    if m.group(2) is not None:
-        if int(m.group(2)) >= n_heads:
-            raise PromptError(f"the model has heads 0-{n_heads - 1}, not {m.group(2)}")
-        return Component(layer, head=int(m.group(2)))
-    if m.group(3) is not None:
-        if d_mlp is not None and int(m.group(3)) >= d_mlp:
-            raise PromptError(f"the MLPs have neurons 0-{d_mlp - 1}, not {m.group(3)}")
-        return Component(layer, neuron=int(m.group(3)))
-    return Component(layer)
+    try:
+        kind, layer, index = parse_site(text, n_layers, n_heads, d_mlp)
+    except ValueError as e:
+        raise PromptError(str(e)) from None
+    return Component(layer, head=index if kind == "head" else None, neuron=index if kind == "neuron" else None)
 
 
 def grid_templates(spec) -> list[Template]:
