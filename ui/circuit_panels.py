@@ -330,14 +330,14 @@ def _report_cost(model, spec, cache, key: str) -> str:
 
 def report_section(model, spec, cache) -> None:
     """Build the shareable HTML report of the sidebar's prompt set (computing what is missing), then offer it."""
-    from engine.findings.report import PHASES, build_report
+    from engine.findings.report import build_report, phases
     from views.report import render_html
     key = f"report:{model.facts.fingerprint}:{sorted(spec.to_params().items())}"
     cost = _report_cost(model, spec, cache, key)
     if st.button(f"Build the report of this prompt set{cost}", key="report_build",
                  help="Accuracy, path patching, the top heads' attention, MLP projections, logit lens and the "
                       "knockout curve, with the model fingerprint, the prompt-set definition and the versions, "
-                      f"as one HTML file that opens offline ({len(PHASES)} steps; cached results are reused)."):
+                      f"as one HTML file that opens offline ({len(phases())} steps; cached results are reused)."):
         html = run_with_progress("Building the report, step", "build the report",
                                  lambda cb: render_html(build_report(model, spec, cache, progress=cb)), on_demand=True)
         if html is None:

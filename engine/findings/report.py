@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Callable, Sequence
 
+from engine.findings import steps
 from engine.machinery.components import wide_rows
 from engine.paths import REPO_ROOT
 from engine.progress import ProgressFn
@@ -23,8 +24,20 @@ from engine.prompts.custom import none_right_message
 from engine.prompts.pairs import PromptPair, prompt_set_hash
 
 PACKAGES = ("torch", "transformers", "transformer-lens", "nnsight", "streamlit", "altair", "duckdb")
-#: the phases of gathering the report's data (its progress bar); its findings come from engine.findings.steps
-PHASES = ("prompt set", "path patching", "attention", "MLP projections", "logit lens", "knockout curve", "circuit")
+#: the techniques whose numbers the report charts (views/report.py), gathered for the steps of the paper's argument
+#: that name them (engine.findings.steps), in the argument's order
+CHARTED = ("path-patching", "knockout-curve", "attention", "mlp-projections", "logit-lens")
+
+
+def charted_steps() -> tuple[steps.Step, ...]:
+    """The steps of the paper's argument the report charts, in the argument's order (read at call time)."""
+    return tuple(s for s in steps.STEPS if s.technique in CHARTED)
+
+
+def phases() -> tuple[str, ...]:
+    """The phases of gathering the report's data (its progress bar): the prompt set, each charted step, the
+    circuit."""
+    return ("prompt set", *(s.key for s in charted_steps()), "circuit")
 
 
 @dataclass
@@ -81,9 +94,11 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
     from engine.techniques.mlp_projections import cached_mlp_projections
     from engine.techniques.path_patching import cached_path_patching
 
+    phase = phases()
+
     def step(i: int) -> None:
         if progress is not None:
-            progress(i, len(PHASES))
+            progress(i, len(phase))
 
     f = model.facts
     if pairs is None:
@@ -100,26 +115,36 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
         described = dict(source or {})
     seed = spec.seed if spec is not None else 0
     step(1)
-    table, _ = cached_path_patching(model, pairs, cache=cache)
-    ranking = table.ranking_metric()
+    got: dict[str, Any] = {}
+
+    def ranked() -> tuple[str, list]:  # the path-patching table's metric and top heads (its step comes first)
+        table = got["path-patching"]
+        return table.ranking_metric(), table.top_heads(max(top_k, k_max), table.ranking_metric())
+
+    def curve():
+        top = ranked()[1]
+        k = min(k_max, len(top))  # the model's heads, or those the table ranks (a head of no value is not ranked)
+        return cached_knockout_curve(model, pairs, [(layer, h) for layer, h, _ in top[:k]], k_max=k, draws=draws,
+                                     seed=seed, cache=cache)[0]
+
+    gather: dict[str, Callable[[], Any]] = {
+        "path-patching": lambda: cached_path_patching(model, pairs, cache=cache)[0],
+        "knockout-curve": curve,
+        "attention": lambda: cached_role_attention(model, pairs, cache=cache)[0],
+        "mlp-projections": lambda: cached_mlp_projections(model, pairs, cache=cache)[0],
+        "logit-lens": lambda: cached_logit_lens(model, pairs, cache=cache)[0],
+    }
+    for i, s in enumerate(charted_steps(), start=2):
+        got[s.technique] = gather[s.technique]()
+        step(i)
+    table = got["path-patching"]
+    ranking, top = ranked()
     patching = wide_rows(table.values, keep=lambda v: v.group == "*" and v.component in ("head", "mlp")
                          and v.metric in ("effect", "logit_diff"))
-    top = table.top_heads(max(top_k, k_max), ranking)
-    step(2)
-    roles, _ = cached_role_attention(model, pairs, cache=cache)
     wanted = {(layer, h) for layer, h, _ in top[:top_k]}
-    step(3)
-    proj, _ = cached_mlp_projections(model, pairs, cache=cache)
-    step(4)
-    lens, _ = cached_logit_lens(model, pairs, cache=cache)
-    step(5)
-    k_max = min(k_max, len(top))  # the model's heads, or those the table ranks (a head of no value is not ranked)
-    curve, _ = cached_knockout_curve(model, pairs, [(layer, h) for layer, h, _ in top[:k_max]], k_max=k_max,
-                                     draws=draws, seed=seed, cache=cache)
-    step(6)
     circuit = circuit_diagram(model, pairs, k=min(max(top_k, 5), f.n_layers * f.n_heads), mlps=min(3, f.n_layers),
                               cache=cache).to_json()
-    step(7)
+    step(len(phase))
     kept: dict[str, int] = {}
     for p in pairs:
         kept[p.op] = kept.get(p.op, 0) + 1
@@ -141,10 +166,10 @@ def build_report(model, spec, cache, *, k_max: int = 10, draws: int = 5, top_k: 
         accuracy=[{"op": op, "kept": n} for op, n in sorted(kept.items())],
         patching=patching,
         top_heads=[{"layer": layer, "head": h, ranking: e} for layer, h, e in top[:max(top_k, 5)]],
-        roles=[r.__dict__ for r in roles if (r.layer, r.head) in wanted],
-        projections=[v.__dict__ for v in proj],
-        lens=[r.__dict__ for r in lens if r.group == "*"],
-        knockout=[p.__dict__ for p in curve],
+        roles=[r.__dict__ for r in got["attention"] if (r.layer, r.head) in wanted],
+        projections=[v.__dict__ for v in got["mlp-projections"]],
+        lens=[r.__dict__ for r in got["logit-lens"] if r.group == "*"],
+        knockout=[p.__dict__ for p in got["knockout-curve"]],
         notes=notes,
         paper=findings,
         summary=summary,

@@ -61,7 +61,7 @@ def test_an_error_clears_the_progress_bar_and_says_why(monkeypatch):
     import engine.findings.report as report
 
     def fails(*args, progress=None, **kw):
-        progress(7, len(report.PHASES))  # the bar at its last step, as in the issue
+        progress(len(report.phases()), len(report.phases()))  # the bar at its last step, as in the issue
         raise ValueError("no rows to build")
     monkeypatch.setattr(report, "build_report", fails)
     at = _home({"ops": ["add"], "families": "paper (Fig. 8, 32 templates)", "n": 4, "seed": 0})
