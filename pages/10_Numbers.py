@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.cost import estimate
+from engine.findings.as_code import numbers_code
 from engine.techniques.helix_patch import cached_helix_patch, helix_patch_work
 from engine.techniques.numbers import (
     DECODE_THRESHOLD,
@@ -25,6 +26,7 @@ from engine.techniques.numbers import (
     residual_pass_work,
 )
 from ui import url_state
+from ui.as_code import code_view
 from ui.progress import USER_ERRORS, compute_or_button, run_with_progress
 from ui.session import analysed_pairs, result_cache, setup_page
 from views.numbers import (
@@ -78,6 +80,7 @@ st.caption("Each digit on its own (Levy & Geva, 2025): a circular probe maps the
            "layer for the units and tens digits (grey: shuffled digits; chance ≈ 1 / number of digit values).")
 st.altair_chart(digit_lines(df), width="stretch")
 st.download_button("Probe and helix rows (CSV)", df.to_csv(index=False).encode(), "numbers.csv", "text/csv")
+code_view(numbers_code(model, spec))
 
 if df["method"].str.startswith("mod").any():
     st.caption("Is C mod T linearly separable at the last token? The held-out Cohen's κ of a logistic probe of C mod "

@@ -8,9 +8,11 @@ import pandas as pd
 import streamlit as st
 
 from engine.cost import estimate
+from engine.findings.as_code import circuit_code
 from engine.findings.notes import labels as note_labels
 from engine.techniques.circuit import circuit_diagram, circuit_work
 from ui import state, url_state
+from ui.as_code import code_view
 from ui.nav import link_to
 from ui.progress import compute_or_button
 from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page
@@ -75,3 +77,4 @@ c1, c2, c3 = st.columns(3)
 c1.download_button("Diagram (JSON)", json.dumps(d.to_json(), indent=1).encode(), "circuit.json", "application/json")
 c2.download_button("Diagram (SVG)", diagram_image(d, "svg"), "circuit.svg", "image/svg+xml")
 c3.download_button("Diagram (PNG)", diagram_image(d, "png"), "circuit.png", "image/png")
+code_view(circuit_code(model, spec, int(k), int(mlps), senders))

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
+from engine.findings.as_code import templates_code
 from engine.prompts.custom import (
     EXAMPLE,
     forget_template,
@@ -25,6 +26,7 @@ from engine.prompts.promptsets import generate_set
 from engine.prompts.templates import OPS
 from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
 from ui import state
+from ui.as_code import code_view
 from ui.nav import link_to, page_link
 from ui.progress import run_with_progress
 from ui.session import result_cache, setup_page
@@ -85,6 +87,7 @@ if written is not None and wspec is not None:
         st.dataframe(pd.DataFrame([{"X_r": p.ref_text, "X_c": p.cf_text, "answer": p.answer,
                                     "tokens": len(p.ref_ids)} for p in gen.pairs[:5]]), width="stretch",
                      hide_index=True)
+        code_view(templates_code(model, wspec))
         in_use = (st.session_state.get("prompt_set") or {}).get("template") == written.as_param()
         if st.button(f"Check the answers and use it on every page ({kept_pairs_cost(model, wspec).label()})",
                      type="primary", disabled=in_use, key="tpl_use"):

@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.cost import cost_of
+from engine.findings.as_code import atlas_code
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import sample_words
 from engine.techniques.heuristic_neurons import (
@@ -23,6 +24,7 @@ from engine.techniques.operand_grid import (
     parse_component,
 )
 from ui import state, url_state
+from ui.as_code import code_view
 from ui.progress import compute_or_button
 from ui.session import result_cache, setup_page
 from views.operand_grid import grid_chart
@@ -53,6 +55,7 @@ except PromptError as e:
     st.error(f"{str(e)[:1].upper()}{str(e)[1:]}.")
     st.stop()
 neurons = [comp] if comp is not None and comp.kind == "neuron" else []
+code_view(atlas_code(model, spec, text.strip(), template))  # shown while the grid waits
 grid = compute_or_button(lambda cb: operand_grid(model, spec, template=template, component=comp, neurons=neurons,
                                                  cache=cache, progress=cb),
                          lambda: cost_of(model, operand_grid_work(model, spec, template=template,

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import shlex
-
 import streamlit as st
 
+from engine.findings.as_code import intervene_code
 from engine.prompts.pairs import PromptError
 from engine.techniques.intervene import Intervention, intervene, number_token, parse_targets
 from engine.techniques.knockout import mean_activations
 from engine.techniques.promptlab import check_typed_text, typed_pair
+from ui.as_code import code_view
 from ui.session import (
     analysed_pairs,
     current_prompt,
@@ -92,10 +92,5 @@ if res.watched is not None:
 st.caption(f"{res.forward_passes} forward pass(es) for this view (the typed prompt's and the other prompt's own "
            f"passes are kept while they do not change). Exact: the model's own softmax at END, no estimate.")
 
-args = ["python", "-m", "engine", "intervene", "--model", f.spec,
-        "--text", text, "--components", ",".join(t.name for t in targets), "--action", action]
-args += {"patch": ["--source", source_text] if source_text else [], "scale": ["--factor", f"{factor:g}"],
-         "add": ["--number", str(number), "--strength", f"{strength:g}"]}.get(action, [])
-args += (["--positions", positions] if action != "mean" else []) + (["--freeze"] if freeze else [])
-with st.expander("This view as a command"):
-    st.code(shlex.join(args), language="bash")
+code_view(intervene_code(model, spec, text, ",".join(t.name for t in targets), action, positions, factor, number,
+                         strength, source_text, freeze))

@@ -7,9 +7,11 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
+from engine.findings.as_code import compare_code
 from engine.findings.compare import compare_tables
 from engine.prompts.pairs import COUNTERFACTUAL_WORDS, PromptError
 from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
+from ui.as_code import code_view
 from ui.circuit_panels import patching_table
 from ui.progress import compute_or_button
 from ui.session import analysed_pairs, result_cache, setup_page, words_used
@@ -76,3 +78,4 @@ st.download_button("Difference data (CSV)", fd.to_csv(index=False).encode(), "co
 st.subheader(f"Top {k} heads: {cmp.overlap} of {k} shared")
 st.dataframe(pd.DataFrame({"A": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_a],
                            "B": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_b]}), hide_index=True)
+code_view(compare_code(model, spec, b_kind, metric, k))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.findings.as_code import paper_code
 from engine.results import NotCached, cache_only
 from engine.techniques.accuracy import kept_pairs
 from ui import state
+from ui.as_code import code_view
 from ui.nav import page_link, page_of
 from ui.progress import USER_ERRORS, compute_or_button
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, set_size_text, setup_page
@@ -78,6 +80,7 @@ st.caption("Each number of *this model* is followed by its 95 % interval, a boot
 st.table(df.set_index("finding"))  # a static table: every cell's text wraps in full, every column on the page
 st.download_button("Findings (CSV)", df.to_csv(index=False).encode(), "paper_findings.csv", "text/csv",
                    on_click="ignore")
+code_view(paper_code(model, spec, second_spec or None))
 
 st.subheader("Where each finding is shown")
 for p in dict.fromkeys(page_of(r.technique) for r in rows):

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.findings.as_code import prompt_lab_code
 from engine.prompts.pairs import PromptError
 from engine.techniques.promptlab import analyse_prompt
+from ui.as_code import code_view
 from ui.session import prompt_input, result_cache, setup_page, use_typed_template
 from views.charts import display_token, fmt_prob, ranked_bars
 
@@ -62,3 +64,4 @@ with c2:
             st.rerun()
         if rep.p_answer_cf is not None:
             st.metric("P(answer) on the counterfactual", fmt_prob(rep.p_answer_cf))
+code_view(prompt_lab_code(model, text))

@@ -15,6 +15,7 @@ from engine.techniques.attention import ROLE_DEFINITIONS, ROLES
 from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.promptlab import typed_attention, typed_pair
 from ui import state, url_state
+from ui.as_code import code_view
 from ui.circuit_panels import (
     attribution_view,
     carries_view,
@@ -154,10 +155,7 @@ with tab_map:
         st.markdown("**Key heads** (most negative first)")
         st.dataframe(top, hide_index=True, width="stretch")
         if group == "*":  # the set's own pairs: the CLI and the notebook give the same numbers
-            cli, py = path_patching_code(model.facts.spec, spec, metric, int(k))
-            with st.expander("This view as code"):
-                st.code(cli, language="bash")
-                st.code(py, language="python")
+            code_view(path_patching_code(model, spec, metric, int(k)))
     select_head("heatmap_click", clicked_cell(event))  # a click selects; the knockout set is not touched
     sel = state.selected()
     if sel is None or sel[0] >= table.n_layers or sel[1] >= table.n_heads:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from engine.findings.as_code import mlp_projections_code
+from ui.as_code import code_view
 from ui.circuit_panels import (
     highlight_answer,
     logit_lens_view,
@@ -52,3 +54,4 @@ if got is not None:
     st.dataframe(highlight_answer(wide, ranked, int(top[top["answer"]]["number"].iloc[0]))
                  if top["answer"].any() else wide, width="stretch", height=36 * (len(wide) + 1) + 2)  # every row
     st.download_button("Top tokens (CSV)", top.to_csv(index=False).encode(), "top_number_tokens.csv", "text/csv")
+code_view(mlp_projections_code(model, spec, current_prompt()))

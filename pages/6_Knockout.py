@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
+from engine.findings.as_code import knockout_code
 from engine.findings.glossary import help_text
 from engine.prompts.pairs import PromptError
 from engine.techniques.knockout import Knockout, knockout_accuracies, mean_activations
@@ -18,6 +19,7 @@ from engine.techniques.knockout_curve import (
 )
 from engine.techniques.promptlab import analyse_prompt
 from ui import state, url_state
+from ui.as_code import code_view
 from ui.circuit_panels import patching_table
 from ui.progress import compute_or_button
 from ui.session import analysed_pairs, current_prompt, prompt_caption, result_cache, setup_page, words_used
@@ -104,6 +106,8 @@ c1, c2 = st.columns(2)
 url_state.check("ko_kmax", range(1, min(30, L * H) + 1))
 k_max = c1.slider("Up to k heads", 1, min(30, L * H), **url_state.bound("ko_kmax", min(10, L * H)))
 draws = c2.slider("Random draws per k", 2, 30, **url_state.bound("ko_draws"))
+# before the curve: shown while the curve waits for its button
+code_view(knockout_code(model, spec, heads, mlps, current_prompt(), k_max, draws))
 ranked = [(a, b) for a, b, _ in table.top_heads(k_max)]
 try:
     pts = stored_knockout_curve(model, pairs, ranked, k_max=k_max, draws=draws, cache=cache)

@@ -9,11 +9,13 @@ import pandas as pd
 import streamlit as st
 
 from engine.cost import cost_of, observe
+from engine.findings.as_code import transfer_code
 from engine.prompts.promptsets import PromptSetSpec, format_spec, generate
 from engine.prompts.templates import PAPER_FAMILIES
 from engine.techniques.accuracy import answered_right, kept_pairs
 from engine.techniques.transfer import benchmark_pairs, compare_work, transfer
 from ui import url_state
+from ui.as_code import code_view
 from ui.progress import USER_ERRORS, cancellable, progress_bar
 from ui.session import result_cache, setup_page
 
@@ -59,6 +61,7 @@ try:
 except USER_ERRORS as e:
     st.error(f"Cannot compare: {e}")
     st.stop()
+code_view(transfer_code(model, spec, spec_b, bench, data_dir, int(k)))
 if not st.button(f"Compare ({cost.label()})", key="transfer_go",
                  help="Both sets: which prompts the model answers right, path patching, knockouts. The lab's cost "
                       "model: forward passes counted from the code, seconds measured on this machine."):

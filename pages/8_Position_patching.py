@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
+from engine.findings.as_code import position_patching_code
 from engine.prompts.pairs import counterfactual_words
+from ui.as_code import code_view
 from ui.circuit_panels import position_view
 from ui.session import analysed_pairs, result_cache, setup_page, words_used
 
@@ -25,4 +27,5 @@ words_used("residual stream", "layer", "counterfactual", "answer logit", "logit 
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 st.subheader("Layer x position patching")
-position_view(model, pairs, cache)
+group, metric = position_view(model, pairs, cache)
+code_view(position_patching_code(model, spec, group, metric))

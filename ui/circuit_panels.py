@@ -210,9 +210,9 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
                        f"head_to_head_{layer}_{head}_{inp}.csv", "text/csv")
 
 
-def position_view(model, pairs, cache) -> None:
+def position_view(model, pairs, cache) -> tuple[str, str]:
     """Layer x position activation patching heatmap of one group (a template first: its few prompts, token
-    labels); each group is computed when it is chosen."""
+    labels); each group is computed when it is chosen.  Returns the chosen (group, metric)."""
     tok = model.tokenizer
     groups = sorted(groups_of(pairs), key=lambda g: (not g.startswith("template:"), not g.startswith("op:"), g))
     c1, c2 = st.columns([3, 2])
@@ -237,7 +237,7 @@ def position_view(model, pairs, cache) -> None:
                             note="Each cell runs the prompts once: a template's few prompts cost seconds, all prompts "
                                  "the whole set once per cell.")
     if out is None:
-        return
+        return group, metric
     cells, computed = out
     df = pd.DataFrame([{"layer": c.layer, "rel": c.rel, "token": c.token, "value": getattr(c, metric)}
                        for c in cells])
@@ -247,6 +247,7 @@ def position_view(model, pairs, cache) -> None:
                   else " · mixed templates: positions are counted from the last token"))
     st.altair_chart(position_heatmap(df, metric), width="stretch")
     st.download_button("Layer x position data (CSV)", df.to_csv(index=False).encode(), "layer_position.csv", "text/csv")
+    return group, metric
 
 
 def logit_lens_view(model, pairs, cache, scale: float = 1.0) -> None:
