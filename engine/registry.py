@@ -218,7 +218,10 @@ TECHNIQUES: tuple[Technique, ...] = (
              help="also write each ranking's edge scores in MIB's submission format here, one folder per task "
                   "(arithmetic-addition / -subtraction) and model, node scores kept"),
          opt("--mib-sizes", default=None, metavar="X,Y",
-             help="with --mib-dir, also a circuit file per share of the edges kept (top |score|), e.g. 0.01,0.05"))),
+             help="with --mib-dir, also a circuit file per share of the edges kept (top |score|), e.g. 0.01,0.05"),
+         opt("--faithfulness", type=Path, default=None, metavar="CSV",
+             help="also each ranking's faithfulness curve here: circuits of its top edges, every other edge "
+                  "ablated as MIB does (one row per ranking, size and metric; CPR / CMD in the summary)"))),
     Technique(
         "transfer", "Transfer (Table 4)", "Table 4: key-head overlap and cross knockouts of two sets -> JSON",
         "transfer",

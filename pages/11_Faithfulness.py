@@ -8,17 +8,28 @@ import pandas as pd
 import streamlit as st
 
 from engine.cost import estimate
+from engine.findings.as_code import faithfulness_code
 from engine.findings.glossary import help_text
-from engine.techniques.edge_scores import RANKINGS, STEPS, cached_edge_scores, mib_edge_graph, ranking_work
+from engine.techniques.edge_scores import (
+    RANKINGS,
+    STEPS,
+    cached_edge_curves,
+    cached_edge_scores,
+    edge_curves_work,
+    mib_edge_graph,
+    ranking_work,
+)
 from engine.techniques.faithfulness import (
     ABLATIONS,
     RANDOM_DRAWS,
+    SIZES,
     cached_faithfulness,
     faithfulness_work,
     mib_submission,
 )
 from engine.techniques.path_patching import cached_path_patching
 from ui import url_state
+from ui.as_code import code_view
 from ui.progress import compute_or_button
 from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page, words_used
 from views.circuit_charts import FAITH_SERIES, faithfulness_chart
@@ -54,6 +65,7 @@ ablation = c2.radio("Outside the circuit", ABLATIONS, horizontal=True,
 metric = c3.radio("Metric", ["logit", "accuracy"], horizontal=True, **url_state.bound("faith_metric"),
                   format_func={"logit": "answer logit difference", "accuracy": "first-token accuracy"}.get,
                   help=help_text("faithfulness", "CPR", "CMD", "answer logit", "accuracy", "bootstrap interval"))
+code_view(faithfulness_code(model, spec, draws, ablation))  # shown while the curves wait
 table, _ = compute_or_button(
     lambda cb: cached_faithfulness(model, pairs, draws=draws, ablation=ablation, cache=cache, progress=cb),
     lambda: estimate(model, pairs, faithfulness_work(model, pairs, draws=draws, ablation=ablation, cache=cache)),
@@ -114,3 +126,33 @@ if got is not None:
                            parallel_attn_mlp=model.parallel_attn_mlp)
     st.download_button(f"Edge scores in MIB's format ({names[ranking]})", json.dumps(graph).encode(),
                        f"edges-{ranking}.json", "application/json", key=f"mib_edges_{ranking}")
+
+st.markdown("**Circuits of the top edges**")
+st.caption("Keep the top x % of the edges by a ranking and ablate every other edge as MIB does: on that edge alone "
+           "the sender's counterfactual value replaces its value in the ablated run (a head's query, key and value "
+           "each get their own), so an ablation upstream reaches later receivers through the kept edges. f as "
+           "above, on the metric chosen above.")
+chosen = st.multiselect("Edge rankings", list(RANKINGS), default=[r for r in RANKINGS if r != "exact"],
+                        format_func=names.get,
+                        key="faith_edge_curves")
+if not chosen:
+    st.info("Choose at least one edge ranking to draw the curve of its circuits.")
+else:
+    order = [r for r in RANKINGS if r in chosen]
+    curves = compute_or_button(
+        lambda cb: cached_edge_curves(model, pairs, order, cache=cache, progress=cb),
+        lambda: estimate(model, pairs, edge_curves_work(model, pairs, order, cache=cache)),
+        model=model, ask=True, button="Compute the edge circuits' curves", key="edge_curves_" + "_".join(order),
+        text="Evaluating edge circuits", failure="compute the edge circuits' curves",
+        note=f"Every edge is scored by each chosen ranking (read from the cache once scored), then its circuits of "
+             f"{len(SIZES)} sizes are run on the {len(pairs)} prompts, layer by layer.")
+    if curves is not None:
+        etable, eart, _ = curves
+        cdf = pd.DataFrame([p.__dict__ for p in etable.points if p.metric == metric])
+        st.altair_chart(faithfulness_chart(cdf, title, series=names, xtitle="edges kept (share of the graph's edges)"),
+                        width="stretch")
+        st.dataframe(pd.DataFrame([{"ranking": names[s.ranking], "CPR": s.cpr_interval.text(),
+                                    "CMD": s.cmd_interval.text()} for s in etable.scores if s.metric == metric]),
+                     hide_index=True, width="stretch")
+        st.caption(f"Circuits run in {eart.get('seconds', 0):.1f} s, {eart.get('forward_equivalents', 0):.0f} "
+                   "forward-equivalents (counted from the code).")

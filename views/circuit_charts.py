@@ -97,16 +97,17 @@ FAITH_SERIES = {"exact": "exact path patching", "atp": "attribution patching (At
                 "random": "random (one order per pair)"}
 
 
-def faithfulness_chart(fdf: pd.DataFrame, metric_title: str) -> alt.Chart:
+def faithfulness_chart(fdf: pd.DataFrame, metric_title: str, *, series: dict[str, str] = FAITH_SERIES,
+                       xtitle: str = "components kept (share of heads and MLPs)") -> alt.Chart:
     """MIB's faithfulness curves: f(x) of each ranking's circuits (the exact ranking strongest) over the circuit
     sizes, each with its 95 % bootstrap band; f = 1 is the whole model, 0 nothing.  ``fdf`` columns: ranking,
-    size, f, low, high (one metric)."""
+    size, f, low, high (one metric); ``series``: each ranking's name (edge circuits: their rankings')."""
     from views.charts import lines_with_band
-    long = fdf.assign(series=fdf.ranking.map(FAITH_SERIES).fillna(fdf.ranking),
+    long = fdf.assign(series=fdf.ranking.map(series).fillna(fdf.ranking),
                       kept=[f"{100 * s:g} %" for s in fdf["size"]])
     chart = lines_with_band(long, "kept", "f", "low", "high", "series", f"faithfulness f ({metric_title})",
-                            main=FAITH_SERIES["exact"], yfmt=".2f", xsort=list(dict.fromkeys(long.kept)),
-                            xtitle="components kept (share of heads and MLPs)")
+                            main=series.get("exact", FAITH_SERIES["exact"]), yfmt=".2f",
+                            xsort=list(dict.fromkeys(long.kept)), xtitle=xtitle)
     one = alt.Chart(pd.DataFrame({"f": [1.0]})).mark_rule(strokeDash=[4, 4], color="#888").encode(y="f:Q")
     return stretched(chart + one)
 

@@ -66,13 +66,22 @@ class BridgeBackend(ModelBackend):
 
     @contextmanager
     def hooks(self, edits):
-        def wrap(fn: HookFn):
+        """The edits in place for the block; MissingActivation after a block that ran the model but never fired
+        one of them (a hook point the adapter names but this model does not run: the edit would change nothing)."""
+        fired: set[str] = set()
+
+        def wrap(name: str, fn: HookFn):
             def hook(act, hook=None):  # TransformerLens passes (tensor, hook=HookPoint)
+                fired.add(str(name))
                 out = fn(act)
                 return act if out is None else out
             return hook
-        with self._lock, self.bridge.hooks(fwd_hooks=[(n, wrap(fn)) for n, fn in edits]):
+        with self._lock, self.bridge.hooks(fwd_hooks=[(n, wrap(n, fn)) for n, fn in edits]):
             yield
+        silent = {str(n) for n, _ in edits} - fired
+        if fired and silent:
+            raise MissingActivation(f"{self.facts.architecture} never runs hook point(s) {sorted(silent)[:4]} (its "
+                                    f"TransformerBridge adapter names them, this model does not fire them)")
 
     @property
     def continues(self) -> bool:

@@ -142,15 +142,20 @@ def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], 
     sequential = not backend.parallel_attn_mlp
     i_p = [torch.zeros(P, T, f.d_model, requires_grad=True) for _ in range(L)] if sequential else []
     # a sequential block: a probe on the MLP's input (a write there reaches the MLP branch only); a parallel one
-    # reads the block input, shared with the attention: its stream is kept for the branch's VJP instead
-    seen: dict[int, torch.Tensor] = {}
+    # reads the block input, shared with the attention: that stream and the MLP's output in this pass are kept for
+    # the branch's VJP instead
+    seen: dict[tuple[str, int], torch.Tensor] = {}
 
-    def keep(j: int):
+    def keep(what: str, j: int):
         def fn(act: torch.Tensor) -> torch.Tensor:
-            seen[j] = act.detach()
+            seen[what, j] = act.detach()
             return act
         return fn
-    edits += [(hooks.mlp_in(j), _add(i_p[j]) if sequential else keep(j)) for j in range(L)]
+    if sequential:
+        edits += [(hooks.mlp_in(j), _add(i_p[j])) for j in range(L)]
+    else:
+        edits += [e for j in range(L) for e in ((hooks.resid_pre(j), keep("in", j)),
+                                                (hooks.mlp_out(j), keep("out", j)))]
     with torch.enable_grad(), backend.hooks(edits):
         lg = backend.logits(run.ref, run.mask)
         m = lg[torch.arange(P, device=lg.device), run.end.to(lg.device), run.answer.to(lg.device)].float()
@@ -159,19 +164,20 @@ def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], 
     if sequential:
         mlp = [g.float().cpu() for g in grads[2 * L + 1:]]
     else:
-        mlp = [_mlp_vjp(backend, run, j, seen[j], grads[L + 1 + j]) for j in range(L)]
+        mlp = [_mlp_vjp(backend, j, seen["in", j], seen["out", j], grads[L + 1 + j]) for j in range(L)]
     heads = {j: _head_input_gradients(backend, run, j, g_z[j], point) for j in head_layers}
     return Gradients(g_x, mlp, heads)
 
 
-def _mlp_vjp(backend: ModelBackend, run: PatchRun, layer: int, x: torch.Tensor, cot: torch.Tensor) -> torch.Tensor:
-    """(d mlp_branch(x) / dx)^T cot: dm through a parallel block's MLP input, by the block model's MLP branch --
-    checked first: at X_r it must give back the model's own MLP output (ShortcutMismatch otherwise).
-    x, cot: [P, T, d] -> [P, T, d]"""
+def _mlp_vjp(backend: ModelBackend, layer: int, x: torch.Tensor, own: torch.Tensor, cot: torch.Tensor
+             ) -> torch.Tensor:
+    """(d mlp_branch(x) / dx)^T cot: dm through a parallel block's MLP input ``x`` (the block input), by the block
+    model's MLP branch -- checked first: it must give back ``own``, the model's MLP output in the same pass
+    (ShortcutMismatch otherwise).  x, own, cot: [P, T, d] -> [P, T, d]"""
     flat = x.reshape(-1, x.shape[-1]).to(backend.device).requires_grad_(True)
     with torch.enable_grad():
         out = backend.mlp_branch(layer, flat)
-        want = run.ref_cache[hooks.mlp_out(layer)].reshape(out.shape).float()
+        want = own.reshape(out.shape).float()
         err = float((out.detach().float().cpu() - want.cpu()).abs().max() / want.abs().max().clamp_min(1e-6))
         if not err <= TOLERANCE.get(backend.facts.dtype, 1e-4) * 10:
             raise ShortcutMismatch(f"the block model's MLP branch misses layer {layer}'s MLP output by {err:.2g} of "

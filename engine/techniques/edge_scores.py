@@ -18,6 +18,9 @@ Each is the mean over the pairs of ``logit_p - logit_o`` (exact) or its estimate
 ``apply_topn(absolute=True)``) for a chosen share x (none: every edge in, an importance-score file that MIB
 thresholds itself), a node in the graph when an edge of the circuit touches it; node scores kept where given
 (the exact path-patching ranking of :mod:`engine.techniques.faithfulness`).
+
+**Edge circuits** (:func:`cached_edge_curves`, ``--faithfulness``): each ranking's top floor(x E) edges kept and
+every other edge ablated as MIB does, f over the node circuits' sizes (:mod:`engine.techniques.edge_faithfulness`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.techniques.eap import eap, eap_work
+from engine.techniques.edge_faithfulness import cached_edge_faithfulness
 from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work
 from engine.techniques.faithfulness import MIB_TASKS, component_names, kept_count, mib_folder
 
@@ -190,12 +194,80 @@ def cli(args, ctx) -> dict:
                    "forward_equivalents": round(float(art.get("forward_equivalents", float("nan"))), 1)}
     ctx.write_csv(args.out, [{"edge": e, **v} for e, v in table.items()])
     res = {"out": str(args.out), "n_pairs": len(pairs), "edges": len(table), "rankings": info}
+    if getattr(args, "faithfulness", None) is not None:
+        res["faithfulness"] = _faithfulness(model, pairs, rankings, args, ctx)
     if args.mib_dir is not None:
         per = {r: {task: _task_scores(model, [pairs[i] for i in idx], r, args.steps, ctx)
                    for task, idx in tasks.items()} for r in rankings}
         nodes = {task: _node_scores(model, [pairs[i] for i in idx], ctx) for task, idx in tasks.items()}
         res["mib"] = [str(p) for p in export_mib_edges(model, pairs, per, args.mib_dir, sizes, nodes)]
     return res
+
+
+def graph_scores(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
+                 steps: int = STEPS, cache=None, progress: ProgressFn | None = None) -> dict[str, np.ndarray]:
+    """{ranking: [E]} every edge's cached score, in :func:`engine.techniques.edges.edge_graph`'s order."""
+    names = [e.name for e in edge_graph(backend)]
+    out = {}
+    for r in rankings:
+        rows, _, _ = cached_edge_scores(backend, pairs, r, steps=steps, cache=cache, progress=progress)
+        value = {x.edge: x.value for x in rows}
+        out[r] = np.array([value[n] for n in names], dtype=np.float64)
+    return out
+
+
+def cached_edge_curves(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
+                        steps: int = STEPS, cache=None, progress: ProgressFn | None = None):
+    """The rankings' edge-circuit faithfulness (:func:`engine.techniques.edge_faithfulness.cached_edge_faithfulness`,
+    their scores from this module's cache): (table, artifacts, computed)."""
+    bad = [r for r in rankings if r not in RANKINGS]
+    if bad or not rankings:
+        raise ValueError(f"unknown edge ranking {bad}: choose from {', '.join(RANKINGS)}")
+    return cached_edge_faithfulness(
+        backend, pairs, list(rankings),
+        lambda: graph_scores(backend, pairs, rankings, steps=steps, cache=cache, progress=progress),
+        steps=steps if "eap-ig" in rankings else 0, cache=cache, progress=progress)
+
+
+def edge_curves_work(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
+                     steps: int = STEPS, cache=None):
+    """The forward work of :func:`cached_edge_curves` (``engine.cost.Work``): nothing when cached; else the rankings'
+    scores not yet cached and the circuits' passes -- exact when every ranking's scores are cached (the circuits
+    are known), else counted on stand-in scores (a seeded random ranking per missing one: an estimate, the number
+    of distinct corrections depends on which edges are kept)."""
+    from engine.cost import NO_WORK
+    from engine.results import NotCached, cache_only
+    from engine.techniques.edge_faithfulness import edge_faithfulness_work
+    try:
+        with cache_only():
+            cached_edge_curves(backend, pairs, rankings, steps=steps, cache=cache)
+        return NO_WORK
+    except NotCached:
+        pass
+    E = len(edge_graph(backend))
+    w, scores = NO_WORK, {}
+    for i, r in enumerate(rankings):
+        try:
+            with cache_only():
+                scores |= graph_scores(backend, pairs, [r], steps=steps, cache=cache)
+        except NotCached:
+            w += ranking_work(backend, pairs, r, steps=steps)
+            scores[r] = np.random.default_rng(i).random(E)
+    return w + edge_faithfulness_work(backend, pairs, scores)
+
+
+def _faithfulness(model, pairs, rankings: list[str], args, ctx) -> dict:
+    """The rankings' edge-circuit faithfulness curves -> CSV, the areas into the summary."""
+    with ctx.progress("edges: faithfulness") as bar:
+        table, art, computed = cached_edge_curves(model, pairs, rankings, steps=args.steps, cache=ctx.cache,
+                                                  progress=bar)
+    ctx.write_csv(args.faithfulness, [p.__dict__ for p in table.points])
+    return {"out": str(args.faithfulness), "cached": not computed,
+            "seconds": round(float(art.get("seconds", float("nan"))), 2),
+            "forward_equivalents": round(float(art.get("forward_equivalents", float("nan"))), 1),
+            "scores": [{k: v for k, v in s.__dict__.items() if k in ("ranking", "metric", "cpr", "cpr_low",
+                                                                     "cpr_high", "cmd", "cmd_low", "cmd_high")}
+                       for s in table.scores]}
 
 
 def _node_scores(model, pairs, ctx) -> list[float]:

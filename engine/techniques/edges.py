@@ -126,6 +126,8 @@ def prepared(backend: ModelBackend, pairs: Sequence[PromptPair]) -> PatchRun:
     names = [hooks.resid_pre(0), hooks.resid_post(L - 1)]
     names += [n for j in range(L) for n in (hooks.attn_z(j), hooks.attn_out(j), hooks.mlp_out(j), hooks.mlp_in(j),
                                               hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j))]
+    if backend.parallel_attn_mlp:  # a parallel block's MLP reads the block input (_mlp_edits)
+        names += [hooks.resid_pre(j) for j in range(L)]
     names = list(dict.fromkeys(names))
     return prepare(backend, pairs, names, [hooks.resid_pre(0), *[n for j in range(L)
                                                                 for n in (hooks.attn_z(j), hooks.mlp_out(j))]])

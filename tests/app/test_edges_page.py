@@ -17,3 +17,17 @@ def test_edges_on_demand_top_edges_and_mib_file():
     assert list(top.columns) == ["edge", "score"] and len(top) == 25
     assert list(top["score"].abs()) == sorted(top["score"].abs(), reverse=True)
     assert any("Edge scores in MIB's format" in str(b.proto.label) for b in at.get("download_button"))
+
+
+def test_edge_circuit_curves_on_demand():
+    at = page("11_Faithfulness.py", n=2).run()
+    for b in [b for b in at.button if b.key == "faithfulness_go"]:  # the node curves: cached by the test above
+        b.click().run()
+    at.multiselect(key="faith_edge_curves").set_value(["eap"]).run()
+    button = [b for b in at.button if b.key == "edge_curves_eap"]
+    assert button and "Compute the edge circuits' curves" in button[0].label  # nothing computed unasked
+    button[0].click().run()
+    assert not errors(at)
+    table = at.dataframe[-1].value
+    assert list(table.columns) == ["ranking", "CPR", "CMD"] and list(table["ranking"]) == ["EAP (one gradient)"]
+    assert any("forward-equivalents" in c.value for c in at.caption)

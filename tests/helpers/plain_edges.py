@@ -76,6 +76,15 @@ class PlainEdges:
             self._diff[sender] = d.float()
         return self._diff[sender]
 
+    def clean_attention(self, layer: int) -> torch.Tensor:
+        """The attention branch's output of ``layer`` on X_r.  # [P, pos, d_model]"""
+        key = f"attention {layer}"
+        if key not in self._diff:
+            got = {}
+            self.p.run(self.ref, post={self.attn_module(layer): lambda x: got.setdefault("a", x.clone())})
+            self._diff[key] = got["a"]
+        return self._diff[key]
+
     def hooks_of(self, edge: str, scale: torch.Tensor | float = 1.0) -> tuple[dict, dict]:
         """(pre, post) hooks of the X_r run with ``edge`` patched (the difference times ``scale``); a head
         receiver's output computed first, in a run of its own."""
@@ -85,6 +94,11 @@ class PlainEdges:
         P = self.p
         if kind == "logits":
             return {}, {P.layers[P.L - 1]: lambda x: x + d.to(x.dtype)}
+        if kind == "mlp" and P.branches.mlp_in is None:  # a parallel block: the MLP reads the layer's input
+            attn = self.attn_module(layer)  # the layer reads x + d, its attention answers as on x, x + d - d leaves
+            clean = self.clean_attention(layer)
+            return ({P.layers[layer]: lambda x: x + d.to(x.dtype)},
+                    {attn: lambda x: clean.to(x.dtype).clone(), P.layers[layer]: lambda x: x - d.to(x.dtype)})
         if kind == "mlp":
             return {P.layers[layer].get_submodule(P.branches.mlp_in): lambda x: x + d.to(x.dtype)}, {}
         z = self.receiver_output(layer, head, qkv, d)
@@ -138,3 +152,126 @@ class PlainEdges:
         with torch.enable_grad():
             (g,) = torch.autograd.grad(self.forward(*self.hooks_of(edge, eps)).sum(), eps)
         return g.reshape(-1)
+
+
+def sample(edges: list, heads: int, others: int) -> list:
+    """Some edges of every kind: into heads (q, k and v), into MLPs, into the logits, from the input."""
+    into_heads = [e for e in edges if e.receiver.kind == "head"]
+    rest = [e for e in edges if e.receiver.kind != "head"]
+    step_h, step_o = max(1, len(into_heads) // heads), max(1, len(rest) // others)
+    return into_heads[::step_h][:heads] + rest[::step_o][:others]
+
+
+def cover(edges: list) -> list:
+    """Few edges among which every sender kind (input, head, MLP) and every receiver (a head's q, k and v, an
+    MLP, the logits) appears: the graph read from its end, an edge kept when it adds a kind."""
+    seen: set[tuple] = set()
+    out = []
+    for e in reversed(edges):
+        new = {("sender", e.sender.kind), ("receiver", e.receiver.kind, e.qkv)} - seen
+        if new:
+            out.append(e)
+            seen |= new
+    return out
+
+
+@torch.no_grad()
+def edge_circuit(plain: Plain, pairs, edges: list[str], kept: set[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(answer logit [P], answer logit minus the mean logit [P]) at END of X_r with every edge of ``edges`` (MIB
+    names) outside ``kept`` ablated, by hand, layer by layer: each receiver reads its input in this run plus, for
+    every ablated edge into it, the sender's X_c value minus its value in this run.  A head's z: one run per input
+    (q, k, v) with the layer's input plus that input's correction, the projections' outputs kept, then one run
+    with the three put together; a head's value in this run: the attention's output with that head's o_proj input
+    from X_c minus the attention's output, the layer's other heads as this run computed them (MIB's
+    ``evaluate_graph``, written for the plain model; a parallel block's MLP reads the layer's input plus its
+    correction with the attention's output held at this run's)."""
+    P = plain
+    ref = [p.ref_ids for p in pairs]
+    answer = torch.tensor([p.answer_id for p in pairs])
+    r, c = P.capture(ref), P.capture([p.cf_ids for p in pairs])
+    ablated: dict[str, list[str]] = {}  # receiver input ("a3.h1<q>", "m2", "logits") -> senders of ablated edges
+    for e in edges:
+        if e not in kept:
+            sender, receiver, qkv = _edge(e)
+            ablated.setdefault(receiver + (f"<{qkv}>" if qkv else ""), []).append(sender)
+    diff = {"input": (c["resid_pre"][0] - r["resid_pre"][0]).float()}  # X_c value - this run's value
+    z: list[torch.Tensor] = []    # this run's o_proj inputs per layer [P, pos, H, dh]
+    mlp: list[torch.Tensor] = []  # this run's MLP contributions per layer [P, pos, d]
+
+    def delta(receiver: str) -> torch.Tensor:
+        out = torch.zeros_like(diff["input"])
+        for s in ablated.get(receiver, []):
+            out = out + diff[s]
+        return out
+
+    def put_z(value):
+        return lambda x: value.reshape(*x.shape[:2], -1).to(x.dtype).clone()  # a copy: a model may add in place
+
+    def plus(d):
+        return lambda t: t + d.to(t.dtype)
+
+    def state(upto: int) -> tuple[dict, dict]:
+        """Hooks writing this run's heads and MLPs of layers < upto back."""
+        pre = {P.o_proj(j): put_z(z[j]) for j in range(upto)}
+        post = {P.mlp_out(j): (lambda x, v=mlp[j]: v.to(x.dtype).clone()) for j in range(upto)}  # Falcon: out += attn
+        return pre, post
+
+    def keeper(got: dict, key: str):
+        def fn(x):
+            got[key] = x.clone()
+            return x
+        return fn
+
+    def attn_of(layer: int, zz: torch.Tensor) -> torch.Tensor:
+        got: dict = {}
+        attn = P.layers[layer].get_submodule(P.branches.attn_out) if P.branches.attn_out else P.attn(layer)
+        P.run(ref, pre={P.o_proj(layer): put_z(zz)}, post={attn: keeper(got, "a")})
+        return got["a"].float()
+
+    for layer in range(P.L):
+        proj, split = qkv_split(P, layer)
+        zl = torch.empty_like(r["z"][layer])
+        for h in range(P.H):
+            outs: dict[str, dict] = {}
+            for x in "qkv":
+                pre, post = state(layer)
+                pre[P.layers[layer]] = plus(delta(f"a{layer}.h{h}<{x}>"))
+                outs[x] = {}
+                post.update({mod: keeper(outs[x], name) for name, mod in proj.items()})
+                P.run(ref, pre, post)
+            pre, post = state(layer)
+            if split is None:
+                post.update({proj[x]: (lambda t, v=outs[x][x]: v.to(t.dtype)) for x in "qkv"})
+            else:
+                fused = outs["q"]["qkv"].clone()
+                fused[..., split[1]] = outs["k"]["qkv"][..., split[1]]
+                fused[..., split[2]] = outs["v"]["qkv"][..., split[2]]
+                post[proj["qkv"]] = lambda t, v=fused: v.to(t.dtype)
+            got: dict = {}
+            pre[P.o_proj(layer)] = keeper(got, "z")
+            P.run(ref, pre, post)
+            zl[:, :, h] = got["z"].reshape(*got["z"].shape[:2], P.H, -1)[:, :, h]
+        z.append(zl)
+        base = attn_of(layer, zl)
+        for h in range(P.H):
+            swapped = zl.clone()
+            swapped[:, :, h] = c["z"][layer][:, :, h]
+            diff[f"a{layer}.h{h}"] = attn_of(layer, swapped) - base
+        pre, post = state(layer)
+        pre[P.o_proj(layer)] = put_z(zl)
+        if P.branches.mlp_in is None:  # a parallel block's MLP reads the layer's input: the layer reads it plus
+            pre[P.layers[layer]] = plus(delta(f"m{layer}"))  # the MLP's correction, its attention answers as on z
+            post[P.attn(layer)] = lambda t, v=base: v.to(t.dtype).clone()
+        else:
+            pre[P.layers[layer].get_submodule(P.branches.mlp_in)] = plus(delta(f"m{layer}"))
+        got = {}
+        post[P.mlp_out(layer)] = keeper(got, "m")
+        P.run(ref, pre, post)
+        mlp.append(got["m"])
+        diff[f"m{layer}"] = (c["mlp"][layer] - got["m"]).float()
+    pre, post = state(P.L)
+    post[P.layers[P.L - 1]] = plus(delta("logits"))
+    lg, end = P.run(ref, pre, post)
+    rows = torch.arange(len(ref))
+    a = lg[rows, end, answer]
+    return a, a - lg[rows, end].mean(-1)

@@ -9,8 +9,8 @@ from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.eap import eap
 from engine.techniques.edges import edge_graph
-from tests.helpers.plain_edges import PlainEdges
-from tests.integration.test_edges import plain_of, sample
+from tests.helpers.plain_edges import PlainEdges, sample
+from tests.integration.test_edges import plain_of
 from tests.integration.tiny_models import build_tiny
 
 

@@ -46,3 +46,22 @@ def test_bad_sizes_one_line_exit_2(tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "(0, 1]" in lines[0], r.stderr
+
+
+def test_cli_faithfulness_curve_cached(tmp_path):
+    cache, out, faith = tmp_path / "results.duckdb", tmp_path / "edges.csv", tmp_path / "faith.csv"
+    args = ("edge-scores", "--model", "organism", "--op", "sub", "--n", "2", "--ranking", "eap", "--out", str(out),
+            "--faithfulness", str(faith))
+    r = run_cli(*args, cache=cache)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["faithfulness"]
+    assert res["cached"] is False and res["forward_equivalents"] > 0
+    rows = _csv(faith)
+    assert list(rows[0])[:5] == ["ranking", "metric", "size", "k", "f"]
+    logit = {float(row["size"]): row for row in rows if row["ranking"] == "eap" and row["metric"] == "logit"}
+    assert float(logit[0.0]["f"]) == pytest.approx(0.0, abs=1e-6) and float(logit[1.0]["f"]) == pytest.approx(1.0)
+    assert int(logit[1.0]["k"]) == len(_csv(out)) and int(logit[0.05]["k"]) == math.floor(0.05 * int(logit[1.0]["k"]))
+    assert {(s["ranking"], s["metric"]) for s in res["scores"]} == {("eap", "logit"), ("eap", "accuracy")}
+    again = run_cli(*args, cache=cache)
+    assert again.returncode == 0 and json.loads(again.stdout)["faithfulness"]["cached"] is True
+    assert _csv(faith) == rows

@@ -8,22 +8,14 @@ import torch
 from engine.backends import open_model
 from engine.machinery.batching import pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.edges import Edge, edge_graph, edge_patching
+from engine.techniques.edges import edge_graph, edge_patching
 from tests.helpers.plain import Plain
-from tests.helpers.plain_edges import PlainEdges
+from tests.helpers.plain_edges import PlainEdges, sample
 from tests.integration.tiny_models import build_tiny
 
 #: three architectures of the matrix: grouped-query RMSNorm (Qwen2), sandwich norms around attention and MLP
 #: (Gemma 3: a head's contribution passes a norm of the sum), fused q|k|v with biases and LayerNorm (GPT-2)
 MATRIX = ("qwen2", "gemma3_text", "gpt2")
-
-
-def sample(edges: list[Edge], heads: int, others: int) -> list[Edge]:
-    """Some edges of every kind: into heads (q, k and v), into MLPs, into the logits, from the input."""
-    into_heads = [e for e in edges if e.receiver.kind == "head"]
-    rest = [e for e in edges if e.receiver.kind != "head"]
-    step_h, step_o = max(1, len(into_heads) // heads), max(1, len(rest) // others)
-    return into_heads[::step_h][:heads] + rest[::step_o][:others]
 
 
 def plain_of(backend, path) -> Plain:

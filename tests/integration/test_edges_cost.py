@@ -9,7 +9,7 @@ from engine.cost import metered
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.eap import eap, eap_work
 from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work
-from tests.integration.test_edges import sample
+from tests.helpers.plain_edges import sample
 
 
 @pytest.fixture(scope="module")

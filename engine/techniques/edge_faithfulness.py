@@ -1,0 +1,480 @@
+"""Edge faithfulness: how much of the answer does a circuit of *edges* keep, every other edge fed X_c?
+
+MIB's edge ablation (Mueller et al. 2025; Hanna et al. 2024, ``evaluate_graph`` in EAP-IG's
+``src/eap/evaluate.py``) on the residual graph of :mod:`engine.techniques.edges`.  A circuit is a set of kept
+edges; the run is X_r in which every receiver v reads
+
+    x_v = (its input in this run) + sum over the edges u -> v NOT in the circuit of (value_u(X_c) - value_u(run))
+
+-- the sender's counterfactual value replaces its current one on exactly the ablated edges.  The senders' values
+are those of the run being computed, so an ablation upstream reaches v through the kept edges too.  The values
+(as in :mod:`engine.techniques.edges`): the embedding stream for ``input``; an MLP's contribution
+(``hooks.mlp_out``); a head's contribution ``attn_out(z with head h from X_c) - attn_out(z)``, the layer's other
+heads as this run computed them (the block's post-attention norm and residual scale applied; with no such norm
+``(z_c[h] - z[h]) W_O[h]``).  Receivers: the final stream (logits, ``hooks.resid_post`` of the last layer), an
+MLP's input (``hooks.mlp_in``; a parallel block's MLP through the block model's ``mlp_branch``) and each head's
+query, key and value input separately: head h's z is computed from its own three inputs (a layer's q, k, v
+computed from ``resid_pre`` plus each distinct correction, then the head's q, k and v put together; grouped-query
+attention: head h's key and value heads are computed from *its* inputs, only its z is taken).
+
+**The computation** is layer by layer (:func:`edge_circuits`): at layer l every circuit's earlier heads' z and
+MLP outputs are written back (its state), then (B) one block of rows per distinct correction of the layer's
+q / k / v inputs, (C) one block per distinct (q, k, v) triple of corrections a head mixes, (D) the heads'
+differences (a block per head with an ablated out-edge and a base block, unless the attention branch is linear:
+then ``(z_c[h] - z[h]) W_O[h]``, no pass), (E) the MLP with its input's correction; last, the final stream with
+its correction, END's logits read.  Circuits and pairs are
+rows of the same passes; :func:`edge_circuits_work` counts the same plan.  The empty circuit is the X_c run and
+the full one X_r (each receiver then reads X_c's, resp. X_r's values) when the heads' differences add up to the
+layer's, i.e. with no norm after the attention; with one (Gemma 2 / 3) a head's difference is taken with the
+others as they are and the empty circuit is not exactly X_c.
+
+**Faithfulness** (as :mod:`engine.techniques.faithfulness` scores node circuits): m = the answer logit at END
+minus the mean logit over the vocabulary, averaged over the pairs; f = (m(C) - m(empty)) / (m(model) -
+m(empty)).  Circuits: the top k = floor(x E) edges by |score| (MIB's ``apply_topn(absolute=True)``) of a
+ranking of :mod:`engine.techniques.edge_scores` (exact edge patching, EAP, EAP-IG) for the sizes x of
+``faithfulness.SIZES``.  Exact against a plain-transformers loop (``tests/helpers/plain_edges.py``:
+``edge_circuit``, every ablated edge added by hand, one hooked run per head input) within 1e-4
+(``tests/integration/test_edge_faithfulness.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from engine.backends import hooks
+from engine.backends.base import MissingActivation, ModelBackend
+from engine.machinery.batching import pad, pad_id
+from engine.numerics.intervals import LEVEL, RESAMPLES
+from engine.progress import ProgressFn, Stages
+from engine.prompts.pairs import PromptPair
+from engine.techniques.edges import QKV, Edge, edge_graph
+from engine.techniques.faithfulness import (
+    FAITH_POINT,
+    FAITH_SCORE,
+    SIZES,
+    Circuit,
+    FaithPoint,
+    FaithScore,
+    FaithTable,
+    kept_count,
+    summarize,
+)
+
+METHOD = "edge_faithfulness"
+VERSION = 2
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan: which senders each circuit ablates into each receiver
+# ---------------------------------------------------------------------------------------------
+
+def sender_names(backend: ModelBackend) -> list[str]:
+    """Every sender in graph order: ``input``, then each layer's heads and its MLP."""
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    return ["input"] + [n for j in range(L) for n in [f"a{j}.h{h}" for h in range(H)] + [f"m{j}"]]
+
+
+@dataclass
+class Plan:
+    """Per circuit (C of them): for each receiver key (``("head", l, h, x)``, ``("mlp", l)``, ``("logits",)``)
+    the senders whose edge into it is ablated, as a sorted tuple of sender names."""
+
+    ablated: list[dict[tuple, tuple[str, ...]]]
+
+    def layer_keys(self, c: int, layer: int, n_heads: int) -> dict[tuple[int, str], tuple[str, ...]]:
+        """{(head, x): ablated senders} of circuit c's heads at ``layer``."""
+        return {(h, x): self.ablated[c].get(("head", layer, h, x), ()) for h in range(n_heads) for x in QKV}
+
+    def needs_difference(self, c: int, sender: str) -> bool:
+        """Whether some ablated edge of circuit c leaves ``sender``."""
+        return any(sender in s for s in self.ablated[c].values())
+
+
+def receiver_key(e: Edge) -> tuple:
+    if e.receiver.kind == "head":
+        return ("head", e.receiver.layer, e.receiver.head, e.qkv)
+    if e.receiver.kind == "mlp":
+        return ("mlp", e.receiver.layer)
+    return ("logits",)
+
+
+def plan_of(edges: Sequence[Edge], kept: np.ndarray) -> Plan:
+    """``kept`` [C, E] bool over ``edges`` -> the plan."""
+    keys = [receiver_key(e) for e in edges]
+    out = []
+    for row in np.asarray(kept, dtype=bool):
+        ab: dict[tuple, list[str]] = {}
+        for i in np.nonzero(~row)[0]:
+            ab.setdefault(keys[i], []).append(edges[i].sender.name)
+        out.append({k: tuple(sorted(v)) for k, v in ab.items()})
+    return Plan(out)
+
+
+def _blocks_b(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, tuple[str, ...]]]:
+    """Pass (B) of a layer: (circuit, ablated senders) per distinct correction of its heads' inputs."""
+    out = []
+    for c in range(C):
+        out += [(c, k) for k in dict.fromkeys(plan.layer_keys(c, layer, H).values())]
+    return out
+
+
+def _blocks_c(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, tuple]]:
+    """Pass (C): (circuit, (q, k, v) corrections) per distinct triple of a head whose three differ."""
+    out = []
+    for c in range(C):
+        keys = plan.layer_keys(c, layer, H)
+        triples = [tuple(keys[(h, x)] for x in QKV) for h in range(H)]
+        out += [(c, t) for t in dict.fromkeys(t for t in triples if len(set(t)) > 1)]
+    return out
+
+
+def _diff_heads(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, int]]:
+    """(circuit, head) pairs whose head difference is needed (an ablated out-edge)."""
+    return [(c, h) for c in range(C) for h in range(H) if plan.needs_difference(c, f"a{layer}.h{h}")]
+
+
+# ---------------------------------------------------------------------------------------------
+# the computation
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class CircuitReadout:
+    """Per circuit and pair, END of X_r with the circuit's edges kept and every other edge ablated."""
+
+    logit: torch.Tensor   # [C, P] the answer token's logit
+    margin: torch.Tensor  # [C, P] the answer logit minus the mean logit over the vocabulary
+    right: torch.Tensor   # [C, P] bool: the answer is the top token
+    logit_o: torch.Tensor  # [P] on X_r
+    logit_c: torch.Tensor  # [P] on X_c
+
+
+class _Runner:
+    """X_r / X_c of the pairs and the passes of :func:`edge_circuits` (rows: blocks of P pairs)."""
+
+    def __init__(self, backend: ModelBackend, pairs: Sequence[PromptPair], rows_per_pass: int) -> None:
+        self.b = backend
+        L = backend.facts.n_layers
+        ids, self.mask, self.end = pad([p.ref_ids for p in pairs], pad_id(backend))
+        cf, _, _ = pad([p.cf_ids for p in pairs], pad_id(backend))
+        self.ref, self.cf = ids, cf
+        self.answer = torch.tensor([p.answer_id for p in pairs])
+        self.P = len(pairs)
+        names = [hooks.resid_pre(0)] + [n for j in range(L) for n in (hooks.attn_z(j), hooks.mlp_out(j))]
+        held = [n for j in range(L) for n in (hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j), hooks.attn_out(j))]
+        moved = [hooks.resid_pre(j) for j in range(1, L)]  # what heads_read_only_qkv reads
+        r_lg, self.r = backend.run_with_cache(ids, self.mask, names + held)
+        c_lg, self.c = backend.run_with_cache(cf, self.mask, names + moved)
+        rows = torch.arange(self.P)
+        self.logit_o = r_lg[rows, self.end.to(r_lg.device), self.answer.to(r_lg.device)].float().cpu()
+        self.logit_c = c_lg[rows, self.end.to(c_lg.device), self.answer.to(c_lg.device)].float().cpu()
+        self.per = max(1, rows_per_pass // max(1, self.P))
+
+    def state_edits(self, z: list[list], mlp: list[list], cs: Sequence[int], upto: int) -> list:
+        """Circuits ``cs``' heads' z and MLP outputs of layers < ``upto`` written back (their run so far)."""
+        edits = []
+        for j in range(upto):
+            edits.append((hooks.attn_z(j), _setter(torch.cat([z[c][j] for c in cs]))))
+            edits.append((hooks.mlp_out(j), _setter(torch.cat([mlp[c][j] for c in cs]))))
+        return edits
+
+    def passes(self, n_blocks: int, edits_of, names: Sequence[str]) -> list[dict]:
+        """Run blocks 0 .. n_blocks - 1 (``edits_of(block indices)`` -> edits), ``per`` blocks a pass; each
+        block's ``names`` activations.  # [n_blocks] of {name: [P, ...]}"""
+        out: list[dict] = []
+        for g in range(0, n_blocks, self.per):
+            ix = list(range(g, min(n_blocks, g + self.per)))
+            S = len(ix)
+            with self.b.hooks(edits_of(ix)):
+                acts = self.b.activations(self.ref.repeat(S, 1), self.mask.repeat(S, 1), list(names))
+            for s in range(S):
+                out.append({n: acts[n][s * self.P:(s + 1) * self.P].float().cpu() for n in names})
+        return out
+
+    def end_logits(self, edits: list, S: int) -> torch.Tensor:
+        """END logits of S blocks under ``edits``.  # [S * P, vocab]"""
+        with self.b.hooks(edits):
+            return self.b.end_logits(self.ref.repeat(S, 1), self.mask.repeat(S, 1), self.end.repeat(S)).float().cpu()
+
+
+def heads_read_only_qkv(backend: ModelBackend, run: _Runner) -> None:
+    """MIB's graph joins the stream to a head through its q, k and v only.  Checked in one pass: with every layer's
+    q, k and v held at X_r's values and every layer's input taken from X_c, each attention output must stay X_r's.
+    A head that reads the stream elsewhere too (an output gate computed from the layer input) has an input the graph
+    does not name, and an edge circuit would leave it at a value no definition fixes: MissingActivation (refused)."""
+    L = backend.facts.n_layers
+    qkv = [n for j in range(L) for n in (hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j))]
+    outs = [hooks.attn_out(j) for j in range(L)]
+    r, c = run.r, run.c  # X_r's q, k, v and attention outputs, X_c's layer inputs: cached by the runner
+    edits = [(n, _setter(r[n])) for n in qkv] + [(hooks.resid_pre(j), _setter(c[hooks.resid_pre(j)]))
+                                                  for j in range(L)]
+    with backend.hooks(edits):
+        got = backend.activations(run.ref, run.mask, outs)
+    for j, n in enumerate(outs):
+        want = r[n].float().cpu()
+        err = float((got[n].float().cpu() - want).abs().max() / want.abs().max().clamp_min(1e-6))
+        if not err <= 1e-4:
+            raise MissingActivation(f"{backend.facts.architecture}'s attention reads the residual stream beyond its "
+                                    f"heads' q, k and v (layer {j}'s output moves by {err:.2g} of its scale with them "
+                                    f"held: an output gate?) -- MIB's graph has no edge for that input, so edge "
+                                    f"circuits are not defined exactly here")
+
+
+def _setter(value: torch.Tensor):
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        return value.to(act.device, act.dtype).reshape(act.shape)
+    return fn
+
+
+def _adder(value: torch.Tensor):
+    def fn(act: torch.Tensor) -> torch.Tensor:
+        return act + value.to(act.device, act.dtype).reshape(act.shape)
+    return fn
+
+
+@torch.no_grad()
+def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.ndarray, *,
+                  edges: Sequence[Edge] | None = None, rows_per_pass: int = 256,
+                  progress: ProgressFn | None = None) -> CircuitReadout:
+    """END of X_r under each circuit (``kept`` [C, E] bool over ``edges``, default :func:`edge_graph`): every
+    edge outside it ablated (module docstring)."""
+    edges = list(edges) if edges is not None else edge_graph(backend)
+    kept = np.asarray(kept, dtype=bool).reshape(-1, len(edges))
+    C = kept.shape[0]
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    plan = plan_of(edges, kept)
+    run = _Runner(backend, pairs, rows_per_pass)
+    heads_read_only_qkv(backend, run)
+    P = run.P
+    linear = backend.attn_branch_is_identity
+    z: list[list] = [[None] * L for _ in range(C)]    # [C][L] of [P, pos, H, dh]: the circuit's heads' outputs
+    mlp: list[list] = [[None] * L for _ in range(C)]  # [C][L] of [P, pos, d]
+    diff: list[dict] = [{"input": (run.c[hooks.resid_pre(0)] - run.r[hooks.resid_pre(0)]).float().cpu()}
+                        for _ in range(C)]  # value_u(X_c) - value_u(run), per circuit
+
+    def correction(c: int, senders: tuple[str, ...]) -> torch.Tensor:
+        d = torch.zeros_like(diff[c]["input"])
+        for s in senders:
+            d += diff[c][s]
+        return d
+
+    def mlp_correction(c: int, layer: int) -> torch.Tensor:
+        return correction(c, plan.ablated[c].get(("mlp", layer), ()))
+
+    def step(layer: int) -> None:
+        """Layer ``layer`` of every circuit: its heads' z, their differences, its MLP."""
+        q_, k_, v_, z_ = (hooks.attn_q(layer), hooks.attn_k(layer), hooks.attn_v(layer), hooks.attn_z(layer))
+        # (B) the layer's q, k, v (and z) per distinct correction of its heads' inputs
+        bb = _blocks_b(plan, C, layer, H)
+        got_b = run.passes(len(bb), lambda ix: run.state_edits(z, mlp, [bb[i][0] for i in ix], layer) + [
+            (hooks.resid_pre(layer), _adder(torch.cat([correction(*bb[i]) for i in ix])))], [q_, k_, v_, z_])
+        at_b = {blk: got for blk, got in zip(bb, got_b)}
+        # (C) heads whose q, k and v read different corrections
+        bc = _blocks_c(plan, C, layer, H)
+
+        def edits_c(ix):
+            return [(name, _setter(torch.cat([at_b[(bc[i][0], bc[i][1][n])][name] for i in ix])))
+                    for n, name in enumerate((q_, k_, v_))]
+        got_c = run.passes(len(bc), edits_c, [z_])
+        at_c = {blk: got[z_] for blk, got in zip(bc, got_c)}
+        for c in range(C):
+            keys = plan.layer_keys(c, layer, H)
+            zz = torch.empty_like(run.r[z_].float().cpu())
+            for h in range(H):
+                t = tuple(keys[(h, x)] for x in QKV)
+                src = at_b[(c, t[0])][z_] if len(set(t)) == 1 else at_c[(c, t)]
+                zz[:, :, h] = src[:, :, h]
+            z[c][layer] = zz
+        # (D) the heads' differences: a block per head with an ablated out-edge and a base block per circuit
+        zc = run.c[z_].float().cpu()
+        if linear:
+            W_O = backend.W_O(layer).float().cpu()  # [H, dh, d]
+            for c in range(C):
+                for h in range(H):
+                    if plan.needs_difference(c, f"a{layer}.h{h}"):
+                        diff[c][f"a{layer}.h{h}"] = (zc[:, :, h] - z[c][layer][:, :, h]) @ W_O[h]
+        dh = [] if linear else _diff_heads(plan, C, layer, H)
+        blocks_d = [(c, h) for c, h in dh] + [(c, -1) for c in dict.fromkeys(c for c, _ in dh)]
+
+        def edits_d(ix):
+            zs = []
+            for i in ix:
+                c, h = blocks_d[i]
+                zv = z[c][layer].clone()
+                if h >= 0:
+                    zv[:, :, h] = zc[:, :, h]
+                zs.append(zv)
+            return run.state_edits(z, mlp, [blocks_d[i][0] for i in ix], layer) + [(z_, _setter(torch.cat(zs)))]
+        got_d = run.passes(len(blocks_d), edits_d, [hooks.attn_out(layer)])
+        base = {c: got[hooks.attn_out(layer)] for (c, h), got in zip(blocks_d, got_d) if h < 0}
+        for (c, h), got in zip(blocks_d, got_d):
+            if h >= 0:
+                diff[c][f"a{layer}.h{h}"] = got[hooks.attn_out(layer)] - base[c]
+        # (E) the MLP, its input plus its correction (a parallel block: through the block model's branch)
+        parallel = backend.parallel_attn_mlp
+
+        def edits_e(ix):
+            e = run.state_edits(z, mlp, ix, layer) + [(z_, _setter(torch.cat([z[c][layer] for c in ix])))]
+            if not parallel:
+                e.append((hooks.mlp_in(layer), _adder(torch.cat([mlp_correction(c, layer) for c in ix]))))
+            return e
+        names_e = [hooks.mlp_out(layer)] + ([hooks.resid_pre(layer)] if parallel else [])
+        for c, got in enumerate(run.passes(C, edits_e, names_e)):
+            out = got[hooks.mlp_out(layer)]
+            if parallel and plan.ablated[c].get(("mlp", layer)):
+                out = out + _branch_change(backend, layer, got[hooks.resid_pre(layer)], mlp_correction(c, layer))
+            mlp[c][layer] = out
+            diff[c][f"m{layer}"] = run.c[hooks.mlp_out(layer)].float().cpu() - out
+    steps = Stages(progress, [1] * (L + 1))
+    for layer in range(L):
+        bar = steps.stage(layer)
+        step(layer)
+        if bar is not None:
+            bar(1, 1)
+    # the final stream with its correction, END's logits
+    bar = steps.stage(L)
+    logit, margin, right = (torch.empty(C, P), torch.empty(C, P), torch.empty(C, P, dtype=torch.bool))
+    rows_all = torch.arange(P)
+    for g in range(0, C, run.per):
+        cs = list(range(g, min(C, g + run.per)))
+        add = torch.cat([correction(c, plan.ablated[c].get(("logits",), ())) for c in cs])
+        lg = run.end_logits(run.state_edits(z, mlp, cs, L) + [(hooks.resid_post(L - 1), _adder(add))], len(cs))
+        for s, c in enumerate(cs):
+            block = lg[s * P:(s + 1) * P]
+            a = block[rows_all, run.answer]
+            logit[c], margin[c], right[c] = a, a - block.mean(-1), block.argmax(-1) == run.answer
+    if bar is not None:
+        bar(1, 1)
+    return CircuitReadout(logit, margin, right, run.logit_o, run.logit_c)
+
+
+def _branch_change(backend: ModelBackend, layer: int, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """A parallel block's MLP output change when its input x [P, pos, d] gets ``d`` (the block model's branch)."""
+    def branch(v: torch.Tensor) -> torch.Tensor:
+        flat = v.reshape(-1, v.shape[-1]).to(backend.device)
+        return backend.mlp_branch(layer, flat).float().cpu().reshape(v.shape)
+    return branch(x + d) - branch(x)
+
+
+def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.ndarray, *,
+                       edges: Sequence[Edge] | None = None, rows_per_pass: int = 256):
+    """The forward work of :func:`edge_circuits` (``engine.cost.Work``): X_r and X_c, the check that heads read
+    the stream through q, k and v only (one pass), then per layer the
+    blocks of passes (B) to (E) (a parallel block: its MLP branch twice per circuit with an ablated edge into the
+    MLP), and the final pass, ``rows_per_pass`` rows at most per pass."""
+    from engine.cost import NO_WORK, Work, one_pass
+    edges = list(edges) if edges is not None else edge_graph(backend)
+    kept = np.asarray(kept, dtype=bool).reshape(-1, len(edges))
+    C = kept.shape[0]
+    L, H = backend.facts.n_layers, backend.facts.n_heads
+    plan = plan_of(edges, kept)
+    n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
+    per = max(1, rows_per_pass // max(1, n))
+    w = one_pass(n, width, n * width) * 2
+    w += one_pass(n, width)  # heads_read_only_qkv's pass (it reads X_r and X_c from the two above)
+
+    def blocks(count: int) -> Work:  # ``count`` blocks of n rows, ``per`` a pass, one position unembedded per row
+        out = NO_WORK
+        for g in range(0, count, per):
+            out += one_pass(min(per, count - g) * n, width)
+        return out
+    for layer in range(L):
+        dh = [] if backend.attn_branch_is_identity else _diff_heads(plan, C, layer, H)
+        for count in (len(_blocks_b(plan, C, layer, H)), len(_blocks_c(plan, C, layer, H)),
+                      len(dh) + len({c for c, _ in dh}), C):
+            if count:
+                w += blocks(count)
+        if backend.parallel_attn_mlp:
+            w += Work(mlp_rows=2 * n * width * sum(1 for c in range(C) if plan.ablated[c].get(("mlp", layer))))
+    return w + blocks(C)
+
+
+# ---------------------------------------------------------------------------------------------
+# circuits of a ranking, and the faithfulness curve
+# ---------------------------------------------------------------------------------------------
+
+def top_edges(scores: np.ndarray, k: int) -> np.ndarray:
+    """The circuit of the top ``k`` edges by |score| (ties in graph order).  # [E] bool"""
+    keep = np.zeros(len(scores), dtype=bool)
+    keep[np.argsort(-np.abs(np.asarray(scores, dtype=np.float64)), kind="stable")[:k]] = True
+    return keep
+
+
+def plan_circuits(scores: dict[str, np.ndarray], sizes: Sequence[float] = SIZES
+                  ) -> tuple[list[Circuit], np.ndarray, np.ndarray]:
+    """(circuits: the model, the empty circuit, then each ranking's top-k edges per size; the distinct kept
+    masks [D, E]; each circuit's row among them [S]).  Every ranking's circuits of size 0 and 1 are the empty
+    circuit and the model: computed once."""
+    E = len(next(iter(scores.values())))
+    circuits = [Circuit("model", 0, 1.0, E), Circuit("empty", 0, 0.0, 0)]
+    masks = [np.ones(E, bool), np.zeros(E, bool)]
+    for name, s in scores.items():
+        for x in sizes:
+            k = kept_count(x, E)
+            circuits.append(Circuit(name, 0, x, k))
+            masks.append(top_edges(s, k))
+    at: dict[bytes, int] = {}
+    distinct, row = [], []
+    for m in masks:
+        key = np.packbits(m).tobytes()
+        if key not in at:
+            at[key] = len(distinct)
+            distinct.append(m)
+        row.append(at[key])
+    return circuits, np.stack(distinct), np.array(row)
+
+
+@torch.no_grad()
+def edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray], *,
+                      sizes: Sequence[float] = SIZES, rows_per_pass: int = 256, progress: ProgressFn | None = None
+                      ) -> tuple[list[Circuit], np.ndarray, np.ndarray]:
+    """(circuits, right [S, P], margin [S, P]) of every ranking's top-edge circuits (``scores``: {ranking: [E] in
+    :func:`engine.techniques.edges.edge_graph`'s order}), for :func:`engine.techniques.faithfulness.summarize`."""
+    circuits, masks, row = plan_circuits(scores, sizes)
+    out = edge_circuits(backend, pairs, masks, rows_per_pass=rows_per_pass, progress=progress)
+    return circuits, out.right.numpy()[row], out.margin.numpy()[row]
+
+
+def cached_edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str],
+                             scores: Callable[[], dict[str, np.ndarray]], *, steps: int = 0,
+                             sizes: Sequence[float] = SIZES, cache=None, progress: ProgressFn | None = None
+                             ) -> tuple[FaithTable, dict, bool]:
+    """:func:`edge_faithfulness` of ``rankings`` through the result cache: (table -- curves and CPR / CMD with
+    bootstrap intervals, as the node circuits' --, artifacts {seconds, forward_equivalents}, computed).
+    ``scores()``: {ranking: [E]}, called only when the curves are not cached (the edge scores' own cache:
+    :func:`engine.techniques.edge_scores.graph_scores`); ``steps``: EAP-IG's, part of the key."""
+    from engine.results import decode_rows, encode_rows, run_cached
+    f = backend.facts
+    params = {"version": VERSION, "sizes": list(sizes), "rankings": list(rankings), "dtype": f.dtype,
+              "steps": steps if "eap-ig" in rankings else 0,
+              "ablation": "MIB edge ablation: each edge outside the circuit sends its sender's X_c value minus "
+                          "its value in the ablated run", "circuits": "top floor(x E) edges by |score|",
+              "metric": "answer logit - mean logit; accuracy", "resamples": RESAMPLES, "level": LEVEL}
+
+    def compute():
+        by_ranking = scores()
+        t = time.perf_counter()
+        circuits, right, margin = edge_faithfulness(backend, pairs, by_ranking, sizes=sizes, progress=progress)
+        seconds = time.perf_counter() - t
+        fe = edge_faithfulness_work(backend, pairs, by_ranking, sizes=sizes).fe(backend, pairs)
+        pts, sc = summarize(right, margin, circuits, sizes)
+        return encode_rows(pts, FAITH_POINT) + encode_rows(sc, FAITH_SCORE), {
+            "n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs), "edges": circuits[0].k,
+            "seconds": seconds, "forward_equivalents": fe}
+
+    rows, art, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
+    table = FaithTable(int(art["n_layers"]), int(art["n_heads"]), int(art["n_pairs"]),
+                       decode_rows(FaithPoint, [r for r in rows if r.metric in FAITH_POINT], FAITH_POINT),
+                       decode_rows(FaithScore, [r for r in rows if r.metric in FAITH_SCORE], FAITH_SCORE), {})
+    return table, art, computed
+
+
+def edge_faithfulness_work(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray], *,
+                           sizes: Sequence[float] = SIZES, rows_per_pass: int = 256):
+    """The forward work of :func:`edge_faithfulness` once the rankings' scores are known (``engine.cost.Work``)."""
+    _, masks, _ = plan_circuits(scores, sizes)
+    return edge_circuits_work(backend, pairs, masks, rows_per_pass=rows_per_pass)

@@ -1,0 +1,99 @@
+"""Edge faithfulness (MIB's edge ablation) against a plain-transformers loop, every ablated edge added by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.backends import open_model
+from engine.backends.base import WorkMeter
+from engine.cost import metered
+from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.eap import eap
+from engine.techniques.edge_faithfulness import edge_circuits, edge_circuits_work, top_edges
+from engine.techniques.edges import edge_graph
+from engine.techniques.faithfulness import kept_count
+from tests.helpers.plain_edges import edge_circuit
+from tests.integration.test_edges import plain_of
+from tests.integration.tiny_models import build_tiny
+
+
+def circuits(backend, pairs) -> tuple[list, np.ndarray]:
+    """The edges and four circuits: none kept, all kept, a random half, the top 5 % by EAP."""
+    edges = edge_graph(backend)
+    E = len(edges)
+    half = np.random.default_rng(0).random(E) < 0.5
+    top = top_edges(eap(backend, pairs, edges, steps=0).effects().numpy(), kept_count(0.05, E))
+    return edges, np.stack([np.zeros(E, bool), np.ones(E, bool), half, top])
+
+
+def worst_against_plain(backend, path, pairs, edges, kept, out) -> float:
+    plain = plain_of(backend, path)
+    names = [e.name for e in edges]
+    worst = 0.0
+    for i, row in enumerate(kept):
+        logit, margin = edge_circuit(plain, pairs, names, {n for n, k in zip(names, row) if k})
+        worst = max(worst, float((logit - out.logit[i]).abs().max()), float((margin - out.margin[i]).abs().max()))
+    return worst
+
+
+def test_edge_circuits_equal_plain_loop_on_bundled_model(organism):
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub"), n=2, seed=3))
+    edges, kept = circuits(organism, pairs)
+    out = edge_circuits(organism, pairs, kept, rows_per_pass=64)
+    # the empty circuit is the X_c run, the full one X_r (no norm after the bundled model's attention)
+    assert float((out.logit[0] - out.logit_c).abs().max()) < 1e-4
+    assert float((out.logit[1] - out.logit_o).abs().max()) < 1e-4
+    # the half and the top 5 % are neither
+    for i in (2, 3):
+        assert float((out.logit[i] - out.logit_o).abs().max()) > 1e-2
+        assert float((out.logit[i] - out.logit_c).abs().max()) > 1e-2
+    worst = worst_against_plain(organism, "models/organism", pairs, edges, kept, out)
+    assert worst < 1e-4, f"edge circuits vs the plain loop: {worst:.2e}"
+
+
+def test_edge_circuit_equals_plain_loop_with_sandwich_norms(tmp_path):
+    """Gemma 3: a norm after the attention (a head's difference taken with the layer's other heads as they are)."""
+    path = build_tiny("gemma3_text", tmp_path / "gemma3_text")
+    backend = open_model(str(path), device="cpu")
+    pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add", "mul"), n=2, seed=1))
+    edges = edge_graph(backend)
+    kept = (np.random.default_rng(1).random(len(edges)) < 0.5)[None]
+    out = edge_circuits(backend, pairs, kept, rows_per_pass=64)
+    assert float((out.logit[0] - out.logit_o).abs().max()) > 1e-3
+    worst = worst_against_plain(backend, path, pairs, edges, kept, out)
+    assert worst < 1e-4, f"gemma3_text: edge circuit vs the plain loop: {worst:.2e}"
+
+
+def test_parallel_block_empty_circuit_is_counterfactual(tmp_path):
+    """GPT-NeoX (the MLP reads the block input: its correction goes through the block model's MLP branch): the
+    empty circuit is the X_c run, the full one X_r (no plain loop for parallel blocks yet)."""
+    backend = open_model(str(build_tiny("gpt_neox", tmp_path / "gpt_neox")), device="cpu")
+    assert backend.parallel_attn_mlp
+    pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add",), n=3, seed=1))
+    E = len(edge_graph(backend))
+    out = edge_circuits(backend, pairs, np.stack([np.zeros(E, bool), np.ones(E, bool)]))
+    assert float((out.logit_o - out.logit_c).abs().max()) > 1e-2
+    assert float((out.logit[0] - out.logit_c).abs().max()) < 1e-4
+    assert float((out.logit[1] - out.logit_o).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["organism", "gemma3_text"])
+def test_edge_circuits_work(arch, organism, tmp_path):
+    backend = organism if arch == "organism" else open_model(str(build_tiny(arch, tmp_path / arch)), device="cpu")
+    pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add",), n=3, seed=2))
+    E = len(edge_graph(backend))
+    rng = np.random.default_rng(2)
+    kept = np.stack([np.zeros(E, bool), rng.random(E) < 0.9, rng.random(E) < 0.1])
+    w = edge_circuits_work(backend, pairs, kept, rows_per_pass=16)
+    backend.meter = WorkMeter()
+    edge_circuits(backend, pairs, kept, rows_per_pass=16)
+    got = metered(backend.meter)
+    assert (got.calls, got.body, got.unembed) == (w.calls, w.body, w.unembed)
+
+
+def test_top_edges():
+    keep = top_edges(np.array([0.1, -3.0, 2.0, 0.0]), 2)
+    assert keep.tolist() == [False, True, True, False]
+    assert not top_edges(np.ones(3), 0).any() and torch.tensor(top_edges(np.ones(3), 3)).all()
