@@ -33,20 +33,28 @@ NOT_FAST = ("slow", "realmodel", "e2e", "matrix")
 SERIAL = ("e2e/test_cold_cache_browser.py", "e2e/test_leave_page_browser.py", "app/test_cancel.py",
           "reliability/test_concurrency.py", "reliability/test_crashes.py")
 #: the files that take longest (minutes: browser walks, real models), collected first so that under xdist
-#: (`--dist loadfile`) neither worker is left with one of them at the end while the other idles
-LONGEST = ("e2e/test_charts_browser.py", "e2e/test_gemma3_browser.py", "integration/test_exports.py",
-           "integration/test_gemma3.py", "integration/test_numbers.py", "integration/test_architectures.py",
-           "e2e/test_pages_browser.py", "integration/test_smollm2_finetune.py", "e2e/test_paper_browser.py",
-           "integration/test_cli.py", "e2e/test_share_link_browser.py", "e2e/test_beyond_browser.py")
+#: (a file per worker at a time) neither worker is left with one of them at the end while the other idles; a browser
+#: walk, then a file that computes in its own process, and so on: the browser walks' work is done by the one
+#: dashboard they share, so two of them at once wait on each other while a core idles
+LONGEST = ("e2e/test_charts_browser.py", "integration/test_exports.py", "e2e/test_gemma3_browser.py",
+           "integration/test_gemma3.py", "e2e/test_pages_browser.py", "integration/test_architectures.py",
+           "e2e/test_paper_browser.py", "integration/test_numbers.py", "e2e/test_share_link_browser.py",
+           "integration/test_smollm2_finetune.py", "e2e/test_beyond_browser.py", "integration/test_cli.py",
+           "app/test_as_code.py")
+#: collected last: the matrix's summary reads the results its cases stored (tests/integration/arch_matrix.py)
+LAST = ("integration/test_architectures_table.py",)
 
 
 def _rel(item) -> str:
     return "/".join(Path(str(item.path)).resolve().relative_to(TESTS).parts)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own (--dist loadgroup) reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         rel = _rel(item)
+        if item.get_closest_marker("xdist_group") is None:  # a file is a unit of work, unless it names its groups
+            item.add_marker(pytest.mark.xdist_group(rel.split("::")[0]))
         tier = rel.split("/")[0]
         if tier in TIERS:
             item.add_marker(tier)
@@ -56,7 +64,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("fast")
         if rel.startswith(SERIAL):
             item.add_marker("serial")
-    first = {f: i for i, f in enumerate(LONGEST)}
+    first = {f: i for i, f in enumerate(LONGEST)} | {f: len(LONGEST) + 1 + i for i, f in enumerate(LAST)}
     items.sort(key=lambda item: first.get(_rel(item).split("::")[0], len(LONGEST)))  # stable: order kept within
 
 
@@ -67,7 +75,7 @@ def pytest_configure(config):
     elif config.getoption("numprocesses", None):  # the xdist controller: a folder for the workers' shared dashboard
         import tempfile
 
-        from tests.e2e.conftest import SHARED_ENV
+        from tests.helpers.shared import SHARED_ENV
         os.environ[SHARED_ENV] = tempfile.mkdtemp(prefix="arithlab-tests-")
 
 
@@ -77,7 +85,7 @@ def _stop_shared_server() -> None:
     import shutil
     import signal
 
-    from tests.e2e.conftest import SHARED_ENV
+    from tests.helpers.shared import SHARED_ENV
     shared = os.environ.pop(SHARED_ENV, None)
     if not shared:
         return
@@ -166,7 +174,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("timings reported by tests")
         for line in _REPORTED:
             terminalreporter.write_line(line)
-    from tests.e2e.conftest import SHARED_ENV, TRACE, compute_seconds
+    from tests.e2e.conftest import TRACE, compute_seconds
+    from tests.helpers.shared import SHARED_ENV
     if os.environ.get(SHARED_ENV):
         spent = sorted(compute_seconds(Path(os.environ[SHARED_ENV]) / TRACE).items(), key=lambda kv: -kv[1][1])
         if spent:

@@ -55,7 +55,8 @@ MATRIX: tuple[str, ...] = (
 TOL = 1e-4
 TECHNIQUES = ("path patching", "path AtP", "activation patching", "AtP (total)", "head -> head", "layer x position",
               "knockout", "circuits (X_c)", "attention", "MLP projections", "logit lens", "numbers",
-              "operand grid", "helix patching", "heuristic neurons", "precise SFT slices")
+              "operand grid", "helix patching", "heuristic neurons", "edge patching", "EAP", "edge circuits",
+              "intervene", "precise SFT slices")
 HELIX = ("C", "END")  # helix patching's target and position (at the second-to-last layer's output)
 
 
@@ -130,6 +131,7 @@ def receiver(L: int) -> tuple[int, int, str]:
 KNOCKOUT_HEADS = ((0, 0), (2, 1))
 KNOCKOUT_MLPS = (1,)
 SFT_HEADS = ((0, 1), (2, 0), (2, 3))
+INTERVENE_HEADS = ((0, 2), (2, 1))
 
 
 def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str]]]:
@@ -320,11 +322,62 @@ def checks(backend, refs: References) -> dict[str, Callable[[], tuple[float, str
         reaction = rel_err((act_r - act_c).abs().mean(0), (pr - pc).abs().mean(0))
         return max(rel_err(act_r, pr), rel_err(act_c, pc), reaction, rel_err(torch.from_numpy(margins).float(), m)), ""
 
+    def edges():  # a sample of MIB's edges of every kind (into q/k/v, MLPs, the logits; from the input), each patched
+        from engine.techniques.edges import edge_graph, edge_patching
+        from tests.helpers.plain_edges import PlainEdges
+        sample = edge_sample(edge_graph(backend))
+        raw = edge_patching(backend, pairs, sample)
+        ref = refs.get("edges", lambda: PlainEdges(pl, pairs))
+        return max([rel_err(raw.logit_o, ref.logit_o)]
+                   + [rel_err(raw.patched[i], ref.patched(e.name)) for i, e in enumerate(sample)]), ""
+
+    def eap():  # EAP's scores of the same sample against autograd through the hand-patched plain runs
+        from engine.techniques.eap import eap as eap_scores
+        from engine.techniques.edges import edge_graph
+        from tests.helpers.plain_edges import PlainEdges
+        sample = edge_sample(edge_graph(backend))
+        raw = eap_scores(backend, pairs, sample)
+        ref = refs.get("edges", lambda: PlainEdges(pl, pairs))
+        return max(rel_err(raw.scores[i], ref.derivative(e.name)) for i, e in enumerate(sample)), ""
+
+    def edge_circuits():  # MIB's edge ablation of a random half of every edge, against the hand-made layer loop
+        import numpy as np
+
+        from engine.techniques.edge_faithfulness import edge_circuits as run_circuits
+        from engine.techniques.edges import edge_graph
+        from tests.helpers.plain_edges import edge_circuit
+        names = [e.name for e in edge_graph(backend)]
+        kept = np.random.default_rng(0).random(len(names)) < 0.5
+        out = run_circuits(backend, pairs, kept[None])
+        logit, margin = refs.get("edge_circuit", lambda: edge_circuit(pl, pairs, names,
+                                                                      {n for n, k in zip(names, kept) if k}))
+        return max(rel_err(out.logit[0], logit), rel_err(out.margin[0], margin)), ""
+
+    def intervene():  # patch a head at END from X_c with every other head frozen: path patching's answer logit
+        from engine.techniques.intervene import Intervention, intervened_logits, parse_targets
+        lo, head, _ = refs.get("pp", lambda: P.path_patching(pl, pairs))
+        f = backend.facts
+        got, want = [], []
+        for layer, h in INTERVENE_HEADS:
+            t = parse_targets(f"{layer}.{h}", f.n_layers, f.n_heads)
+            for i, p in enumerate(pairs):
+                before, after = intervened_logits(backend, p.ref_ids, Intervention("patch", t, source=tuple(p.cf_ids),
+                                                                                   freeze=True))
+                got += [before[p.answer_id], after[p.answer_id]]
+                want += [lo[i], head[i, layer, h]]
+        return rel_err(torch.stack(got), torch.stack(want)), ""
+
     return {"path patching": path_patching, "path AtP": path_atp, "activation patching": activation,
             "AtP (total)": atp_total, "head -> head": head_to_head, "layer x position": position,
             "knockout": knockout, "circuits (X_c)": circuits, "attention": attention,
             "MLP projections": projections, "logit lens": lens,
-            "numbers": numbers, "operand grid": grid, "helix patching": helix, "heuristic neurons": neurons}
+            "numbers": numbers, "operand grid": grid, "helix patching": helix, "heuristic neurons": neurons,
+            "edge patching": edges, "EAP": eap, "edge circuits": edge_circuits, "intervene": intervene}
+
+
+def edge_sample(edges: list) -> list:
+    from tests.helpers.plain_edges import cover
+    return cover(edges)
 
 
 def sft_cell(model_dir: Path, refs: References) -> Cell:
@@ -379,6 +432,24 @@ def run_checks(backend, refs: References) -> dict[str, Cell]:
             continue
         out[name] = Cell("exact" if err <= TOL else "WRONG", err, why)
     return out
+
+
+def stored_result(model_type: str, folder: Path) -> ArchResult:
+    """:func:`run_arch`'s result for ``model_type``, computed once per ``folder``: the first process that asks runs
+    it under a file lock and leaves it there for the others (the xdist workers share the matrix's cases, and the
+    table's tests read what either worker computed)."""
+    import fcntl
+    import pickle
+    folder.mkdir(parents=True, exist_ok=True)
+    name = model_type.replace("-", "_")
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / f"{name}.pickle"
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        r = run_arch(model_type, folder)
+        done.write_bytes(pickle.dumps(r))
+        return r
 
 
 def run_arch(model_type: str, root: Path) -> ArchResult:

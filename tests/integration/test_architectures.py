@@ -2,8 +2,10 @@
 
 :mod:`tests.integration.arch_matrix` builds each ``model_type`` tiny and random-init, opens it on both
 backends and runs every technique against its plain-transformers reference.  Here each architecture is one
-test case; the last tests check that docs/scaling.md's coverage table and the README's count are what the
-matrix gives, and that the CLI refuses an architecture in one line with exit 2, writing nothing to the cache.
+test case, in a few xdist groups (both workers of `make test` share the matrix; each result is stored in the
+run's shared folder, ``arch_matrix.stored_result``); test_architectures_table.py checks docs/scaling.md's table
+and the README's count against the same results.  The last test checks that the CLI refuses an architecture in
+one line with exit 2, writing nothing to the cache.
 """
 
 from __future__ import annotations
@@ -16,28 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.arch_matrix import MATRIX, SCALING, ArchResult, replace_table, run_arch, table
+from tests.integration.arch_matrix import MATRIX, stored_result
 
 pytestmark = [pytest.mark.slow, pytest.mark.matrix]
 
 REPO = Path(__file__).resolve().parents[2]
-_RESULTS: dict[str, ArchResult] = {}
+#: the matrix's cases in this many xdist groups (interleaved: each holds dense, MoE and refused architectures alike)
+GROUPS = 4
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("arch")
-
-
-def result(model_type: str, root: Path) -> ArchResult:
-    if model_type not in _RESULTS:
-        _RESULTS[model_type] = run_arch(model_type, root)
-    return _RESULTS[model_type]
-
-
-@pytest.mark.parametrize("model_type", MATRIX)
-def test_exact_or_refused_in_one_line(model_type, root):
-    r = result(model_type, root)
+@pytest.mark.parametrize("model_type", [pytest.param(mt, marks=pytest.mark.xdist_group(f"matrix-{i % GROUPS}"))
+                                        for i, mt in enumerate(MATRIX)])
+def test_exact_or_refused_in_one_line(model_type, matrix_folder):
+    r = stored_result(model_type, matrix_folder)
     if r.refused is not None:
         assert "\n" not in r.refused and "Traceback" not in r.refused
         assert re.search(r"unsupported|cannot|refus", r.refused), r.refused
@@ -48,32 +41,7 @@ def test_exact_or_refused_in_one_line(model_type, root):
             assert cell.note and "\n" not in cell.note, (name, cell.note)
 
 
-def test_the_matrix_is_wide_and_mostly_exact(root):
-    results = [result(mt, root) for mt in MATRIX]
-    exact = [r for r in results if r.exact]
-    assert len(MATRIX) >= 25 and len(exact) >= 25, [r.model_type for r in exact]
-    # the families issue 31 found wrong or crashing are among the exact ones, on both backends where mapped
-    for mt in ("gemma2", "gemma3_text", "olmo2", "olmo3", "exaone4", "cohere", "gptj"):
-        assert _RESULTS[mt].exact, mt
-    for mt in ("gemma2", "gemma3_text", "olmo2", "olmo3", "gptj", "llama", "gpt2", "gpt_neox"):
-        assert _RESULTS[mt].nnsight is not None, f"the nnsight backend maps {mt}"
-
-
-def test_scaling_md_coverage_table_is_the_matrix(root):
-    results = [result(mt, root) for mt in MATRIX]
-    text = SCALING.read_text()
-    assert replace_table(text, table(results)) == text, \
-        "docs/scaling.md's coverage table differs from the matrix: run " \
-        "`.venv/bin/python -m tests.integration.arch_matrix --write`"
-
-
-def test_readme_states_the_count(root):
-    n = sum(result(mt, root).exact for mt in MATRIX)
-    readme = (REPO / "README.md").read_text()
-    assert f"{n} decoder architectures" in readme, f"README.md should say '{n} decoder architectures'"
-
-
-def test_cli_refuses_an_unstudied_architecture_in_one_line(root, tmp_path):
+def test_cli_refuses_an_unstudied_architecture_in_one_line(tmp_path):
     from tests.integration.tiny_models import build_tiny
     model_dir = build_tiny("falcon_h1", tmp_path / "falcon_h1")
     cache = tmp_path / "results.duckdb"
