@@ -48,17 +48,19 @@ gemma3: setup
 lint: setup
 	$(PY) -m ruff check .
 
-# Everything, in two runs: the suite on two workers (pytest-xdist, a test file per worker at a time, in the order
-# tests/conftest.py collects them: the longest first -- xdist would otherwise start with the files of most tests),
+# Everything, in two runs: the suite on two workers (pytest-xdist, a test file per worker at a time -- the architecture
+# matrix in a few groups -- in the order tests/conftest.py collects them: the longest first; xdist would otherwise
+# start with the files of most tests),
 # then alone the few tests that compare a time or a CPU reading with a threshold (tests/conftest.py: SERIAL).
 # JOBS=1 runs the first part in one process; a run that selects no test (exit 5, e.g. a PYTEST_ARGS -k) is no failure.
+# Every test's seconds are left in test-artifacts/junit-{parallel,serial}.xml (where the time goes).
 JOBS ?= 2
 test: setup lint chromium smollm2 gemma3
 	@status=0; \
-	HF_HUB_OFFLINE=1 $(PY) -m pytest tests -m "not serial" $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile --no-loadscope-reorder) \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest tests -m "not serial" --junitxml=test-artifacts/junit-parallel.xml $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --no-loadscope-reorder) \
 	  $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $$($(PY) -c "from tests.conftest import SERIAL; print(*('tests/' + f for f in SERIAL))") \
-	  -m serial $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
+	  -m serial --junitxml=test-artifacts/junit-serial.xml $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
 	exit $$status
 
 # The loop for every change (under 3 minutes): model-free units and the bundled model's core techniques against

@@ -4,7 +4,10 @@ until it is pressed."""
 
 from __future__ import annotations
 
+import pytest
 from streamlit.testing.v1 import AppTest
+
+pytestmark = pytest.mark.usefixtures("real_threshold")  # the gate at the dashboard's own threshold
 
 
 def gate_page():

@@ -5,7 +5,8 @@ from __future__ import annotations
 from tests.app.conftest import errors, page
 
 
-def test_information_flow_draws_the_heatmap_and_switches_group_and_metric():
+def test_information_flow_draws_the_heatmap_and_switches_group_and_metric(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))  # its own: "computed now" is its claim
     at = page("8_Position_patching.py").run()
     assert not at.exception, at.exception
     assert not errors(at), errors(at)

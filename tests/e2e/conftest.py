@@ -18,6 +18,8 @@ from typing import Iterator, Mapping, Sequence
 
 import pytest
 
+from tests.helpers.shared import shared_folder
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -118,16 +120,12 @@ def shared_server(shared: Path) -> str:
         return url
 
 
-#: set by tests/conftest.py on an xdist run: the folder of the dashboard the workers share
-SHARED_ENV = "ARITHLAB_TEST_SHARED"
-
-
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """The dashboard every browser test of the run opens: one per run (shared by the xdist workers), fresh cache."""
-    shared = os.environ.get(SHARED_ENV)
-    if shared and os.environ.get("PYTEST_XDIST_WORKER"):
-        yield shared_server(Path(shared))
+    shared = shared_folder()
+    if shared is not None:
+        yield shared_server(shared)
         return
     tmp = tmp_path_factory.mktemp("e2e")
     env = dict(os.environ, ARITHLAB_CACHE=str(tmp / "results.duckdb"), ARITHLAB_JOBS=str(tmp / "jobs"),

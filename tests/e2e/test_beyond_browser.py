@@ -17,7 +17,7 @@ def _head_title(page) -> str:
 
 
 def test_attribution_tab_point_click_and_head_to_head(server, page):
-    goto(page, server, "Path_patching")
+    goto(page, server, "Path_patching?n=12")  # 48 prompts: the clicks and the on-demand views are what it checks
     ask_all(page)  # on a busy machine the page asks before computing
     page.get_by_text("Key heads").first.wait_for(timeout=WAIT)
     idle(page)
