@@ -23,7 +23,14 @@ from ui import url_state
 from ui.nav import link_to, page_link, page_of
 from ui.progress import USER_ERRORS, compute_or_button, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap, scaled
-from views.circuit_charts import carries_chart, exact_vs_estimate, lens_lines, position_heatmap, stability_chart
+from views.circuit_charts import (
+    carries_chart,
+    carries_heatmap,
+    exact_vs_estimate,
+    lens_lines,
+    position_heatmap,
+    stability_chart,
+)
 
 KIND_NAMES = dict(KINDS)
 
@@ -96,11 +103,14 @@ def role_attention_of(model, pairs, cache):
 
 
 def carries_view(model, spec, cache, k: int) -> None:
-    """What each key head carries: the top-k heads path-patched under each counterfactual kind (on demand: each
-    kind is one path patching of its own set, cached)."""
+    """What each head carries: the top-k heads -- or every head, at the same cost -- path-patched under each
+    counterfactual kind (on demand: each kind is one path patching of its own set, cached)."""
     from engine.cost import cost_of
     from engine.techniques.carries import carries_work
-    out = compute_or_button(lambda cb: what_heads_carry(model, spec, k=k, cache=cache, progress=cb),
+    n_all = model.facts.n_layers * model.facts.n_heads
+    every = st.toggle(f"Every head ({n_all}), not only the top {k}", key="carries_every",
+                      help="The same path patchings give every head's value: every head costs what the top k cost.")
+    out = compute_or_button(lambda cb: what_heads_carry(model, spec, k=n_all if every else k, cache=cache, progress=cb),
                             lambda: cost_of(model, carries_work(model, spec, cache=cache)),
                             model=model, button=f"Compute (path patching of the set under {len(CF_KINDS) - 1} more "
                                                 f"counterfactual kinds)", key="carries_go", ask=True,
@@ -109,13 +119,26 @@ def carries_view(model, spec, cache, k: int) -> None:
         return
     rows, metric = out
     cdf = pd.DataFrame([r.__dict__ for r in rows])
-    st.altair_chart(carries_chart(cdf, metric), width="stretch")
+    if every:
+        st.altair_chart(carries_heatmap(cdf, metric))
+        st.caption(f"Every head's mean {metric} under each kind of counterfactual, one heatmap per kind on one colour "
+                   f"scale: a head carries the kind of its most negative (reddest) cell. Outlined in black: a cell "
+                   f"whose 95 % bootstrap interval excludes 0 (its interval is in its tooltip).")
+    else:
+        st.altair_chart(carries_chart(cdf, metric), width="stretch")
     st.caption("Pairs per kind (answered right): " + ", ".join(
         f"{kind} {n}" if n else f"{kind} none (no counterfactual of this kind for these templates, or none answered "
                                 f"right)" for kind, n in pairs_per_kind(rows).items()))
+    found = carries(rows)
+    shown = [c for c in found if c.clear] if every else found
+    if every:
+        st.markdown(f"**{len(shown)} of {len(found)} heads** carry one kind clearly (its interval lies wholly below "
+                    f"every other kind's), in the heatmap's ranking:")
     st.dataframe(pd.DataFrame([{"head": f"{c.layer}.{c.head}", "carries (most negative effect)": c.kind,
                                 "settled by the intervals": "yes" if c.clear else "no (intervals overlap)"}
-                               for c in carries(rows)]), hide_index=True, width="stretch")
+                               for c in shown], columns=["head", "carries (most negative effect)",
+                                                         "settled by the intervals"]),
+                 hide_index=True, width="stretch")
     st.download_button("What each head carries (CSV)", cdf.to_csv(index=False).encode(), "carries.csv", "text/csv")
 
 

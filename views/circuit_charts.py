@@ -142,3 +142,29 @@ def carries_chart(cdf: pd.DataFrame, metric: str) -> alt.Chart:
                  alt.Tooltip("high:Q", format=".4f"), "n"])
     rules = base.mark_rule(color="black").encode(y="low:Q", y2="high:Q")
     return stretched((bars + rules).properties(height=300))
+
+
+def carries_heatmap(cdf: pd.DataFrame, metric: str) -> alt.FacetChart:
+    """What every head carries: one layer x head heatmap per counterfactual kind (the kind above it), on one
+    diverging scale centred at 0 -- the most negative cell of a head is the kind it carries.  A cell whose 95 %
+    interval excludes 0 is outlined in black; the interval and the pairs are in its tooltip.  ``cdf`` columns:
+    layer, head, kind, n, value, low, high."""
+    kinds = list(dict.fromkeys(cdf.kind))
+    lim = float(cdf["value"].abs().max()) if len(cdf) and cdf["value"].abs().max() > 0 else 1.0
+    df = cdf.assign(name=[f"{a}.{b}" for a, b in zip(cdf["layer"], cdf["head"])],
+                    settled=(cdf["high"] < 0) | (cdf["low"] > 0))
+    n_heads = int(df["head"].max()) + 1 if len(df) else 1
+    settled = alt.datum.settled
+    return alt.Chart(df).mark_rect().encode(
+        x=alt.X("head:O", title="head", axis=alt.Axis(labelAngle=0, labelOverlap=False)),
+        y=alt.Y("layer:O", sort="descending", title="layer", axis=alt.Axis(labelOverlap=False)),
+        color=alt.Color("value:Q", title=f"mean {metric}",
+                        scale=alt.Scale(scheme="redblue", domain=[-lim, lim], domainMid=0, clamp=True)),
+        stroke=alt.condition(settled, alt.value("black"), alt.value("white")),
+        strokeWidth=alt.condition(settled, alt.value(1.5), alt.value(0.5)),
+        tooltip=[alt.Tooltip("name:N", title="head"), alt.Tooltip("kind:N", title="X_c changes"),
+                 alt.Tooltip("value:Q", format=".4f"),
+                 alt.Tooltip("low:Q", format=".4f", title="95 % interval, low"),
+                 alt.Tooltip("high:Q", format=".4f", title="95 % interval, high"), alt.Tooltip("n:Q", title="pairs")],
+    ).properties(width=max(150, 20 * n_heads), height=alt.Step(ROW_PX)).facet(
+        column=alt.Column("kind:N", sort=kinds, title="X_c changes", header=alt.Header(labelFontSize=12)))

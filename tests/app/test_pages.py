@@ -87,6 +87,34 @@ def test_patching_what_each_head_carries_on_demand():
     assert not [b for b in at.button if b.key == "carries_go"]
 
 
+def test_what_every_head_carries_is_a_heatmap_per_kind_with_every_head():
+    """The toggle "Every head": one heatmap per counterfactual kind with a cell for every head (the same cached path
+    patchings as the top k: no button the second time), its values the engine's, the settled heads listed."""
+    from engine.backends import open_model
+    from engine.techniques.carries import carries, what_heads_carry
+    at = page("4_Path_patching.py", n=12).run()
+    _ok(at)
+    next(b for b in at.button if b.key == "carries_go").click().run()  # the top k: computes every kind
+    at.toggle(key="carries_every").set_value(True).run()
+    _ok(at)
+    assert not [b for b in at.button if b.key == "carries_go"]  # every head: read from the same cache
+    from engine.prompts.promptsets import PromptSetSpec
+    model = open_model("organism")
+    rows, _ = what_heads_carry(model, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=12, seed=0),
+                               k=model.facts.n_layers * model.facts.n_heads)  # the page's set, recomputed here
+    kinds = {r.kind for r in rows}
+    assert len(rows) == model.facts.n_layers * model.facts.n_heads * len(kinds) and len(kinds) >= 3
+    import pyarrow as pa
+    frames = [pa.ipc.open_stream(d.data.data).read_pandas() for c in at.get("arrow_vega_lite_chart")
+              + at.get("vega_lite_chart") for d in c.proto.datasets]
+    drawn = sorted(round(float(v), 5) for f in frames if "settled" in f for v in f["value"])  # the kinds' heatmaps
+    assert drawn == sorted(round(r.value, 5) for r in rows)  # every head under every kind, the engine's values
+    settled = [c for c in carries(rows) if c.clear]
+    table = next(d.value for d in at.dataframe if "carries (most negative effect)" in d.value.columns)
+    assert list(table["head"]) == [f"{c.layer}.{c.head}" for c in settled]
+    assert any(f"{len(settled)} of {len(rows) // len(kinds)} heads" in m.value for m in at.markdown)
+
+
 def test_patching_heatmap_of_the_typed_prompt():
     """The Operation box's last choice: the typed prompt against its counterfactual, one pair, as the heatmap
     (the same numbers as path patching of that one pair); a prompt with no counterfactual is an st.error."""
