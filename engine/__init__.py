@@ -65,6 +65,7 @@ API: dict[str, str] = {
     "intervene": "engine.techniques.intervene",
     "parse_targets": "engine.techniques.intervene",
     "number_token": "engine.techniques.intervene",
+    "class_mean_direction": "engine.techniques.numbers.directions",
     # pins and notes (kept per model in the result cache)
     "pin": "engine.findings.notes",
     "unpin": "engine.findings.notes",

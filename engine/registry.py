@@ -135,7 +135,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique(
         "intervene", "Intervene",
         "one prompt's top next tokens before / after patching, scaling, zeroing, mean-ablating chosen components "
-        "or adding a number's unembedding -> JSON", "intervene",
+        "or adding a number's direction -> JSON", "intervene",
         (opt("--text", required=True, help="the prompt, e.g. 'Q: What is 7 plus 8? A:'"),
          opt("--components", required=True, metavar="LIST",
              help="heads, MLPs, neurons or residual streams, e.g. 1.3,2.mlp,2.mlp.40,3.resid"),
@@ -143,7 +143,14 @@ TECHNIQUES: tuple[Technique, ...] = (
          opt("--source", default=None,
              help="patch: the prompt the values come from (default: --text's counterfactual)"),
          opt("--factor", type=float, default=0.0, help="scale: the factor (default 0)"),
-         opt("--number", type=int, default=None, help="add: the number whose unembedding is added"),
+         opt("--number", type=int, default=None,
+             help="add: the number whose direction is added (its unembedding, or see --direction)"),
+         opt("--direction", choices=("unembedding", "class-mean"), default="unembedding",
+             help="add: the number's unembedding column (default), or its class-mean direction at END over the "
+                  "set's prompts answering it (the Numbers page's causal check; the set flags choose the set)"),
+         opt("--direction-layer", type=nonneg_int, default=None, metavar="L",
+             help="add with --direction class-mean: the layer whose residual stream gives the direction "
+                  "(default: the first component's layer)"),
          opt("--strength", type=float, default=1.0,
              help="add: the strength, in units of the component's own norm at END (default 1)"),
          opt("--positions", choices=("end", "all"), default="end", help="where to intervene (default END only)"),

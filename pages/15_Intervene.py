@@ -8,6 +8,7 @@ from engine.findings.as_code import intervene_code
 from engine.prompts.pairs import PromptError
 from engine.techniques.intervene import Intervention, intervene, number_token, parse_targets
 from engine.techniques.knockout import mean_activations
+from engine.techniques.numbers.directions import class_mean_direction
 from engine.techniques.promptlab import check_typed_text, typed_pair
 from ui.as_code import code_view
 from ui.session import (
@@ -28,7 +29,8 @@ model, spec = setup_page(
     "Intervene",
     "Change chosen components of the typed prompt's forward pass and see the next-token distribution before and "
     "after: set them to their value on another prompt (patch), scale them, zero them, replace them by their mean "
-    "over the counterfactual prompts, or add a number's unembedding direction at a chosen strength.")
+    "over the counterfactual prompts, or add a number's direction at a chosen strength: its unembedding, or its "
+    "class mean over the sidebar set's prompts that answer it (the Numbers page's causal-check direction).")
 prompt_caption()
 words_used("counterfactual", "END", "probability", "knockout", "path patching")
 f = model.facts
@@ -48,12 +50,22 @@ freeze = c4.checkbox("Hold the other heads fixed", key="iv_freeze",
                           "patching one head at END from the counterfactual then gives path patching's number for "
                           "that head.")
 text = current_prompt()
-source_text, factor, number, strength = None, 0.0, None, 0.0
+source_text, factor, number, strength, direction_layer = None, 0.0, None, 0.0, None
 if action == "patch":
     source_text = c5.text_input("Take the values from (empty: the typed prompt's counterfactual)", key="iv_source")
 elif action == "scale":
     factor = c5.slider("Factor", -3.0, 3.0, 0.0, 0.1, key="iv_factor")
 elif action == "add":
+    kind = c5.radio("Direction", ["unembedding", "class mean"], key="iv_direction", horizontal=True,
+                    format_func={"unembedding": "its unembedding", "class mean": "its class mean (the set)"}.get,
+                    help="Its unembedding: the column of W_U of the number's first answer token. Its class mean: "
+                         "the mean residual stream at END, leaving the chosen layer, of the sidebar set's prompts "
+                         "that answer the number, minus the mean over every prompt of the set (made unit): the "
+                         "direction the Numbers page's causal check moves along.")
+    if kind == "class mean":
+        first = next((int(o.split(".")[0]) for o in chosen if not o.split(".")[1].isdigit()), 0) if chosen else 0
+        direction_layer = int(c5.selectbox("Its layer (the residual stream leaving it)", list(range(L)),
+                                           index=min(first, L - 1), key="iv_direction_layer"))
     number = int(c5.number_input("Number", 0, 10_000, 7, key="iv_number"))
     strength = c5.slider("Strength (1: as long as the component's own output at END)", -5.0, 5.0, 1.0, 0.1,
                          key="iv_strength")
@@ -68,9 +80,15 @@ try:
     if action == "patch":
         source = tuple(check_typed_text(model.tokenizer, source_text).ids if source_text
                        else typed_pair(model.tokenizer, text).cf_ids)
-    token = number_token(model.tokenizer, text, number) if action == "add" else None
+    token, vector = None, ()
+    if action == "add" and direction_layer is not None:
+        set_pairs, _ = analysed_pairs(model, spec, result_cache())
+        d, n_class = class_mean_direction(model, set_pairs, direction_layer, number)
+        vector = tuple(float(v) for v in d)
+    elif action == "add":
+        token = number_token(model.tokenizer, text, number)
     iv = Intervention(action, targets, "all" if action == "mean" else positions, factor, strength, source, token,
-                      freeze).check()
+                      freeze, vector).check()
 except (PromptError, ValueError) as e:
     st.error(f"Cannot intervene: {e}.")
     st.stop()
@@ -89,8 +107,11 @@ if res.watched is not None:
               delta_color="normal" if change else "off")
     m2.metric("Answer logit", f"{res.after.watched_logit:.3f}",
               f"{res.after.watched_logit - res.before.watched_logit:+.3f}", delta_color="off")
+if vector:
+    st.caption(f"Direction: {number}'s class mean at END leaving layer {direction_layer}, over the {n_class} of the "
+               f"set's {len(set_pairs)} prompts that answer {number}, minus the mean of all {len(set_pairs)}.")
 st.caption(f"{res.forward_passes} forward pass(es) for this view (the typed prompt's and the other prompt's own "
            f"passes are kept while they do not change). Exact: the model's own softmax at END, no estimate.")
 
 code_view(intervene_code(model, spec, text, ",".join(t.name for t in targets), action, positions, factor, number,
-                         strength, source_text, freeze))
+                         strength, source_text, freeze, direction_layer))

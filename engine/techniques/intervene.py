@@ -15,7 +15,8 @@ five ways, at END only or at every position:
 * ``add``   -- a unit direction d added, s |a_END| d, where |a_END| is the component's own norm at END on
   X (s = 1: a vector as long as the activation itself; d_model components: MLPs, the residual stream);
   the direction is a token's unembedding column W_U[:, t] / |W_U[:, t]|, for a number the token the
-  model would write first for it after X (:func:`number_token`).
+  model would write first for it after X (:func:`number_token`), or a given vector (``direction``), e.g. a
+  number's class-mean direction over a prompt set (:mod:`engine.techniques.numbers.directions`), made unit.
 
 ``freeze``: every other head's output is held at its value on X, at every position (Algorithm 1's
 frozen heads).  Two of these interventions are ones the lab already defines, and give its numbers:
@@ -97,6 +98,7 @@ class Intervention:
     source: tuple[int, ...] = ()     # patch: X''s ids
     direction_token: int | None = None  # add: the token whose unembedding column is the direction
     freeze: bool = False             # every other head held at its value on X
+    direction: tuple[float, ...] = ()  # add: a d_model vector instead of a token's unembedding (made unit)
 
     def check(self) -> "Intervention":
         """The intervention, or ValueError saying what is missing or cannot be done."""
@@ -112,8 +114,8 @@ class Intervention:
             raise ValueError("mean ablation is defined for heads and MLPs (the knockouts' means); "
                              "zero or scale a neuron or a residual stream instead")
         if self.action == "add":
-            if self.direction_token is None:
-                raise ValueError("adding a direction needs its token (e.g. a number's unembedding)")
+            if self.direction_token is None and not self.direction:
+                raise ValueError("adding a direction needs its token (e.g. a number's unembedding) or a vector")
             if any(t.kind not in ("mlp", "resid") for t in self.targets):
                 raise ValueError("a direction (d_model) is added to an MLP's output or a residual stream, "
                                  "not to a head's output before W_O or a neuron")
@@ -240,7 +242,15 @@ def intervened_logits(backend: ModelBackend, ids: Sequence[int], iv: Interventio
     if iv.action == "patch":
         _, source_cache = _run(backend, iv.source, sorted({t.hook() for t in iv.targets}))
     direction = None
-    if iv.action == "add":
+    if iv.action == "add" and iv.direction:
+        if len(iv.direction) != f.d_model:
+            raise ValueError(f"the direction has {len(iv.direction)} entries, the model's residual stream "
+                             f"{f.d_model}")
+        vec = torch.tensor(iv.direction, dtype=torch.float64)
+        if not torch.isfinite(vec).all() or float(vec.norm()) == 0.0:
+            raise ValueError("the direction must be a finite, non-zero vector")
+        direction = (vec / vec.norm()).float()  # [d_model], unit length
+    elif iv.action == "add":
         w_u, _ = backend.unembed()  # [d_model, vocab]
         col = w_u[:, iv.direction_token].float()
         direction = col / col.norm().clamp_min(1e-12)  # [d_model], unit length
@@ -304,13 +314,19 @@ def cli(args, ctx) -> dict:
     if args.action == "patch":
         source = tuple(check_typed_text(model.tokenizer, args.source).ids if args.source
                        else typed_pair(model.tokenizer, args.text).cf_ids)
-    token = None
+    token, direction, layer = None, (), None
     if args.action == "add":
         if args.number is None:
-            raise ValueError("--action add needs --number N: the number whose unembedding is added")
-        token = number_token(model.tokenizer, args.text, args.number)
+            raise ValueError("--action add needs --number N: the number whose direction is added")
+        if args.direction == "class-mean":
+            from engine.techniques.numbers.directions import class_mean_direction
+            layer = targets[0].layer if args.direction_layer is None else args.direction_layer
+            vec, _ = class_mean_direction(model, ctx.pairs, layer, args.number)
+            direction = tuple(float(v) for v in vec)
+        else:
+            token = number_token(model.tokenizer, args.text, args.number)
     iv = Intervention(args.action, targets, args.positions, args.factor, args.strength, source, token,
-                      args.freeze).check()
+                      args.freeze, direction).check()
     means = None
     if args.action == "mean":
         from engine.techniques.knockout import mean_activations
@@ -320,7 +336,9 @@ def cli(args, ctx) -> dict:
     out = {"text": args.text, **ctx.typed_summary(typed), "components": [t.name for t in targets],
            "action": args.action, "positions": args.positions, "freeze": args.freeze,
            **({"factor": args.factor} if args.action == "scale" else {}),
-           **({"strength": args.strength, "number": args.number} if args.action == "add" else {}),
+           **({"strength": args.strength, "number": args.number, "direction": args.direction}
+              if args.action == "add" else {}),
+           **({"direction_layer": layer} if layer is not None else {}),
            **({"source": args.source or "the typed prompt's counterfactual"} if args.action == "patch" else {}),
            **res.to_json()}
     ctx.write_json(args.out, out)

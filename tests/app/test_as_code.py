@@ -55,6 +55,40 @@ def test_the_intervene_command_prints_the_pages_numbers(tmp_path, monkeypatch, c
     assert close(nb["watched_prob_after"], out["watched_prob_after"])
 
 
+def test_a_class_mean_direction_on_the_page_its_command_and_its_notebook_lines(tmp_path, monkeypatch, capsys):
+    """Intervene's 'add a number's direction' with its class mean over the sidebar set: the page's P(answer), the
+    command's (with the set's flags) and the notebook's agree; the caption counts the class; a number the set does
+    not answer twice is an st.error naming the answers it has."""
+    import json
+
+    from engine.cli.main import main
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    at = page("15_Intervene.py")
+    at.session_state["prompt"] = "Q: What is 7 plus 8? A:"
+    at.run()
+    at.multiselect(key="iv_components").set_value(["2.resid"]).run()
+    at.radio(key="iv_action").set_value("add a number's direction").run()
+    at.radio(key="iv_direction").set_value("class mean").run()
+    assert at.selectbox(key="iv_direction_layer").value == 2  # the component's layer
+    at.number_input(key="iv_number").set_value(7).run()
+    at.slider(key="iv_strength").set_value(2.0).run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    assert any(c.value.startswith("Direction: 7's class mean at END leaving layer 2") for c in at.caption)
+    cli = at.code[0].value
+    assert "--direction class-mean --direction-layer 2" in cli and "--op add,sub,mul,div" in cli
+    shown = float(next(m.value for m in at.metric if m.label.startswith("P(answer")))
+    capsys.readouterr()
+    assert main(shlex.split(cli)[3:]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["direction"] == "class-mean" and out["direction_layer"] == 2 and out["strength"] == 2.0
+    assert abs(out["watched_prob_after"] - shown) < 5e-4  # the page shows three decimals
+    _, py = shown_code(at)
+    nb = run_notebook(py, tmp_path, monkeypatch, capsys)
+    assert close(nb["after"], [(t["token_id"], t["prob"]) for t in out["after"]], 1e-5)
+    at.number_input(key="iv_number").set_value(9999).run()
+    assert not at.exception and any("choose one the set answers often enough" in e for e in errors(at)), errors(at)
+
+
 # ---------------------------------------------------------------------------------------------
 # every page's snippet, run: the CLI lines in a subprocess (their own cache), the notebook lines with exec (another
 # cache), each compared with the page's engine call on the same settings (no cache)

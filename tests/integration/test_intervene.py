@@ -10,6 +10,7 @@ answers bad input in one line with exit status 2.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -125,3 +126,105 @@ def test_the_notebook_cell_runs_as_written(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("3 passes") or out[0].endswith("1 passes"), out
     assert out[1].startswith("[('9'"), out  # 9's direction at twice the residual's norm makes 9 the top token
+
+
+# ---------------------------------------------------------------------------------------------
+# a number's class-mean direction (engine/techniques/numbers/directions.py), added
+# ---------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def plain_class_mean(backend, pairs, layer, value):
+    """d_v by hand: one unpadded forward per prompt, resid_post[layer] at its last token (END: the token right
+    before the answer), the class mean minus the set's mean, made unit (float64)."""
+    from engine.backends import hooks
+    from engine.prompts.pairs import answer_tokens
+    xs = []
+    for p in pairs:
+        assert answer_tokens(backend.tokenizer, p.ref_text, p.answer).prompt_ids == p.ref_ids  # the answer follows
+        _, c = backend.run_with_cache(torch.tensor([p.ref_ids]), None, [hooks.resid_post(layer)])
+        xs.append(c[hooks.resid_post(layer)][0, -1].double())
+    X = torch.stack(xs)  # [P, d_model]
+    mine = torch.tensor([float(p.answer) == float(value) for p in pairs])
+    d = X[mine].mean(0) - X.mean(0)
+    return (d / d.norm()).numpy(), int(mine.sum())
+
+
+@torch.no_grad()
+def plain_added(backend, ids, layer, vector, strength):
+    """END logits with s |x_END| d added to resid_post[layer] at END, by a hand-written hook."""
+    from engine.backends import hooks
+    d = torch.tensor(vector, dtype=torch.float32)
+
+    def add(act):  # [1, pos, d_model]
+        act[0, -1] = act[0, -1] + strength * act[0, -1].float().norm() * d.to(act.dtype)
+        return act
+    with backend.hooks([(hooks.resid_post(layer), add)]):
+        return backend.end_logits(torch.tensor([list(ids)]), None, torch.tensor([len(ids) - 1]))[0].float()
+
+
+def check_class_mean_direction(backend, pairs, layer, value, strength=2.0):
+    from engine.techniques.numbers.directions import class_mean_direction
+    got, n = class_mean_direction(backend, pairs, layer, value)
+    want, n_want = plain_class_mean(backend, pairs, layer, value)
+    assert n == n_want >= 2
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    p = next(q for q in pairs if float(q.answer) != float(value))
+    t = parse_targets(f"{layer}.resid", backend.facts.n_layers, backend.facts.n_heads)
+    _, after = intervened_logits(backend, p.ref_ids, Intervention("add", t, strength=strength,
+                                                                  direction=tuple(got)))
+    ref = plain_added(backend, p.ref_ids, layer, got, strength)
+    assert torch.allclose(after, ref, atol=1e-3 * float(ref.abs().max())), float((after - ref).abs().max())
+
+
+def test_a_numbers_class_mean_direction_is_the_hand_computed_mean_and_is_added_as_written(organism):
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.numbers.directions import answer_counts
+    pairs, _ = kept_pairs(organism, PromptSetSpec(ops=("add",), n=40, seed=0))
+    value = max(answer_counts(pairs).items(), key=lambda kv: kv[1])[0]
+    for layer in (1, organism.facts.n_layers - 1):
+        check_class_mean_direction(organism, pairs, layer, value)
+
+
+def test_a_value_the_set_does_not_answer_twice_is_refused_with_the_values_it_has(organism):
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.numbers.directions import answer_counts, class_mean_direction
+    pairs, _ = kept_pairs(organism, PromptSetSpec(ops=("add",), n=40, seed=0))
+    have = answer_counts(pairs)
+    with pytest.raises(ValueError, match="choose one the set answers often enough") as e:
+        class_mean_direction(organism, pairs, 1, 9999)
+    assert f"{next(iter(have))} ({have[next(iter(have))]})" in str(e.value)
+    t = parse_targets("1.resid", organism.facts.n_layers, organism.facts.n_heads)
+    for bad in ((1.0, 2.0), (0.0,) * organism.facts.d_model, (float("nan"),) * organism.facts.d_model):
+        with pytest.raises(ValueError):
+            intervened_logits(organism, pairs[0].ref_ids, Intervention("add", t, strength=1.0, direction=bad))
+
+
+def test_cli_intervene_adds_a_class_mean_direction(tmp_path):
+    import json
+    out = tmp_path / "iv.json"
+    r = run_cli("intervene", "--model", "organism", "--text", "Q: What is 7 plus 8? A:", "--components", "2.resid",
+                "--action", "add", "--number", "11", "--direction", "class-mean", "--op", "add", "--n", "40",
+                "--strength", "2", "--out", str(out), cache=tmp_path / "r.duckdb")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    assert got["direction"] == "class-mean" and got["direction_layer"] == 2 and got["number"] == 11
+    bad = run_cli("intervene", "--model", "organism", "--text", "Q: What is 7 plus 8? A:", "--components", "2.resid",
+                  "--action", "add", "--number", "9999", "--direction", "class-mean", "--op", "add", "--n", "40",
+                  cache=tmp_path / "r.duckdb")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+@pytest.mark.realmodel
+def test_smollm2_class_mean_direction_equals_the_hand_computed_mean():
+    """SmolLM2: END is the prompt's last token, right before the answer's first digit (checked per prompt in the
+    plain loop); the batched, padded residual pass's class mean equals one unpadded forward per prompt."""
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.numbers.directions import answer_counts
+    from tests.helpers.smollm2 import open_smollm2
+    smol = open_smollm2()
+    pairs, _ = kept_pairs(smol, PromptSetSpec(ops=("add",), n=24, seed=0))
+    value = max(answer_counts(pairs).items(), key=lambda kv: kv[1])[0]
+    for p in pairs:
+        last = str(smol.tokenizer.convert_ids_to_tokens(p.ref_ids)[-1])
+        assert not any(ch.isdigit() for ch in last), (p.ref_text, last)
+    check_class_mean_direction(smol, pairs, smol.facts.n_layers // 2, value)

@@ -18,6 +18,7 @@ its part of the method:
 * :mod:`.shifts` -- a vector added to the residual stream at one position, the answer read out (the causal
   check's and helix patching's);
 * :mod:`.causal` -- 4. the causal check: the END residual moved along a class-mean direction;
+* :mod:`.directions` -- 5. one number's class-mean direction (what Intervene adds);
 * :mod:`.command` -- ``python -m engine numbers`` and the circuit summary's sentence.
 
 ``METHOD`` and ``VERSION`` (in :mod:`.activations`) are part of every cache key of every part.  The package
