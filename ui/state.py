@@ -80,6 +80,15 @@ def use_template(param: str) -> None:
     st.session_state["prompt_set"] = cur  # the sidebar's boxes show it from the next run on
 
 
+def use_digit(digit: str) -> None:
+    """Make ``digit`` (first / last / k) the answer digit of every page's prompt set, the sidebar's box showing it
+    (from a callback)."""
+    cur = dict(st.session_state.get("prompt_set") or default_prompt_set())
+    cur["digit"] = digit
+    st.session_state["prompt_set"] = cur
+    st.session_state["ps_digit"] = digit
+
+
 def default_prompt_set() -> dict:
     """The ``prompt_set`` entry before the user picks a set: ops, families (a ``FAMILY_CHOICES`` label), n, seed
     (and ``balance``, True when absent)."""

@@ -87,12 +87,54 @@ def step_answers(model, spec, cache) -> None:
     sentence(f"On your prompt `{text}` the model gives the answer `{display_token(rep.answer_token or '')}` P = "
              f"{rep.p_answer:.3g} ({verdict}){cf}. Over the sidebar's set it answers {len(pairs)} of {n_gen} "
              f"prompts right; only those are analysed.")
+    if spec.digit != "first":
+        from engine.prompts.pairs import digit_words
+        st.caption(f"Your prompt is read at its answer's first token; the set's steps that follow read the answer's "
+                   f"{digit_words(spec.digit)} digit, the digits before it given to the model.")
+    first_digit_note(model, spec, pairs)
     c1, c2 = st.columns(2)
     c1.caption(f"Next token after `{text}`")
     chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.top5]), answer_id=rep.answer_id), c1)
     if rep.cf_top5:
         c2.caption(f"Next token after the counterfactual `{p.cf_text}`")
         chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.cf_top5]), answer_id=rep.answer_id), c2)
+
+
+def tens_dominated(pairs) -> tuple[str, float, int] | None:
+    """(operation, share, token id) of the operation whose commonest first answer token starts more than the sets'
+    dominant share (40 %) of its answers, most of them answers of two digits or more -- the tens digit (the '1' of
+    every sum from 10 to 18), where the units digit is another token; None when no operation is so."""
+    from collections import Counter, defaultdict
+
+    from engine.prompts.promptsets import DOMINANT_SHARE
+    by_op = defaultdict(list)
+    for p in pairs:
+        by_op[p.op].append(p)
+    found = []
+    for op, ps in by_op.items():
+        tid, k = Counter(p.answer_id for p in ps).most_common(1)[0]
+        lead = [p for p in ps if p.answer_id == tid]
+        if k / len(ps) > DOMINANT_SHARE and sum(abs(p.answer) >= 10 for p in lead) > len(lead) / 2:
+            found.append((op, k / len(ps), tid))
+    return max(found, key=lambda f: f[1]) if found else None
+
+
+def first_digit_note(model, spec, pairs) -> None:
+    """At the first answer digit, where one token starts most of an operation's answers and those answers have two
+    digits (:func:`tens_dominated`), a sentence saying so and a button that tells the story at the units digit
+    instead (the sidebar's Answer digit set to 'last')."""
+    from engine.prompts.pairs import FIRST_DIGIT
+    found = tens_dominated(pairs) if spec.digit == FIRST_DIGIT else None
+    if found is None:
+        return
+    op, share, tid = found
+    tok = display_token(str(model.tokenizer.convert_ids_to_tokens([tid])[0]))
+    sentence(f"{share:.0%} of the set's {op} prompts start their answer with `{tok}`, the tens digit: at the first "
+             f"digit this story mostly tells how the model predicts `{tok}`. The arithmetic of a two-digit result -- "
+             f"its units digit and whether a carry reached the tens -- happens one token later.")
+    st.button("Tell the story at the units digit", key="story_units", on_click=state.use_digit, args=("last",),
+              help="Sets the sidebar's Answer digit to 'last': the answer's earlier digits are given to the model "
+                   "in both prompts, and every step reads the position that predicts the units digit.")
 
 
 def step_heads(model, spec, cache) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.app.conftest import REPO, SMALL_SET, errors, go
@@ -57,3 +58,62 @@ def test_a_bad_operand_range_in_the_link_is_ignored_with_a_note():
     notes = [w.value for w in at.warning if "Link parameter" in w.value]
     assert [n for n in notes if n.startswith("Link parameter `operands=9-1` ignored")], notes
     assert "operands" not in at.query_params
+
+
+def _story(prompt_set: dict) -> AppTest:
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=300)
+    at.session_state["prompt_set"] = prompt_set
+    at.run()
+    return go(at, "1_Story.py")
+
+
+def test_the_story_offers_the_units_digit_where_one_first_token_starts_most_answers():
+    """Sums of operands 5..9 all start with '1' (the bundled model answers the 12 it is given): the Story's first
+    screen says so and its button tells the story at the units digit -- the set's digit, the sidebar's box and the
+    caption follow; operands 1..9 (a sixth of the sums start with '1') get neither."""
+    at = _story({**SMALL_SET, "ops": ["add"], "n": 12, "operand_lo": 5, "operand_hi": 9})
+    said = " ".join(m.value for m in at.markdown)
+    assert "100% of the set's add prompts start their answer with <code>1</code>, the tens digit" in said, said[:1500]
+    at.button(key="story_units").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    assert at.session_state["prompt_set"]["digit"] == "last"
+    assert at.sidebar.selectbox(key="ps_digit").value == "last"
+    assert not [b for b in at.button if b.key == "story_units"]  # at the units digit: nothing to offer
+    assert any("read the answer's last (units) digit" in c.value for c in at.caption)
+    plain = _story({**SMALL_SET, "ops": ["add"], "n": 12})
+    assert not [b for b in plain.button if b.key == "story_units"]
+    assert "start their answer with" not in " ".join(m.value for m in plain.markdown)
+
+
+def test_a_dominant_one_digit_answer_is_not_called_a_tens_digit():
+    """'1' starting most answers of single-digit differences (SmolLM2's subtractions: 82 % '1') is no tens digit:
+    the units digit would be the same token, and the Story offers nothing."""
+    from dataclasses import dataclass
+
+    from ui.story import tens_dominated
+
+    @dataclass
+    class P:
+        op: str
+        answer: int
+        answer_id: int
+    one_digit = [P("sub", 1, 7)] * 9 + [P("sub", 2, 8)] * 2
+    tens = [P("add", a, 7) for a in (10, 12, 13, 15, 17)] + [P("add", 4, 9)] * 3
+    assert tens_dominated(one_digit) is None
+    assert tens_dominated(one_digit + tens) == ("add", 5 / 8, 7)
+
+
+@pytest.mark.realmodel
+def test_smollm2s_default_set_gets_the_units_digit_offer_for_its_sums_not_its_differences():
+    """SmolLM2 on the sidebar's default set's additions and subtractions (40 each, balanced): the sums it answers
+    right start with the tens '1' more than 40 % of the time (their units digit is another token); its differences'
+    commonest first token is a one-digit answer."""
+    from engine.prompts.promptsets import PromptSetSpec
+    from engine.techniques.accuracy import kept_pairs
+    from tests.helpers.smollm2 import open_smollm2
+    from ui.story import tens_dominated
+    smol = open_smollm2()
+    pairs, _ = kept_pairs(smol, PromptSetSpec(ops=("add", "sub")))
+    op, share, tid = tens_dominated(pairs)
+    assert op == "add" and share > 0.4 and smol.tokenizer.convert_ids_to_tokens([tid])[0] == "1", (op, share)
+    assert tens_dominated([p for p in pairs if p.op == "sub"]) is None
