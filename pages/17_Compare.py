@@ -1,4 +1,5 @@
-"""Compare: two path-patching runs side by side (A: the sidebar's set; B: the same set, another counterfactual kind)."""
+"""Compare: two path-patching runs side by side (A: the sidebar's set; B: the same set with another counterfactual
+kind, other templates or another answer digit)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,47 @@ import streamlit as st
 
 from engine.findings.as_code import compare_code
 from engine.findings.compare import compare_tables
-from engine.prompts.pairs import COUNTERFACTUAL_WORDS, PromptError
+from engine.prompts.pairs import COUNTERFACTUAL_WORDS, PromptError, digit_words
+from engine.prompts.promptsets import parse_families
 from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
 from ui.as_code import code_view
 from ui.circuit_panels import patching_table
 from ui.progress import compute_or_button
-from ui.session import analysed_pairs, result_cache, setup_page, words_used
+from ui.session import DIGIT_CHOICES, analysed_pairs, result_cache, setup_page, words_used
+from ui.state import FAMILY_CHOICES
 from views.charts import component_frame, heatmap, heatmap_frame, heatmap_limit
 
 model, spec = setup_page(
     "Compare",
     "Two path-patching runs side by side: A is the sidebar's prompt set, B the same set with another counterfactual "
-    "kind. Both heatmaps share one colour scale; the third is their difference A - B per head and MLP, each with a "
-    "95 % bootstrap interval (A's and B's pairs resampled independently, 1000 times): a cell outlined in orange "
-    "differs, its interval excludes 0.")
+    "kind, other templates or another answer digit. Both heatmaps share one colour scale; the third is their "
+    "difference A - B per head and MLP, each with a 95 % bootstrap interval (A's and B's pairs resampled "
+    "independently, 1000 times): a cell outlined in orange differs, its interval excludes 0.")
 words_used("path patching", "counterfactual", "logit difference", "effect", "key heads", "bootstrap interval")
+AXES = {"counterfactual": "the counterfactual kind", "families": "the templates", "digit": "the answer digit"}
+axis = st.radio("B differs from A in", list(AXES), format_func=AXES.get, key="cmp_axis", horizontal=True)
 kinds = list(COUNTERFACTUAL_WORDS)
 a_kind = spec.counterfactual
 c1, c2, c3 = st.columns([2, 1, 1])
-b_kind = c1.selectbox("B: the counterfactual kind", [k for k in kinds if k != a_kind], key="cmp_kind",
-                      format_func=lambda k: COUNTERFACTUAL_WORDS[k][0],
-                      help=f"A is the sidebar's kind: {COUNTERFACTUAL_WORDS[a_kind][0]}.")
+if axis == "counterfactual":
+    b_kind = c1.selectbox("B: the counterfactual kind", [k for k in kinds if k != a_kind], key="cmp_kind",
+                          format_func=lambda k: COUNTERFACTUAL_WORDS[k][0],
+                          help=f"A is the sidebar's kind: {COUNTERFACTUAL_WORDS[a_kind][0]}.")
+    a_name, b_name = COUNTERFACTUAL_WORDS[a_kind][0], COUNTERFACTUAL_WORDS[b_kind][0]
+    change = {"counterfactual": b_kind}
+elif axis == "families":
+    a_fams = "your template" if spec.templates else next(
+        (label for label, text in FAMILY_CHOICES.items() if parse_families(text) == spec.families),
+        ", ".join(spec.families))
+    b_label = c1.selectbox("B: the templates", [label for label in FAMILY_CHOICES if label != a_fams],
+                           key="cmp_families", help=f"A is the sidebar's: {a_fams}.")
+    a_name, b_name = a_fams, b_label
+    change = {"families": parse_families(FAMILY_CHOICES[b_label]), "templates": ()}
+else:
+    b_digit = c1.selectbox("B: the answer digit", [d for d in DIGIT_CHOICES if d != spec.digit], key="cmp_digit",
+                           format_func=digit_words, help=f"A is the sidebar's: the {digit_words(spec.digit)} digit.")
+    a_name, b_name = f"the {digit_words(spec.digit)} digit", f"the {digit_words(b_digit)} digit"
+    change = {"digit": b_digit}
 metric = c2.selectbox("Metric", ("logit_diff", "effect"), key="cmp_metric",
                       help="logit_diff: the answer logit's change (every pair); effect: the relative change")
 k = int(c3.number_input("Top k", 1, model.facts.n_layers * model.facts.n_heads, 5, key="cmp_k"))
@@ -37,9 +58,9 @@ cache = result_cache()
 pairs_a, _ = analysed_pairs(model, spec, cache)
 table_a, _ = patching_table(model, pairs_a, cache)
 try:
-    spec_b = replace(spec, counterfactual=b_kind)  # the set checks its kind (PromptError)
+    spec_b = replace(spec, **change)  # the set checks its kind and digit (PromptError)
 except PromptError as e:
-    st.error(f"B cannot use {COUNTERFACTUAL_WORDS[b_kind][0]} on this set: {e}. Pick another kind for B, or other "
+    st.error(f"B cannot use {b_name} on this set: {e}. Pick another {AXES[axis].split(' ', 1)[1]} for B, or other "
              f"operations in the sidebar.")
     st.stop()
 try:
@@ -48,10 +69,10 @@ try:
                                    button="Check which of B's prompts the model answers right", key="cmp_filter",
                                    text="Checking B's prompts", failure="build B's prompt set")
 except PromptError as e:
-    st.error(f"B cannot use {COUNTERFACTUAL_WORDS[b_kind][0]} on this set: {e}. Pick another kind for B.")
+    st.error(f"B cannot use {b_name} on this set: {e}. Pick another {AXES[axis].split(' ', 1)[1]} for B.")
     st.stop()
 if not pairs_b:
-    st.error("The model answers none of B's prompts right: pick another kind for B.")
+    st.error(f"The model answers none of B's prompts right: pick another {AXES[axis].split(' ', 1)[1]} for B.")
     st.stop()
 table_b, _ = patching_table(model, pairs_b, cache, key="cmp_patching_go", text="Path patching B, batch")
 cmp = compare_tables(table_a, table_b, metric=metric, k=k)  # the one engine call
@@ -60,9 +81,9 @@ fa = heatmap_frame(*table_a.heatmap(metric))
 fb = heatmap_frame(*table_b.heatmap(metric))
 lim = max(heatmap_limit(fa), heatmap_limit(fb))  # one scale for A and B
 left, right = st.columns(2)
-left.markdown(f"**A: {COUNTERFACTUAL_WORDS[a_kind][0]}** ({cmp.n_a} pairs)")
+left.markdown(f"**A: {a_name}** ({cmp.n_a} pairs)")
 left.altair_chart(heatmap(fa, metric, lim), width="stretch", key="cmp_a")
-right.markdown(f"**B: {COUNTERFACTUAL_WORDS[b_kind][0]}** ({cmp.n_b} pairs)")
+right.markdown(f"**B: {b_name}** ({cmp.n_b} pairs)")
 right.altair_chart(heatmap(fb, metric, lim), width="stretch", key="cmp_b")
 
 cells = [(c.component, c.layer, c.head, c.diff) for c in cmp.cells]
@@ -78,4 +99,4 @@ st.download_button("Difference data (CSV)", fd.to_csv(index=False).encode(), "co
 st.subheader(f"Top {k} heads: {cmp.overlap} of {k} shared")
 st.dataframe(pd.DataFrame({"A": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_a],
                            "B": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_b]}), hide_index=True)
-code_view(compare_code(model, spec, b_kind, metric, k))
+code_view(compare_code(model, spec, spec_b, metric, k))

@@ -8,7 +8,7 @@ below writes its own view.  A test runs each snippet and compares its output wit
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from engine.prompts.promptsets import PromptSetSpec
 
@@ -228,9 +228,9 @@ def numbers_code(model, spec: PromptSetSpec) -> Snippet:
                             "without `--no-causal` the command also runs the causal check at the page's layer.")
 
 
-def compare_code(model, spec: PromptSetSpec, b_kind: str, metric: str, k: int) -> Snippet:
-    """The Compare page: A (the set) vs B (the set with another counterfactual kind), cell by cell with intervals."""
-    spec_b = replace(spec, counterfactual=b_kind)
+def compare_code(model, spec: PromptSetSpec, spec_b: PromptSetSpec, metric: str, k: int) -> Snippet:
+    """The Compare page: A (the set) vs B (the set with another counterfactual kind, other templates or another answer
+    digit), cell by cell with intervals."""
     cli = "\n".join([command("path-patching", model, spec, "--out", "a.csv"),
                      command("path-patching", model, spec_b, "--out", "b.csv")])
     py = (opening(model, spec, ["cached_path_patching"],

@@ -27,3 +27,36 @@ def test_a_kind_the_set_cannot_use_is_an_error():
     at = page("17_Compare.py", n=8).run()
     at.selectbox(key="cmp_kind").set_value("carry").run()
     assert not at.exception and any("B cannot use carry flipped on this set" in e for e in errors(at)), errors(at)
+
+
+def test_other_templates_and_another_answer_digit_for_b():
+    """B with the word problems instead of the paper's templates, then at the units digit: the heatmaps' titles name
+    A and B, the difference counts its cells, the copied code builds B's set; the engine's comparison of the same
+    two sets gives the page's count of differing cells."""
+    from dataclasses import replace
+
+    from engine.backends import open_model
+    from engine.findings.compare import compare_tables
+    from engine.prompts.promptsets import PromptSetSpec
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.path_patching import cached_path_patching
+    at = page("17_Compare.py", n=8).run()
+    at.radio(key="cmp_axis").set_value("families").run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    md = " ".join(m.value for m in at.markdown)
+    assert "**A: paper (Fig. 8, 32 templates)**" in md and "**B: word problems (Fig. 10)**" in md, md[:800]
+    from engine.prompts.promptsets import parse_families
+    assert f"--families {','.join(parse_families('word'))}" in at.code[0].value.splitlines()[1]
+    at.radio(key="cmp_axis").set_value("digit").run()
+    at.selectbox(key="cmp_digit").set_value("last").run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    md = " ".join(m.value for m in at.markdown)
+    assert "**A: the first digit**" in md and "**B: the last (units) digit**" in md, md[:800]
+    assert "--digit last" in at.code[0].value.splitlines()[1]
+    m = re.search(r"(\d+) of (\d+) cells differ", md)
+    model = open_model("organism")
+    spec = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=8, seed=0)
+    pairs_a, pairs_b = kept_pairs(model, spec)[0], kept_pairs(model, replace(spec, digit="last"))[0]
+    cmp = compare_tables(cached_path_patching(model, pairs_a)[0], cached_path_patching(model, pairs_b)[0],
+                         metric="logit_diff", k=5)
+    assert m and (int(m.group(1)), int(m.group(2))) == (len(cmp.differing()), len(cmp.cells)), md
