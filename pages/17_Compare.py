@@ -16,7 +16,15 @@ from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
 from ui.as_code import code_view
 from ui.circuit_panels import patching_table
 from ui.progress import compute_or_button
-from ui.session import DIGIT_CHOICES, analysed_pairs, result_cache, setup_page, words_used
+from ui.session import (
+    DIGIT_CHOICES,
+    ModelChoice,
+    analysed_pairs,
+    result_cache,
+    second_model,
+    setup_page,
+    words_used,
+)
 from ui.state import FAMILY_CHOICES
 from views.charts import component_frame, heatmap, heatmap_frame, heatmap_limit
 
@@ -27,11 +35,13 @@ model, spec = setup_page(
     "difference A - B per head and MLP, each with a 95 % bootstrap interval (A's and B's pairs resampled "
     "independently, 1000 times): a cell outlined in orange differs, its interval excludes 0.")
 words_used("path patching", "counterfactual", "logit difference", "effect", "key heads", "bootstrap interval")
-AXES = {"counterfactual": "the counterfactual kind", "families": "the templates", "digit": "the answer digit"}
+AXES = {"counterfactual": "the counterfactual kind", "families": "the templates", "digit": "the answer digit",
+        "model": "the model"}
 axis = st.radio("B differs from A in", list(AXES), format_func=AXES.get, key="cmp_axis", horizontal=True)
 kinds = list(COUNTERFACTUAL_WORDS)
 a_kind = spec.counterfactual
 c1, c2, c3 = st.columns([2, 1, 1])
+model_b = model
 if axis == "counterfactual":
     b_kind = c1.selectbox("B: the counterfactual kind", [k for k in kinds if k != a_kind], key="cmp_kind",
                           format_func=lambda k: COUNTERFACTUAL_WORDS[k][0],
@@ -46,6 +56,19 @@ elif axis == "families":
                            key="cmp_families", help=f"A is the sidebar's: {a_fams}.")
     a_name, b_name = a_fams, b_label
     change = {"families": parse_families(FAMILY_CHOICES[b_label]), "templates": ()}
+elif axis == "model":
+    b_spec = c1.text_input("B: the model (a folder, a .gguf file, a Hugging Face name, organism; a tuned copy: its "
+                           "folder under .cache/tuned/)", "", key="cmp_model",
+                           help="Loaded like the sidebar's model (its device, dtype and backend), on the same set.")
+    if not b_spec.strip():
+        st.info("Type B's model above: the same prompt set is run on it.")
+        st.stop()
+    choice = st.session_state.get("model_choice", ModelChoice())
+    model_b, problem = second_model(ModelChoice(b_spec.strip(), choice.device, choice.dtype, choice.backend, False))
+    if model_b is None:
+        st.error(f"{problem}. Type another model for B.")
+        st.stop()
+    a_name, b_name, change = f"the sidebar's model ({choice.spec})", f"{b_spec.strip()}", {}
 else:
     b_digit = c1.selectbox("B: the answer digit", [d for d in DIGIT_CHOICES if d != spec.digit], key="cmp_digit",
                            format_func=digit_words, help=f"A is the sidebar's: the {digit_words(spec.digit)} digit.")
@@ -64,28 +87,42 @@ except PromptError as e:
              f"operations in the sidebar.")
     st.stop()
 try:
-    pairs_b, _ = compute_or_button(lambda cb: kept_pairs(model, spec_b, cache=cache, progress=cb),
-                                   lambda: kept_pairs_cost(model, spec_b), model=model, stop=True,
+    pairs_b, _ = compute_or_button(lambda cb: kept_pairs(model_b, spec_b, cache=cache, progress=cb),
+                                   lambda: kept_pairs_cost(model_b, spec_b), model=model_b, stop=True,
                                    button="Check which of B's prompts the model answers right", key="cmp_filter",
                                    text="Checking B's prompts", failure="build B's prompt set")
 except PromptError as e:
     st.error(f"B cannot use {b_name} on this set: {e}. Pick another {AXES[axis].split(' ', 1)[1]} for B.")
     st.stop()
 if not pairs_b:
-    st.error(f"The model answers none of B's prompts right: pick another {AXES[axis].split(' ', 1)[1]} for B.")
+    st.error(f"B's model answers none of B's prompts right: pick another {AXES[axis].split(' ', 1)[1]} for B.")
     st.stop()
-table_b, _ = patching_table(model, pairs_b, cache, key="cmp_patching_go", text="Path patching B, batch")
+table_b, _ = patching_table(model_b, pairs_b, cache, key="cmp_patching_go", text="Path patching B, batch")
 cmp = compare_tables(table_a, table_b, metric=metric, k=k)  # the one engine call
 
 fa = heatmap_frame(*table_a.heatmap(metric))
 fb = heatmap_frame(*table_b.heatmap(metric))
 lim = max(heatmap_limit(fa), heatmap_limit(fb))  # one scale for A and B
+if not cmp.cells:
+    st.caption(f"A has {table_a.n_layers} layers x {table_a.n_heads} heads, B {table_b.n_layers} x "
+               f"{table_b.n_heads}: no cell of one is a cell of the other, so there is no difference heatmap; the "
+               f"two are compared by their top {k} heads (by rank). Both heatmaps on one colour scale, ±{lim:.3f}.")
+elif model_b is not model:
+    st.caption("Two models of one shape are compared cell by cell: that reads the same heads where B is a tuned "
+               "copy of A; two unrelated models share no heads, read their top-k lists.")
 left, right = st.columns(2)
 left.markdown(f"**A: {a_name}** ({cmp.n_a} pairs)")
 left.altair_chart(heatmap(fa, metric, lim), width="stretch", key="cmp_a")
 right.markdown(f"**B: {b_name}** ({cmp.n_b} pairs)")
 right.altair_chart(heatmap(fb, metric, lim), width="stretch", key="cmp_b")
 
+if not cmp.cells:
+    st.subheader(f"Top {k} heads of each model")
+    st.dataframe(pd.DataFrame({"rank": range(1, len(cmp.top_a) + 1),
+                               "A": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_a],
+                               "B": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_b]}), hide_index=True)
+    code_view(compare_code(model, spec, spec_b, metric, k, model_b))
+    st.stop()
 cells = [(c.component, c.layer, c.head, c.diff) for c in cmp.cells]
 fd = component_frame(cells, model.facts.n_layers, model.facts.n_heads)
 by = {(c.layer, c.head): c for c in cmp.cells}
@@ -99,4 +136,4 @@ st.download_button("Difference data (CSV)", fd.to_csv(index=False).encode(), "co
 st.subheader(f"Top {k} heads: {cmp.overlap} of {k} shared")
 st.dataframe(pd.DataFrame({"A": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_a],
                            "B": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_b]}), hide_index=True)
-code_view(compare_code(model, spec, spec_b, metric, k))
+code_view(compare_code(model, spec, spec_b, metric, k, None if model_b is model else model_b))

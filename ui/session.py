@@ -133,6 +133,12 @@ def _try_load(choice: ModelChoice) -> tuple[ModelBackend | None, str]:
         return None, f"Cannot load model `{choice.spec}`: {e}. Check the path or pick `organism`."
 
 
+def second_model(choice: ModelChoice) -> tuple[ModelBackend | None, str]:
+    """A second model beside the sidebar's (Compare's B), loaded like it: (the model, "") or (None, what went wrong
+    and what to do); nothing is drawn in the sidebar."""
+    return _try_load(choice)
+
+
 def loaded_model(choice: ModelChoice) -> ModelBackend | None:
     """The loaded model, or None after showing an ``st.error`` that says what to do."""
     model, error = _try_load(choice)

@@ -228,16 +228,18 @@ def numbers_code(model, spec: PromptSetSpec) -> Snippet:
                             "without `--no-causal` the command also runs the causal check at the page's layer.")
 
 
-def compare_code(model, spec: PromptSetSpec, spec_b: PromptSetSpec, metric: str, k: int) -> Snippet:
+def compare_code(model, spec: PromptSetSpec, spec_b: PromptSetSpec, metric: str, k: int, model_b=None) -> Snippet:
     """The Compare page: A (the set) vs B (the set with another counterfactual kind, other templates or another answer
-    digit), cell by cell with intervals."""
+    digit; or the same set on ``model_b``, a loaded backend or a spec string), cell by cell with intervals."""
     cli = "\n".join([command("path-patching", model, spec, "--out", "a.csv"),
-                     command("path-patching", model, spec_b, "--out", "b.csv")])
+                     command("path-patching", model if model_b is None else model_b, spec_b, "--out", "b.csv")])
+    how = [repr(model_spec_of(model_b))] + [f"{k}={v!r}" for k, v in model_options(model_b).items()] if model_b else []
     py = (opening(model, spec, ["cached_path_patching"],
                   lines=("from engine.findings.compare import compare_tables",))
-          + f"pairs_b, _ = kept_pairs(model, {set_python(spec_b)}, cache=cache)\n"
+          + (f"model_b = open_model({', '.join(how)})\n" if model_b is not None else "model_b = model\n")
+          + f"pairs_b, _ = kept_pairs(model_b, {set_python(spec_b)}, cache=cache)\n"
           + "table_a, _ = cached_path_patching(model, pairs, cache=cache)\n"
-          + "table_b, _ = cached_path_patching(model, pairs_b, cache=cache)\n"
+          + "table_b, _ = cached_path_patching(model_b, pairs_b, cache=cache)\n"
           + f"cmp = compare_tables(table_a, table_b, metric={metric!r}, k={k})\n"
           + "print({'cells': [(c.component, c.layer, c.head, c.diff, c.low, c.high) for c in cmp.cells],  # A - B\n"
           + "       'top_a': cmp.top_a, 'top_b': cmp.top_b})\n")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.app.conftest import errors, page
 
 
@@ -60,3 +62,60 @@ def test_other_templates_and_another_answer_digit_for_b():
     cmp = compare_tables(cached_path_patching(model, pairs_a)[0], cached_path_patching(model, pairs_b)[0],
                          metric="logit_diff", k=5)
     assert m and (int(m.group(1)), int(m.group(2))) == (len(cmp.differing()), len(cmp.cells)), md
+
+
+def test_another_model_a_tuned_copy_cell_by_cell_and_a_bad_path(tmp_path):
+    """B = a copy of the bundled model whose head 1.3 writes half its output (o_proj's slice halved), saved as a
+    folder: compared cell by cell (the caption says when that reads the same heads), the difference counted as the
+    engine counts it, the code opens B's model; a folder that holds no model is an st.error."""
+    import torch
+
+    from engine.backends import open_model
+    from engine.findings.compare import compare_tables
+    from engine.models.load import load_plain
+    from engine.prompts.promptsets import PromptSetSpec
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.path_patching import cached_path_patching
+    pm = load_plain("organism", device="cpu")
+    d_head = pm.hf_model.config.hidden_size // pm.hf_model.config.num_attention_heads
+    with torch.no_grad():
+        pm.hf_model.model.layers[1].self_attn.o_proj.weight[:, 3 * d_head:4 * d_head] *= 0.5
+    folder = tmp_path / "half-1.3"
+    pm.hf_model.save_pretrained(folder)
+    pm.tokenizer.save_pretrained(folder)
+    at = page("17_Compare.py", n=8).run()
+    at.radio(key="cmp_axis").set_value("model").run()
+    assert not at.exception and not errors(at) and any("Type B's model" in i.value for i in at.info)
+    at.text_input(key="cmp_model").set_value(str(folder)).run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    assert any("tuned copy of A" in c.value for c in at.caption)
+    md = " ".join(m.value for m in at.markdown)
+    m = re.search(r"(\d+) of (\d+) cells differ", md)
+    spec = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=8, seed=0)
+    a, b = open_model("organism"), open_model(str(folder))
+    cmp = compare_tables(cached_path_patching(a, kept_pairs(a, spec)[0])[0],
+                         cached_path_patching(b, kept_pairs(b, spec)[0])[0], metric="logit_diff", k=5)
+    assert m and (int(m.group(1)), int(m.group(2))) == (len(cmp.differing()), len(cmp.cells)), md
+    assert len(cmp.differing()) > 0
+    assert f"--model {folder}" in at.code[0].value.splitlines()[1]
+    at.text_input(key="cmp_model").set_value(str(folder / "nothing-here")).run()
+    assert not at.exception and any("Cannot load model" in e and "Type another model for B" in e
+                                    for e in errors(at)), errors(at)
+
+
+@pytest.mark.realmodel
+def test_smollm2_against_the_bundled_model_by_rank():
+    """Two shapes (the bundled model's 8 x 8 heads against SmolLM2's 30 x 9): no difference heatmap, the caption
+    says why, each model's top k beside the other's by rank, both models' lines in the code."""
+    from tests.helpers.smollm2 import smollm2_gguf_path
+    at = page("17_Compare.py", n=4).run()
+    at.radio(key="cmp_axis").set_value("model").run()
+    at.text_input(key="cmp_model").set_value(str(smollm2_gguf_path())).run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    assert any("no cell of one is a cell of the other" in c.value for c in at.caption)
+    assert "cells differ" not in " ".join(m.value for m in at.markdown)
+    assert any(s.value == "Top 5 heads of each model" for s in at.subheader)
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["rank", "A", "B"] and len(table) == 5
+    assert all(int(h.split(".")[0]) < 30 for h in table["B"].str.split(" ").str[0])
+    assert str(smollm2_gguf_path()) in at.code[0].value.splitlines()[1]
