@@ -1,5 +1,5 @@
 """Compare: two path-patching runs side by side (A: the sidebar's set; B: the same set with another counterfactual
-kind, other templates or another answer digit)."""
+kind, other templates or another answer digit; or the same set on another model)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ from views.charts import component_frame, heatmap, heatmap_frame, heatmap_limit
 model, spec = setup_page(
     "Compare",
     "Two path-patching runs side by side: A is the sidebar's prompt set, B the same set with another counterfactual "
-    "kind, other templates or another answer digit. Both heatmaps share one colour scale; the third is their "
-    "difference A - B per head and MLP, each with a 95 % bootstrap interval (A's and B's pairs resampled "
-    "independently, 1000 times): a cell outlined in orange differs, its interval excludes 0.")
+    "kind, other templates or another answer digit, or the same set on another model. Both heatmaps share one "
+    "colour scale; the third is their difference A - B per head and MLP, each with a 95 % bootstrap interval (A's "
+    "and B's pairs resampled independently, 1000 times): a cell outlined in orange differs, its interval excludes "
+    "0. Two models of different shapes have no common cell: their top-k heads are compared by rank.")
 words_used("path patching", "counterfactual", "logit difference", "effect", "key heads", "bootstrap interval")
 AXES = {"counterfactual": "the counterfactual kind", "families": "the templates", "digit": "the answer digit",
         "model": "the model"}
