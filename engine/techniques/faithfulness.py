@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -223,7 +224,9 @@ def summarize(right: np.ndarray, margin: np.ndarray, circuits: Sequence[Circuit]
     q = [(1 - LEVEL) / 2 * 100, (1 + LEVEL) / 2 * 100]
 
     def iv(a: np.ndarray) -> tuple[float, float, float]:  # a: [R, ...] row 0 on all pairs -> value, low, high
-        lo, hi = np.nanpercentile(a[1:], q, axis=0) if right.shape[1] > 1 else (a[0] * np.nan,) * 2
+        with warnings.catch_warnings():  # a quantity with no value on any resample (no random ranking: its gap) is NaN
+            warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
+            lo, hi = np.nanpercentile(a[1:], q, axis=0) if right.shape[1] > 1 else (a[0] * np.nan,) * 2
         return a[0], lo, hi
 
     points, scores = [], []
