@@ -36,6 +36,7 @@ model, spec = setup_page(
     "and B's pairs resampled independently, 1000 times): a cell outlined in orange differs, its interval excludes "
     "0. Two models of different shapes have no common cell: their top-k heads are compared by rank.")
 words_used("path patching", "counterfactual", "logit difference", "effect", "key heads", "bootstrap interval")
+FEW_PAIRS = 10  # fewer pairs in A or B: the percentile bootstrap's intervals are too narrow to trust
 AXES = {"counterfactual": "the counterfactual kind", "families": "the templates", "digit": "the answer digit",
         "model": "the model"}
 axis = st.radio("B differs from A in", list(AXES), format_func=AXES.get, key="cmp_axis", horizontal=True)
@@ -131,6 +132,10 @@ fd["low"] = [by[(layer, h)].low for layer, h in zip(fd["layer"], fd["head"])]
 fd["high"] = [by[(layer, h)].high for layer, h in zip(fd["layer"], fd["head"])]
 fd["note"] = ["the interval excludes 0" if by[(layer, h)].differs else "" for layer, h in zip(fd["layer"], fd["head"])]
 st.markdown(f"**A - B** ({metric}): {len(cmp.differing())} of {len(cmp.cells)} cells differ (outlined)")
+if min(cmp.n_a, cmp.n_b) < FEW_PAIRS:
+    st.warning(f"A has {cmp.n_a} pairs and B {cmp.n_b}: on so few, a percentile bootstrap resamples almost the same "
+               f"values and its intervals come out too narrow -- read 'differs' as a hint, and add prompts (at least "
+               f"{FEW_PAIRS} pairs each) before trusting it.")
 st.altair_chart(heatmap(fd, f"A - B, {metric}"), width="stretch", key="cmp_diff")
 st.download_button("Difference data (CSV)", fd.to_csv(index=False).encode(), "compare.csv", "text/csv")
 

@@ -119,3 +119,14 @@ def test_smollm2_against_the_bundled_model_by_rank():
     assert list(table.columns) == ["rank", "A", "B"] and len(table) == 5
     assert all(int(h.split(".")[0]) < 30 for h in table["B"].str.split(" ").str[0])
     assert str(smollm2_gguf_path()) in at.code[0].value.splitlines()[1]
+
+
+def test_few_pairs_say_the_intervals_are_too_narrow_to_trust():
+    """Two additions in the sidebar's set (n = 2): fewer than 10 pairs in A or B, a warning beside the count of
+    differing cells."""
+    at = page("17_Compare.py", n=2)
+    at.session_state["prompt_set"] = {**at.session_state["prompt_set"], "ops": ["add"]}
+    at.run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    assert any("too narrow" in w.value and "read 'differs' as a hint" in w.value for w in at.warning), \
+        [w.value for w in at.warning]
