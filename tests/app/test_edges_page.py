@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.app.conftest import errors, page
+
+
+@pytest.fixture(scope="module")
+def own_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("edges-page") / "results.duckdb"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(_env, own_cache, monkeypatch):
+    """A cache of this file's own: 'nothing computed unasked' is its claim, and another test of the worker may have
+    cached the same set's curves or edges (a fresh-clone run failed so: no 'faithfulness_go' to press)."""
+    monkeypatch.setenv("ARITHLAB_CACHE", str(own_cache))
 
 
 def test_edges_on_demand_top_edges_and_mib_file():
