@@ -73,7 +73,8 @@ def test_patching_stability_tab():
     assert at.selectbox(key="stability_group").value == "carry:yes"
 
 
-def test_patching_what_each_head_carries_on_demand():
+def test_patching_what_each_head_carries_on_demand(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))  # its own: "asked, not cached" is its claim
     at = page("4_Path_patching.py", n=12).run()
     _ok(at)
     charts = _charts(at)
@@ -146,7 +147,8 @@ def test_mlp_projection_page():
     assert _charts(at) >= 1 and len(at.dataframe) == 1
 
 
-def test_knockout_page_changes_prediction():
+def test_knockout_page_changes_prediction(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))  # its own: "asked, not cached" is its claim
     at = page("6_Knockout.py").run()
     _ok(at)
     before = at.table[0].value.copy()
@@ -168,7 +170,8 @@ def test_knockout_page_changes_prediction():
     assert _charts(at) >= 2 and not [b for b in at.button if b.key == "knockout_curve_go"]
 
 
-def test_faithfulness_page_on_demand_then_cached():
+def test_faithfulness_page_on_demand_then_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))  # its own: "asked, not cached" is its claim
     at = page("11_Faithfulness.py").run()
     _ok(at)
     assert _charts(at) == 0 and any("circuits" in i.value for i in at.info)
