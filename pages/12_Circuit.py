@@ -51,7 +51,9 @@ d = d.noted(note_labels(model.facts.fingerprint, cache))  # each pinned head's /
 event = st.altair_chart(diagram_chart(d), width="stretch", on_select="rerun", key=f"circuit_{k}_{mlps}_{senders}")
 noted = [n for n in d.nodes if n.note]
 if noted:
-    st.markdown("**Your notes** on the circuit's components (pinned on the Path patching page)")
+    st.markdown("**Your notes** on the circuit's components (pinned on the Path patching page or the Atlas): each "
+                "pinned node is ringed in orange with its note under it, cut to its first words (whole here and in "
+                "the node's tooltip)")
     st.dataframe(pd.DataFrame({"component": [n.label for n in noted], "note": [n.note for n in noted]}),
                  hide_index=True, width="stretch")  # plain text, never Markdown or HTML
 picked = (event.selection.get(DIAGRAM_SELECTION) or [{}])[0].get("id") if event and event.selection else None

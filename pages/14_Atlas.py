@@ -7,6 +7,7 @@ import streamlit as st
 
 from engine.cost import cost_of
 from engine.findings.as_code import atlas_code
+from engine.findings.notes import labels as note_labels
 from engine.prompts.pairs import PromptError
 from engine.prompts.promptsets import sample_words
 from engine.techniques.heuristic_neurons import (
@@ -25,6 +26,7 @@ from engine.techniques.operand_grid import (
 )
 from ui import state, url_state
 from ui.as_code import code_view
+from ui.notes_panel import note_box
 from ui.progress import compute_or_button
 from ui.session import result_cache, setup_page
 from views.operand_grid import grid_chart
@@ -79,6 +81,7 @@ if picked:
     st.caption(f"None typed: of the {len(grid.candidates)} heads attribution patching (a first-order estimate) ranks "
                f"first over the grid, the one with the most negative exact path-patching mean. Every value shown is "
                f"exact; the estimate only chose which heads to compute.")
+note_box(model, cache, comp.name, f"{comp.kind} {comp.name}")  # its note, kept per model: shown on every page
 st.altair_chart(grid_chart(rows), width="content")
 st.download_button("Grid (CSV)", pd.DataFrame(rows).to_csv(index=False).encode(), f"grid_{comp.name}.csv",
                    "text/csv")
@@ -106,7 +109,9 @@ if out is not None:
         " — " + ", ".join(f"{t.layer}.mlp.{t.neuron} {t.tag} (R² {t.r2:.2f})" for t in tagged[:6]) if tagged
         else f" (no heuristic predicts any of them held out at R² ≥ {TAG_R2})") + ". Type one as the component "
         f"above (e.g. `{(tagged or tags)[0].layer}.mlp.{(tagged or tags)[0].neuron}`) to see its grid.")
-    st.dataframe(pd.DataFrame([t.__dict__ for t in tags]), hide_index=True, width="stretch")
+    notes = note_labels(model.facts.fingerprint, cache)  # a pinned neuron's note in its row (plain text)
+    st.dataframe(pd.DataFrame([{**t.__dict__, "note": notes.get(f"{t.layer}.mlp.{t.neuron}", "")} for t in tags]),
+                 hide_index=True, width="stretch")
     if tagged:
         c = compute_or_button(lambda cb: neuron_circuit(model, spec, tags, template=template, cache=cache),
                               lambda: cost_of(model, neuron_circuit_work(model, spec, tags, template=template,

@@ -1,4 +1,5 @@
-"""The pin-and-note box beside a selected component (Path patching): pin it with a note, change the note, unpin it.
+"""The pin-and-note box beside a selected component (Path patching, the Atlas): pin it with a note, change the note,
+unpin it.
 
 Notes are plain text (``engine.findings.notes``): shown with ``st.text`` / in tooltips, never as Markdown or HTML."""
 
@@ -27,8 +28,9 @@ def note_box(model, cache, component: str, title: str) -> None:
             st.text(mine.note or "(no note)")  # plain text: never Markdown or HTML
         note = st.text_area(f"Note on {title} (plain text, at most {MAX_NOTE_CHARS:,} characters)",
                             value=mine.note if mine else "", key=f"note_{component}", height=80,
-                            help="Kept for this model (by its weights) in the result cache; shown as a dot and in "
-                                 "the tooltip on the heatmap, in the circuit JSON and the report.")
+                            help="Kept for this model (by its weights) in the result cache; shown on the Path "
+                                 "patching heatmap (the cell outlined, the note in its tooltip), under the node on "
+                                 "the Circuit diagram, on the Atlas, in the report and the circuit JSON.")
         c1, c2 = st.columns(2)
         if c1.button("Pin with this note" if mine is None else "Save the note", key=f"pin_{component}"):
             try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from views.charts import stretched
+from views.charts import PALETTE, stretched
 
 KIND_COLOR = {"token": "#7f7f7f", "head": "#d55e00", "mlp": "#0072b2", "answer": "#009e73"}
 #: an edge's colour says what it is: a token's attention share, or a patching effect by its sign (orange: the answer's
@@ -17,6 +17,9 @@ EDGE_KINDS = {"attention": "attention share (token → head)",
 EDGE_COLOR = {EDGE_KINDS["attention"]: "#999999", EDGE_KINDS["lowers"]: "#d55e00", EDGE_KINDS["raises"]: "#0072b2"}
 DIAGRAM_SELECTION = "diagram_node"
 NODE_GAP_PX = 48      # vertical distance between two rows of nodes (a node's label sits above it)
+NOTE_GAP_PX = 18      # more between rows when a note is drawn under a pinned node
+NOTE_CHARS = 26       # a note drawn under its node is cut to this many characters (all of it in the tooltip)
+PIN_COLOR = PALETTE[4]  # a pinned node's ring and note, as a pinned cell's outline on the heatmaps
 MIN_HEIGHT_PX = 300
 
 
@@ -44,8 +47,17 @@ def layout(diagram) -> pd.DataFrame:
     for i, n in enumerate(tokens):
         y[n.id] = hi - i * (hi - lo) / max(len(tokens) - 1, 1) if hi > lo else i - (len(tokens) - 1) / 2
     return pd.DataFrame([{"id": n.id, "kind": n.kind, "label": n.label, "layer": n.layer, "effect": n.effect,
+                          "note": n.note, "shown_note": shown_note(n.note),
                           "column": column_of(n), "x": float(cols.index(column_of(n))), "y": y.get(n.id, 0.0)}
-                         for n in diagram.nodes])
+                         for n in diagram.nodes], columns=["id", "kind", "label", "layer", "effect", "note",
+                                                           "shown_note", "column", "x", "y"])
+
+
+def shown_note(note: str) -> str:
+    """A note as drawn under its node: its first line, cut to :data:`NOTE_CHARS` characters with an ellipsis."""
+    first = (note or "").strip().splitlines()[0] if (note or "").strip() else ""
+    cut = len(first) > NOTE_CHARS or (note or "").strip() != first
+    return first[:NOTE_CHARS - 1].rstrip() + "…" if cut else first
 
 
 def edge_kind(e) -> str:
@@ -55,9 +67,11 @@ def edge_kind(e) -> str:
 
 def diagram_chart(diagram) -> alt.Chart:
     """Edges (width: attention share, or |effect| relative to the strongest of their kind; colour: attention, or
-    the effect's sign; head -> head edges dashed) under labelled nodes; a click on a node selects it (selection
-    ``DIAGRAM_SELECTION`` on ``id``)."""
+    the effect's sign; head -> head edges dashed) under labelled nodes; a pinned node (its note) is ringed in orange
+    with its note drawn under it (cut, :func:`shown_note`; whole in the tooltip); a click on a node selects it
+    (selection ``DIAGRAM_SELECTION`` on ``id``)."""
     nodes = layout(diagram)
+    noted = bool((nodes.note != "").any())
     pos = nodes.set_index("id")
     cols = columns(diagram)
     edges = []
@@ -85,10 +99,17 @@ def diagram_chart(diagram) -> alt.Chart:
         x=xs, y=ys, color=alt.Color("kind:N", title="node", scale=alt.Scale(domain=list(KIND_COLOR),
                                                                            range=list(KIND_COLOR.values())),
                                     legend=alt.Legend(orient="bottom", direction="vertical")),
-        tooltip=["label", "kind", "layer", alt.Tooltip("effect:Q", format=".4f")]).add_params(sel)
+        tooltip=["label", "kind", "layer", alt.Tooltip("effect:Q", format=".4f")]
+        + ([alt.Tooltip("note:N", title="your note")] if noted else [])).add_params(sel)
     text = alt.Chart(nodes).mark_text(dy=-19, fontSize=12).encode(x=xs, y=ys, text="label:N")
-    height = max(MIN_HEIGHT_PX, int(NODE_GAP_PX * (hi - lo + 1.2)))
-    return stretched((lines + dots + text).resolve_scale(color="independent").properties(height=height))
+    layers = [lines, dots, text]
+    if noted:  # a ring round each pinned node and its note under it: plain text, as Vega draws any string
+        pinned = alt.Chart(nodes[nodes.note != ""])
+        layers += [pinned.mark_circle(size=720, filled=False, stroke=PIN_COLOR, strokeWidth=3).encode(x=xs, y=ys),
+                   pinned.mark_text(dy=21, fontSize=11, fontStyle="italic", color=PIN_COLOR).encode(
+                       x=xs, y=ys, text="shown_note:N")]
+    height = max(MIN_HEIGHT_PX, int((NODE_GAP_PX + (NOTE_GAP_PX if noted else 0)) * (hi - lo + 1.2)))
+    return stretched(alt.layer(*layers).resolve_scale(color="independent").properties(height=height))
 
 
 def diagram_image(diagram, fmt: str) -> bytes:

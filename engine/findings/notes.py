@@ -5,8 +5,9 @@ A pin marks a head (``1.3``), an MLP (``1.mlp``), a neuron (``1.mlp.120``) or a 
 They are kept in the result cache's DuckDB file (``cache.annotations``: its own table, so clearing results
 by method does not touch them; ``make clean-cache`` deletes the file and them with it), found again by the
 model's weights fingerprint whatever path or name it was opened by, and shown on the Path patching heatmap
-(a dot, the note in the tooltip), in the circuit JSON (a ``label`` on each node), the report and the CLI's
-``pins`` command.  The notebook calls the functions below with the model.
+(the cell outlined, the note in the tooltip), on the Circuit diagram (the node ringed, the note under it), on the
+Atlas, in the circuit JSON (a ``label`` on each node), the report and the CLI's ``pins`` command.  The notebook
+calls the functions below with the model.
 """
 
 from __future__ import annotations

@@ -53,3 +53,24 @@ def test_the_atlas_says_when_the_textbook_loop_computed_the_direct_effects(monke
     notes = [i.value for i in at.info]
     assert any("direct effects" in n and "forced by the test" in n and "textbook loop" in n for n in notes), notes
     assert _charts(at) == 1
+
+
+def test_the_atlas_pins_its_component_with_a_note_and_lists_a_pinned_neurons_note(monkeypatch, tmp_path):
+    """The Atlas's component is pinned from the Atlas (kept per model, read by every page); a pinned neuron's note
+    stands in its row of the heuristic neurons' table."""
+    from cache import ResultCache
+    from engine.backends import open_model
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "notes.duckdb"))  # pins of its own: no other test sees them
+    at = ask_all(page("14_Atlas.py").run())
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    at.text_area(key="note_1.1").set_value("adds <b>A</b> to B").run()
+    at.button(key="pin_1.1").click().run()
+    assert not errors(at) and "adds <b>A</b> to B" in [t.value for t in at.text]  # shown as typed, not as HTML
+    fp = open_model("organism").facts.fingerprint
+    assert ResultCache(tmp_path / "notes.duckdb").labels(fp) == {"1.1": "adds <b>A</b> to B"}
+    tags = at.dataframe[0].value
+    first = f"{tags.layer[0]}.mlp.{tags.neuron[0]}"
+    ResultCache(tmp_path / "notes.duckdb").pin(fp, first, "a units-digit neuron")
+    at = ask_all(at.run())
+    tags = at.dataframe[0].value
+    assert list(tags.note) == ["a units-digit neuron"] + [""] * (len(tags) - 1)

@@ -89,3 +89,9 @@ def test_the_circuit_page_lists_the_notes_of_its_nodes_as_text(tmp_path, monkeyp
     frames = [f.value for f in at.dataframe]
     assert any(list(f.get("note", [])) == [HTML] for f in frames), frames
     assert not any("<script>" in str(m.value) for m in at.markdown)
+    import pyarrow as pa  # the chart's rows travel as Arrow datasets beside its spec
+    frames = [pa.ipc.open_stream(d.data.data).read_pandas()
+              for c in [*at.get("arrow_vega_lite_chart"), *at.get("vega_lite_chart")] for d in c.proto.datasets]
+    drawn = [r for f in frames if "shown_note" in f for r in f.to_dict("records") if r["note"]]
+    assert {(r["id"], r["note"]) for r in drawn} == {("h1.3", HTML)}  # ringed, its note under it: text, not HTML
+    assert drawn[0]["shown_note"] == HTML[:25].rstrip() + "…"

@@ -42,3 +42,31 @@ def test_edges_say_what_they_are_by_colour_and_the_legend_names_it():
     rules = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")
     assert rules["encoding"]["color"]["field"] == "sign"
     assert set(rules["encoding"]["color"]["scale"]["domain"]) == set(EDGE_KINDS.values())
+
+
+def test_a_pinned_node_is_ringed_with_its_note_under_it_cut_and_drawn_as_text():
+    from views.circuit_diagram import NOTE_CHARS, PIN_COLOR, diagram_image, shown_note
+    long = "operator mover: reads the operator token and writes it to END " * 3
+    d = _circuit().noted({"0.7": "<b>operand</b> mover", "20.1": long})
+    nodes = layout(d).set_index("id")
+    assert nodes.shown_note["h0.7"] == "<b>operand</b> mover"
+    assert nodes.shown_note["h20.1"] == long[:NOTE_CHARS - 1].rstrip() + "…"
+    assert len(nodes.shown_note["h20.1"]) <= NOTE_CHARS
+    assert nodes.note["h20.1"] == long and nodes.shown_note["h20.4"] == ""
+    assert shown_note("first line\nsecond") == "first line…"  # a note of several lines: its first, marked as cut
+    spec = diagram_chart(d).to_dict()
+    marks = [layer["mark"] for layer in spec["layer"]]
+    ring = next(m for m in marks if m["type"] == "circle" and m.get("filled") is False)
+    assert ring["stroke"] == PIN_COLOR
+    texts = [layer for layer in spec["layer"] if layer["mark"]["type"] == "text"]
+    assert [t["encoding"]["text"]["field"] for t in texts] == ["label", "shown_note"]
+    dots = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "circle" and "filled" not in layer["mark"])
+    assert any(t.get("title") == "your note" for t in dots["encoding"]["tooltip"])
+    svg = diagram_image(d, "svg").decode()
+    assert "&lt;b&gt;operand&lt;/b&gt; mover" in svg and "<b>" not in svg  # drawn as the characters typed
+    assert long[:NOTE_CHARS - 1].rstrip() in svg
+
+
+def test_a_diagram_without_notes_draws_no_ring_and_no_note_line():
+    spec = diagram_chart(_circuit()).to_dict()
+    assert len(spec["layer"]) == 3
