@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from engine.findings.as_code import improve_code
 from engine.finetune.data import BUILTIN_SETS
 from engine.finetune.errors import FinetuneError
 from engine.finetune.jobs import (
@@ -18,6 +19,7 @@ from engine.finetune.jobs import (
     log_tail,
     losses,
     read_job,
+    request_args,
     start_finetune,
     stop_job,
 )
@@ -26,6 +28,7 @@ from engine.finetune.run import FinetuneRequest, check_out_dir, heads_text, read
 from engine.finetune.slices import parse_heads
 from engine.finetune.train import TrainConfig
 from engine.techniques.path_patching import cached_path_patching
+from ui.as_code import code_view
 from ui.circuit_panels import patching_table
 from ui.improve_panels import comparison_chart, comparison_rows, comparison_table
 from ui.progress import USER_ERRORS
@@ -79,39 +82,58 @@ with st.form("finetune_form"):
     submitted = st.form_submit_button("Start fine-tuning", type="primary")
 
 top = [(int(a), int(b)) for a, b, _ in table.top_heads(int(k))]
+
+
+def form_request() -> FinetuneRequest:
+    """The job the form's values start (FinetuneError / OSError / ValueError: what is wrong with them)."""
+    heads = parse_heads(heads_in) if heads_in.strip() else tuple(top)
+    bad = [f"{a}.{b}" for a, b in heads if a >= table.n_layers or b >= table.n_heads]
+    if bad:
+        raise FinetuneError(f"head(s) {', '.join(bad)} do not exist: the model has {table.n_layers} layers "
+                            f"x {table.n_heads} heads (0-based)")
+    source = data_path.strip() if data == "JSONL file ..." else data
+    if not source:
+        raise FinetuneError("give the path of a JSONL file of {\"prompt\": ..., \"answer\": ...} lines")
+    if data == "JSONL file ..." and not Path(source).is_file():
+        raise FinetuneError(f"data file {source} does not exist")
+    label = (name.strip() or f"{method}-{Path(choice.spec).name}-{time.strftime('%Y%m%d-%H%M%S')}"
+             ).replace("/", "_")
+    if label.startswith("."):
+        raise FinetuneError("the name must not start with a dot")
+    config = TrainConfig(method=method, heads=heads if method == "precise" else (), lr=lr, epochs=epochs,
+                         batch_size=None if batch is None else int(batch), weight_decay=wd,
+                         max_steps=int(max_steps) or None)
+    return FinetuneRequest(spec=choice.spec, config=config, data=source,
+                           out_dir=str(jobs_root().parent / "tuned" / label), dtype=choice.dtype,
+                           device=None if choice.device in ("auto", "all GPUs") else choice.device)
+
+
 if submitted:
     try:
-        heads = parse_heads(heads_in) if heads_in.strip() else tuple(top)
-        bad = [f"{a}.{b}" for a, b in heads if a >= table.n_layers or b >= table.n_heads]
-        if bad:
-            raise FinetuneError(f"head(s) {', '.join(bad)} do not exist: the model has {table.n_layers} layers "
-                                f"x {table.n_heads} heads (0-based)")
-        source = data_path.strip() if data == "JSONL file ..." else data
-        if not source:
-            raise FinetuneError("give the path of a JSONL file of {\"prompt\": ..., \"answer\": ...} lines")
-        if data == "JSONL file ..." and not Path(source).is_file():
-            raise FinetuneError(f"data file {source} does not exist")
-        label = (name.strip() or f"{method}-{Path(choice.spec).name}-{time.strftime('%Y%m%d-%H%M%S')}"
-                 ).replace("/", "_")
-        if label.startswith("."):
-            raise FinetuneError("the name must not start with a dot")
-        config = TrainConfig(method=method, heads=heads if method == "precise" else (), lr=lr, epochs=epochs,
-                             batch_size=None if batch is None else int(batch), weight_decay=wd,
-                             max_steps=int(max_steps) or None)
-        out = jobs_root().parent / "tuned" / label
-        check_out_dir(out)
-        request = FinetuneRequest(spec=choice.spec, config=config, data=source, out_dir=str(out), dtype=choice.dtype,
-                                  device=None if choice.device in ("auto", "all GPUs") else choice.device)
+        request = form_request()
+        check_out_dir(request.out_dir)
         st.session_state["job_id"] = start_finetune(request)
         st.query_params["job"] = st.session_state["job_id"]
     except (FinetuneError, OSError, ValueError) as e:
         st.error(f"Cannot start the job: {e}")
+
+
+def form_code() -> None:
+    """The form's job as code (nothing where its values are wrong: the form says so when it is submitted)."""
+    try:
+        request = form_request()
+    except (FinetuneError, OSError, ValueError):
+        return
+    code_view(improve_code(model, spec, request.cli_args(), py_request=repr(request)))
+
+
 st.caption(f"Top {int(k)} heads of this prompt set: {heads_text(top)}")
 
 # ---- 2. progress ----------------------------------------------------------------------------
 jobs = list_jobs()
 if not jobs:
     st.info("No fine-tuning job yet: start one above.")
+    form_code()
     st.stop()
 ids = [j.job_id for j in jobs]
 wanted = st.session_state.get("job_id") or st.query_params.get("job")
@@ -151,6 +173,7 @@ job_panel()
 # ---- 3. results -----------------------------------------------------------------------------
 status = read_job(jdir)
 if status.state not in ("finished", "stopped"):
+    form_code()
     st.stop()
 try:
     record = read_record(status.out_dir)
@@ -194,3 +217,4 @@ for col, (title, df) in zip((left, right), frames.items()):
     col.markdown(f"**Path patching · {title}**")
     col.altair_chart(heatmap(df, "effect", lim=lim), width="stretch", key=f"cmp_{title}")
 st.caption(f"Jobs live in `{jobs_root()}`.")
+code_view(improve_code(model, spec, request_args(jdir), tuned=status.out_dir))  # the command the job ran, and after

@@ -6,19 +6,23 @@ that chart's own data (the circuit summary's sentences, ``engine.findings.summar
 cached results), saying what it is about: the typed prompt, or the mean over the prompt set.  A missing result goes
 through the pages' one gate (``ui.progress.compute_or_button``): computed at once when the cost model estimates a
 few seconds, else a button carrying its estimated cost.  A step with no chart of its own here gets its sentences and
-a link to the page that shows it.  Each screen lists the words it uses in plain words (:data:`WORDS`,
-``engine.findings.glossary``); **Large fonts** scales the charts' text with the page's (:func:`chart`).
+a link to the page that shows it; a step with a chart, that chart as code (the snippet of the page that shows it).
+Each screen lists the words it uses in plain words (:data:`WORDS`, ``engine.findings.glossary``); **Large fonts**
+scales the charts' text with the page's (:func:`chart`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import streamlit as st
 
-from engine.findings import glossary
+from engine.findings import as_code, glossary
 from engine.findings import steps as argument
 from engine.prompts.pairs import PromptError
 from ui import state
+from ui.as_code import code_view
 from ui.nav import link_to
 from ui.progress import USER_ERRORS, compute_or_button
 from ui.session import analysed_pairs, current_prompt
@@ -79,6 +83,7 @@ def step_answers(model, spec, cache) -> None:
         st.warning(f"`{text}` has no counterfactual ({rep.parse_error}): type an arithmetic prompt such as "
                    f"`3 + 5 =` in the Prompt lab.")
         chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.top5])))
+        code_view(as_code.prompt_lab_code(model, text))
         return
     p = rep.parsed
     verdict = "its top token" if rep.answer_rank == 1 else f"rank {rep.answer_rank}, so the model gets it wrong"
@@ -98,6 +103,7 @@ def step_answers(model, spec, cache) -> None:
     if rep.cf_top5:
         c2.caption(f"Next token after the counterfactual `{p.cf_text}`")
         chart(ranked_bars(pd.DataFrame([t.__dict__ for t in rep.cf_top5]), answer_id=rep.answer_id), c2)
+    code_view(as_code.prompt_lab_code(model, text))
 
 
 def tens_dominated(pairs) -> tuple[str, float, int] | None:
@@ -145,6 +151,7 @@ def step_heads(model, spec, cache) -> None:
     st.caption(f"The mean over the {len(pairs)} prompt pairs of the set: one cell per head, the last column each "
                f"layer's MLP; red = the answer logit drops when that component sees the counterfactual.")
     chart(heatmap(heatmap_frame(heads, mlps), "effect"), key="story_heatmap")
+    code_view(as_code.path_patching_code(model, spec, "effect", 5))
 
 
 def role_frame(roles, layer: int, head: int) -> pd.DataFrame:
@@ -204,6 +211,7 @@ def step_attention(model, spec, cache) -> None:
         sentence(prompt_attention_sentence(row, layer, head, text))
         st.caption(f"Head {layer}.{head}: the attention of the last token of your prompt `{text}`, token by token")
         chart(token_bars(row, "label", "weight", "attention (your prompt)"))
+    code_view(as_code.attention_code(model, spec, layer, head, text))
 
 
 def step_mlps(model, spec, cache) -> None:
@@ -220,6 +228,7 @@ def step_mlps(model, spec, cache) -> None:
         st.caption(f"Logit lens of the answer, over the {len(pairs)} prompt pairs of the set")
         logit_lens_view(model, pairs, cache, scale=font_scale())
     sentence(findings(model, pairs, cache, MLPS), slot)
+    code_view(as_code.mlp_projections_code(model, spec, current_prompt()))
 
 
 def step_knockout(model, spec, cache) -> None:
@@ -247,10 +256,13 @@ def step_knockout(model, spec, cache) -> None:
     st.caption(f"Accuracy over the {len(pairs)} prompts of the set after knocking out the top-k heads of the heatmap "
                f"vs k random heads ({KNOCKOUT_DRAWS} draws)")
     chart(knockout_curve_chart(pd.DataFrame([p.__dict__ for p in pts])))
+    snippet = as_code.knockout_code(model, spec, [], [], current_prompt(), k_max, draws)
+    code_view(replace(snippet, note="The curve of the top-k heads vs k random heads (`knockout-curve`; the notebook "
+                                    "lines print it as 'curve', beside the set's accuracy with nothing knocked out)."))
 
 
 def step_improve(model, spec, cache) -> None:
-    from engine.finetune.jobs import finished_jobs_of
+    from engine.finetune.jobs import finished_jobs_of, job_dir, request_args
     from ui.improve_panels import comparison_chart, comparison_rows
     from ui.session import ModelChoice, loaded_model
     jobs = finished_jobs_of(model.facts.fingerprint)
@@ -273,6 +285,7 @@ def step_improve(model, spec, cache) -> None:
              f"{r['total_params']:,} parameters): " + "; ".join(
                  f"{x.task} {100 * x.base:.1f} % → {100 * x.tuned:.1f} % ({x.delta:+.1f} points)" for x in rows) + ".")
     chart(comparison_chart(rows))
+    code_view(as_code.improve_code(model, spec, request_args(job_dir(job.job_id)), tuned=job.out_dir))
 
 
 def step_told(title: str):

@@ -102,6 +102,20 @@ def path_patching_code(model, spec: PromptSetSpec, metric: str, k: int) -> Snipp
     return Snippet(cli, py, "The heatmap (effects.csv, one row per sender) and the key heads, all operations.")
 
 
+def attention_code(model, spec: PromptSetSpec, layer: int, head: int, text: str) -> Snippet:
+    """Head (layer, head)'s END-row attention by token role over the set, and on the typed prompt token by token
+    (the Story's attention step)."""
+    cli = command("attention", model, spec, "--out", "attention.csv")
+    py = (opening(model, spec, [], lines=("from engine.techniques.attention import cached_role_attention",
+                                          "from engine.techniques.promptlab import typed_attention"))
+          + "roles, _ = cached_role_attention(model, pairs, cache=cache)\n"
+          + f"row = typed_attention(model, {text!r}, {layer}, {head})\n"
+          + f"print({{'set': [(r.role, r.value) for r in roles if (r.layer, r.head) == ({layer}, {head})],\n"
+          + "       'prompt': [(t.position, t.token, t.weight, t.role) for t in row]})\n")
+    return Snippet(cli, py, f"Every head's attention by token role (attention.csv; head {layer}.{head}'s rows are "
+                            f"the set's chart) and head {layer}.{head} on the typed prompt, token by token.")
+
+
 def knockout_code(model, spec: PromptSetSpec, heads: list[str], mlps: list[int], text: str,
                   k_max: int, draws: int) -> Snippet:
     """The Knockout page: the set's accuracy before / after the knockout set, the typed prompt's top-5 next tokens
@@ -313,6 +327,35 @@ def paper_code(model, spec: PromptSetSpec, second: str | None) -> Snippet:
           + "print([(r.figure, r.lab, r.verdict) for r in rows])   # the table: finding, this model, verdict\n")
     return Snippet(cli, py, "Each finding's number and verdict (the command also writes them, with the report, as "
                             "one HTML file).")
+
+
+def improve_code(model, spec: PromptSetSpec, job_args: list[str], *, tuned: str | None = None,
+                 py_request: str | None = None) -> Snippet:
+    """The Improve page: the fine-tuning job's command (``job_args``: ``finetune``'s arguments, as the shown job ran
+    them or as the form would start one) and, where the job left a tuned model (``tuned``: its folder), base vs
+    tuned -- each task's accuracy and the tuned model's path patching on the set, as the page shows them;
+    ``py_request``: the notebook's ``FinetuneRequest(...)`` of the form's job (no tuned model yet)."""
+    cli = shlex.join(["python", "-m", "engine", "finetune", *job_args])
+    if tuned is None:
+        py = ("from engine.finetune.run import FinetuneRequest, run_finetune\n"
+              "from engine.finetune.train import TrainConfig\n\n"
+              f"record = run_finetune({py_request})\n"
+              "print(record['result'])   # steps, losses, parameters trained\n")
+        return Snippet(cli, py, "The job the form starts with its current values (schedule fields left empty take "
+                                "the recipe's, in the command and the page alike); it saves the tuned model in --out.")
+    opts = [x for k, v in model_options(model).items() for x in (f"--{k}", v)]
+    cli += "\n" + command("path-patching", tuned, spec, *opts, "--out", "tuned.csv")
+    how = [repr(tuned)] + [f"{k}={v!r}" for k, v in model_options(model).items()]
+    py = (opening(model, spec, ["cached_path_patching"],
+                  lines=("from engine.finetune.skill_demo import compare",))
+          + f"tuned = open_model({', '.join(how)})\n"
+          + "rows = compare(model, tuned, cache=cache)                  # base vs tuned accuracy per task\n"
+          + "table, _ = cached_path_patching(tuned, pairs, cache=cache)   # the tuned model's heatmap\n"
+          + "print({'tasks': [(r.task, r.n, r.base, r.tuned) for r in rows],\n"
+          + "       'top_heads': table.top_heads(5, 'effect')})\n")
+    return Snippet(cli, py, "The first line is the job's own command (its --out now holds the tuned model: give a "
+                            "new folder to train again); the second writes the tuned model's heatmap (tuned.csv); "
+                            "the notebook lines give the base vs tuned table and the tuned model's key heads.")
 
 
 def transfer_code(model, spec: PromptSetSpec, spec_b: PromptSetSpec | None, bench: str | None, data_dir: str,

@@ -143,6 +143,11 @@ def start_finetune(request: "FinetuneRequest", *, root: Path | None = None) -> s
     return start_job(request.cli_args(), root=root)
 
 
+def request_args(job_dir: str | Path) -> list[str]:
+    """The ``python -m engine finetune`` arguments the job ran (its ``request.json``)."""
+    return list(json.loads((Path(job_dir) / "request.json").read_text())["args"])
+
+
 def read_job(job_dir: str | Path) -> JobStatus:
     """The job's status; a 'running' job whose process died is reported as failed."""
     job_dir = Path(job_dir)

@@ -408,3 +408,38 @@ def test_the_transfer_snippet_reproduces_the_table_and_says_there_is_no_command(
     assert close(list(shown["knock out other's top-k"]), [s[4] for s in sets])
     nb = run_notebook(py, tmp_path, monkeypatch, capsys)
     assert nb["overlap"] == res.overlap and close(nb["sets"], sets)
+
+
+def test_every_story_screen_with_a_chart_shows_it_as_code_and_the_code_reproduces_it(tmp_path, monkeypatch, capsys):
+    """The Story's screens: the answer (the Prompt lab's snippet), the key heads (Path patching's), the attention of
+    the top head (its own: the set's role chart and the typed prompt's row), the MLPs (MLP projections'), the
+    knockout curve (Knockout's); the heads' and the attention's notebook lines run and give the screen's numbers."""
+    from engine.techniques.attention import role_attention
+    from engine.techniques.path_patching import cached_path_patching
+    from engine.techniques.promptlab import typed_attention
+    from ui.story import screens
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    model, pairs = engine_pairs()
+    table, _ = cached_path_patching(model, pairs)
+    top = table.top_heads(5, "effect")
+    shown = {}
+    for step, (title, _) in enumerate(screens(), 1):
+        at = page("1_Story.py", n=8)
+        at.session_state["prompt"] = TYPED
+        at.session_state["story_step"] = step
+        at = ask_all(at.run())
+        assert not at.exception and not errors(at), (title, at.exception, errors(at))
+        if at.code:
+            shown[title] = shown_code(at)
+    assert len(shown) >= 5, list(shown)  # the screens with a chart of their own (Improve's waits for a job)
+    commands = {t: [line.split()[3] for line in lines] for t, (lines, _) in shown.items()}
+    assert sorted(sum(commands.values(), [])) == sorted(["path-patching", "attention", "mlp-projections", "logit-lens",
+                                                         "knockout-curve"]), commands
+    heads = next(py for lines, py in shown.values() if lines and "path-patching" in lines[0])
+    assert close(run_notebook(heads, tmp_path, monkeypatch, capsys), [tuple(t) for t in top])
+    attention = next(py for lines, py in shown.values() if lines and "attention" in lines[0])
+    layer, head, _ = table.top_heads(1)[0]
+    got = run_notebook(attention, tmp_path, monkeypatch, capsys)
+    want_set = [(r.role, r.value) for r in role_attention(model, pairs) if (r.layer, r.head) == (layer, head)]
+    want_row = [(t.position, t.token, t.weight, t.role) for t in typed_attention(model, TYPED, layer, head)]
+    assert close(got["set"], want_set) and close(got["prompt"], want_row)

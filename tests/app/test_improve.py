@@ -57,6 +57,51 @@ def test_precise_job_runs_and_compares():
     assert at.sidebar.text_input(key="model_spec_input").value == out_dir
 
 
+def test_the_improve_snippets_are_the_jobs_command_and_reproduce_base_vs_tuned(tmp_path, monkeypatch, capsys):
+    """Copy as code on Improve (issue 51): before a job, the form's job as a command and as run_finetune(...) -- the
+    job the button then starts runs exactly that command; after it, the job's command run again (another --out)
+    trains the same weights, and the notebook lines give the page's base vs tuned table and the tuned heatmap's
+    key heads."""
+    import json
+    import shlex
+
+    from engine.finetune.run import read_record
+    from tests.app.test_as_code import run_notebook, shown_code
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    at = page("9_Improve.py").run()
+    at.number_input(key="ft_max_steps").set_value(3)
+    at.text_input(key="ft_name").set_value("as-code")
+    at.button[0].click().run()  # submits the form: the code below is the job it started (not finished yet)
+    cli0, py0 = shown_code(at)
+    job = _wait()
+    assert job.state == "finished", (job.to_dict(), log_tail(job_dir(job.job_id), 40))
+    ran = json.loads((job_dir(job.job_id) / "request.json").read_text())["args"]
+    at = page("9_Improve.py")
+    at.run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    cli, py = shown_code(at)
+    assert shlex.split(cli[0])[4:] == ran  # the job's own command
+    assert shlex.split(cli[1])[3] == "path-patching" and job.out_dir in cli[1]
+    shown = next(t.value for t in at.table if "tuned %" in t.value.columns)
+    nb = run_notebook(py, tmp_path, monkeypatch, capsys)
+    assert [t for t, *_ in nb["tasks"]] == list(shown.index)
+    assert [f"{100 * b:.1f}" for _, _, b, _ in nb["tasks"]] == list(shown["base %"])
+    assert [f"{100 * t:.1f}" for _, _, _, t in nb["tasks"]] == list(shown["tuned %"])
+    assert len(nb["top_heads"]) == 5
+    again = [*ran[:ran.index("--out") + 1], str(tmp_path / "again"), *ran[ran.index("--out") + 2:]]
+    from engine.cli.main import main
+    assert main(["finetune", *again]) == 0
+    capsys.readouterr()
+    assert read_record(tmp_path / "again")["tuned_fingerprint"] == read_record(job.out_dir)["tuned_fingerprint"]
+    # the form's job as code: the command the job ran, and a run_finetune(...) of the request that gives it
+    assert shlex.split(cli0[0])[4:] == ran
+    from engine.finetune import run as run_module
+    seen = []
+    monkeypatch.setattr(run_module, "run_finetune", lambda r: seen.append(r) or {"result": {}})
+    exec(compile(py0, "snippet", "exec"), {})
+    assert len(seen) == 1 and seen[0].cli_args() == ran
+
+
 def test_the_page_trains_with_the_cli_recipe():
     """The page shows the recipe's values and, left empty, its job gets no schedule flags: the worker
     (the CLI) fills them from the same recipe."""
