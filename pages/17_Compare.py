@@ -15,6 +15,7 @@ from engine.prompts.promptsets import parse_families
 from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
 from ui.as_code import code_view
 from ui.circuit_panels import patching_table
+from ui.compare_panels import findings_side_by_side
 from ui.progress import compute_or_button
 from ui.session import (
     DIGIT_CHOICES,
@@ -123,7 +124,8 @@ if not cmp.cells:
     st.dataframe(pd.DataFrame({"rank": range(1, len(cmp.top_a) + 1),
                                "A": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_a],
                                "B": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_b]}), hide_index=True)
-    code_view(compare_code(model, spec, spec_b, metric, k, model_b))
+    shown = findings_side_by_side(model, spec, pairs_a, model_b, spec_b, pairs_b, cache, a_name, b_name)
+    code_view(compare_code(model, spec, spec_b, metric, k, model_b, findings=shown))
     st.stop()
 cells = [(c.component, c.layer, c.head, c.diff) for c in cmp.cells]
 fd = component_frame(cells, model.facts.n_layers, model.facts.n_heads)
@@ -142,4 +144,5 @@ st.download_button("Difference data (CSV)", fd.to_csv(index=False).encode(), "co
 st.subheader(f"Top {k} heads: {cmp.overlap} of {k} shared")
 st.dataframe(pd.DataFrame({"A": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_a],
                            "B": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_b]}), hide_index=True)
-code_view(compare_code(model, spec, spec_b, metric, k, None if model_b is model else model_b))
+shown = findings_side_by_side(model, spec, pairs_a, model_b, spec_b, pairs_b, cache, a_name, b_name)
+code_view(compare_code(model, spec, spec_b, metric, k, None if model_b is model else model_b, findings=shown))

@@ -242,24 +242,38 @@ def numbers_code(model, spec: PromptSetSpec) -> Snippet:
                             "without `--no-causal` the command also runs the causal check at the page's layer.")
 
 
-def compare_code(model, spec: PromptSetSpec, spec_b: PromptSetSpec, metric: str, k: int, model_b=None) -> Snippet:
+def compare_code(model, spec: PromptSetSpec, spec_b: PromptSetSpec, metric: str, k: int, model_b=None, *,
+                 findings: bool = False) -> Snippet:
     """The Compare page: A (the set) vs B (the set with another counterfactual kind, other templates or another answer
-    digit; or the same set on ``model_b``, a loaded backend or a spec string), cell by cell with intervals."""
-    cli = "\n".join([command("path-patching", model, spec, "--out", "a.csv"),
-                     command("path-patching", model if model_b is None else model_b, spec_b, "--out", "b.csv")])
+    digit; or the same set on ``model_b``, a loaded backend or a spec string), cell by cell with intervals;
+    ``findings``: the paper's findings on A and B are shown too."""
+    b_model = model if model_b is None else model_b
+    lines = [command("path-patching", model, spec, "--out", "a.csv"),
+             command("path-patching", b_model, spec_b, "--out", "b.csv")]
+    if findings:
+        lines += [command("reproduce", model, spec, "--out", "paper_a.html"),
+                  command("reproduce", b_model, spec_b, "--out", "paper_b.html")]
     how = [repr(model_spec_of(model_b))] + [f"{k}={v!r}" for k, v in model_options(model_b).items()] if model_b else []
     py = (opening(model, spec, ["cached_path_patching"],
-                  lines=("from engine.findings.compare import compare_tables",))
+                  lines=("from engine.findings.compare import compare_findings, compare_tables" if findings else
+                         "from engine.findings.compare import compare_tables",))
           + (f"model_b = open_model({', '.join(how)})\n" if model_b is not None else "model_b = model\n")
-          + f"pairs_b, _ = kept_pairs(model_b, {set_python(spec_b)}, cache=cache)\n"
+          + f"spec_b = {set_python(spec_b)}\n"
+          + "pairs_b, _ = kept_pairs(model_b, spec_b, cache=cache)\n"
           + "table_a, _ = cached_path_patching(model, pairs, cache=cache)\n"
           + "table_b, _ = cached_path_patching(model_b, pairs_b, cache=cache)\n"
           + f"cmp = compare_tables(table_a, table_b, metric={metric!r}, k={k})\n"
+          + (f"rows = compare_findings(model, {set_python(spec)}, model_b, spec_b, cache)\n" if findings else "")
           + "print({'cells': [(c.component, c.layer, c.head, c.diff, c.low, c.high) for c in cmp.cells],  # A - B\n"
-          + "       'top_a': cmp.top_a, 'top_b': cmp.top_b})\n")
-    return Snippet(cli, py, "No command compares two runs: the two `path-patching` lines write A's and B's heatmaps "
-                            "(a.csv, b.csv); the notebook lines give the difference of each cell with its interval "
-                            "and the two top-k lists.")
+          + "       'top_a': cmp.top_a, 'top_b': cmp.top_b"
+          + (",\n       'findings': [(a.figure, a.lab, a.verdict, b.lab, b.verdict) for a, b in rows]})\n" if findings
+             else "})\n"))
+    return Snippet("\n".join(lines), py,
+                   "No command compares two runs: the two `path-patching` lines write A's and B's heatmaps (a.csv, "
+                   "b.csv)" + ("; the two `reproduce` lines each run's findings (the numbers are printed, the "
+                               "report written)" if findings else "")
+                   + "; the notebook lines give the difference of each cell with its interval and the two top-k "
+                     "lists" + (", and the findings side by side." if findings else "."))
 
 
 def intervene_code(model, spec: PromptSetSpec, text: str, components: str, action: str, positions: str,

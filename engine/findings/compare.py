@@ -11,11 +11,15 @@ with its 95 % percentile bootstrap interval: each of 1000 resamples draws A's pa
 difference of the resampled means.  A cell **differs** when its interval excludes 0.  Beside it, the top-k heads
 of each run (most negative first) and their overlap.  Two models of different shapes have no common cells: they
 are compared by rank only (their top-k lists), ``cells`` empty.
+
+Beside the heatmaps, the paper's findings on A and on B (:func:`compare_findings`): each checked step of the
+argument (:func:`engine.findings.paper.reproduce`, every number with its own interval) run on each, row by row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -108,3 +112,29 @@ def compare_tables(a, b, *, metric: str = "logit_diff", k: int = 5) -> Compariso
                                       float(mb[layer, h]), float(diff[layer, h]), float(low[layer, h]),
                                       float(high[layer, h])))
     return out
+
+
+def compare_findings(model_a, spec_a, model_b, spec_b, cache, *, progress=None) -> list[tuple[Any, Any]]:
+    """The paper's findings on A (``model_a`` on ``spec_a``) and on B, row by row: [(A's PaperFinding, B's)], in
+    :func:`engine.findings.paper.checked_steps`' order (Fig. 12 needs a second model: not computed on either)."""
+    from engine.findings.paper import reproduce
+    from engine.progress import Stages
+    stages = Stages(progress, [1, 1])
+    rows = []
+    for i, (model, spec) in enumerate(((model_a, spec_a), (model_b, spec_b))):
+        rows.append(reproduce(model, spec, cache, progress=stages.stage(i)))
+        stages.finish(i)
+    a, b = rows
+    assert [r.key for r in a] == [r.key for r in b]  # one table of steps: the same rows in the same order
+    return list(zip(a, b))
+
+
+def compare_findings_cost(model_a, spec_a, pairs_a, model_b, spec_b, pairs_b, cache):
+    """The estimated cost of :func:`compare_findings` (``pairs_a`` / ``pairs_b``: each set's kept pairs): the two
+    reproductions' seconds added, their forward passes counted in passes of A's set where B has A's model and set
+    size (else the sum is only a count of passes, each of its own set)."""
+    from engine.cost import Cost, estimate
+    from engine.findings.paper import reproduce_work
+    ca = estimate(model_a, pairs_a, reproduce_work(model_a, spec_a, cache, pairs_a))
+    cb = estimate(model_b, pairs_b, reproduce_work(model_b, spec_b, cache, pairs_b))
+    return Cost(ca.forward_equivalents + cb.forward_equivalents, ca.seconds + cb.seconds)

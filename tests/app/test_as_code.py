@@ -443,3 +443,29 @@ def test_every_story_screen_with_a_chart_shows_it_as_code_and_the_code_reproduce
     want_set = [(r.role, r.value) for r in role_attention(model, pairs) if (r.layer, r.head) == (layer, head)]
     want_row = [(t.position, t.token, t.weight, t.role) for t in typed_attention(model, TYPED, layer, head)]
     assert close(got["set"], want_set) and close(got["prompt"], want_row)
+
+
+def test_compare_puts_the_papers_findings_side_by_side_and_its_code_reproduces_them(tmp_path, monkeypatch, capsys):
+    """Compare's second view (issue 51): the paper's rows on A and on B, asked for by a button with its cost; the
+    table's numbers and verdicts are those of `reproduce` on each set, in the command's output and the notebook's."""
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    at = page("17_Compare.py", n=8).run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    press = [b for b in at.button if b.label.startswith("Check the paper's findings on A and B (estimated: about ")]
+    assert len(press) == 1 and not [t for t in at.table if "B's verdict" in t.value.columns]  # nothing unasked
+    press[0].click().run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    table = next(t.value for t in at.table if "B's verdict" in t.value.columns)
+    lines, py = shown_code(at)
+    assert [line.split()[3] for line in lines] == ["path-patching", "path-patching", "reproduce", "reproduce"]
+    out_a, out_b = run_cli_lines(lines[2:], tmp_path)
+    for col, out in (("A", out_a), ("B", out_b)):
+        assert list(table[col]) == [r["lab"] or "–" for r in out["findings"]]
+        assert list(table[f"{col}'s verdict"]) == [r["verdict"] for r in out["findings"]]
+    assert {"holds", "does not hold", "inconclusive"} & set(table["A's verdict"])
+    nb = run_notebook(py, tmp_path, monkeypatch, capsys)
+    assert [(f, a, va, b, vb) for f, a, va, b, vb in nb["findings"]] == [
+        (f, a if a != "–" else "", va, b if b != "–" else "", vb)
+        for f, a, va, b, vb in zip(table.index, table["A"], table["A's verdict"], table["B"], table["B's verdict"])]
+    same = sum(x == y for x, y in zip(table["A's verdict"], table["B's verdict"]) if "not computed" not in (x, y))
+    assert any(m.value.startswith(f"**{same} of ") for m in at.markdown)
