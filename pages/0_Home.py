@@ -6,9 +6,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.findings.as_code import home_code
 from engine.prompts.promptsets import PromptSetSpec, answer_token_stats, generate
 from engine.prompts.templates import OPS, PAPER_OPS
 from engine.techniques.accuracy import accuracy_cost, accuracy_report
+from ui.as_code import code_view
 from ui.circuit_panels import circuit_summary_view
 from ui.nav import page_link
 from ui.progress import USER_ERRORS, compute_or_button, run_with_progress
@@ -111,3 +113,4 @@ chart = template_bars(per_tpl)
 st.altair_chart(chart, width="stretch")
 st.download_button("Download accuracy table (CSV)", df.to_csv(index=False).encode(),
                    file_name=f"accuracy_{f.fingerprint[:8]}.csv", mime="text/csv")
+code_view(home_code(model, spec))

@@ -93,6 +93,19 @@ def opening(model, spec: PromptSetSpec | None, names: list[str], *, lines: tuple
     return "\n".join(out) + "\n"
 
 
+def home_code(model, spec: PromptSetSpec) -> Snippet:
+    """The Home page: the model's facts and the accuracy table of the page's own prompt set (per operation and per
+    template, first token and full answer)."""
+    cli = "\n".join([command("info", model, None), command("accuracy", model, spec)])
+    py = (opening(model, None, ["PromptSetSpec"], lines=("from engine.techniques.accuracy import accuracy_report",))
+          + f"rows, _ = accuracy_report(model, {set_python(spec)}, cache=cache)\n"
+          + "print({'facts': model.facts.to_dict(),\n"
+          + "       'accuracy': [(r.op, r.template, r.n, r.first_token, r.full_answer, r.mean_p_answer)"
+          + " for r in rows]})\n")
+    return Snippet(cli, py, "The model's facts (`info`) and the accuracy table (`accuracy`: per operation, and per "
+                            "template with the mean P(answer)); the notebook lines print both.")
+
+
 def path_patching_code(model, spec: PromptSetSpec, metric: str, k: int) -> Snippet:
     """The Path patching page's heatmap and its key heads (all operations' pairs)."""
     cli = command("path-patching", model, spec, "--out", "effects.csv")

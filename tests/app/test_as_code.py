@@ -469,3 +469,23 @@ def test_compare_puts_the_papers_findings_side_by_side_and_its_code_reproduces_t
         for f, a, va, b, vb in zip(table.index, table["A"], table["A's verdict"], table["B"], table["B's verdict"])]
     same = sum(x == y for x, y in zip(table["A's verdict"], table["B's verdict"]) if "not computed" not in (x, y))
     assert any(m.value.startswith(f"**{same} of ") for m in at.markdown)
+
+
+def test_the_home_snippets_reproduce_the_facts_and_the_accuracy_table(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    at = ask_all(page("0_Home.py").run())
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    shown = at.dataframe[0].value  # per operation, as the page draws it
+    lines, py = shown_code(at)
+    info, acc = run_cli_lines(lines, tmp_path)
+    assert info["fingerprint"] == acc["fingerprint"] and info["n_layers"] == 8
+    assert sorted(acc["per_op"]) == sorted(shown.index)
+    for op, row in shown.iterrows():
+        assert close([acc["per_op"][op]["first_token"], acc["per_op"][op]["full_answer"]],
+                     [float(row["first_token"]), float(row["full_answer"])])
+    nb = run_notebook(py, tmp_path, monkeypatch, capsys)
+    assert nb["facts"]["fingerprint"] == info["fingerprint"]
+    per_op = {op: (ft, fa, p) for op, tpl, _, ft, fa, p in nb["accuracy"] if tpl == "*"}
+    assert all(close(list(per_op[op]), [float(r["first_token"]), float(r["full_answer"]), float(r["mean_p_answer"])])
+               for op, r in shown.iterrows())
+    assert len(nb["accuracy"]) == len(shown) + len(acc["per_template"])
