@@ -6,7 +6,9 @@ import pandas as pd
 import streamlit as st
 
 from cache import CacheError
+from engine.findings.as_code import workspaces_code
 from engine.findings.workspace import WorkspaceError, delete, read_file, saved
+from ui.as_code import code_view
 from ui.session import result_cache, setup_page
 from ui.workspaces import REOPENED, current, reopen, save_box
 
@@ -55,6 +57,7 @@ else:
             st.error(f"Cannot delete '{pick}': {e}.")
     c4.download_button("Export", ws.dumps().encode(), f"{pick}.workspace.json", "application/json",
                        key="workspace_export", width="stretch")
+code_view(workspaces_code())
 
 st.subheader("Open a workspace file")
 st.download_button("Export the current view", current("current view", model, cache).dumps().encode(),

@@ -106,6 +106,18 @@ def home_code(model, spec: PromptSetSpec) -> Snippet:
                             "template with the mean P(answer)); the notebook lines print both.")
 
 
+def workspaces_code() -> Snippet:
+    """The Workspaces page: the saved workspaces of the dashboard's result cache (a file's one: ``read_file``)."""
+    py = ("from engine import ResultCache\n"
+          "from engine.findings.workspace import read_file, saved\n\n"
+          "cache = ResultCache()                                  # the dashboard's results (and workspaces)\n"
+          "kept = saved(cache)\n"
+          "# a workspace file: read_file(open('NAME.workspace.json').read())\n"
+          "print([(w.name, w.model_spec, w.saved_at, len(w.pins), w.state) for w in kept])\n")
+    return Snippet(None, py, "No `python -m engine` command lists or opens workspaces (a workspace is the dashboard's "
+                             "view): the notebook lines list the saved ones, each with its model, pins and view.")
+
+
 def path_patching_code(model, spec: PromptSetSpec, metric: str, k: int) -> Snippet:
     """The Path patching page's heatmap and its key heads (all operations' pairs)."""
     cli = command("path-patching", model, spec, "--out", "effects.csv")

@@ -489,3 +489,26 @@ def test_the_home_snippets_reproduce_the_facts_and_the_accuracy_table(tmp_path, 
     assert all(close(list(per_op[op]), [float(r["first_token"]), float(r["full_answer"]), float(r["mean_p_answer"])])
                for op, r in shown.iterrows())
     assert len(nb["accuracy"]) == len(shown) + len(acc["per_template"])
+
+
+def test_the_workspaces_snippet_lists_the_pages_workspaces_and_says_there_is_no_command(tmp_path, monkeypatch,
+                                                                                         capsys):
+    from cache import ResultCache
+    from engine.backends import open_model
+    from engine.findings.workspace import make, save
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    cache = ResultCache(tmp_path / "results.duckdb")
+    model = open_model("organism")
+    cache.pin(model.facts.fingerprint, "1.3", "operator mover")
+    save(make("sevens", "organism", model.facts.fingerprint, {"ops": "add", "head": "1.3"}, cache), cache)
+    at = page("16_Workspaces.py").run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    shown = at.dataframe[0].value
+    lines, py = shown_code(at)
+    assert not lines and any("No `python -m engine` command lists" in c.value for c in at.caption)
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))  # the page's cache: its workspaces
+    capsys.readouterr()
+    exec(compile(py, "snippet", "exec"), {})
+    got = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(n, m, p) for n, m, _, p, _ in got] == list(zip(shown["name"], shown["model"], shown["pins"]))
+    assert got[0][4] == {"ops": "add", "head": "1.3"}
