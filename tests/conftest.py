@@ -40,7 +40,7 @@ LONGEST = ("e2e/test_charts_browser.py", "integration/test_exports.py", "e2e/tes
            "integration/test_gemma3.py", "e2e/test_pages_browser.py", "integration/test_architectures.py",
            "e2e/test_paper_browser.py", "integration/test_numbers.py", "e2e/test_share_link_browser.py",
            "integration/test_smollm2_finetune.py", "e2e/test_beyond_browser.py", "integration/test_cli.py",
-           "app/test_as_code.py")
+           "e2e/test_workbench_smollm2_browser.py", "app/test_as_code.py")
 #: collected last: the matrix's summary reads the results its cases stored (tests/integration/arch_matrix.py)
 LAST = ("integration/test_architectures_table.py",)
 

@@ -19,7 +19,8 @@ DIAGRAM_SELECTION = "diagram_node"
 NODE_GAP_PX = 48      # vertical distance between two rows of nodes (a node's label sits above it)
 NOTE_GAP_PX = 18      # more between rows when a note is drawn under a pinned node
 NOTE_CHARS = 26       # a note drawn under its node is cut to this many characters (all of it in the tooltip)
-PIN_COLOR = PALETTE[4]  # a pinned node's ring and note, as a pinned cell's outline on the heatmaps
+PIN_COLOR = PALETTE[4]  # a pinned node's ring, as a pinned cell's outline on the heatmaps
+NOTE_COLOR = "#8a4b00"  # its note: a darker orange, readable on white at 12 px
 MIN_HEIGHT_PX = 300
 
 
@@ -105,9 +106,12 @@ def diagram_chart(diagram) -> alt.Chart:
     layers = [lines, dots, text]
     if noted:  # a ring round each pinned node and its note under it: plain text, as Vega draws any string
         pinned = alt.Chart(nodes[nodes.note != ""])
+        note = {"dy": 21, "fontSize": 12, "fontStyle": "italic"}
         layers += [pinned.mark_circle(size=720, filled=False, stroke=PIN_COLOR, strokeWidth=3).encode(x=xs, y=ys),
-                   pinned.mark_text(dy=21, fontSize=11, fontStyle="italic", color=PIN_COLOR).encode(
-                       x=xs, y=ys, text="shown_note:N")]
+                   # a white halo under the note, so that an edge crossing it does not hide a letter
+                   pinned.mark_text(**note, color="white", stroke="white", strokeWidth=4).encode(
+                       x=xs, y=ys, text="shown_note:N"),
+                   pinned.mark_text(**note, color=NOTE_COLOR).encode(x=xs, y=ys, text="shown_note:N")]
     height = max(MIN_HEIGHT_PX, int((NODE_GAP_PX + (NOTE_GAP_PX if noted else 0)) * (hi - lo + 1.2)))
     return stretched(alt.layer(*layers).resolve_scale(color="independent").properties(height=height))
 

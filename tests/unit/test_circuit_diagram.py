@@ -59,7 +59,7 @@ def test_a_pinned_node_is_ringed_with_its_note_under_it_cut_and_drawn_as_text():
     ring = next(m for m in marks if m["type"] == "circle" and m.get("filled") is False)
     assert ring["stroke"] == PIN_COLOR
     texts = [layer for layer in spec["layer"] if layer["mark"]["type"] == "text"]
-    assert [t["encoding"]["text"]["field"] for t in texts] == ["label", "shown_note"]
+    assert [t["encoding"]["text"]["field"] for t in texts] == ["label", "shown_note", "shown_note"]  # halo, note
     dots = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "circle" and "filled" not in layer["mark"])
     assert any(t.get("title") == "your note" for t in dots["encoding"]["tooltip"])
     svg = diagram_image(d, "svg").decode()
