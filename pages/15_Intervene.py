@@ -20,7 +20,7 @@ from ui.session import (
     words_used,
 )
 from views.charts import display_token, fmt_prob, signed_change
-from views.intervene import distribution_chart, distribution_frame
+from views.intervene import distribution_frame, live_spec
 
 ACTIONS = {"patch from another prompt": "patch", "scale": "scale", "zero": "zero",
            "mean (the knockouts' mean ablation)": "mean", "add a number's direction": "add"}
@@ -33,85 +33,94 @@ model, spec = setup_page(
     "class mean over the sidebar set's prompts that answer it (the Numbers page's causal-check direction).")
 prompt_caption()
 words_used("counterfactual", "END", "probability", "knockout", "path patching")
-f = model.facts
-L, H = f.n_layers, f.n_heads
-opts = ([f"{layer}.{h}" for layer in range(L) for h in range(H)] + [f"{layer}.mlp" for layer in range(L)]
-        + [f"{layer}.resid" for layer in range(L)])
-c1, c2 = st.columns([3, 2])
-chosen = c1.multiselect("Components (layer.head, layer.mlp, layer.resid: the residual stream leaving the layer)",
-                        opts, default=[opts[0]], key="iv_components")
-action = ACTIONS[c2.radio("Action", list(ACTIONS), key="iv_action", horizontal=False)]
-c3, c4, c5 = st.columns(3)
-positions = c3.radio("Where", ["end", "all"], key="iv_positions", format_func=lambda p: {
-    "end": "the last token only (END)", "all": "every position"}[p], disabled=action == "mean",
-                     help="Mean ablation is the knockouts': every position.")
-freeze = c4.checkbox("Hold the other heads fixed", key="iv_freeze",
-                     help="Every other head keeps its output on the typed prompt (path patching's frozen heads): "
-                          "patching one head at END from the counterfactual then gives path patching's number for "
-                          "that head.")
-text = current_prompt()
-source_text, factor, number, strength, direction_layer = None, 0.0, None, 0.0, None
-if action == "patch":
-    source_text = c5.text_input("Take the values from (empty: the typed prompt's counterfactual)", key="iv_source")
-elif action == "scale":
-    factor = c5.slider("Factor", -3.0, 3.0, 0.0, 0.1, key="iv_factor")
-elif action == "add":
-    kind = c5.radio("Direction", ["unembedding", "class mean"], key="iv_direction", horizontal=True,
-                    format_func={"unembedding": "its unembedding", "class mean": "its class mean (the set)"}.get,
-                    help="Its unembedding: the column of W_U of the number's first answer token. Its class mean: "
-                         "the mean residual stream at END, leaving the chosen layer, of the sidebar set's prompts "
-                         "that answer the number, minus the mean over every prompt of the set (made unit): the "
-                         "direction the Numbers page's causal check moves along.")
-    if kind == "class mean":
-        first = next((int(o.split(".")[0]) for o in chosen if not o.split(".")[1].isdigit()), 0) if chosen else 0
-        direction_layer = int(c5.selectbox("Its layer (the residual stream leaving it)", list(range(L)),
-                                           index=min(first, L - 1), key="iv_direction_layer"))
-    number = int(c5.number_input("Number", 0, 10_000, 7, key="iv_number"))
-    strength = c5.slider("Strength (1: as long as the component's own output at END)", -5.0, 5.0, 1.0, 0.1,
-                         key="iv_strength")
 
-if not chosen:
-    st.error("Choose at least one component above.")
-    st.stop()
-try:
-    targets = parse_targets(",".join(chosen), L, H, f.d_mlp)
-    typed = check_typed_text(model.tokenizer, text)
-    source = ()
+
+@st.fragment  # a control's change reruns only this panel (one forward pass), not the sidebar and the page around it
+def panel() -> None:
+    """The controls, the one engine call and its chart: the live part of the page."""
+    f = model.facts
+    L, H = f.n_layers, f.n_heads
+    opts = ([f"{layer}.{h}" for layer in range(L) for h in range(H)] + [f"{layer}.mlp" for layer in range(L)]
+            + [f"{layer}.resid" for layer in range(L)])
+    c1, c2 = st.columns([3, 2])
+    chosen = c1.multiselect("Components (layer.head, layer.mlp, layer.resid: the residual stream leaving the layer)",
+                            opts, default=[opts[0]], key="iv_components")
+    action = ACTIONS[c2.radio("Action", list(ACTIONS), key="iv_action", horizontal=False)]
+    c3, c4, c5 = st.columns(3)
+    positions = c3.radio("Where", ["end", "all"], key="iv_positions", format_func=lambda p: {
+        "end": "the last token only (END)", "all": "every position"}[p], disabled=action == "mean",
+                         help="Mean ablation is the knockouts': every position.")
+    freeze = c4.checkbox("Hold the other heads fixed", key="iv_freeze",
+                         help="Every other head keeps its output on the typed prompt (path patching's frozen heads): "
+                              "patching one head at END from the counterfactual then gives path patching's number for "
+                              "that head.")
+    text = current_prompt()
+    source_text, factor, number, strength, direction_layer = None, 0.0, None, 0.0, None
     if action == "patch":
-        source = tuple(check_typed_text(model.tokenizer, source_text).ids if source_text
-                       else typed_pair(model.tokenizer, text).cf_ids)
-    token, vector = None, ()
-    if action == "add" and direction_layer is not None:
-        set_pairs, _ = analysed_pairs(model, spec, result_cache())
-        d, n_class = class_mean_direction(model, set_pairs, direction_layer, number)
-        vector = tuple(float(v) for v in d)
+        source_text = c5.text_input("Take the values from (empty: the typed prompt's counterfactual)", key="iv_source")
+    elif action == "scale":
+        factor = c5.slider("Factor", -3.0, 3.0, 0.0, 0.1, key="iv_factor")
     elif action == "add":
-        token = number_token(model.tokenizer, text, number)
-    iv = Intervention(action, targets, "all" if action == "mean" else positions, factor, strength, source, token,
-                      freeze, vector).check()
-except (PromptError, ValueError) as e:
-    st.error(f"Cannot intervene: {e}.")
-    st.stop()
-means = None
-if action == "mean":
-    pairs, _ = analysed_pairs(model, spec, result_cache())
-    means = mean_activations(model, pairs)
-watch = typed.answer.answer_id if typed.answer is not None else None
-res = intervene(model, typed.ids, iv, watch=watch, means=means, k=5)  # the one engine call
+        kind = c5.radio("Direction", ["unembedding", "class mean"], key="iv_direction", horizontal=True,
+                        format_func={"unembedding": "its unembedding", "class mean": "its class mean (the set)"}.get,
+                        help="Its unembedding: the column of W_U of the number's first answer token. Its class mean: "
+                             "the mean residual stream at END, leaving the chosen layer, of the sidebar set's prompts "
+                             "that answer the number, minus the mean over every prompt of the set (made unit): the "
+                             "direction the Numbers page's causal check moves along.")
+        if kind == "class mean":
+            first = next((int(o.split(".")[0]) for o in chosen if not o.split(".")[1].isdigit()), 0) if chosen else 0
+            direction_layer = int(c5.selectbox("Its layer (the residual stream leaving it)", list(range(L)),
+                                               index=min(first, L - 1), key="iv_direction_layer"))
+        number = int(c5.number_input("Number", 0, 10_000, 7, key="iv_number"))
+        strength = c5.slider("Strength (1: as long as the component's own output at END)", -5.0, 5.0, 1.0, 0.1,
+                             key="iv_strength")
 
-st.altair_chart(distribution_chart(distribution_frame(res.before.top, res.after.top)), width="stretch")
-if res.watched is not None:
-    change = signed_change(res.after.watched_prob - res.before.watched_prob)
-    m1, m2 = st.columns(2)
-    m1.metric(f"P(answer `{display_token(res.watched)}`)", fmt_prob(res.after.watched_prob), change,
-              delta_color="normal" if change else "off")
-    m2.metric("Answer logit", f"{res.after.watched_logit:.3f}",
-              f"{res.after.watched_logit - res.before.watched_logit:+.3f}", delta_color="off")
-if vector:
-    st.caption(f"Direction: {number}'s class mean at END leaving layer {direction_layer}, over the {n_class} of the "
-               f"set's {len(set_pairs)} prompts that answer {number}, minus the mean of all {len(set_pairs)}.")
-st.caption(f"{res.forward_passes} forward pass(es) for this view (the typed prompt's and the other prompt's own "
-           f"passes are kept while they do not change). Exact: the model's own softmax at END, no estimate.")
+    if not chosen:
+        st.error("Choose at least one component above.")
+        return
+    try:
+        targets = parse_targets(",".join(chosen), L, H, f.d_mlp)
+        typed = check_typed_text(model.tokenizer, text)
+        source = ()
+        if action == "patch":
+            source = tuple(check_typed_text(model.tokenizer, source_text).ids if source_text
+                           else typed_pair(model.tokenizer, text).cf_ids)
+        token, vector = None, ()
+        if action == "add" and direction_layer is not None:
+            set_pairs, _ = analysed_pairs(model, spec, result_cache())
+            d, n_class = class_mean_direction(model, set_pairs, direction_layer, number)
+            vector = tuple(float(v) for v in d)
+        elif action == "add":
+            token = number_token(model.tokenizer, text, number)
+        iv = Intervention(action, targets, "all" if action == "mean" else positions, factor, strength, source, token,
+                          freeze, vector).check()
+    except (PromptError, ValueError) as e:
+        st.error(f"Cannot intervene: {e}.")
+        return
+    means = None
+    if action == "mean":
+        pairs, _ = analysed_pairs(model, spec, result_cache())
+        means = mean_activations(model, pairs)
+    watch = typed.answer.answer_id if typed.answer is not None else None
+    res = intervene(model, typed.ids, iv, watch=watch, means=means, k=5)  # the one engine call
 
-code_view(intervene_code(model, spec, text, ",".join(t.name for t in targets), action, positions, factor, number,
-                         strength, source_text, freeze, direction_layer))
+    if res.watched is not None:
+        change = signed_change(res.after.watched_prob - res.before.watched_prob)
+        m1, m2 = st.columns(2)
+        m1.metric(f"P(answer `{display_token(res.watched)}`)", fmt_prob(res.after.watched_prob), change,
+                  delta_color="normal" if change else "off")
+        m2.metric("Answer logit", f"{res.after.watched_logit:.3f}",
+                  f"{res.after.watched_logit - res.before.watched_logit:+.3f}", delta_color="off")
+    frame = distribution_frame(res.before.top, res.after.top)
+    st.vega_lite_chart(frame, live_spec(frame), width="stretch")
+    if vector:
+        st.caption(f"Direction: {number}'s class mean at END leaving layer {direction_layer}, over the {n_class} of "
+                   f"the set's {len(set_pairs)} prompts that answer {number}, minus the mean of all {len(set_pairs)}.")
+    st.caption(f"{res.forward_passes} forward pass(es) for this view (the typed prompt's and the other prompt's own "
+               f"passes are kept while they do not change). Exact: the model's own softmax at END, no estimate.")
+
+    code_view(intervene_code(model, spec, text, ",".join(t.name for t in targets), action, positions, factor, number,
+                             strength, source_text, freeze, direction_layer))
+
+
+panel()
