@@ -4,8 +4,6 @@ slider move at a time (the factor of "scale" on head 1.3, from -3 to 3 and back:
 Measured from the key press to (a) the P(answer) and answer-logit metrics showing their new values and (b) the
 chart's bars redrawn, over ``--steps`` moves after two warm-up moves.  Each move is one forward pass (the typed
 prompt's own pass is kept while it does not change: 1 forward-equivalent of the one prompt).  Target: < 300 ms.
-The two ends of the slider have different fifth tokens, so about half the moves also change the chart's categories
-(a new chart is built: its slow mode).
 
     .venv/bin/python bench/intervene_page.py            # starts its own dashboard on a temporary cache
 """

@@ -19,16 +19,16 @@ def distribution_frame(before: list, after: list) -> pd.DataFrame:
     for when, top in ((BEFORE, before), (AFTER, after)):
         p = {t.token_id: t.prob for t in top}
         rows += [{"token": name[i], "token_id": i, "when": when, "prob": p.get(i, float("nan")),
-                  "label": fmt_prob(p[i]) if i in p else "not in top"} for i in ids]
+                  "label": fmt_prob(p[i]) if i in p else "not in top", "order": n} for n, i in enumerate(ids)]
     return pd.DataFrame(rows)
 
 
 def distribution_chart(df: pd.DataFrame, *, with_data: bool = True) -> alt.Chart:
     """P(token) before and after, side by side per token (the union of both top lists, before's order first: the
-    frame's row order); ``with_data`` False: the chart without its rows (:func:`live_spec`)."""
-    order = list(dict.fromkeys(df["token"]))
+    frame's ``order``); ``with_data`` False: the chart without its rows (:func:`live_spec`)."""
     base = alt.Chart(df if with_data else alt.Undefined).encode(
-        x=alt.X("token:N", sort=order, title="next token (the top tokens before and after)",
+        x=alt.X("token:N", sort=alt.EncodingSortField("order", op="min"),
+                title="next token (the top tokens before and after)",
                 axis=alt.Axis(labelAngle=0, labelLimit=0)),
         xOffset=alt.XOffset("when:N", sort=[BEFORE, AFTER]),
         tooltip=[alt.Tooltip("token:N"), alt.Tooltip("when:N"), alt.Tooltip("label:N", title="probability")])
@@ -42,10 +42,10 @@ def distribution_chart(df: pd.DataFrame, *, with_data: bool = True) -> alt.Chart
 
 
 def live_spec(df: pd.DataFrame) -> dict:
-    """The chart of ``df`` as a Vega-Lite spec without its rows, shown with ``st.vega_lite_chart(df, spec)``: the spec
-    is the same while the tokens are, so that a slider's step sends new rows and the browser redraws the bars in
-    place (an Altair chart carries its rows in its spec, and a new spec is a new chart to build: about 250 ms more
-    per step in Chromium)."""
+    """The chart of ``df`` as a Vega-Lite spec without its rows, shown with ``st.vega_lite_chart(df, spec)``: one spec
+    whatever the tokens (their order is a column), so that a slider's step sends new rows and the browser redraws
+    the bars in place (an Altair chart carries its rows in its spec, and a new spec is a new chart to build: about
+    250 ms more per step in Chromium)."""
     spec = distribution_chart(df, with_data=False).to_dict()
     spec.pop("datasets", None)  # Altair's stand-in for the missing data, in each layer too
     for layer in spec.get("layer", []):
