@@ -13,14 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.e2e.conftest import IDLE_JS, idle, streamlit_server  # noqa: E402
+from tests.e2e.conftest import IDLE_JS, idle, streamlit_server
 
 METRICS = "[...document.querySelectorAll('[data-testid=stMetricValue]')].map(m => m.innerText).join('|')"
 BARS = ("[...document.querySelectorAll('[data-testid=stVegaLiteChart] g.mark-rect path, "
