@@ -16,6 +16,7 @@ from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
 from ui.as_code import code_view
 from ui.circuit_panels import patching_table
 from ui.compare_panels import findings_side_by_side
+from ui.notes_panel import noted
 from ui.progress import compute_or_button
 from ui.session import (
     DIGIT_CHOICES,
@@ -103,8 +104,8 @@ if not pairs_b:
 table_b, _ = patching_table(model_b, pairs_b, cache, key="cmp_patching_go", text="Path patching B, batch")
 cmp = compare_tables(table_a, table_b, metric=metric, k=k)  # the one engine call
 
-fa = heatmap_frame(*table_a.heatmap(metric))
-fb = heatmap_frame(*table_b.heatmap(metric))
+fa = noted(heatmap_frame(*table_a.heatmap(metric)), model, cache)  # each model's pins outlined
+fb = noted(heatmap_frame(*table_b.heatmap(metric)), model_b, cache)
 lim = max(heatmap_limit(fa), heatmap_limit(fb))  # one scale for A and B
 if not cmp.cells:
     st.caption(f"A has {table_a.n_layers} layers x {table_a.n_heads} heads, B {table_b.n_layers} x "

@@ -11,6 +11,7 @@ from engine.techniques.accuracy import kept_pairs
 from ui import state
 from ui.as_code import code_view
 from ui.nav import page_link, page_of
+from ui.notes_panel import noted
 from ui.progress import USER_ERRORS, compute_or_button
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, set_size_text, setup_page
 from views.charts import heatmap, heatmap_frame, heatmap_limit
@@ -94,7 +95,7 @@ if second is not None:
         for m in (model, second):
             pairs, _ = kept_pairs(m, spec, cache=cache)
             heads, mlps = cached_path_patching(m, pairs, cache=cache)[0].heatmap("effect", "*")
-            frames.append((m.facts.spec, heatmap_frame(heads, mlps)))
+            frames.append((m.facts.spec, noted(heatmap_frame(heads, mlps), m, cache)))  # each model's pins
     except USER_ERRORS as e:
         st.error(f"Cannot draw the two heatmaps: {e}")
         st.stop()

@@ -7,7 +7,6 @@ import streamlit as st
 
 from engine.findings.as_code import path_patching_code
 from engine.findings.glossary import help_text
-from engine.findings.notes import labels as note_labels
 from engine.numerics.intervals import SMALL_SET
 from engine.prompts.pairs import PromptError, counterfactual_words, digit_words
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
@@ -27,7 +26,7 @@ from ui.circuit_panels import (
     select_head,
     stability_view,
 )
-from ui.notes_panel import note_box
+from ui.notes_panel import note_box, noted
 from ui.progress import USER_ERRORS
 from ui.session import (
     analysed_pairs,
@@ -38,7 +37,7 @@ from ui.session import (
     setup_page,
     words_used,
 )
-from views.charts import display_token, heatmap, heatmap_frame, token_bars, with_notes
+from views.charts import display_token, heatmap, heatmap_frame, token_bars
 
 
 def intro(spec) -> str:
@@ -118,7 +117,7 @@ elif metric == "effect" and note:
 
 heads, mlps = shown.heatmap(metric, shown_group)
 df = heatmap_frame(heads, mlps, shown.heatmap_intervals(metric, shown_group))
-df = with_notes(df, note_labels(model.facts.fingerprint, cache))  # pinned cells outlined, the note in the tooltip
+df = noted(df, model, cache)  # pinned cells outlined, the note in the tooltip
 TABS = ["Heatmap", "Exact vs attribution", "Stability", "What each head carries"]
 url_state.check("pp_tab", TABS)
 tab_map, tab_atp, tab_stab, tab_carry = st.tabs(TABS, **url_state.bound("pp_tab"))

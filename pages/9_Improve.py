@@ -31,6 +31,7 @@ from engine.techniques.path_patching import cached_path_patching
 from ui.as_code import code_view
 from ui.circuit_panels import patching_table
 from ui.improve_panels import comparison_chart, comparison_rows, comparison_table
+from ui.notes_panel import noted
 from ui.progress import USER_ERRORS
 from ui.session import ModelChoice, analysed_pairs, loaded_model, result_cache, setup_page, use_model
 from views.charts import heatmap, heatmap_frame, heatmap_limit, loss_curve
@@ -209,7 +210,8 @@ except USER_ERRORS as e:
     st.stop()
 comparison_table(rows)
 st.altair_chart(comparison_chart(rows), width="stretch")
-frames = {title: heatmap_frame(*tab.heatmap("effect", "*")) for title, tab in (("base", table), ("tuned", t_table))}
+frames = {title: noted(heatmap_frame(*tab.heatmap("effect", "*")), m, cache)  # each model's pins outlined
+          for title, tab, m in (("base", table, model), ("tuned", t_table, tuned))}
 lim = max(heatmap_limit(df) for df in frames.values())  # one symmetric scale for both
 st.caption(f"Both heatmaps on one colour scale, ±{lim:.3f} (relative effect; MLP cells beyond it saturate).")
 left, right = st.columns(2)

@@ -21,6 +21,7 @@ from engine.techniques.position_patching import cached_layer_position_patching
 from engine.techniques.stability import ALL, head_stability, summaries
 from ui import url_state
 from ui.nav import link_to, page_link, page_of
+from ui.notes_panel import noted
 from ui.progress import USER_ERRORS, compute_or_button, run_with_progress
 from views.charts import HEAD_SELECTION, component_frame, display_token, heatmap, scaled
 from views.circuit_charts import (
@@ -228,7 +229,7 @@ def head_to_head_section(model, pairs, cache, layer: int, head: int, metric: str
     st.caption(f"Senders below layer {layer}: the answer logit's change carried only through head {layer}.{head}'s "
                f"{word} at the last position (every other head frozen). Red = the receiver reads the operation from "
                f"this sender.")
-    st.altair_chart(heatmap(df, metric), width="stretch", key=f"h2h_{rec}")
+    st.altair_chart(heatmap(noted(df, model, cache), metric), width="stretch", key=f"h2h_{rec}")  # pins outlined
     st.download_button("Head -> head data (CSV)", df.to_csv(index=False).encode(),
                        f"head_to_head_{layer}_{head}_{inp}.csv", "text/csv")
 

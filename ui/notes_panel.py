@@ -10,6 +10,14 @@ import streamlit as st
 from cache import MAX_NOTE_CHARS, CacheError, NoteError
 
 
+def noted(df, model, cache):
+    """A heatmap's frame (``views.charts.heatmap_frame``) with ``model``'s pins: each pinned cell outlined, its note
+    in the tooltip (``views.charts.with_notes``) -- on every heatmap of a model's heads, as on Path patching's."""
+    from engine.findings.notes import labels
+    from views.charts import with_notes
+    return with_notes(df, labels(model.facts.fingerprint, cache))
+
+
 def note_box(model, cache, component: str, title: str) -> None:
     """Pin / note / unpin ``component`` (``1.3``, ``1.mlp``) of ``model`` in ``cache``; ``title``: the page's name."""
     from engine.findings.notes import pin, pins, unpin

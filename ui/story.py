@@ -24,6 +24,7 @@ from engine.prompts.pairs import PromptError
 from ui import state
 from ui.as_code import code_view
 from ui.nav import link_to
+from ui.notes_panel import noted
 from ui.progress import USER_ERRORS, compute_or_button
 from ui.session import analysed_pairs, current_prompt
 from views.charts import display_token, heatmap, heatmap_frame, ranked_bars, scaled, token_bars
@@ -150,7 +151,7 @@ def step_heads(model, spec, cache) -> None:
     heads, mlps = table.heatmap("effect", "*")
     st.caption(f"The mean over the {len(pairs)} prompt pairs of the set: one cell per head, the last column each "
                f"layer's MLP; red = the answer logit drops when that component sees the counterfactual.")
-    chart(heatmap(heatmap_frame(heads, mlps), "effect"), key="story_heatmap")
+    chart(heatmap(noted(heatmap_frame(heads, mlps), model, cache), "effect"), key="story_heatmap")  # pins outlined
     code_view(as_code.path_patching_code(model, spec, "effect", 5))
 
 

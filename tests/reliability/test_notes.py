@@ -95,3 +95,29 @@ def test_the_circuit_page_lists_the_notes_of_its_nodes_as_text(tmp_path, monkeyp
     drawn = [r for f in frames if "shown_note" in f for r in f.to_dict("records") if r["note"]]
     assert {(r["id"], r["note"]) for r in drawn} == {("h1.3", HTML)}  # ringed, its note under it: text, not HTML
     assert drawn[0]["shown_note"] == HTML[:25].rstrip() + "…"
+
+
+def test_every_heatmap_of_the_models_heads_outlines_its_pins(tmp_path, monkeypatch, organism):
+    """Issue 51: the pins on every heatmap, not only Path patching's -- the Story's key heads, Compare's A and B."""
+    import pyarrow as pa
+    from streamlit.testing.v1 import AppTest
+
+    from tests.reliability.conftest import PAGES, SMALL_SET
+    db = tmp_path / "results.duckdb"
+    monkeypatch.setenv("ARITHLAB_CACHE", str(db))
+    ResultCache(db).pin(organism.facts.fingerprint, "1.3", "operator mover")
+    for page, state, charts in (("1_Story.py", {"story_step": 2}, 1), ("17_Compare.py", {}, 2)):
+        at = AppTest.from_file(str(PAGES / page), default_timeout=300)
+        at.session_state["prompt_set"] = dict(SMALL_SET)
+        for k, v in state.items():
+            at.session_state[k] = v
+        at.run()
+        for b in [b for b in at.button if "(estimated: about " in b.label and "findings" not in b.label]:
+            b.click().run()
+        assert not at.exception and not at.error, (page, texts(at, "exception"), texts(at, "error"))
+        frames = [pa.ipc.open_stream(d.data.data).read_pandas()
+                  for c in [*at.get("arrow_vega_lite_chart"), *at.get("vega_lite_chart")] for d in c.proto.datasets]
+        noted = [f for f in frames if "note" in f and "layer" in f and (f["note"] == "operator mover").any()]
+        assert len(noted) == charts, (page, [list(f.columns) for f in frames])
+        for f in noted:
+            assert f[f["note"] != ""][["layer", "head"]].values.tolist() == [[1, 3]]
