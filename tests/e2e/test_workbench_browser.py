@@ -11,43 +11,59 @@ PROMPT = "Q: What is 7 plus 8? A:"
 NOTES = {"1.1": "operand mover A", "5.5": "answer <i>writer</i>"}
 
 
-def test_pin_save_export_and_reopen_in_a_fresh_browser(server, page, browser, tmp_path):
-    page.set_default_timeout(WAIT)
-    for head, note in NOTES.items():
-        goto(page, server, f"Path_patching?ops=add&n=20&head={head}&prompt=Q%3A+What+is+7+plus+8%3F+A%3A")
-        idle(page)
-        page.get_by_role("textbox", name=f"Note on head {head}").fill(note)
-        page.keyboard.press("Tab")
-        idle(page)
-        page.get_by_role("button", name="Pin with this note").or_(page.get_by_role("button", name="Save the note")) \
-            .first.click()
-        idle(page)
-        page.get_by_text(f"Pinned: head {head}").wait_for()  # the button's rerun draws it
+def pin(page, server: str, path: str, head: str, note: str) -> None:
+    """Open the Path patching link ``path`` (its head selected) and pin ``head`` with ``note``."""
+    goto(page, server, path)
+    idle(page)
+    page.get_by_role("textbox", name=f"Note on head {head}").fill(note)
+    page.keyboard.press("Tab")
+    idle(page)
+    page.get_by_role("button", name="Pin with this note").or_(page.get_by_role("button", name="Save the note")) \
+        .first.click()
+    idle(page)
+    page.get_by_text(f"Pinned: head {head}").wait_for()  # the button's rerun draws it
+
+
+def save_and_export(page, name: str, path):
+    """On the Workspaces page, save the current view as ``name`` and export it to ``path``; the file's JSON."""
     page.get_by_role("link", name="Workspaces").first.click()
     idle(page)
-    page.get_by_role("textbox", name="Save the current view as").fill("sevens")
+    page.get_by_role("textbox", name="Save the current view as").fill(name)
     page.keyboard.press("Tab")
     idle(page)
     page.get_by_role("button", name="Save", exact=True).click()
     idle(page)
     with page.expect_download() as download:
         page.get_by_role("button", name="Export", exact=True).click()
-    path = tmp_path / "sevens.workspace.json"
     download.value.save_as(path)
-    ws = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def open_in_fresh_browser(browser, server: str, path, name: str):
+    """A new browser context that opens the workspace file ``path`` (saved as ``name``): (context, page)."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    fresh = ctx.new_page()
+    fresh.set_default_timeout(WAIT)
+    goto(fresh, server, "Workspaces")
+    idle(fresh)
+    fresh.locator("input[type=file]").set_input_files(str(path))
+    idle(fresh)
+    idle(fresh)
+    fresh.get_by_text(f"Opened the file's workspace '{name}'").wait_for()
+    return ctx, fresh
+
+
+def test_pin_save_export_and_reopen_in_a_fresh_browser(server, page, browser, tmp_path):
+    page.set_default_timeout(WAIT)
+    for head, note in NOTES.items():
+        pin(page, server, f"Path_patching?ops=add&n=20&head={head}&prompt=Q%3A+What+is+7+plus+8%3F+A%3A", head, note)
+    path = tmp_path / "sevens.workspace.json"
+    ws = save_and_export(page, "sevens", path)
     assert ws["state"]["prompt"] == PROMPT and ws["state"]["head"] == "5.5"
     assert {p["component"]: p["note"] for p in ws["pins"]}.items() >= NOTES.items()
 
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    ctx, fresh = open_in_fresh_browser(browser, server, path, "sevens")
     try:
-        fresh = ctx.new_page()
-        fresh.set_default_timeout(WAIT)
-        goto(fresh, server, "Workspaces")
-        idle(fresh)
-        fresh.locator("input[type=file]").set_input_files(str(path))
-        idle(fresh)
-        idle(fresh)
-        fresh.get_by_text("Opened the file's workspace 'sevens'").wait_for()
         fresh.get_by_role("link", name="Path patching").first.click()
         idle(fresh)
         assert fresh.get_by_text(PROMPT).count() >= 1

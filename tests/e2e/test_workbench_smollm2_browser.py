@@ -14,6 +14,7 @@ import pytest
 
 from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
 from tests.e2e.test_teach_browser import _nav
+from tests.e2e.test_workbench_browser import open_in_fresh_browser, pin, save_and_export
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realmodel, pytest.mark.slow]
 NOTES = ("operator mover <b>?</b>", "answer writer")
@@ -47,37 +48,14 @@ def test_smollm2_pins_travel_in_a_workspace_file_and_compare_marks_the_differing
     assert len(heads) == 2, nodes
     pinned = dict(zip(heads, NOTES))
     for head, note in pinned.items():  # each head picked by a link, as a click on the heatmap would
-        goto(page, server, f"Path_patching?model={quote(gguf, safe='')}&head={head}")
-        idle(page)
-        page.get_by_role("textbox", name=f"Note on head {head}").fill(note)
-        page.keyboard.press("Tab")
-        idle(page)
-        page.get_by_role("button", name="Pin with this note").or_(page.get_by_role("button", name="Save the note")) \
-            .first.click()
-        idle(page)
-        page.get_by_text(f"Pinned: head {head}").wait_for()
-    page.get_by_role("link", name="Workspaces").first.click()
-    idle(page)
-    page.get_by_role("textbox", name="Save the current view as").fill("smol")
-    page.keyboard.press("Tab")
-    idle(page)
-    page.get_by_role("button", name="Save", exact=True).click()
-    idle(page)
-    path = _download(page, "Export", tmp_path / "smol.workspace.json")
-    ws = json.loads(path.read_text())
+        pin(page, server, f"Path_patching?model={quote(gguf, safe='')}&head={head}", head, note)
+    path = tmp_path / "smol.workspace.json"
+    ws = save_and_export(page, "smol", path)
     assert ws["model"]["spec"] == gguf
     assert {p["component"]: p["note"] for p in ws["pins"]}.items() >= pinned.items()
 
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    ctx, fresh = open_in_fresh_browser(browser, server, path, "smol")
     try:
-        fresh = ctx.new_page()
-        fresh.set_default_timeout(WAIT)
-        goto(fresh, server, "Workspaces")
-        idle(fresh)
-        fresh.locator("input[type=file]").set_input_files(str(path))
-        idle(fresh)
-        idle(fresh)
-        fresh.get_by_text("Opened the file's workspace 'smol'").wait_for()
         main = fresh.locator("[data-testid='stMain']")
         # Path patching: the last pinned head selected, its note shown as typed (the tags as text)
         fresh.get_by_role("link", name="Path patching").first.click()
