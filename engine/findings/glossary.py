@@ -57,8 +57,9 @@ TERMS: tuple[Term, ...] = (
                   "probabilities; a higher logit means a more likely token.", ("logits",)),
     Term("probability", "The chance the model gives a token to come next (P); the probabilities of all tokens "
                         "add up to 1.", ("P(answer)",)),
-    Term("answer logit", "The logit of the answer's first token at END: how strongly the model votes for the "
-                         "right answer. The lab's measurements are changes of this number."),
+    Term("answer logit", "The logit of the answer's token at END -- its first digit, or the digit the sidebar's "
+                         "Answer digit picks (the digits before it given to the model): how strongly the model "
+                         "votes for the right answer. The lab's measurements are changes of this number."),
     Term("rank", "The answer's place among all tokens, most likely first: rank 1 means the model would write "
                  "it.", ("median rank", "top-1")),
     Term("unembedding", "The model's last matrix, W_U: it turns the residual stream at a position into one logit "
