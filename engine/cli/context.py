@@ -269,6 +269,20 @@ class Context:
                                       lambda: ([], {"result": compute()}), self.cache)
         return art["result"], computed
 
+    def with_pins(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``rows`` (one per head / MLP: ``component``, ``layer``, ``head``) with a ``note`` column -- each pinned
+        component's note (``python -m engine pins``) -- when the model has pins; unchanged when it has none or the
+        cache is off or unreadable."""
+        from cache import CacheError
+        try:
+            labels = self.cache.labels(self.model.facts.fingerprint) if self.cache is not None else {}
+        except CacheError:
+            labels = {}
+        if not labels:
+            return rows
+        name = lambda r: f"{r['layer']}.mlp" if r["component"] == "mlp" else f"{r['layer']}.{r['head']}"  # noqa: E731
+        return [{**r, "note": labels.get(name(r), "")} for r in rows]
+
     @staticmethod
     def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@ They are kept in the result cache's DuckDB file (``cache.annotations``: its own 
 by method does not touch them; ``make clean-cache`` deletes the file and them with it), found again by the
 model's weights fingerprint whatever path or name it was opened by, and shown on the Path patching heatmap
 (the cell outlined, the note in the tooltip), on the Circuit diagram (the node ringed, the note under it), on the
-Atlas, in the circuit JSON (a ``label`` on each node), the report and the CLI's ``pins`` command.  The notebook
+Atlas, in the circuit JSON (a ``label`` on each node), the report, the path-patching CSVs (a ``note`` column, the
+page's and the CLI's) and the CLI's ``pins`` command.  The notebook
 calls the functions below with the model.
 """
 

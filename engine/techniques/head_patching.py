@@ -221,7 +221,7 @@ def cli(args, ctx) -> dict:
     with ctx.progress("head -> head patching") as bar:
         vals, computed = cached_head_path_patching(model, pairs, receiver, cache=ctx.cache, progress=bar)
     out = wide_rows(vals, keep=lambda v: v.group == "*" and v.component in ("head", "mlp"))
-    ctx.write_csv(args.out, out)
+    ctx.write_csv(args.out, ctx.with_pins(out))  # each pinned sender's note, when the model has pins
     top = sorted((r for r in out if r["component"] == "head"), key=lambda r: r["logit_diff"])[:5]
     return {"out": str(args.out), "cached": not computed, "n_pairs": len(pairs), "receiver": str(receiver),
             "senders": len(out), "top_senders": top}

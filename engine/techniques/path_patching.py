@@ -506,7 +506,7 @@ def cli(args, ctx) -> dict:
                     first=lambda v: {} if args.by == "all" else {"group": v.group.split(":", 1)[1]})
     for r in out:
         r["n"] = counts.get(f"{prefix}{r['group']}" if "group" in r else "*", 0)
-    ctx.write_csv(args.out, out)
+    ctx.write_csv(args.out, ctx.with_pins(out))  # each pinned component's note, when the model has pins
     ranking = table.ranking_metric()
     top = table.top_heads(5, ranking)
     excluded, _ = table.guard_counts()

@@ -121,3 +121,23 @@ def test_every_heatmap_of_the_models_heads_outlines_its_pins(tmp_path, monkeypat
         assert len(noted) == charts, (page, [list(f.columns) for f in frames])
         for f in noted:
             assert f[f["note"] != ""][["layer", "head"]].values.tolist() == [[1, 3]]
+
+
+def test_the_path_patching_csvs_carry_the_pins_notes(tmp_path, monkeypatch, cli, organism):
+    """The CLI's heatmap CSV (and head -> head's) gains a `note` column when the model has pins, as typed (CSV
+    quoting, no markup); without pins the file is as before."""
+    import csv
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    plain, noted, h2h = tmp_path / "plain.csv", tmp_path / "noted.csv", tmp_path / "h2h.csv"
+    assert cli("path-patching", "--model", "organism", *SMALL_SET_ARGS, "--out", str(plain)).rc == 0
+    assert "note" not in next(csv.reader(plain.open(encoding="utf-8")))
+    ResultCache(tmp_path / "results.duckdb").pin(organism.facts.fingerprint, "1.3", HTML)
+    ResultCache(tmp_path / "results.duckdb").pin(organism.facts.fingerprint, "0.mlp", "early MLP")
+    assert cli("path-patching", "--model", "organism", *SMALL_SET_ARGS, "--out", str(noted)).rc == 0
+    rows = list(csv.DictReader(noted.open(encoding="utf-8")))
+    assert {(r["component"], r["layer"], r["head"], r["note"]) for r in rows if r["note"]} == {
+        ("head", "1", "3", HTML), ("mlp", "0", "-1", "early MLP")}
+    assert [{k: v for k, v in r.items() if k != "note"} for r in rows] == list(csv.DictReader(plain.open()))
+    assert cli("path-patching", "--model", "organism", *SMALL_SET_ARGS, "--receiver", "5.5", "--out", str(h2h)).rc == 0
+    notes = {(r["layer"], r["head"]): r["note"] for r in csv.DictReader(h2h.open(encoding="utf-8")) if r["note"]}
+    assert notes == {("1", "3"): HTML, ("0", "-1"): "early MLP"}
