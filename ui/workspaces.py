@@ -49,6 +49,7 @@ def save_box(model, cache) -> None:
     if c2.button("Save", key="workspace_save", width="stretch"):
         try:
             save(current(name, model, cache), cache)
+            st.session_state["workspace_pick"] = name.strip()  # the list's choice (Reopen, Export): the one just saved
             st.success(f"Saved as '{name.strip()}'.")
         except (NoteError, CacheError) as e:
             st.error(f"Cannot save the workspace: {e}.")

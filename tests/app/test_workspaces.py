@@ -76,3 +76,24 @@ def test_a_file_of_the_loaded_model_opens_its_view_and_adds_its_pins(db, organis
     assert any("1 pin(s) added" in s.value for s in at.success)
     from cache import ResultCache
     assert ResultCache(db).labels(organism.facts.fingerprint) == {"1.3": "operator mover"}
+
+
+def test_after_save_the_list_chooses_the_workspace_just_saved(db):
+    """After Save, the list's choice (what Reopen and Export take) is the workspace just saved, not the one the list
+    showed before (CI's bundled-model walk exported the SmolLM2 walk's workspace, saved earlier on the same
+    dashboard: the choice had stayed on it)."""
+    from cache import ResultCache
+    from engine.backends import open_model
+    from engine.findings.workspace import make, save
+    model = open_model("organism")
+    cache = ResultCache(db)
+    save(make("smol", "organism", model.facts.fingerprint, {"ops": "mul"}, cache), cache)  # another session's
+    at = page("16_Workspaces.py")
+    at.session_state["prompt"] = PROMPT
+    at.run()
+    assert at.selectbox(key="workspace_pick").value == "smol"
+    at.text_input(key="workspace_name").set_value("sevens").run()
+    at.button(key="workspace_save").click().run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    assert sorted(_saved_names(at)) == ["sevens", "smol"]
+    assert at.selectbox(key="workspace_pick").value == "sevens"

@@ -36,7 +36,9 @@ def save_and_export(page, name: str, path):
     with page.expect_download() as download:
         page.get_by_role("button", name="Export", exact=True).click()
     download.value.save_as(path)
-    return json.loads(path.read_text())
+    ws = json.loads(path.read_text())
+    assert ws["name"] == name  # the one just saved, whatever another session saved meanwhile on the same dashboard
+    return ws
 
 
 def open_in_fresh_browser(browser, server: str, path, name: str):
