@@ -111,8 +111,7 @@ def panel() -> None:
                   delta_color="normal" if change else "off")
         m2.metric("Answer logit", f"{res.after.watched_logit:.3f}",
                   f"{res.after.watched_logit - res.before.watched_logit:+.3f}", delta_color="off")
-    frame = distribution_frame(res.before.top, res.after.top)
-    st.vega_lite_chart(frame, live_spec(frame), width="stretch")
+    st.vega_lite_chart(distribution_frame(res.before.top, res.after.top), live_spec(), width="stretch")
     if vector:
         st.caption(f"Direction: {number}'s class mean at END leaving layer {direction_layer}, over the {n_class} of "
                    f"the set's {len(set_pairs)} prompts that answer {number}, minus the mean of all {len(set_pairs)}.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from engine.machinery.components import grid
+from engine.machinery.components import grid, site_name
 
 HEAD_SELECTION = "cell"
 #: Okabe-Ito, colour-blind safe; the first colour (vermillion) is the strongest and marks the main result
@@ -118,8 +118,7 @@ def heatmap(df: pd.DataFrame, metric: str, lim: float | None = None) -> alt.Char
 def with_notes(df: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
     """``df`` (:func:`heatmap_frame`) with a ``note`` column: each pinned head's (``1.3``) or MLP's (``1.mlp``) note
     from ``labels`` (component -> note, :func:`engine.findings.notes.labels`), "" elsewhere."""
-    names = [f"{layer}.mlp" if h < 0 else f"{layer}.{h}" for layer, h in zip(df["layer"], df["head"])]
-    return df.assign(note=[labels.get(n, "") for n in names])
+    return df.assign(note=[labels.get(site_name(layer, h), "") for layer, h in zip(df["layer"], df["head"])])
 
 
 def token_bars(df: pd.DataFrame, x: str, y: str, title: str, fmt: str = ".3f") -> alt.Chart:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import json
+
 import altair as alt
 import pandas as pd
 
@@ -23,10 +26,10 @@ def distribution_frame(before: list, after: list) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def distribution_chart(df: pd.DataFrame, *, with_data: bool = True) -> alt.Chart:
+def distribution_chart() -> alt.Chart:
     """P(token) before and after, side by side per token (the union of both top lists, before's order first: the
-    frame's ``order``); ``with_data`` False: the chart without its rows (:func:`live_spec`)."""
-    base = alt.Chart(df if with_data else alt.Undefined).encode(
+    rows' ``order``), without its rows (:func:`live_spec`)."""
+    base = alt.Chart().encode(
         x=alt.X("token:N", sort=alt.EncodingSortField("order", op="min"),
                 title="next token (the top tokens before and after)",
                 axis=alt.Axis(labelAngle=0, labelLimit=0)),
@@ -41,13 +44,18 @@ def distribution_chart(df: pd.DataFrame, *, with_data: bool = True) -> alt.Chart
     return stretched((bars + text).properties(height=260))
 
 
-def live_spec(df: pd.DataFrame) -> dict:
-    """The chart of ``df`` as a Vega-Lite spec without its rows, shown with ``st.vega_lite_chart(df, spec)``: one spec
-    whatever the tokens (their order is a column), so that a slider's step sends new rows and the browser redraws
-    the bars in place (an Altair chart carries its rows in its spec, and a new spec is a new chart to build: about
-    250 ms more per step in Chromium)."""
-    spec = distribution_chart(df, with_data=False).to_dict()
+def live_spec() -> dict:
+    """The chart as a Vega-Lite spec without rows, shown with ``st.vega_lite_chart(distribution_frame(...), spec)``:
+    one spec whatever the tokens (their order is a column), so that a slider's step sends new rows and the browser
+    redraws the bars in place (an Altair chart carries its rows in its spec, and a new spec is a new chart to build:
+    about 250 ms more per step in Chromium).  Built once (Altair's ~20 ms), a fresh copy each call."""
+    return json.loads(_live_spec_json())
+
+
+@functools.cache
+def _live_spec_json() -> str:
+    spec = distribution_chart().to_dict()
     spec.pop("datasets", None)  # Altair's stand-in for the missing data, in each layer too
     for layer in spec.get("layer", []):
         layer.pop("data", None)
-    return spec
+    return json.dumps(spec)

@@ -280,8 +280,8 @@ class Context:
             labels = {}
         if not labels:
             return rows
-        name = lambda r: f"{r['layer']}.mlp" if r["component"] == "mlp" else f"{r['layer']}.{r['head']}"  # noqa: E731
-        return [{**r, "note": labels.get(name(r), "")} for r in rows]
+        from engine.machinery.components import site_name
+        return [{**r, "note": labels.get(site_name(r["layer"], r["head"]), "")} for r in rows]
 
     @staticmethod
     def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -28,6 +28,12 @@ class Component:
         return f"L{self.layer}H{self.head}" if self.component == "head" else f"MLP{self.layer}"
 
 
+def site_name(layer: int, head: int) -> str:
+    """The typed name of a head (``1.3``) or of a layer's MLP (``head`` < 0: ``1.mlp``), as :func:`parse_site` reads
+    it and pins are kept (``engine.findings.notes``)."""
+    return f"{layer}.mlp" if head < 0 else f"{layer}.{head}"
+
+
 def parse_site(text: str, n_layers: int, n_heads: int, d_mlp: int | None = None, resid: bool = False
                ) -> tuple[str, int, int]:
     """``3.1`` / ``3.mlp`` / ``3.mlp.120`` (and ``3.resid`` when ``resid``) -> ``(kind, layer, index)`` with kind
