@@ -33,9 +33,7 @@ NOT_FAST = ("slow", "realmodel", "e2e", "matrix")
 SERIAL = ("e2e/test_cold_cache_browser.py", "e2e/test_leave_page_browser.py", "app/test_cancel.py",
           "reliability/test_concurrency.py", "reliability/test_crashes.py")
 #: the files that take longest (minutes: browser walks, real models), collected first so that under xdist
-#: (a file per worker at a time) neither worker is left with one of them at the end while the other idles; a browser
-#: walk, then a file that computes in its own process, and so on: the browser walks' work is done by the one
-#: dashboard they share, so two of them at once wait on each other while a core idles
+#: (a file per worker at a time) neither worker is left with one of them at the end while the other idles
 LONGEST = ("e2e/test_charts_browser.py", "integration/test_exports.py", "e2e/test_gemma3_browser.py",
            "integration/test_gemma3.py", "e2e/test_pages_browser.py", "integration/test_architectures.py",
            "e2e/test_paper_browser.py", "integration/test_numbers.py", "e2e/test_share_link_browser.py",
@@ -72,7 +70,7 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):  # an xdist worker: two of them share the 2 cores, one torch thread each
         import torch
         torch.set_num_threads(1)
-    elif config.getoption("numprocesses", None):  # the xdist controller: a folder for the workers' shared dashboard
+    elif config.getoption("numprocesses", None):  # the xdist controller: a folder for what the workers share
         import tempfile
 
         from tests.helpers.shared import SHARED_ENV
@@ -80,7 +78,7 @@ def pytest_configure(config):
 
 
 def _stop_shared_server() -> None:
-    """Stop the dashboard the xdist workers shared (tests/e2e/conftest.py: shared_server) and remove its folder."""
+    """Stop the dashboards of the xdist workers (tests/e2e/conftest.py: shared_server) and remove their folder."""
     import json
     import shutil
     import signal
@@ -89,8 +87,7 @@ def _stop_shared_server() -> None:
     shared = os.environ.pop(SHARED_ENV, None)
     if not shared:
         return
-    info = Path(shared) / "server.json"
-    if info.exists():
+    for info in Path(shared).glob("server-*.json"):
         pid = json.loads(info.read_text())["pid"]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)

@@ -104,25 +104,26 @@ def compute_seconds(trace: Path) -> dict[str, tuple[int, float]]:
 
 
 def shared_server(shared: Path) -> str:
-    """The url of the dashboard the xdist workers share (started by the first worker that asks, under a file lock;
-    tests/conftest.py stops it when the run ends): one model load and one result cache for every browser test."""
-    import fcntl
+    """The url of this xdist worker's dashboard (started on first use; tests/conftest.py stops every one when the run
+    ends). The workers' dashboards share one result cache (the cache is safe across processes, and a result another
+    one is computing is waited for, not computed twice) and one computation trace; each has its own fine-tuning jobs.
+    One dashboard per worker rather than one for the run: a Streamlit server computes under one Python interpreter's
+    lock, and the browser walks of both workers waited on that one core while the other idled."""
     import json
-    with open(shared / "server.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        info = shared / "server.json"
-        if info.exists():
-            return json.loads(info.read_text())["url"]
-        env = dict(os.environ, ARITHLAB_CACHE=str(shared / "results.duckdb"), ARITHLAB_JOBS=str(shared / "jobs"),
-                   ARITHLAB_TRACE=str(shared / TRACE), HF_HUB_OFFLINE="1")
-        url, proc = start_streamlit(env, log=shared / "server.log", own_session=True)
-        info.write_text(json.dumps({"url": url, "pid": proc.pid}))
-        return url
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    info = shared / f"server-{worker}.json"
+    if info.exists():
+        return json.loads(info.read_text())["url"]
+    env = dict(os.environ, ARITHLAB_CACHE=str(shared / "results.duckdb"), ARITHLAB_JOBS=str(shared / f"jobs-{worker}"),
+               ARITHLAB_TRACE=str(shared / TRACE), HF_HUB_OFFLINE="1")
+    url, proc = start_streamlit(env, log=shared / f"server-{worker}.log", own_session=True)
+    info.write_text(json.dumps({"url": url, "pid": proc.pid}))
+    return url
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """The dashboard every browser test of the run opens: one per run (shared by the xdist workers), fresh cache."""
+    """The dashboard every browser test of the process opens: one per xdist worker, on the run's one fresh cache."""
     shared = shared_folder()
     if shared is not None:
         yield shared_server(shared)

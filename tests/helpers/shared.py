@@ -1,6 +1,6 @@
 """The folder an xdist run's workers share (created by tests/conftest.py's controller, removed at the end): the
-dashboard the browser tests open (tests/e2e/conftest.py) and the architecture matrix's results
-(tests/integration/arch_matrix.py: stored_result) live there, so each is made once per run."""
+result cache of the browser tests' dashboards (one per worker, tests/e2e/conftest.py) and the architecture matrix's
+results (tests/integration/arch_matrix.py: stored_result) live there, so each result is made once per run."""
 
 from __future__ import annotations
 
