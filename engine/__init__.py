@@ -66,6 +66,8 @@ API: dict[str, str] = {
     "parse_targets": "engine.techniques.intervene",
     "number_token": "engine.techniques.intervene",
     "class_mean_direction": "engine.techniques.numbers.directions",
+    "number_direction": "engine.techniques.numbers.directions",
+    "probe_direction": "engine.techniques.numbers.directions",
     # pins and notes (kept per model in the result cache)
     "pin": "engine.findings.notes",
     "unpin": "engine.findings.notes",

@@ -145,11 +145,12 @@ TECHNIQUES: tuple[Technique, ...] = (
          opt("--factor", type=float, default=0.0, help="scale: the factor (default 0)"),
          opt("--number", type=int, default=None,
              help="add: the number whose direction is added (its unembedding, or see --direction)"),
-         opt("--direction", choices=("unembedding", "class-mean"), default="unembedding",
-             help="add: the number's unembedding column (default), or its class-mean direction at END over the "
-                  "set's prompts answering it (the Numbers page's causal check; the set flags choose the set)"),
+         opt("--direction", choices=("unembedding", "class-mean", "probe"), default="unembedding",
+             help="add: the number's unembedding column (default), its class-mean direction at END over the "
+                  "set's prompts answering it (the Numbers page's causal check), or its logistic probe's direction "
+                  "(the Numbers page's probe of the answer, fitted on the set); the set flags choose the set"),
          opt("--direction-layer", type=nonneg_int, default=None, metavar="L",
-             help="add with --direction class-mean: the layer whose residual stream gives the direction "
+             help="add with --direction class-mean or probe: the layer whose residual stream gives the direction "
                   "(default: the first component's layer)"),
          opt("--strength", type=float, default=1.0,
              help="add: the strength, in units of the component's own norm at END (default 1)"),

@@ -303,39 +303,41 @@ def compare_code(model, spec: PromptSetSpec, spec_b: PromptSetSpec, metric: str,
 
 def intervene_code(model, spec: PromptSetSpec, text: str, components: str, action: str, positions: str,
                    factor: float, number: int | None, strength: float, source_text: str | None,
-                   freeze: bool, direction_layer: int | None = None) -> Snippet:
+                   freeze: bool, direction_layer: int | None = None, direction: str = "class-mean") -> Snippet:
     """The Intervene page: the typed prompt's top next tokens before / after one intervention (``components``: the
     targets' names, comma-separated; ``spec``: the set whose counterfactual means a mean ablation takes, or whose
-    prompts give a number's class-mean direction at ``direction_layer``; None: its unembedding)."""
+    prompts give a number's ``direction`` -- class-mean or probe -- at ``direction_layer``; None: its
+    unembedding)."""
     where = "all" if action == "mean" else positions
-    class_mean = action == "add" and direction_layer is not None
-    uses_set = action == "mean" or class_mean
+    from_set = action == "add" and direction_layer is not None
+    uses_set = action == "mean" or from_set
     args = ["--text", text, "--components", components, "--action", action]
     args += {"patch": ["--source", source_text] if source_text else [], "scale": ["--factor", f"{factor:g}"],
              "add": ["--number", str(number), "--strength", f"{strength:g}"]
-             + (["--direction", "class-mean", "--direction-layer", str(direction_layer)] if class_mean else [])
+             + (["--direction", direction, "--direction-layer", str(direction_layer)] if from_set else [])
              }.get(action, [])
     args += (["--positions", positions] if action != "mean" else []) + (["--freeze"] if freeze else [])
     cli = command("intervene", model, spec if uses_set else None, *args)
     source = ("()" if action != "patch" else
               f"tuple(check_typed_text(model.tokenizer, {source_text!r}).ids)" if source_text else
               f"tuple(typed_pair(model.tokenizer, {text!r}).cf_ids)   # the typed prompt's counterfactual")
-    token = f"number_token(model.tokenizer, {text!r}, {number})" if action == "add" and not class_mean else "None"
+    token = f"number_token(model.tokenizer, {text!r}, {number})" if action == "add" and not from_set else "None"
     means = "mean_activations(model, pairs)" if action == "mean" else "None"
-    vector = f"tuple(class_mean_direction(model, pairs, {direction_layer}, {number})[0])   # unit, [d_model]"
+    vector = (f"tuple(number_direction(model, pairs, {direction_layer}, {number}, {direction!r})[0])"
+              "   # unit, [d_model]")
     py = (opening(model, spec if uses_set else None,
                   ["Intervention", "intervene", "number_token", "parse_targets"]
                   + (["mean_activations"] if action == "mean" else [])
-                  + (["class_mean_direction"] if class_mean else []),
+                  + (["number_direction"] if from_set else []),
                   lines=("from engine.techniques.promptlab import check_typed_text, typed_pair",),
                   cache=uses_set)
           + "f = model.facts\n"
           + f"typed = check_typed_text(model.tokenizer, {text!r})\n"
-          + (f"direction = {vector}\n" if class_mean else "")
+          + (f"direction = {vector}\n" if from_set else "")
           + f"iv = Intervention({action!r}, parse_targets({components!r}, f.n_layers, f.n_heads, f.d_mlp), {where!r},\n"
           + f"                  factor={factor!r}, strength={strength!r}, source={source},\n"
           + f"                  direction_token={token}, freeze={freeze!r}"
-          + (", direction=direction)\n" if class_mean else ")\n")
+          + (", direction=direction)\n" if from_set else ")\n")
           + "watch = typed.answer.answer_id if typed.answer is not None else None\n"
           + f"res = intervene(model, typed.ids, iv, watch=watch, means={means}, k=5)\n"
           + "print({'before': [(t.token_id, t.prob) for t in res.before.top],\n"

@@ -16,7 +16,8 @@ five ways, at END only or at every position:
   X (s = 1: a vector as long as the activation itself; d_model components: MLPs, the residual stream);
   the direction is a token's unembedding column W_U[:, t] / |W_U[:, t]|, for a number the token the
   model would write first for it after X (:func:`number_token`), or a given vector (``direction``), e.g. a
-  number's class-mean direction over a prompt set (:mod:`engine.techniques.numbers.directions`), made unit.
+  number's class-mean or logistic-probe direction over a prompt set (:mod:`engine.techniques.numbers.directions`),
+  made unit.
 
 ``freeze``: every other head's output is held at its value on X, at every position (Algorithm 1's
 frozen heads).  Two of these interventions are ones the lab already defines, and give its numbers:
@@ -318,10 +319,10 @@ def cli(args, ctx) -> dict:
     if args.action == "add":
         if args.number is None:
             raise ValueError("--action add needs --number N: the number whose direction is added")
-        if args.direction == "class-mean":
-            from engine.techniques.numbers.directions import class_mean_direction
+        if args.direction != "unembedding":
+            from engine.techniques.numbers.directions import number_direction
             layer = targets[0].layer if args.direction_layer is None else args.direction_layer
-            vec, _ = class_mean_direction(model, ctx.pairs, layer, args.number)
+            vec, _ = number_direction(model, ctx.pairs, layer, args.number, args.direction)
             direction = tuple(float(v) for v in vec)
         else:
             token = number_token(model.tokenizer, args.text, args.number)

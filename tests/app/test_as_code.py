@@ -9,6 +9,8 @@ import functools
 import math
 import shlex
 
+import pytest
+
 from tests.app.conftest import ask_all, errors, page
 
 
@@ -55,10 +57,14 @@ def test_the_intervene_command_prints_the_pages_numbers(tmp_path, monkeypatch, c
     assert close(nb["watched_prob_after"], out["watched_prob_after"])
 
 
-def test_a_class_mean_direction_on_the_page_its_command_and_its_notebook_lines(tmp_path, monkeypatch, capsys):
-    """Intervene's 'add a number's direction' with its class mean over the sidebar set: the page's P(answer), the
-    command's (with the set's flags) and the notebook's agree; the caption counts the class; a number the set does
-    not answer twice is an st.error naming the answers it has."""
+@pytest.mark.parametrize("kind,flag,caption", [
+    ("class mean", "class-mean", "Direction: 7's class mean at END leaving layer 2"),
+    ("probe", "probe", "Direction: the logistic probe of the answer at END leaving layer 2")])
+def test_a_direction_from_the_set_on_the_page_its_command_and_its_notebook_lines(tmp_path, monkeypatch, capsys,
+                                                                                 kind, flag, caption):
+    """Intervene's 'add a number's direction' with its class mean or its probe over the sidebar set: the page's
+    P(answer), the command's (with the set's flags) and the notebook's agree; the caption says which direction; a
+    number the set does not answer twice is an st.error naming the answers it has."""
     import json
 
     from engine.cli.main import main
@@ -68,19 +74,19 @@ def test_a_class_mean_direction_on_the_page_its_command_and_its_notebook_lines(t
     at.run()
     at.multiselect(key="iv_components").set_value(["2.resid"]).run()
     at.radio(key="iv_action").set_value("add a number's direction").run()
-    at.radio(key="iv_direction").set_value("class mean").run()
+    at.radio(key="iv_direction").set_value(kind).run()
     assert at.selectbox(key="iv_direction_layer").value == 2  # the component's layer
     at.number_input(key="iv_number").set_value(7).run()
     at.slider(key="iv_strength").set_value(2.0).run()
     assert not at.exception and not errors(at), (at.exception, errors(at))
-    assert any(c.value.startswith("Direction: 7's class mean at END leaving layer 2") for c in at.caption)
+    assert any(c.value.startswith(caption) for c in at.caption), [c.value for c in at.caption]
     cli = at.code[0].value
-    assert "--direction class-mean --direction-layer 2" in cli and "--op add,sub,mul,div" in cli
+    assert f"--direction {flag} --direction-layer 2" in cli and "--op add,sub,mul,div" in cli
     shown = float(next(m.value for m in at.metric if m.label.startswith("P(answer")))
     capsys.readouterr()
     assert main(shlex.split(cli)[3:]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["direction"] == "class-mean" and out["direction_layer"] == 2 and out["strength"] == 2.0
+    assert out["direction"] == flag and out["direction_layer"] == 2 and out["strength"] == 2.0
     assert abs(out["watched_prob_after"] - shown) < 5e-4  # the page shows three decimals
     _, py = shown_code(at)
     nb = run_notebook(py, tmp_path, monkeypatch, capsys)

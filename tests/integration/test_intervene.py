@@ -133,9 +133,9 @@ def test_the_notebook_cell_runs_as_written(capsys):
 # ---------------------------------------------------------------------------------------------
 
 @torch.no_grad()
-def plain_class_mean(backend, pairs, layer, value):
-    """d_v by hand: one unpadded forward per prompt, resid_post[layer] at its last token (END: the token right
-    before the answer), the class mean minus the set's mean, made unit (float64)."""
+def plain_end_residual(backend, pairs, layer):
+    """X [P, d_model] float64 by hand: one unpadded forward per prompt, resid_post[layer] at its last token (END: the
+    token right before the answer)."""
     from engine.backends import hooks
     from engine.prompts.pairs import answer_tokens
     xs = []
@@ -143,7 +143,12 @@ def plain_class_mean(backend, pairs, layer, value):
         assert answer_tokens(backend.tokenizer, p.ref_text, p.answer).prompt_ids == p.ref_ids  # the answer follows
         _, c = backend.run_with_cache(torch.tensor([p.ref_ids]), None, [hooks.resid_post(layer)])
         xs.append(c[hooks.resid_post(layer)][0, -1].double())
-    X = torch.stack(xs)  # [P, d_model]
+    return torch.stack(xs)
+
+
+def plain_class_mean(backend, pairs, layer, value):
+    """d_v by hand: the class mean of the plain END residuals minus the set's mean, made unit (float64)."""
+    X = plain_end_residual(backend, pairs, layer)  # [P, d_model]
     mine = torch.tensor([float(p.answer) == float(value) for p in pairs])
     d = X[mine].mean(0) - X.mean(0)
     return (d / d.norm()).numpy(), int(mine.sum())
@@ -185,6 +190,75 @@ def test_a_numbers_class_mean_direction_is_the_hand_computed_mean_and_is_added_a
         check_class_mean_direction(organism, pairs, layer, value)
 
 
+def plain_probe_direction(backend, pairs, layer, value, X=None):
+    """The probe's direction by hand: scikit-learn's pipeline (StandardScaler + LogisticRegression, the Numbers
+    page's C) fitted on the plain END residuals of the prompts whose answer occurs twice or more, and its decision
+    function read at 0 and at each unit vector e_i of the residual stream: the gradient of the logit of ``value``
+    minus the classes' mean logit (binary: the one decision score, its sign by the class), made unit (``X``: the
+    plain END residuals, when already taken)."""
+    from collections import Counter
+
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from engine.techniques.numbers.probes import LOGREG_C
+    X = plain_end_residual(backend, pairs, layer).numpy() if X is None else X
+    y = np.array([float(p.answer) for p in pairs])
+    counts = Counter(y.tolist())
+    keep = np.array([counts[v] >= 2 for v in y])
+    pipe = make_pipeline(StandardScaler(), LogisticRegression(C=LOGREG_C, solver="newton-cg", tol=1e-10,
+                                                             max_iter=10_000)).fit(X[keep], y[keep])
+    d = X.shape[1]
+    scores = pipe.decision_function(np.vstack([np.zeros((1, d)), np.eye(d)]))  # [1 + d, K] (binary: [1 + d])
+    g = scores[1:] - scores[:1]  # the linear score's change along each e_i: its gradient
+    k = list(pipe.classes_).index(float(value))
+    grad = (g[:, k] - g.mean(1)) if g.ndim == 2 else (g if k == 1 else -g)
+    return grad / np.linalg.norm(grad), int(counts[float(value)])
+
+
+def test_a_numbers_probe_direction_is_scikit_learns_probe_gradient_and_is_added_as_written(organism):
+    """The logistic probe's direction equals the gradient of scikit-learn's own fitted probe (on activations taken by
+    hand), for the most and the least frequent answer of the set, at two layers; adding it is the hand-written hook."""
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.numbers.directions import answer_counts, number_direction
+    pairs, _ = kept_pairs(organism, PromptSetSpec(ops=("add",), n=40, seed=0))
+    have = answer_counts(pairs)
+    assert len(have) >= 3  # a multinomial probe
+    common = max(have.items(), key=lambda kv: kv[1])[0]
+    rare = min(have.items(), key=lambda kv: kv[1])[0]
+    for layer in (1, organism.facts.n_layers - 1):
+        X = plain_end_residual(organism, pairs, layer).numpy()
+        for value in (common, rare):
+            got, n = number_direction(organism, pairs, layer, value, "probe")
+            want, n_want = plain_probe_direction(organism, pairs, layer, value, X)
+            assert n == n_want == have[value]
+            np.testing.assert_allclose(got, want, atol=1e-4)
+    p = next(q for q in pairs if float(q.answer) != float(common))
+    t = parse_targets(f"{layer}.resid", organism.facts.n_layers, organism.facts.n_heads)
+    vec, _ = number_direction(organism, pairs, layer, common, "probe")
+    _, after = intervened_logits(organism, p.ref_ids, Intervention("add", t, strength=2.0, direction=tuple(vec)))
+    ref = plain_added(organism, p.ref_ids, layer, vec, 2.0)
+    assert torch.allclose(after, ref, atol=1e-3 * float(ref.abs().max()))
+
+
+def test_a_binary_probe_direction_takes_its_sign_from_the_class(organism):
+    """Two answers in the set: scikit-learn keeps one weight row; each answer's direction is that row's sign."""
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.numbers.directions import answer_counts, number_direction
+    pairs, _ = kept_pairs(organism, PromptSetSpec(ops=("add",), n=40, seed=0))
+    a, b = sorted(answer_counts(pairs), key=lambda v: -answer_counts(pairs)[v])[:2]
+    two = [p for p in pairs if float(p.answer) in (a, b)]
+    da, _ = number_direction(organism, two, 2, a, "probe")
+    db, _ = number_direction(organism, two, 2, b, "probe")
+    np.testing.assert_allclose(da, -db, atol=1e-9)
+    np.testing.assert_allclose(da, plain_probe_direction(organism, two, 2, a)[0], atol=1e-4)
+    with pytest.raises(ValueError, match="choose one the set answers often enough"):
+        number_direction(organism, two, 2, 9999, "probe")
+    with pytest.raises(ValueError, match="two answers or more"):
+        number_direction(organism, [p for p in two if float(p.answer) == a], 2, a, "probe")
+
+
 def test_a_value_the_set_does_not_answer_twice_is_refused_with_the_values_it_has(organism):
     from engine.techniques.accuracy import kept_pairs
     from engine.techniques.numbers.directions import answer_counts, class_mean_direction
@@ -199,7 +273,7 @@ def test_a_value_the_set_does_not_answer_twice_is_refused_with_the_values_it_has
             intervened_logits(organism, pairs[0].ref_ids, Intervention("add", t, strength=1.0, direction=bad))
 
 
-def test_cli_intervene_adds_a_class_mean_direction(tmp_path):
+def test_cli_intervene_adds_a_class_mean_or_a_probe_direction(tmp_path):
     import json
     out = tmp_path / "iv.json"
     r = run_cli("intervene", "--model", "organism", "--text", "Q: What is 7 plus 8? A:", "--components", "2.resid",
@@ -208,6 +282,12 @@ def test_cli_intervene_adds_a_class_mean_direction(tmp_path):
     assert r.returncode == 0, r.stderr
     got = json.loads(out.read_text())
     assert got["direction"] == "class-mean" and got["direction_layer"] == 2 and got["number"] == 11
+    r = run_cli("intervene", "--model", "organism", "--text", "Q: What is 7 plus 8? A:", "--components", "2.resid",
+                "--action", "add", "--number", "11", "--direction", "probe", "--op", "add", "--n", "40",
+                "--strength", "2", "--out", str(out), cache=tmp_path / "r.duckdb")
+    assert r.returncode == 0, r.stderr
+    probe = json.loads(out.read_text())
+    assert probe["direction"] == "probe" and probe["direction_layer"] == 2 and probe["after"] != got["after"]
     bad = run_cli("intervene", "--model", "organism", "--text", "Q: What is 7 plus 8? A:", "--components", "2.resid",
                   "--action", "add", "--number", "9999", "--direction", "class-mean", "--op", "add", "--n", "40",
                   cache=tmp_path / "r.duckdb")
