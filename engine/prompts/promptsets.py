@@ -23,6 +23,7 @@ first-digit set keeps the cache keys it had before the choice existed).
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
@@ -225,9 +226,31 @@ def balanced(pairs: Sequence[PromptPair], n: int) -> list[PromptPair]:
     return [p for i, p in enumerate(pairs) if i in chosen]
 
 
+#: the sets generated with each tokenizer, by spec (a set is a function of the two): a page run asks for the same
+#: sets many times -- its estimates, each counterfactual kind's -- and tokenizing 10 x n candidates per operation took
+#: a quarter of a real model's Path patching page.  Weak keys: a tokenizer's sets go with it; at most MEMO_SETS each.
+_SETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MEMO_SETS = 256
+
+
 def generate_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
     """Tokenized pairs of the spec (balanced when ``spec.balance``; every problem when ``spec.every``), with every
-    dropped candidate."""
+    dropped candidate (each call its own lists; a spec generated before with this tokenizer is not tokenized
+    again)."""
+    try:
+        memo = _SETS.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that takes no weak reference: generated each time
+        memo = {}
+    got = memo.get(spec)
+    if got is None:
+        got = memo[spec] = tokenized_set(tokenizer, spec)
+        while len(memo) > MEMO_SETS:
+            memo.pop(next(iter(memo)), None)
+    return GeneratedSet(list(got.pairs), list(got.dropped), got.candidates)
+
+
+def tokenized_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
+    """:func:`generate_set`'s work: the spec's problems sampled and tokenized into pairs, balanced."""
     n_sample = EVERY_CAP if spec.every else spec.n * BALANCE_OVERSAMPLE if spec.balance else spec.n
     written = spec.written
     problems = sample_problems(spec.ops, n_sample, spec.seed, operands=spec.operand_range,

@@ -190,6 +190,26 @@ def test_seeded_and_reproducible():
     assert a == b and a != c
 
 
+def test_a_generated_set_is_tokenized_once_per_tokenizer_and_spec(monkeypatch):
+    """generate keeps each tokenizer's sets by spec: the same spec again is not tokenized again and comes in lists
+    of its own (equal to a fresh generation); another spec, or another tokenizer, is generated."""
+    from engine.prompts import promptsets
+    calls = []
+    real = promptsets.build_pairs
+    monkeypatch.setattr(promptsets, "build_pairs", lambda *a, **k: calls.append(a[2:]) or real(*a, **k))
+    tok = build_tokenizer()
+    spec = PromptSetSpec(ops=("add", "sub"), n=7, seed=123)
+    a, na = generate(tok, spec)
+    a.clear()  # a caller's list is its own
+    b, nb = generate(tok, spec)
+    assert len(calls) == 1 and len(b) == 14 and na == nb
+    fresh = promptsets.tokenized_set(tok, spec)
+    assert b == fresh.pairs and len(calls) == 2
+    generate(tok, PromptSetSpec(ops=("add", "sub"), n=7, seed=124))
+    generate(build_tokenizer(), spec)
+    assert len(calls) == 4
+
+
 def test_n_is_capped_by_distinct_problems_and_negatives_optional():
     div = sample_problems(["div"], 10_000, 0)
     assert len(div) == len({(p.template.id, p.a, p.b) for p in div}) == 8 * 23
