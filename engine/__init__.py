@@ -61,6 +61,7 @@ API: dict[str, str] = {
     "head_stability": "engine.techniques.stability",
     "what_heads_carry": "engine.techniques.carries",
     "circuit_diagram": "engine.techniques.circuit",
+    "edge_diagram": "engine.techniques.circuit",
     "Intervention": "engine.techniques.intervene",
     "intervene": "engine.techniques.intervene",
     "parse_targets": "engine.techniques.intervene",

@@ -166,7 +166,10 @@ TECHNIQUES: tuple[Technique, ...] = (
          opt("--k", type=positive_int, default=5, help="key heads (default 5)"),
          opt("--mlps", type=nonneg_int, default=3, help="MLPs (default 3)"),
          opt("--senders", action="store_true",
-             help="also the head -> head edges between key heads (one path patching per key head as receiver)"))),
+             help="also the head -> head edges between key heads (one path patching per key head as receiver)"),
+         opt("--edges", choices=("exact", "eap", "eap-ig"), default=None,
+             help="instead: the top --top edges of MIB's graph under this ranking (edge-scores' cached scores)"),
+         opt("--top", type=positive_int, default=20, help="with --edges: edges drawn (default 20, at most 60)"))),
     Technique(
         "operand-grid", "Operand grid",
         "one head, MLP or neuron over every operand pair (A, B) of one template: attention on A / B, path-patching "

@@ -22,6 +22,9 @@ NOTE_CHARS = 26       # a note drawn under its node is cut to this many characte
 PIN_COLOR = PALETTE[4]  # a pinned node's ring, as a pinned cell's outline on the heatmaps
 NOTE_COLOR = "#8a4b00"  # its note: a darker orange, readable on white at 12 px
 MIN_HEIGHT_PX = 300
+#: an edge of MIB's graph into a head's query, key or value ends a little above, at or below the head: three
+#: edges from one sender to one head are three lines, not one drawn thrice (vertical offset, in rows of nodes)
+VIA_OFFSET = {"q": -0.18, "k": 0.0, "v": 0.18}
 
 
 def columns(diagram) -> list[str]:
@@ -46,7 +49,8 @@ def layout(diagram) -> pd.DataFrame:
     lo, hi = min(y.values(), default=-1.0), max(y.values(), default=1.0)
     tokens = [n for n in diagram.nodes if n.kind == "token"]
     for i, n in enumerate(tokens):
-        y[n.id] = hi - i * (hi - lo) / max(len(tokens) - 1, 1) if hi > lo else i - (len(tokens) - 1) / 2
+        y[n.id] = ((hi + lo) / 2 if len(tokens) == 1 else hi - i * (hi - lo) / (len(tokens) - 1)) if hi > lo \
+            else i - (len(tokens) - 1) / 2
     return pd.DataFrame([{"id": n.id, "kind": n.kind, "label": n.label, "layer": n.layer, "effect": n.effect,
                           "note": n.note, "shown_note": shown_note(n.note),
                           "column": column_of(n), "x": float(cols.index(column_of(n))), "y": y.get(n.id, 0.0)}
@@ -78,11 +82,12 @@ def diagram_chart(diagram) -> alt.Chart:
     edges = []
     for e in diagram.edges:
         strongest = max(abs(x.weight) for x in diagram.edges if x.kind == e.kind) or 1.0
-        edges.append({"source": e.source, "target": e.target, "kind": e.kind, "sign": edge_kind(e),
-                      "weight": e.weight, "width": 1 + 7 * abs(e.weight) / strongest, "dash": e.kind == "head-head",
-                      "x": pos.x[e.source], "y": pos.y[e.source], "x2": pos.x[e.target], "y2": pos.y[e.target]})
-    edf = pd.DataFrame(edges, columns=["source", "target", "kind", "sign", "weight", "width", "dash", "x", "y", "x2",
-                                       "y2"])
+        edges.append({"source": e.source, "target": e.target, "kind": e.kind, "via": e.via or "-",
+                      "sign": edge_kind(e), "weight": e.weight, "width": 1 + 7 * abs(e.weight) / strongest,
+                      "dash": e.kind == "head-head", "x": pos.x[e.source], "y": pos.y[e.source],
+                      "x2": pos.x[e.target], "y2": pos.y[e.target] + VIA_OFFSET.get(e.via, 0.0)})
+    edf = pd.DataFrame(edges, columns=["source", "target", "kind", "via", "sign", "weight", "width", "dash", "x", "y",
+                                       "x2", "y2"])
     names = "[" + ", ".join(repr(c) for c in cols) + "]"
     xs = alt.X("x:Q", title=None, scale=alt.Scale(domain=[-0.5, len(cols) - 0.5], nice=False),
                axis=alt.Axis(values=list(range(len(cols))), labelExpr=f"{names}[datum.value]", labelOverlap=False,
@@ -94,7 +99,9 @@ def diagram_chart(diagram) -> alt.Chart:
         strokeDash=alt.condition(alt.datum.dash, alt.value([6, 4]), alt.value([1, 0])),
         color=alt.Color("sign:N", title="edge", legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0),
                         scale=alt.Scale(domain=list(EDGE_COLOR), range=list(EDGE_COLOR.values()))),
-        tooltip=["source", "target", "kind", alt.Tooltip("weight:Q", format=".3f")])
+        tooltip=["source", "target", "kind"] + ([alt.Tooltip("via:N", title="into the receiver's")]
+                                                 if any(e.via for e in diagram.edges) else [])
+        + [alt.Tooltip("weight:Q", format=".3f")])
     sel = alt.selection_point(name=DIAGRAM_SELECTION, fields=["id"], on="click", clear="dblclick")
     dots = alt.Chart(nodes).mark_circle(size=420, opacity=1).encode(
         x=xs, y=ys, color=alt.Color("kind:N", title="node", scale=alt.Scale(domain=list(KIND_COLOR),

@@ -203,8 +203,16 @@ def position_patching_code(model, spec: PromptSetSpec, group: str, metric: str) 
     return Snippet(cli, py, f"The heatmap of the group `{group}` (positions.csv: logit_diff and restored).")
 
 
-def circuit_code(model, spec: PromptSetSpec, k: int, mlps: int, senders: bool) -> Snippet:
-    """The Circuit page: the diagram's nodes and edges."""
+def circuit_code(model, spec: PromptSetSpec, k: int, mlps: int, senders: bool, edges: str | None = None,
+                 top: int = 20) -> Snippet:
+    """The Circuit page: the diagram's nodes and edges (``edges``: the top ``top`` edges of that ranking instead)."""
+    if edges:
+        cli = command("circuit", model, spec, "--edges", edges, "--top", str(top), "--out", "circuit.json")
+        py = (opening(model, spec, ["edge_diagram"])
+              + f"d = edge_diagram(model, pairs, {edges!r}, top={top}, cache=cache)\n"
+              + "print(([(n.id, n.effect) for n in d.nodes], [(e.source, e.target, e.via, e.weight) "
+                "for e in d.edges]))\n")
+        return Snippet(cli, py, "The diagram's nodes and edges (circuit.json, with the notes of pinned components).")
     cli = command("circuit", model, spec, "--k", str(k), "--mlps", str(mlps), *(["--senders"] if senders else []),
                   "--out", "circuit.json")
     py = (opening(model, spec, ["circuit_diagram"])

@@ -15,6 +15,12 @@ Built from results the other techniques cache, so the diagram and the pages show
   heads' head -> head path-patching effect (:mod:`engine.techniques.head_patching`), width |effect|, drawn when at
   least ``MIN_SHARE`` of the strongest such edge.
 
+**An edge circuit** (:func:`edge_diagram`, issue 50): the top ``top`` edges of MIB's residual graph by |score|
+under a ranking of :mod:`engine.techniques.edge_scores` (exact edge patching, EAP, EAP-IG: their cached scores),
+drawn with the nodes they join -- the input (the token embeddings), heads, MLPs, the logits (the answer).  An
+edge's weight is its score, ``via`` what the receiver reads (a head's q, k or v); a head's or MLP's ``effect`` is
+the score of its own edge to the logits under the same ranking (its direct effect on the answer).
+
 Layout: x is the layer (tokens at -1, the answer at L), nodes of one layer stacked.  The diagram is plain data
 (:class:`Diagram`: nodes and edges with their numbers) with a JSON form that round-trips; ``views`` draws it.
 """
@@ -48,8 +54,9 @@ class Node:
 class Edge:
     source: str
     target: str
-    kind: str        # "attention" | "effect" | "head-head"
-    weight: float    # attention share, or the (signed) effect
+    kind: str        # "attention" | "effect" | "head-head" | "edge" (an edge of MIB's graph: edge_diagram)
+    weight: float    # attention share, or the (signed) effect / edge score
+    via: str = ""    # "edge": the receiver's input the edge reaches -- "q", "k", "v" of a head; "" otherwise
 
 
 @dataclass
@@ -167,6 +174,57 @@ def circuit_diagram(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: in
     return d
 
 
+#: the most edges an edge circuit's diagram draws: beyond it the picture is a tangle no one reads (the share of the
+#: graph a circuit keeps is the Faithfulness page's business; the diagram shows its strongest edges)
+MAX_DRAWN_EDGES = 60
+#: a graph node of MIB's (engine.techniques.edges.Node.kind) -> the diagram's kind of node
+EDGE_NODE_KINDS = {"input": "token", "head": "head", "mlp": "mlp", "logits": "answer"}
+
+
+def diagram_node(n, effect: float = 0.0) -> Node:
+    """The diagram's node for a node of MIB's graph (:class:`engine.techniques.edges.Node`)."""
+    if n.kind == "head":
+        return Node(head_id(n.layer, n.head), "head", n.layer, n.head, f"{n.layer}.{n.head}", effect)
+    if n.kind == "mlp":
+        return Node(f"m{n.layer}", "mlp", n.layer, label=f"MLP {n.layer}", effect=effect)
+    if n.kind == "input":
+        return Node("input", "token", -1, label="input (embeddings)")
+    return Node("answer", "answer", n.layer, label="answer logit")
+
+
+def edge_diagram_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, cache=None):
+    """The forward work of :func:`edge_diagram`: the ranking's scores unless cached (``engine.cost.Work``)."""
+    from engine.cost import unless_cached
+    from engine.techniques.edge_scores import cached_edge_scores, ranking_work
+    return unless_cached(lambda: cached_edge_scores(backend, pairs, ranking, cache=cache),
+                         lambda: ranking_work(backend, pairs, ranking))
+
+
+def edge_diagram(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, top: int = 20, cache=None,
+                 progress: ProgressFn | None = None) -> Diagram:
+    """The top ``top`` edges of MIB's graph by |score| under ``ranking`` and the nodes they join (module docstring);
+    the scores computed (and cached) with progress when missing."""
+    from engine.techniques.edge_scores import cached_edge_scores
+    from engine.techniques.edges import parse_edge
+    if not 1 <= top <= MAX_DRAWN_EDGES:
+        raise ValueError(f"the diagram draws 1 to {MAX_DRAWN_EDGES} edges, got {top}")
+    L = backend.facts.n_layers
+    rows, _, _ = cached_edge_scores(backend, pairs, ranking, cache=cache, progress=progress)
+    score = {r.edge: r.value for r in rows}
+    order = sorted(range(len(rows)), key=lambda i: -abs(rows[i].value))[:top]  # stable: ties in graph order
+    d = Diagram(backend.facts.spec, f"{ranking} edge score", len(pairs))
+    nodes: dict[str, Node] = {}
+    for i in order:
+        e = parse_edge(rows[i].edge, L)
+        for n in (e.sender, e.receiver):
+            node = diagram_node(n, score.get(f"{n.name}->logits", 0.0) if n.kind in ("head", "mlp") else 0.0)
+            nodes.setdefault(node.id, node)
+        d.edges.append(Edge(diagram_node(e.sender).id, diagram_node(e.receiver).id, "edge", float(rows[i].value),
+                            e.qkv or ""))
+    d.nodes += sorted(nodes.values(), key=lambda n: (n.layer, n.kind != "head", n.head))
+    return d
+
+
 # ---------------------------------------------------------------------------------------------
 # the command line (``python -m engine circuit``, registered in engine.registry)
 # ---------------------------------------------------------------------------------------------
@@ -176,8 +234,11 @@ def cli(args, ctx) -> dict:
     import json
     pairs = ctx.pairs
     with ctx.progress("circuit") as bar:
-        d = circuit_diagram(ctx.model, pairs, k=args.k, mlps=args.mlps, senders=args.senders, cache=ctx.cache,
-                            progress=bar)
+        if args.edges:
+            d = edge_diagram(ctx.model, pairs, args.edges, top=args.top, cache=ctx.cache, progress=bar)
+        else:
+            d = circuit_diagram(ctx.model, pairs, k=args.k, mlps=args.mlps, senders=args.senders, cache=ctx.cache,
+                                progress=bar)
     labels = ctx.cache.labels(ctx.model.facts.fingerprint) if ctx.cache is not None else {}
     d = d.noted(labels)  # each pinned node's note beside its label
     args.out.write_text(json.dumps(d.to_json(), indent=1))

@@ -256,6 +256,40 @@ def test_the_circuit_snippets_reproduce_the_diagram(tmp_path, monkeypatch, capsy
     assert close(run_notebook(py, tmp_path, monkeypatch, capsys), (nodes, edges))
 
 
+def test_the_circuit_pages_edges_and_their_snippets(tmp_path, monkeypatch, capsys):
+    """The Circuit page drawing the top edges of MIB's graph (EAP): its button, then the diagram whose edges are the
+    top 8 by |score| of the engine's EAP with the receiver's input named; the command and the notebook lines give
+    the same nodes and edges."""
+    import json
+
+    from engine.techniques.circuit import edge_diagram
+    from engine.techniques.edge_scores import cached_edge_scores
+    monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
+    at = page("12_Circuit.py", n=2).run()
+    at.radio(key="circ_edges").set_value(True).run()
+    at.number_input(key="circ_top").set_value(8).run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    assert not at.get("vega_lite_chart") and not at.get("arrow_vega_lite_chart")  # asked first: nothing drawn yet
+    next(b for b in at.button if b.label.startswith("Score every edge (EAP")).click().run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    assert any("The 8 edges of the largest |EAP" in c.value for c in at.caption)
+    lines, py = shown_code(at)
+    assert "--edges eap --top 8" in lines[0]
+    model, pairs = engine_pairs(2)
+    d = edge_diagram(model, pairs, "eap", top=8)
+    rows, _, _ = cached_edge_scores(model, pairs, "eap")
+    top = sorted(rows, key=lambda r: -abs(r.value))[:8]
+    assert [abs(e.weight) for e in d.edges] == [abs(r.value) for r in top]
+    assert {e.via for e in d.edges if e.target.startswith("h")} <= {"q", "k", "v"}
+    nodes = [(n.id, n.effect) for n in d.nodes]
+    edges = [(e.source, e.target, e.via, e.weight) for e in d.edges]
+    run_cli_lines(lines, tmp_path)
+    got = json.loads((tmp_path / "circuit.json").read_text())
+    assert close([(n["id"], n["effect"]) for n in got["nodes"]], nodes, 1e-5)
+    assert close([(e["source"], e["target"], e["via"], e["weight"]) for e in got["edges"]], edges, 1e-5)
+    assert close(run_notebook(py, tmp_path, monkeypatch, capsys), (nodes, edges), 1e-5)
+
+
 def test_the_faithfulness_snippets_reproduce_the_curves_and_the_scores(tmp_path, monkeypatch, capsys):
     import csv
 

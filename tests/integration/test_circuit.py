@@ -59,3 +59,54 @@ def test_cli_writes_the_json(tmp_path):
     res = json.loads(r.stdout)
     d = Diagram.from_json(json.loads(out.read_text()))
     assert len(res["heads"]) == 3 and len(res["mlps"]) == 1 and len(d.nodes) == 3 + 3 + 1 + 1
+
+
+def test_edge_diagram_draws_a_rankings_top_edges_and_the_nodes_they_join():
+    """The top edges of MIB's graph by |EAP score| with the nodes they join: each edge's weight and receiver input
+    are its row's, a head's or MLP's effect is its own edge to the logits, the input and the logits are the token
+    and answer nodes; the JSON round-trips (and a diagram written before ``via`` existed still loads)."""
+    from engine.techniques.circuit import MAX_DRAWN_EDGES, edge_diagram
+    from engine.techniques.edge_scores import cached_edge_scores
+    from engine.techniques.edges import parse_edge
+    m = open_model("organism", device="cpu")
+    pairs, _ = kept_pairs(m, PromptSetSpec(ops=("add", "sub"), n=2, seed=0))
+    rows, _, _ = cached_edge_scores(m, pairs, "eap")
+    score = {r.edge: r.value for r in rows}
+    d = edge_diagram(m, pairs, "eap", top=30)
+    top = sorted(rows, key=lambda r: -abs(r.value))[:30]
+    ids = {"input": "input", "logits": "answer"}
+    for e, r in zip(d.edges, top):
+        want = parse_edge(r.edge, m.facts.n_layers)
+        name = {n.name: ids.get(n.name, head_id(n.layer, n.head) if n.kind == "head" else f"m{n.layer}")
+                for n in (want.sender, want.receiver)}
+        assert (e.source, e.target, e.via, e.kind) == (name[want.sender.name], name[want.receiver.name],
+                                                       want.qkv or "", "edge")
+        assert e.weight == r.value
+    assert {n.id for n in d.nodes} == {e.source for e in d.edges} | {e.target for e in d.edges}
+    for n in d.nodes:
+        if n.kind == "head":
+            assert n.effect == score[f"a{n.layer}.h{n.head}->logits"]
+        elif n.kind == "mlp":
+            assert n.effect == score[f"m{n.layer}->logits"]
+    assert any(e.via in ("q", "k", "v") for e in d.edges)
+    assert Diagram.from_json(json.loads(json.dumps(d.to_json()))) == d
+    old = d.to_json()
+    for e in old["edges"]:
+        del e["via"]
+    assert [e.via for e in Diagram.from_json(old).edges] == [""] * len(d.edges)
+    assert diagram_image(d, "svg").startswith(b"<svg")
+    for bad in (0, MAX_DRAWN_EDGES + 1):
+        with pytest.raises(ValueError, match=f"1 to {MAX_DRAWN_EDGES} edges"):
+            edge_diagram(m, pairs, "eap", top=bad)
+
+
+def test_cli_draws_the_top_edges_or_says_why_not(tmp_path):
+    out = tmp_path / "e.json"
+    r = run_cli("circuit", "--model", "organism", "--op", "add,sub", "--n", "2", "--edges", "eap", "--top", "6",
+                "--out", str(out), cache=tmp_path / "c.duckdb")
+    assert r.returncode == 0, r.stderr
+    d = Diagram.from_json(json.loads(out.read_text()))
+    assert json.loads(r.stdout)["edges"] == len(d.edges) == 6 and all(e.kind == "edge" for e in d.edges)
+    r = run_cli("circuit", "--model", "organism", "--op", "add,sub", "--n", "2", "--edges", "eap", "--top", "61",
+                "--out", str(out), cache=tmp_path / "c.duckdb")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "1 to 60 edges" in r.stderr

@@ -70,3 +70,25 @@ def test_a_pinned_node_is_ringed_with_its_note_under_it_cut_and_drawn_as_text():
 def test_a_diagram_without_notes_draws_no_ring_and_no_note_line():
     spec = diagram_chart(_circuit()).to_dict()
     assert len(spec["layer"]) == 3
+
+
+def test_an_edge_circuit_draws_q_k_v_apart_and_its_input_in_the_middle():
+    """An edge circuit (engine.techniques.circuit.edge_diagram): the input is the one token node, drawn level with
+    the middle; one sender's edges into a head's query, key and value end above, at and below the head (three lines,
+    not one), and the tooltip names the input each reaches."""
+    from views.circuit_diagram import VIA_OFFSET
+    d = Diagram("m", "eap edge score", 4)
+    d.nodes += [Node("input", "token", -1, label="input (embeddings)"),
+                Node("h0.1", "head", 0, 1, "0.1", -0.2), Node("h2.0", "head", 2, 0, "2.0", 0.1),
+                Node("m1", "mlp", 1, label="MLP 1", effect=-0.4), Node("answer", "answer", 4, label="answer logit")]
+    d.edges += [Edge("input", "h2.0", "edge", -0.5, q) for q in ("q", "k", "v")]
+    d.edges += [Edge("h0.1", "m1", "edge", 0.3), Edge("m1", "answer", "edge", -0.4)]
+    nodes = layout(d).set_index("id")
+    assert nodes.y["input"] == (nodes.y.max() + nodes.y.min()) / 2
+    spec = diagram_chart(d).to_dict()
+    rules = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")
+    rows = spec["datasets"][rules["data"]["name"]]
+    ends = {r["via"]: r["y2"] for r in rows if r["target"] == "h2.0"}
+    assert ends == {q: nodes.y["h2.0"] + VIA_OFFSET[q] for q in ("q", "k", "v")}
+    assert any(t.get("field") == "via" for t in rules["encoding"]["tooltip"])
+    assert {r["sign"] for r in rows} == {EDGE_KINDS["lowers"], EDGE_KINDS["raises"]}
