@@ -25,7 +25,8 @@ model, spec = setup_page(
     "(edge width = END-row attention share, Fig. 5), the MLPs that most lower the answer logit when patched, and "
     "each component's effect on the answer (edge width = |effect|). Edge colour: grey = attention; orange = patching "
     "the sender lowers the answer logit (it carries the operation), blue = patching it raises the answer logit; "
-    "dashed = head → head. Columns are the layers that hold a node. Click a node for its numbers and its page.")
+    "dashed = head → head. Columns are the layers that hold a node. Click a node for its numbers and its page. "
+    "Or draw, instead, the strongest edges of MIB's graph under an edge ranking (Draw, below).")
 
 prompt_caption()
 cache = result_cache()

@@ -25,6 +25,9 @@ MIN_HEIGHT_PX = 300
 #: an edge of MIB's graph into a head's query, key or value ends a little above, at or below the head: three
 #: edges from one sender to one head are three lines, not one drawn thrice (vertical offset, in rows of nodes)
 VIA_OFFSET = {"q": -0.18, "k": 0.0, "v": 0.18}
+#: an MLP sits a little right of its layer's heads (it reads them, in a sequential block): an edge from a head to
+#: its own layer's MLP is not drawn along the column through the other heads
+MLP_SHIFT = 0.35
 
 
 def columns(diagram) -> list[str]:
@@ -40,9 +43,10 @@ def column_of(node) -> str:
 def layout(diagram) -> pd.DataFrame:
     """One row per node: id, kind, label, layer, effect, its column and its (x, y) position.  x is the column
     (:func:`columns`: only the layers that hold a node, so a 30-layer model's circuit is as wide as its few layers,
-    and no head of layer 0 sits on the tokens).  The heads and MLPs, in layer order, each take a row of their own,
-    alternating above and below the middle (no two nodes share a place, and edges between layers do not run along
-    one line); the tokens spread over the same height on the left, the answer in the middle on the right."""
+    and no head of layer 0 sits on the tokens; an MLP :data:`MLP_SHIFT` right of its layer's heads).  The heads
+    and MLPs, in layer order, each take a row of their own, alternating above and below the middle (no two nodes
+    share a place, and edges between layers do not run along one line); the tokens spread over the same height on
+    the left (one token: level with the middle), the answer in the middle on the right."""
     cols = columns(diagram)
     middle = sorted((n for n in diagram.nodes if n.kind in ("head", "mlp")), key=lambda n: (n.layer, n.kind, n.head))
     y = {n.id: float((1 if i % 2 else -1) * ((i + 1) // 2)) for i, n in enumerate(middle)}
@@ -53,7 +57,9 @@ def layout(diagram) -> pd.DataFrame:
             else i - (len(tokens) - 1) / 2
     return pd.DataFrame([{"id": n.id, "kind": n.kind, "label": n.label, "layer": n.layer, "effect": n.effect,
                           "note": n.note, "shown_note": shown_note(n.note),
-                          "column": column_of(n), "x": float(cols.index(column_of(n))), "y": y.get(n.id, 0.0)}
+                          "column": column_of(n),
+                          "x": float(cols.index(column_of(n))) + (MLP_SHIFT if n.kind == "mlp" else 0.0),
+                          "y": y.get(n.id, 0.0)}
                          for n in diagram.nodes], columns=["id", "kind", "label", "layer", "effect", "note",
                                                            "shown_note", "column", "x", "y"])
 
@@ -89,6 +95,7 @@ def diagram_chart(diagram) -> alt.Chart:
     edf = pd.DataFrame(edges, columns=["source", "target", "kind", "via", "sign", "weight", "width", "dash", "x", "y",
                                        "x2", "y2"])
     names = "[" + ", ".join(repr(c) for c in cols) + "]"
+    shown = [k for k in EDGE_COLOR if k in set(edf.sign)]  # the legend names the kinds of edge drawn, no other
     xs = alt.X("x:Q", title=None, scale=alt.Scale(domain=[-0.5, len(cols) - 0.5], nice=False),
                axis=alt.Axis(values=list(range(len(cols))), labelExpr=f"{names}[datum.value]", labelOverlap=False,
                              grid=False, labelFontSize=12, labelFontWeight="bold", orient="top", ticks=False))
@@ -98,7 +105,7 @@ def diagram_chart(diagram) -> alt.Chart:
         x=xs, y=ys, x2="x2:Q", y2="y2:Q", strokeWidth=alt.StrokeWidth("width:Q", legend=None, scale=None),
         strokeDash=alt.condition(alt.datum.dash, alt.value([6, 4]), alt.value([1, 0])),
         color=alt.Color("sign:N", title="edge", legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0),
-                        scale=alt.Scale(domain=list(EDGE_COLOR), range=list(EDGE_COLOR.values()))),
+                        scale=alt.Scale(domain=shown, range=[EDGE_COLOR[k] for k in shown])),
         tooltip=["source", "target", "kind"] + ([alt.Tooltip("via:N", title="into the receiver's")]
                                                  if any(e.via for e in diagram.edges) else [])
         + [alt.Tooltip("weight:Q", format=".3f")])

@@ -92,3 +92,8 @@ def test_an_edge_circuit_draws_q_k_v_apart_and_its_input_in_the_middle():
     assert ends == {q: nodes.y["h2.0"] + VIA_OFFSET[q] for q in ("q", "k", "v")}
     assert any(t.get("field") == "via" for t in rules["encoding"]["tooltip"])
     assert {r["sign"] for r in rows} == {EDGE_KINDS["lowers"], EDGE_KINDS["raises"]}
+    assert rules["encoding"]["color"]["scale"]["domain"] == [EDGE_KINDS["lowers"], EDGE_KINDS["raises"]]  # no
+    # attention edge is drawn, so the legend names none
+    from views.circuit_diagram import MLP_SHIFT
+    assert nodes.x["m1"] == columns(d).index("layer 1") + MLP_SHIFT  # right of layer 1's heads: h0.1 -> m1 is
+    assert nodes.x["h0.1"] == columns(d).index("layer 0")             # not drawn through them

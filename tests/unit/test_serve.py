@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 CONFIG = Path(__file__).resolve().parents[2] / ".streamlit" / "config.toml"
 
