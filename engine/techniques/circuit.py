@@ -177,8 +177,6 @@ def circuit_diagram(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: in
 #: the most edges an edge circuit's diagram draws: beyond it the picture is a tangle no one reads (the share of the
 #: graph a circuit keeps is the Faithfulness page's business; the diagram shows its strongest edges)
 MAX_DRAWN_EDGES = 60
-#: a graph node of MIB's (engine.techniques.edges.Node.kind) -> the diagram's kind of node
-EDGE_NODE_KINDS = {"input": "token", "head": "head", "mlp": "mlp", "logits": "answer"}
 
 
 def diagram_node(n, effect: float = 0.0) -> Node:
@@ -216,11 +214,11 @@ def edge_diagram(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: st
     nodes: dict[str, Node] = {}
     for i in order:
         e = parse_edge(rows[i].edge, L)
-        for n in (e.sender, e.receiver):
-            node = diagram_node(n, score.get(f"{n.name}->logits", 0.0) if n.kind in ("head", "mlp") else 0.0)
+        ends = [diagram_node(n, score.get(f"{n.name}->logits", 0.0) if n.kind in ("head", "mlp") else 0.0)
+                for n in (e.sender, e.receiver)]
+        for node in ends:
             nodes.setdefault(node.id, node)
-        d.edges.append(Edge(diagram_node(e.sender).id, diagram_node(e.receiver).id, "edge", float(rows[i].value),
-                            e.qkv or ""))
+        d.edges.append(Edge(ends[0].id, ends[1].id, "edge", float(rows[i].value), e.qkv or ""))
     d.nodes += sorted(nodes.values(), key=lambda n: (n.layer, n.kind != "head", n.head))
     return d
 
