@@ -70,6 +70,9 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):  # an xdist worker: two of them share the 2 cores, one torch thread each
         import torch
         torch.set_num_threads(1)
+        # and so does every process a worker starts (its dashboard, a CLI run): two workers' dashboards on two OpenMP
+        # threads each made the browser walks 2.5x slower (docs/testing.md, "Two workers, and the serial few")
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     elif config.getoption("numprocesses", None):  # the xdist controller: a folder for what the workers share
         import tempfile
 

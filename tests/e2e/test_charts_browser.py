@@ -14,6 +14,7 @@ import urllib.parse
 
 import pytest
 
+from tests.conftest import TIMINGS
 from tests.e2e.chart_reader import chart_problems, read_charts
 from tests.e2e.conftest import ask_all, idle, shot
 
@@ -92,7 +93,7 @@ def walk(page, base: str, query: str, name: str, skip: tuple[str, ...] = SKIP) -
             _read(page, f"{name} / {title} / {label}", problems, seen)
         shot(page, f"charts_{name}_{p.url_path or 'Home'}")
         times.append(f"{title} {time.time() - t0:.0f}s")
-    print(f"e2e: every chart, {name}, cold cache: " + ", ".join(times))
+    TIMINGS.append(f"e2e: every chart, {name}, cold cache: " + ", ".join(times))
     return problems, seen[0]
 
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.conftest import TIMINGS
 from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
 from tests.e2e.test_charts_browser import EDGES
 from tests.e2e.test_teach_browser import _nav
@@ -57,7 +58,7 @@ def test_every_page_renders_on_gemma3(server, page):
         pytest.skip(f"Gemma 3 GGUF not obtainable: {e}")
     times = walk(page, server, gguf, "Gemma3ForCausalLM", PAGES, "gemma3", GEMMA_SET)
     assert page.get_by_label("Prompts per op").first.input_value() == "8"  # the walk ran on the link's set
-    print("e2e: Gemma 3 270M, cold cache: " + ", ".join(times))
+    TIMINGS.append("e2e: Gemma 3 270M, cold cache: " + ", ".join(times))
 
 
 def test_numbers_and_atlas_render_on_smollm2(server, page):
@@ -74,4 +75,4 @@ def test_numbers_and_atlas_render_on_smollm2(server, page):
     for heading in ("Helix-subspace patching", "Causal check"):
         main.get_by_text(heading).first.wait_for(timeout=WAIT)
     assert main.locator("[data-testid='stVegaLiteChart']").count() >= 8
-    print("e2e: SmolLM2-135M, cold cache: " + ", ".join(times))
+    TIMINGS.append("e2e: SmolLM2-135M, cold cache: " + ", ".join(times))

