@@ -34,7 +34,7 @@ pairs, _ = analysed_pairs(model, spec, cache)
 L, H = model.facts.n_layers, model.facts.n_heads
 #: an edge ranking's name on the page (the Faithfulness page's)
 RANKING_NAMES = {"eap": "EAP (one gradient)", "eap-ig": "EAP-IG", "exact": "exact edge patching"}
-by_edges = st.radio("Draw", [False, True], horizontal=True, key="circ_edges", format_func=lambda e: (
+by_edges = st.radio("Draw", [False, True], horizontal=True, **url_state.bound("circ_edges"), format_func=lambda e: (
     "the strongest edges of MIB's graph (a ranking's top edges)" if e else
     "the paper's circuit (key heads, the tokens they read, MLPs)"),
     help="MIB's graph: the input, every head through its query, key and value, every MLP, the logits. Its edges are "
@@ -42,8 +42,9 @@ by_edges = st.radio("Draw", [False, True], horizontal=True, key="circ_edges", fo
 c1, c2, c3 = st.columns(3)
 k, mlps, senders, ranking, top = 5, 3, False, "eap", 20
 if by_edges:
-    ranking = c1.radio("Edge ranking", list(RANKING_NAMES), format_func=RANKING_NAMES.get, key="circ_ranking")
-    top = c2.number_input("Edges drawn", 1, MAX_DRAWN_EDGES, 20, key="circ_top",
+    ranking = c1.radio("Edge ranking", list(RANKING_NAMES), format_func=RANKING_NAMES.get,
+                       **url_state.bound("circ_ranking"))
+    top = c2.number_input("Edges drawn", 1, MAX_DRAWN_EDGES, **url_state.bound("circ_top"),
                           help=f"The top edges by |score| (at most {MAX_DRAWN_EDGES}: more is a tangle).")
     d = compute_or_button(lambda cb: edge_diagram(model, pairs, ranking, top=int(top), cache=cache, progress=cb),
                           lambda: estimate(model, pairs, edge_diagram_work(model, pairs, ranking, cache=cache)),

@@ -20,7 +20,8 @@ Keys (all optional; absent = the default)::
 
 and each page's own controls (:data:`CHOICES`: the Story's ``step=`` and ``large=1``, Path patching's
 ``pp_metric=``/``pp_group=``/``pp_k=``/``pp_tab=``, Knockout's ``ko_k=``/``ko_kmax=``/``ko_draws=``, the
-Circuit's ``circ_k=``/``circ_mlps=``/``circ_hh=1``, Transfer's ``tr_set=``/``tr_k=``, ...).  A page control's value
+Circuit's ``circ_k=``/``circ_mlps=``/``circ_hh=1`` and its edge circuit's
+``circ_edges=1``/``circ_ranking=``/``circ_top=``, Transfer's ``tr_set=``/``tr_k=``, ...). A page control's value
 that the page alone can check (a layer of the model, an operation of the set) is checked by the page before it
 draws the control (:func:`check`).
 
@@ -41,6 +42,8 @@ from engine.prompts.custom import parse_param
 from engine.prompts.pairs import COUNTERFACTUALS, FIRST_DIGIT, OPERATOR_REMOVED, OperandRange, PromptError, parse_digit
 from engine.prompts.promptsets import parse_operands
 from engine.prompts.templates import OPS as OP_NAMES
+from engine.techniques.circuit import MAX_DRAWN_EDGES
+from engine.techniques.edge_scores import RANKINGS
 from ui import state
 from ui.state import BACKEND_CHOICES, DEVICES, FAMILY_CHOICES, ModelChoice, default_prompt_set
 
@@ -114,6 +117,9 @@ CHOICES: tuple[Choice, ...] = (
     Choice("circ_k", "circuit_k", "circuit_k_input", lo=1),
     Choice("circ_mlps", "circuit_mlps", "circuit_mlps_input", lo=0),
     Choice("circ_hh", "circuit_senders", "circuit_senders_input", False, flag=True),
+    Choice("circ_edges", "circuit_edges", "circuit_edges_input", False, flag=True),
+    Choice("circ_ranking", "circuit_ranking", "circuit_ranking_input", "eap", values=RANKINGS),
+    Choice("circ_top", "circuit_top", "circuit_top_input", 20, lo=1, hi=MAX_DRAWN_EDGES),
     Choice("tr_set", "transfer_second", "transfer_second_input", TRANSFER_SETS[0], values=TRANSFER_SETS),
     Choice("tr_k", "transfer_k", "transfer_k_input", lo=1),
 )

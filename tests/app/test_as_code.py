@@ -266,8 +266,8 @@ def test_the_circuit_pages_edges_and_their_snippets(tmp_path, monkeypatch, capsy
     from engine.techniques.edge_scores import cached_edge_scores
     monkeypatch.setenv("ARITHLAB_CACHE", str(tmp_path / "results.duckdb"))
     at = page("12_Circuit.py", n=2).run()
-    at.radio(key="circ_edges").set_value(True).run()
-    at.number_input(key="circ_top").set_value(8).run()
+    at.radio(key="circuit_edges_input").set_value(True).run()
+    at.number_input(key="circuit_top_input").set_value(8).run()
     assert not at.exception and not errors(at), (at.exception, errors(at))
     assert not at.get("vega_lite_chart") and not at.get("arrow_vega_lite_chart")  # asked first: nothing drawn yet
     next(b for b in at.button if b.label.startswith("Score every edge (EAP")).click().run()

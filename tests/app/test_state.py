@@ -350,6 +350,26 @@ def test_a_link_sets_the_circuit_and_transfer_controls():
         "circ_k": "4", "circ_mlps": "2", "circ_hh": "1", "tr_set": "decimals (Fig. 4)", "tr_k": "6"}
 
 
+def test_a_link_sets_the_circuit_pages_edge_circuit_and_a_workspace_keeps_it():
+    """The Circuit page's edge circuit (Draw, ranking, edges drawn) travels in the link, so in a workspace too
+    (``ui.workspaces.current`` saves the link's parameters)."""
+    link = {"circ_edges": "1", "circ_ranking": "exact", "circ_top": "12"}
+    at = _link(link)
+    assert not at.exception and not errors(at) and not _notes(at), (errors(at), _notes(at))
+    go(at, "12_Circuit.py")
+    assert not at.exception and not errors(at), errors(at)
+    assert at.radio(key="circuit_edges_input").value is True
+    assert at.radio(key="circuit_ranking_input").value == "exact"
+    assert at.number_input(key="circuit_top_input").value == 12
+    assert any(b.label.startswith("Score every edge (exact edge patching)") for b in at.button)  # asked, not run
+    assert {k: at.query_params[k] for k in link} == link
+    at.number_input(key="circuit_top_input").set_value(30).run()
+    at.radio(key="circuit_ranking_input").set_value("eap").run()  # the default: left out of the link
+    assert at.query_params["circ_top"] == "30" and "circ_ranking" not in at.query_params
+    at.radio(key="circuit_edges_input").set_value(False).run()
+    assert "circ_edges" not in at.query_params and at.number_input(key="circuit_k_input").value >= 1
+
+
 # parameter -> (bad value, phrase of its note, the page that checks it: None = read with the link)
 BAD_CHOICES = {
     "step": ("x", "not a whole number from 1 to 99", None),
@@ -359,6 +379,8 @@ BAD_CHOICES = {
     "pp_group": ("op:pow", "choose from *, op:add, op:mul, typed", "4_Path_patching.py"),
     "ko_kmax": ("31", "not a whole number from 1 to 30", None),
     "circ_k": ("999", "not a whole number from 1 to 64 here", "12_Circuit.py"),
+    "circ_top": ("61", "not a whole number from 1 to 60", None),
+    "circ_ranking": ("acdc", "choose from exact, eap, eap-ig", None),
     "tr_set": ("lyrics", "choose from word problems (Fig. 10)", None),
 }
 
