@@ -54,7 +54,7 @@ lint: setup
 # then alone the few tests that compare a time or a CPU reading with a threshold (tests/conftest.py: SERIAL).
 # JOBS=1 runs the first part in one process; a run that selects no test (exit 5, e.g. a PYTEST_ARGS -k) is no failure.
 # Every test's seconds are left in test-artifacts/junit-{parallel,serial}.xml (where the time goes).
-JOBS ?= 3
+JOBS ?= 2
 test: setup lint chromium smollm2 gemma3
 	@status=0; \
 	HF_HUB_OFFLINE=1 $(PY) -m pytest tests -m "not serial" --junitxml=test-artifacts/junit-parallel.xml $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --no-loadscope-reorder) \
