@@ -350,7 +350,7 @@ def test_a_link_sets_the_circuit_and_transfer_controls():
         "circ_k": "4", "circ_mlps": "2", "circ_hh": "1", "tr_set": "decimals (Fig. 4)", "tr_k": "6"}
 
 
-def test_a_link_sets_the_circuit_pages_edge_circuit_and_a_workspace_keeps_it():
+def test_a_link_sets_the_circuit_pages_edge_circuit():
     """The Circuit page's edge circuit (Draw, ranking, edges drawn) travels in the link, so in a workspace too
     (``ui.workspaces.current`` saves the link's parameters)."""
     link = {"circ_edges": "1", "circ_ranking": "exact", "circ_top": "12"}
