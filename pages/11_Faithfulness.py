@@ -10,6 +10,7 @@ import streamlit as st
 from engine.cost import estimate
 from engine.findings.as_code import faithfulness_code
 from engine.findings.glossary import help_text
+from engine.techniques.edge_faithfulness import RANDOM
 from engine.techniques.edge_scores import (
     RANKINGS,
     STEPS,
@@ -104,7 +105,8 @@ st.caption("An edge joins a sender (the input, a head, an MLP) to what a receive
            "an MLP's input, the logits). Exact edge patching sends the sender's counterfactual value to that receiver "
            "alone; EAP estimates it with one gradient, EAP-IG with the gradient averaged between the counterfactual "
            "and the prompt. Scores: the mean change of the answer logit over the prompt pairs.")
-names = {"eap": "EAP (one gradient)", "eap-ig": f"EAP-IG ({STEPS} steps)", "exact": "exact edge patching"}
+names = {"eap": "EAP (one gradient)", "eap-ig": f"EAP-IG ({STEPS} steps)", "exact": "exact edge patching",
+         RANDOM: f"random edges ({RANDOM_DRAWS} draws)"}
 ranking = st.radio("Edge ranking", RANKINGS[1:] + RANKINGS[:1], horizontal=True, format_func=names.get,
                    key="faith_edge_ranking")
 got = compute_or_button(
@@ -131,7 +133,8 @@ st.markdown("**Circuits of the top edges**")
 st.caption("Keep the top x % of the edges by a ranking and ablate every other edge as MIB does: on that edge alone "
            "the sender's counterfactual value replaces its value in the ablated run (a head's query, key and value "
            "each get their own), so an ablation upstream reaches later receivers through the kept edges. f as "
-           "above, on the metric chosen above.")
+           f"above, on the metric chosen above. Beside the chosen rankings, random edges: prompt pair i is read "
+           f"under random draw i mod {RANDOM_DRAWS} of each size, the baseline a ranking has to beat.")
 chosen = st.multiselect("Edge rankings", list(RANKINGS), default=[r for r in RANKINGS if r != "exact"],
                         format_func=names.get,
                         key="faith_edge_curves")
@@ -152,7 +155,8 @@ else:
         st.altair_chart(faithfulness_chart(cdf, title, series=names, xtitle="edges kept (share of the graph's edges)"),
                         width="stretch")
         st.dataframe(pd.DataFrame([{"ranking": names[s.ranking], "CPR": s.cpr_interval.text(),
-                                    "CMD": s.cmd_interval.text()} for s in etable.scores if s.metric == metric]),
+                                    "CMD": s.cmd_interval.text(), "CPR − random": s.gap_interval.text("{:+.2f}")}
+                                   for s in etable.scores if s.metric == metric]),
                      hide_index=True, width="stretch")
         st.caption(f"Circuits run in {eart.get('seconds', 0):.1f} s, {eart.get('forward_equivalents', 0):.0f} "
                    "forward-equivalents (counted from the code).")

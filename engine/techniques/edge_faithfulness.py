@@ -32,8 +32,12 @@ others as they are and the empty circuit is not exactly X_c.
 minus the mean logit over the vocabulary, averaged over the pairs; f = (m(C) - m(empty)) / (m(model) -
 m(empty)).  Circuits: the top k = floor(x E) edges by |score| (MIB's ``apply_topn(absolute=True)``) of a
 ranking of :mod:`engine.techniques.edge_scores` (exact edge patching, EAP, EAP-IG) for the sizes x of
-``faithfulness.SIZES``.  Exact against a plain-transformers loop (``tests/helpers/plain_edges.py``:
-``edge_circuit``, every ablated edge added by hand, one hooked run per head input) within 1e-4
+``faithfulness.SIZES``; and the **random** ranking, the baseline a ranking has to beat: ``RANDOM_DRAWS``
+seeded random orders of the edges, pair i read under order i mod ``RANDOM_DRAWS`` (as the node circuits' random
+ranking: its cost is one ranking's, its curve the mean over the pairs like the others'), so every ranking's CPR
+has its gap to random with an interval (:func:`engine.techniques.faithfulness.summarize`).  Exact against a
+plain-transformers loop (``tests/helpers/plain_edges.py``: ``edge_circuit``, every ablated edge added by hand,
+one hooked run per head input) within 1e-4
 (``tests/integration/test_edge_faithfulness.py``).
 """
 
@@ -49,13 +53,14 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import MissingActivation, ModelBackend
 from engine.machinery.batching import pad, pad_id
-from engine.numerics.intervals import LEVEL, RESAMPLES
+from engine.numerics.intervals import LEVEL, RESAMPLES, SEED
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
 from engine.techniques.edges import QKV, Edge, edge_graph
 from engine.techniques.faithfulness import (
     FAITH_POINT,
     FAITH_SCORE,
+    RANDOM_DRAWS,
     SIZES,
     Circuit,
     FaithPoint,
@@ -66,7 +71,9 @@ from engine.techniques.faithfulness import (
 )
 
 METHOD = "edge_faithfulness"
-VERSION = 2
+VERSION = 3
+#: the baseline ranking every edge curve is drawn beside
+RANDOM = "random"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,15 +435,51 @@ def plan_circuits(scores: dict[str, np.ndarray], sizes: Sequence[float] = SIZES
     return circuits, np.stack(distinct), np.array(row)
 
 
+def random_edge_scores(n_edges: int, draws: int, seed: int = SEED) -> list[np.ndarray]:
+    """``draws`` seeded random scores of the edges: the top k of one is a uniformly random circuit of k edges.
+    # [draws] of [E]"""
+    rng = np.random.default_rng(seed)
+    return [rng.random(n_edges) for _ in range(draws)]
+
+
+def random_draw_of(n_pairs: int, draws: int) -> np.ndarray:
+    """[P] the random order each pair is read under: pair i under order i mod ``draws``."""
+    return np.arange(n_pairs) % draws
+
+
 @torch.no_grad()
 def edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray], *,
-                      sizes: Sequence[float] = SIZES, rows_per_pass: int = 256, progress: ProgressFn | None = None
+                      draws: int = RANDOM_DRAWS, seed: int = SEED, sizes: Sequence[float] = SIZES,
+                      rows_per_pass: int = 256, progress: ProgressFn | None = None
                       ) -> tuple[list[Circuit], np.ndarray, np.ndarray]:
     """(circuits, right [S, P], margin [S, P]) of every ranking's top-edge circuits (``scores``: {ranking: [E] in
-    :func:`engine.techniques.edges.edge_graph`'s order}), for :func:`engine.techniques.faithfulness.summarize`."""
+    :func:`engine.techniques.edges.edge_graph`'s order}) and, ``draws`` > 0, of the random ranking (one row per
+    size, each pair read under its own draw's circuit: the draw's pairs run with the draw's circuits), for
+    :func:`engine.techniques.faithfulness.summarize`."""
     circuits, masks, row = plan_circuits(scores, sizes)
-    out = edge_circuits(backend, pairs, masks, rows_per_pass=rows_per_pass, progress=progress)
-    return circuits, out.right.numpy()[row], out.margin.numpy()[row]
+    E = masks.shape[1]
+    draw = random_draw_of(len(pairs), draws) if draws else np.zeros(0, int)
+    groups = [np.nonzero(draw == d)[0] for d in range(draws)]
+    groups = [g for g in groups if len(g)]
+    stage = Stages(progress, [len(pairs)] + [len(g) for g in groups]).stage  # one count over the runs
+    out = edge_circuits(backend, pairs, masks, rows_per_pass=rows_per_pass, progress=stage(0))
+    right, margin = out.right.numpy()[row], out.margin.numpy()[row]
+    if not groups:
+        return circuits, right, margin
+    r_right = np.zeros((len(sizes), len(pairs)), dtype=right.dtype)      # [X, P]
+    r_margin = np.zeros((len(sizes), len(pairs)), dtype=margin.dtype)    # [X, P]
+    for i, (g, s) in enumerate(zip(groups, random_edge_scores(E, draws, seed))):
+        kept = np.stack([top_edges(s, kept_count(x, E)) for x in sizes])  # [X, E]
+        o = edge_circuits(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass, progress=stage(i + 1))
+        r_right[:, g], r_margin[:, g] = o.right.numpy(), o.margin.numpy()
+    circuits = circuits + [Circuit(RANDOM, 0, x, kept_count(x, E)) for x in sizes]
+    return circuits, np.concatenate([right, r_right]), np.concatenate([margin, r_margin])
+
+
+def random_circuit(n_edges: int, size: float, pair: int, draws: int = RANDOM_DRAWS, seed: int = SEED) -> np.ndarray:
+    """The random ranking's circuit of ``size`` that pair number ``pair`` is read under.  # [E] bool"""
+    s = random_edge_scores(n_edges, draws, seed)[int(random_draw_of(pair + 1, draws)[pair])]
+    return top_edges(s, kept_count(size, n_edges))
 
 
 def cached_edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str],
@@ -453,6 +496,7 @@ def cached_edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair],
               "steps": steps if "eap-ig" in rankings else 0,
               "ablation": "MIB edge ablation: each edge outside the circuit sends its sender's X_c value minus "
                           "its value in the ablated run", "circuits": "top floor(x E) edges by |score|",
+              "random": {"draws": RANDOM_DRAWS, "seed": SEED, "read": "pair i under draw i mod draws"},
               "metric": "answer logit - mean logit; accuracy", "resamples": RESAMPLES, "level": LEVEL}
 
     def compute():
@@ -474,7 +518,16 @@ def cached_edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair],
 
 
 def edge_faithfulness_work(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray], *,
-                           sizes: Sequence[float] = SIZES, rows_per_pass: int = 256):
+                           draws: int = RANDOM_DRAWS, seed: int = SEED, sizes: Sequence[float] = SIZES,
+                           rows_per_pass: int = 256):
     """The forward work of :func:`edge_faithfulness` once the rankings' scores are known (``engine.cost.Work``)."""
     _, masks, _ = plan_circuits(scores, sizes)
-    return edge_circuits_work(backend, pairs, masks, rows_per_pass=rows_per_pass)
+    w = edge_circuits_work(backend, pairs, masks, rows_per_pass=rows_per_pass)
+    E = masks.shape[1]
+    draw = random_draw_of(len(pairs), draws) if draws else np.zeros(0, int)
+    for d, s in enumerate(random_edge_scores(E, draws, seed)):
+        g = np.nonzero(draw == d)[0]
+        if len(g):
+            kept = np.stack([top_edges(s, kept_count(x, E)) for x in sizes])
+            w += edge_circuits_work(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass)
+    return w

@@ -20,7 +20,9 @@ thresholds itself), a node in the graph when an edge of the circuit touches it; 
 (the exact path-patching ranking of :mod:`engine.techniques.faithfulness`).
 
 **Edge circuits** (:func:`cached_edge_curves`, ``--faithfulness``): each ranking's top floor(x E) edges kept and
-every other edge ablated as MIB does, f over the node circuits' sizes (:mod:`engine.techniques.edge_faithfulness`).
+every other edge ablated as MIB does, f over the node circuits' sizes, beside random edges (each pair under one of
+a few seeded random circuits of each size) and each ranking's CPR minus random's (``gap``)
+(:mod:`engine.techniques.edge_faithfulness`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ METHOD = "edge_scores"
 RANKINGS: tuple[str, ...] = ("exact", "eap", "eap-ig")
 #: EAP-IG's points between X_c and X_r by default (MIB's runs use 5 on the inputs)
 STEPS = 5
+#: what `edge-scores --faithfulness` prints of each ranking's areas (gap: CPR minus the random edges' CPR)
+SCORE_FIELDS = ("ranking", "metric", "cpr", "cpr_low", "cpr_high", "cmd", "cmd_low", "cmd_high", "gap", "gap_low",
+                "gap_high")
 
 
 @dataclass(frozen=True)
@@ -265,9 +270,7 @@ def _faithfulness(model, pairs, rankings: list[str], args, ctx) -> dict:
     return {"out": str(args.faithfulness), "cached": not computed,
             "seconds": round(float(art.get("seconds", float("nan"))), 2),
             "forward_equivalents": round(float(art.get("forward_equivalents", float("nan"))), 1),
-            "scores": [{k: v for k, v in s.__dict__.items() if k in ("ranking", "metric", "cpr", "cpr_low",
-                                                                     "cpr_high", "cmd", "cmd_low", "cmd_high")}
-                       for s in table.scores]}
+            "scores": [{k: v for k, v in s.__dict__.items() if k in SCORE_FIELDS} for s in table.scores]}
 
 
 def _node_scores(model, pairs, ctx) -> list[float]:

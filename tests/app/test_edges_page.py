@@ -43,5 +43,8 @@ def test_edge_circuit_curves_on_demand():
     button[0].click().run()
     assert not errors(at)
     table = at.dataframe[-1].value
-    assert list(table.columns) == ["ranking", "CPR", "CMD"] and list(table["ranking"]) == ["EAP (one gradient)"]
+    assert list(table.columns) == ["ranking", "CPR", "CMD", "CPR − random"]
+    assert list(table["ranking"]) == ["EAP (one gradient)", "random edges (5 draws)"]
+    gap = dict(zip(table["ranking"], table["CPR − random"]))
+    assert gap["random edges (5 draws)"].startswith("+0.00") and gap["EAP (one gradient)"][0] in "+-", gap
     assert any("forward-equivalents" in c.value for c in at.caption)

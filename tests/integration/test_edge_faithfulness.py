@@ -11,7 +11,15 @@ from engine.backends.base import WorkMeter
 from engine.cost import metered
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.eap import eap
-from engine.techniques.edge_faithfulness import edge_circuits, edge_circuits_work, top_edges
+from engine.techniques.edge_faithfulness import (
+    RANDOM,
+    edge_circuits,
+    edge_circuits_work,
+    edge_faithfulness,
+    edge_faithfulness_work,
+    random_circuit,
+    top_edges,
+)
 from engine.techniques.edges import edge_graph
 from engine.techniques.faithfulness import kept_count
 from tests.helpers.plain_edges import edge_circuit
@@ -97,3 +105,36 @@ def test_top_edges():
     keep = top_edges(np.array([0.1, -3.0, 2.0, 0.0]), 2)
     assert keep.tolist() == [False, True, True, False]
     assert not top_edges(np.ones(3), 0).any() and torch.tensor(top_edges(np.ones(3), 3)).all()
+
+
+def test_random_ranking_reads_each_pair_under_its_draw_as_the_plain_loop(organism):
+    """The random edge ranking: pair i is read under draw i mod 5's circuit of each size -- each pair's margin equals
+    the plain loop run on that pair with that circuit's edges kept (1e-4); the draws differ; the rankings' rows and
+    the counted work (the meter) include the draws' runs."""
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub"), n=3, seed=5))
+    assert len(pairs) == 6  # pairs 0 and 5 share draw 0
+    edges = edge_graph(organism)
+    names, E = [e.name for e in edges], len(edges)
+    sizes = (0.0, 0.05, 0.5, 1.0)
+    scores = {"eap": eap(organism, pairs, edges, steps=0).effects().numpy()}
+    organism.meter = WorkMeter()
+    circuits, right, margin = edge_faithfulness(organism, pairs, scores, sizes=sizes, rows_per_pass=64)
+    got = metered(organism.meter)
+    w = edge_faithfulness_work(organism, pairs, scores, sizes=sizes, rows_per_pass=64)
+    assert (got.calls, got.body, got.unembed) == (w.calls, w.body, w.unembed)
+    rows = {(c.ranking, c.size): i for i, c in enumerate(circuits)}
+    assert [c.k for c in circuits if c.ranking == RANDOM] == [0, int(0.05 * E), E // 2, E]
+    assert not (random_circuit(E, 0.05, 0) == random_circuit(E, 0.05, 1)).all()
+    assert (random_circuit(E, 0.05, 0) == random_circuit(E, 0.05, 5)).all()
+    plain = plain_of(organism, "models/organism")
+    worst = 0.0
+    for d in range(5):  # each draw's pairs by hand, with the draw's circuit of 5 % of the edges
+        group = [j for j in range(len(pairs)) if j % 5 == d]
+        kept = random_circuit(E, 0.05, group[0])
+        assert kept.sum() == int(np.floor(0.05 * E + 1e-9))
+        _, m = edge_circuit(plain, [pairs[j] for j in group], names, {n for n, k in zip(names, kept) if k})
+        worst = max(worst, float(np.abs(m.numpy() - margin[rows[(RANDOM, 0.05)], group]).max()))
+    assert worst < 1e-4, f"random edge circuits vs the plain loop: {worst:.2e}"
+    # the random ranking's empty and full circuits are the shared ones
+    for x, other in ((0.0, "empty"), (1.0, "model")):
+        assert np.abs(margin[rows[(RANDOM, x)]] - margin[rows[(other, x)]]).max() < 1e-4

@@ -61,7 +61,12 @@ def test_cli_faithfulness_curve_cached(tmp_path):
     logit = {float(row["size"]): row for row in rows if row["ranking"] == "eap" and row["metric"] == "logit"}
     assert float(logit[0.0]["f"]) == pytest.approx(0.0, abs=1e-6) and float(logit[1.0]["f"]) == pytest.approx(1.0)
     assert int(logit[1.0]["k"]) == len(_csv(out)) and int(logit[0.05]["k"]) == math.floor(0.05 * int(logit[1.0]["k"]))
-    assert {(s["ranking"], s["metric"]) for s in res["scores"]} == {("eap", "logit"), ("eap", "accuracy")}
+    assert {(s["ranking"], s["metric"]) for s in res["scores"]} == {(r, m) for r in ("eap", "random")
+                                                                   for m in ("logit", "accuracy")}
+    eap_logit = next(s for s in res["scores"] if s["ranking"] == "eap" and s["metric"] == "logit")
+    random_logit = next(s for s in res["scores"] if s["ranking"] == "random" and s["metric"] == "logit")
+    assert eap_logit["gap"] == pytest.approx(eap_logit["cpr"] - random_logit["cpr"], abs=1e-9)
+    assert {float(row["size"]) for row in rows if row["ranking"] == "random"} == set(logit)
     again = run_cli(*args, cache=cache)
     assert again.returncode == 0 and json.loads(again.stdout)["faithfulness"]["cached"] is True
     assert _csv(faith) == rows
