@@ -250,10 +250,17 @@ OBSERVE_MIN_S = 0.3
 def observed_factor(backend: ModelBackend, kind: str | None = None) -> float:
     """Measured seconds over estimated seconds of this backend's recent computations (of one ``kind``, a page's
     view; None: of all): what the timed passes miss -- the work around the forward passes (bootstrap intervals, hooks'
-    bookkeeping, fits) and the machine's load since they were timed.  A kind not measured yet takes the factor of
-    all, and that is :data:`PRIOR_FACTOR` before any.  Kept on the backend object itself (``backend.cost_factors``)."""
+    bookkeeping, fits) and the machine's load since they were timed.  The factor of all is :data:`PRIOR_FACTOR`
+    before any observation.  A kind not measured yet takes the factor of all, but never less than the prior: what
+    one view's passes miss says little about another's (the Atlas's attribution gradients, per pair and layer, take
+    several times what their passes count), and a view never measured is better asked for than overrun -- a faster
+    machine than the prior's shows in the kind's own factor once it has run.  Kept on the backend object itself
+    (``backend.cost_factors``)."""
     factors = backend.__dict__.get("cost_factors") or {}
-    return float(factors.get(kind, factors.get(None, PRIOR_FACTOR)))
+    every = float(factors.get(None, PRIOR_FACTOR))
+    if kind is None:
+        return every
+    return float(factors[kind]) if kind in factors else max(every, PRIOR_FACTOR)
 
 
 def for_kind(backend: ModelBackend, cost: Cost, kind: str) -> Cost:

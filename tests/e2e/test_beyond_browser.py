@@ -31,8 +31,10 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
     page.get_by_role("tab", name="Heatmap").click()
     before = _head_title(page)
     page.get_by_role("tab", name="Exact vs attribution").click()
+    idle(page)  # the tab is in the link: a rerun (on a busy machine the scatter was not drawn again within 30 s)
+    scatter.wait_for(state="visible", timeout=WAIT)
     # find a head's point as a user does: hover the points until the tooltip names another head, click it
-    scatter.scroll_into_view_if_needed()
+    scatter.scroll_into_view_if_needed(timeout=WAIT)
     tip = page.locator("#vg-tooltip-element")
     want = None
     for point in scatter.locator("g.mark-symbol path").all():

@@ -180,13 +180,17 @@ def test_estimates_label_and_learn_from_what_they_measure(organism, pairs):
     assert observed_factor(organism, "lens") == pytest.approx((2 * PRIOR_FACTOR * 0.5) ** 0.5)
     assert observed_factor(organism) == pytest.approx((2 * PRIOR_FACTOR * 0.5) ** 0.5)  # all computations too
     assert observed_factor(organism, "curve") == pytest.approx(2 * PRIOR_FACTOR)  # another view keeps its own
-    assert observed_factor(organism, "other") == observed_factor(organism)  # a view not measured: the factor of all
+    # a view not measured: the factor of all, but never below the prior (here all is below it)
+    assert observed_factor(organism) < PRIOR_FACTOR and observed_factor(organism, "other") == PRIOR_FACTOR
     lens = estimate(organism, pairs, w)
     assert for_kind(organism, lens, "lens").seconds == pytest.approx(
         lens.seconds * observed_factor(organism, "lens") / observed_factor(organism))
     before = dict(organism.cost_factors)
     observe(organism, Cost(1.0, 0.01), 100.0)  # too short to teach anything
     assert organism.cost_factors == before
+    observe(organism, Cost(1.0, 1.0), 16.0, kind="curve")  # a slow machine: all above the prior
+    assert observed_factor(organism) > PRIOR_FACTOR
+    assert observed_factor(organism, "other") == observed_factor(organism)  # then a view not measured takes it
     del organism.cost_factors
 
 

@@ -460,7 +460,9 @@ def test_one_pass_and_one_prefix_serve_every_step_of_a_prompt_set(organism, add_
     layers = N.all_layers(organism)
     (X, lg), _ = real["fused"](organism, pairs, layers)
     X_pad, lg_pad = real["padded"](organism, pairs, layers)
-    np.testing.assert_allclose(X, X_pad, atol=1e-5)
+    # the residual streams reach ~90 in float32 (an ulp ~8e-6): the two passes sum in another order, so relative
+    # (a full run failed at 1.2e-4 absolute, 1.4e-6 relative, on 2.6 % of the elements)
+    np.testing.assert_allclose(X, X_pad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lg, lg_pad, atol=1e-4, rtol=0)
     idx = list(chunks[0])
     ids = torch.tensor([pairs[i].ref_ids for i in idx])
