@@ -447,6 +447,19 @@ def random_draw_of(n_pairs: int, draws: int) -> np.ndarray:
     return np.arange(n_pairs) % draws
 
 
+def random_runs(n_edges: int, n_pairs: int, draws: int, seed: int, sizes: Sequence[float]
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The random ranking's runs: per draw that some pair is read under, (its pairs' indices [p], its circuits of
+    each size [X, E] bool)."""
+    draw = random_draw_of(n_pairs, draws)
+    out = []
+    for d, s in enumerate(random_edge_scores(n_edges, draws, seed)):
+        g = np.nonzero(draw == d)[0]
+        if len(g):
+            out.append((g, np.stack([top_edges(s, kept_count(x, n_edges)) for x in sizes])))
+    return out
+
+
 @torch.no_grad()
 def edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray], *,
                       draws: int = RANDOM_DRAWS, seed: int = SEED, sizes: Sequence[float] = SIZES,
@@ -458,18 +471,15 @@ def edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], scores
     :func:`engine.techniques.faithfulness.summarize`."""
     circuits, masks, row = plan_circuits(scores, sizes)
     E = masks.shape[1]
-    draw = random_draw_of(len(pairs), draws) if draws else np.zeros(0, int)
-    groups = [np.nonzero(draw == d)[0] for d in range(draws)]
-    groups = [g for g in groups if len(g)]
-    stage = Stages(progress, [len(pairs)] + [len(g) for g in groups]).stage  # one count over the runs
+    runs = random_runs(E, len(pairs), draws, seed, sizes) if draws else []
+    stage = Stages(progress, [len(pairs)] + [len(g) for g, _ in runs]).stage  # one count over the runs
     out = edge_circuits(backend, pairs, masks, rows_per_pass=rows_per_pass, progress=stage(0))
     right, margin = out.right.numpy()[row], out.margin.numpy()[row]
-    if not groups:
+    if not runs:
         return circuits, right, margin
     r_right = np.zeros((len(sizes), len(pairs)), dtype=right.dtype)      # [X, P]
     r_margin = np.zeros((len(sizes), len(pairs)), dtype=margin.dtype)    # [X, P]
-    for i, (g, s) in enumerate(zip(groups, random_edge_scores(E, draws, seed))):
-        kept = np.stack([top_edges(s, kept_count(x, E)) for x in sizes])  # [X, E]
+    for i, (g, kept) in enumerate(runs):  # a draw's pairs under the draw's circuits  # kept: [X, E]
         o = edge_circuits(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass, progress=stage(i + 1))
         r_right[:, g], r_margin[:, g] = o.right.numpy(), o.margin.numpy()
     circuits = circuits + [Circuit(RANDOM, 0, x, kept_count(x, E)) for x in sizes]
@@ -523,11 +533,6 @@ def edge_faithfulness_work(backend: ModelBackend, pairs: Sequence[PromptPair], s
     """The forward work of :func:`edge_faithfulness` once the rankings' scores are known (``engine.cost.Work``)."""
     _, masks, _ = plan_circuits(scores, sizes)
     w = edge_circuits_work(backend, pairs, masks, rows_per_pass=rows_per_pass)
-    E = masks.shape[1]
-    draw = random_draw_of(len(pairs), draws) if draws else np.zeros(0, int)
-    for d, s in enumerate(random_edge_scores(E, draws, seed)):
-        g = np.nonzero(draw == d)[0]
-        if len(g):
-            kept = np.stack([top_edges(s, kept_count(x, E)) for x in sizes])
-            w += edge_circuits_work(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass)
+    for g, kept in random_runs(masks.shape[1], len(pairs), draws, seed, sizes) if draws else []:
+        w += edge_circuits_work(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass)
     return w

@@ -18,6 +18,7 @@ from engine.techniques.edge_faithfulness import (
     edge_faithfulness,
     edge_faithfulness_work,
     random_circuit,
+    random_runs,
     top_edges,
 )
 from engine.techniques.edges import edge_graph
@@ -138,3 +139,17 @@ def test_random_ranking_reads_each_pair_under_its_draw_as_the_plain_loop(organis
     # the random ranking's empty and full circuits are the shared ones
     for x, other in ((0.0, "empty"), (1.0, "model")):
         assert np.abs(margin[rows[(RANDOM, x)]] - margin[rows[(other, x)]]).max() < 1e-4
+
+
+def test_random_runs_read_each_pair_under_its_own_draw():
+    """Fewer pairs than draws, and more: each run's pairs are those of one draw, its circuits that draw's."""
+    runs = random_runs(100, 3, 5, 0, (0.1, 0.5))
+    assert [g.tolist() for g, _ in runs] == [[0], [1], [2]]
+    runs = random_runs(100, 7, 5, 0, (0.1, 0.5))
+    assert [g.tolist() for g, _ in runs] == [[0, 5], [1, 6], [2], [3], [4]]
+    for g, kept in runs:
+        for j in g:
+            assert (kept[0] == random_circuit(100, 0.1, int(j), 5, 0)).all()
+            assert (kept[1] == random_circuit(100, 0.5, int(j), 5, 0)).all()
+        assert kept.sum(1).tolist() == [10, 50]
+    assert not (runs[0][1] == runs[1][1]).all()
