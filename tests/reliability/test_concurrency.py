@@ -111,6 +111,11 @@ def test_eight_sessions_at_once(rel_server, browser):
         said = [("computed now" in bodies[n], "read from the cache" in bodies[n]) for n in ("patching_a", "patching_b")]
         assert sorted(said) == [(False, True), (True, False)], said
         shot(pages["patching_b"][1], "eight_sessions_patching_b")
+    except Exception:  # what each page showed, in the failure's report (CI keeps the output, not the screenshots)
+        for name, (_, pg) in pages.items():
+            main = pg.locator("[data-testid='stMain']")
+            print(f"--- {name} ({pg.url}): {main.inner_text(timeout=5_000)[:800] if main.count() else '(no page)'}")
+        raise
     finally:
         for ctx, _ in pages.values():
             ctx.close()
