@@ -85,18 +85,21 @@ st.caption((set_size_text(spec, len(pairs), n_gen) if len(pairs) >= SMALL_SET el
 shown, shown_group = table, group
 if group == TYPED:  # the heatmap of one pair: the typed prompt and its counterfactual
     try:
-        one = typed_pair(model.tokenizer, current_prompt())
+        one = typed_pair(model.tokenizer, current_prompt(), spec.digit)
         shown, _ = cached_path_patching(model, [one], cache=cache)
     except USER_ERRORS as e:
         st.error(f"Cannot patch the typed prompt `{current_prompt()}`: {e}. Type an arithmetic prompt such as "
-                 f"`3 + 5 =` in the Prompt lab, or pick an operation.")
+                 f"`3 + 5 =` in the Prompt lab, or pick an operation"
+                 + (f" (or choose another 'Answer digit' in the sidebar: the set is read at the "
+                    f"{digit_words(spec.digit)} one)." if spec.digit != "first" else "."))
         st.stop()
     shown_group = "*"
-    st.caption(f"The typed prompt `{current_prompt()}` against its counterfactual `{one.cf_text}`: "
-               f"one pair, so no mean -- a single prompt's circuit.")
+    forced = model.tokenizer.decode(one.forced_ids).strip()
+    st.caption(f"The typed prompt `{current_prompt()}` against its counterfactual `{one.cf_text}`"
+               + (f", read at the answer's {digit_words(spec.digit)} digit as the set is (`{forced}` written after "
+                  f"both)" if one.forced else "") + ": one pair, so no mean -- a single prompt's circuit.")
 
-stats = answer_token_stats(model.tokenizer, pairs if group != TYPED else [one],
-                           spec.digit if group != TYPED else "first")
+stats = answer_token_stats(model.tokenizer, pairs if group != TYPED else [one], spec.digit)
 which = "First answer" if stats.digit == "first" else f"{digit_words(stats.digit).capitalize()} answer-digit"
 with st.container(border=True):
     st.markdown(f"**{which} tokens of these {stats.n} prompts** (the token whose logit the heatmap measures): "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.backends.base import ModelBackend
-from engine.prompts.pairs import LENGTH_MISMATCH, PromptError, PromptPair, answer_tokens
+from engine.prompts.pairs import FIRST_DIGIT, LENGTH_MISMATCH, PromptError, PromptPair, answer_tokens, at_digit
 from engine.prompts.templates import CF_SYMBOLS, CF_WORDS
 from engine.prompts.typed import MAX_TYPED_CHARS, TypedIds, TypedProblem, parse_typed_prompt, typed_prompt_ids
 from engine.techniques.attention import TokenAttention, prompt_attention, roles_of, token_roles
@@ -71,20 +71,25 @@ def check_typed_text(tok, text: str | None) -> TypedIds:
     return typed
 
 
-def typed_pair(tok, text: str | None) -> PromptPair:
+def typed_pair(tok, text: str | None, digit: str = FIRST_DIGIT) -> PromptPair:
     """The typed prompt as one (X_r, X_c) pair (template ``typed``), its counterfactual's filler the first that
-    tokenizes to the same length; PromptError saying why when the prompt has no such counterfactual."""
+    tokenizes to the same length, read at the answer's ``digit`` as a prompt set's pairs are
+    (``engine.prompts.pairs.build_pair``: the answer's tokens before it appended to both prompts); PromptError saying
+    why when the prompt has no such counterfactual or its answer no such digit."""
     typed = check_typed_text(tok, text)
     if typed.parsed is None or typed.answer is None:
         raise PromptError(f"it has no counterfactual: {typed.error}")
-    p, ref = typed.parsed, typed.answer
+    p = typed.parsed
+    ref, forced = at_digit(typed.answer, digit)
+    tail = ref.prompt_ids[len(ref.prompt_ids) - forced:] if forced else []
     for seed in range(max(len(CF_WORDS), len(CF_SYMBOLS))):
         cf_text = parse_typed_prompt(p.text, filler_seed=seed).cf_text.rstrip()
         cf = answer_tokens(tok, cf_text, p.answer)
-        if len(cf.prompt_ids) == len(ref.prompt_ids):
+        if len(cf.prompt_ids) + forced == len(ref.prompt_ids):
             return PromptPair(op=p.op, template="typed", family="typed", a=p.a, b=p.b, answer=p.answer,
                               ref_text=p.text.rstrip(), cf_text=cf_text, ref_ids=ref.prompt_ids,
-                              cf_ids=cf.prompt_ids, answer_id=ref.answer_id, answer_ids=ref.answer_ids)
+                              cf_ids=cf.prompt_ids + tail, answer_id=ref.answer_id, answer_ids=ref.answer_ids,
+                              forced=forced)
     raise PromptError(LENGTH_MISMATCH)
 
 

@@ -117,3 +117,32 @@ def test_smollm2s_default_set_gets_the_units_digit_offer_for_its_sums_not_its_di
     op, share, tid = tens_dominated(pairs)
     assert op == "add" and share > 0.4 and smol.tokenizer.convert_ids_to_tokens([tid])[0] == "1", (op, share)
     assert tens_dominated([p for p in pairs if p.op == "sub"]) is None
+
+
+def test_the_typed_prompt_alone_is_read_at_the_sets_digit():
+    """Path patching's 'the typed prompt alone' on a set read at the last digit: the heatmap of the typed pair read
+    there (the tens digit written after both prompts), said in the caption; a digit the typed answer lacks is an
+    st.error that names the sidebar's choice."""
+    from engine.backends import open_model
+    from engine.techniques.path_patching import cached_path_patching
+    from engine.techniques.promptlab import typed_pair
+    at = _link({"digit": "last"})
+    at.session_state["prompt"] = "Q: What is 7 plus 8? A:"
+    go(at, "4_Path_patching.py")
+    next(s for s in at.selectbox if s.label == "Operation").set_value("typed").run()
+    assert not at.exception and not errors(at), errors(at)
+    model = open_model("organism", device="cpu")
+    table, _ = cached_path_patching(model, [typed_pair(model.tokenizer, "Q: What is 7 plus 8? A:", "last")])
+    want = [(a, b, round(e, 4)) for a, b, e in table.top_heads(5)]
+    got = [(int(r.layer), int(r.head), round(float(r.effect), 4)) for r in at.dataframe[0].value.itertuples()]
+    assert got == want
+    said = [c.value for c in at.caption if "typed prompt" in c.value]
+    assert any("read at the answer's last (units) digit" in c and "`1` written after both" in c for c in said), said
+    texts = " ".join(m.value for m in at.markdown)
+    assert "Last (units) answer-digit tokens of these 1 prompts" in texts, texts[:1500]
+    at.query_params["digit"] = "2"
+    at.session_state["prompt"] = "Q: What is 3 plus 5? A:"
+    at.session_state["prompt_set"] = {**at.session_state["prompt_set"], "digit": "2"}
+    at.run()
+    said = errors(at)
+    assert any("Cannot patch the typed prompt" in e and "no 2nd one" in e and "'Answer digit'" in e for e in said), said

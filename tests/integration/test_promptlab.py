@@ -66,3 +66,29 @@ def test_analyse_prompt_equals_plain_hf(model, plain):
     assert abs(ko_rep.p_answer - float(probs[rep.answer_id])) < 1e-5
     assert ko_rep.answer_rank == int((probs > probs[rep.answer_id]).sum()) + 1
     assert ko_rep.cf_top5 == rep.cf_top5  # the counterfactual is never knocked out
+
+
+def test_the_typed_pair_at_a_later_digit_is_read_as_a_sets_pair(model):
+    """The typed prompt read at the answer's last (units) digit: the earlier digits appended to X_r and X_c alike,
+    END's next token the units digit -- the pair build_pair makes of the same problem, and its path patching that
+    of the set's machinery on it; a digit the answer lacks is a PromptError saying so."""
+    import pytest
+
+    from engine.prompts.pairs import PromptError
+    from engine.techniques.path_patching import path_patching
+    from engine.techniques.promptlab import typed_pair
+    tok = model.tokenizer
+    text = "Q: What is 7 plus 8? A:"
+    first, last = typed_pair(tok, text), typed_pair(tok, text, "last")
+    assert (first.forced, last.forced) == (0, 1)
+    assert tok.decode([first.answer_id]).strip() == "1" and tok.decode([last.answer_id]).strip() == "5"
+    assert last.ref_ids == first.ref_ids + [first.answer_id] and last.cf_ids == first.cf_ids + [first.answer_id]
+    assert last.forced_ids == [first.answer_id] and last.answer_ids == first.answer_ids[1:]
+    assert typed_pair(tok, text, "2") == last
+    assert typed_pair(tok, "Q: What is 3 plus 5? A:", "last").forced == 0  # a one-digit answer: last = first
+    with pytest.raises(PromptError, match="no 2nd one"):
+        typed_pair(tok, "Q: What is 3 plus 5? A:", "2")
+    table = path_patching(model, [last])
+    alone = path_patching(model, [first])
+    assert not torch.equal(table.head_logit, alone.head_logit)  # another position, another logit
+    assert table.head_logit.shape == alone.head_logit.shape
