@@ -59,8 +59,10 @@ def _units_pairs(model, n=6):
 
 def test_units_digit_path_patching_on_smollm2():
     from tests.helpers.smollm2 import open_smollm2
+    from engine.techniques.promptlab import typed_pair
     smol = open_smollm2()
-    pairs = _units_pairs(smol)
+    typed = typed_pair(smol.tokenizer, "Q: What is 7 plus 8? A:", "last")  # Path patching's 'the typed prompt alone'
+    pairs = _units_pairs(smol) + [typed]
     _check_units_position(smol, pairs)
     _fast_equals_textbook(smol, pairs)
 
