@@ -58,8 +58,8 @@ def _units_pairs(model, n=6):
 
 
 def test_units_digit_path_patching_on_smollm2():
-    from tests.helpers.smollm2 import open_smollm2
     from engine.techniques.promptlab import typed_pair
+    from tests.helpers.smollm2 import open_smollm2
     smol = open_smollm2()
     typed = typed_pair(smol.tokenizer, "Q: What is 7 plus 8? A:", "last")  # Path patching's 'the typed prompt alone'
     pairs = _units_pairs(smol) + [typed]
