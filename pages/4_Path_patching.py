@@ -101,15 +101,19 @@ if group == TYPED:  # the heatmap of one pair: the typed prompt and its counterf
 
 stats = answer_token_stats(model.tokenizer, pairs if group != TYPED else [one], spec.digit)
 which = "First answer" if stats.digit == "first" else f"{digit_words(stats.digit).capitalize()} answer-digit"
-with st.container(border=True):
-    st.markdown(f"**{which} tokens of these {stats.n} prompts** (the token whose logit the heatmap measures): "
-                + stats.summary())
-    if stats.warning:
-        st.warning(stats.warning)
-    st.caption(f"Largest share within one operation: `{stats.top_token}`, {stats.top_share:.0%} of the "
-               f"{stats.top_op} prompts (a warning above {DOMINANT_SHARE:.0%}). Sets are balanced by default: "
-               f"candidates are taken round-robin over their {which.lower()} token, so no token (e.g. the '1' of "
-               f"every sum from 10 to 18) holds more than its share.")
+if group == TYPED:  # one prompt: its token, no shares (a share of one prompt warns of nothing)
+    st.markdown(f"**{which} token of the typed prompt** (the token whose logit the heatmap measures): "
+                f"`{stats.top_token}`")
+else:
+    with st.container(border=True):
+        st.markdown(f"**{which} tokens of these {stats.n} prompts** (the token whose logit the heatmap measures): "
+                    + stats.summary())
+        if stats.warning:
+            st.warning(stats.warning)
+        st.caption(f"Largest share within one operation: `{stats.top_token}`, {stats.top_share:.0%} of the "
+                   f"{stats.top_op} prompts (a warning above {DOMINANT_SHARE:.0%}). Sets are balanced by default: "
+                   f"candidates are taken round-robin over their {which.lower()} token, so no token (e.g. the '1' of "
+                   f"every sum from 10 to 18) holds more than its share.")
 
 note = shown.effect_note(shown_group)
 if metric == "effect" and shown.ranking_metric(shown_group) == "logit_diff":
@@ -180,10 +184,15 @@ with tab_map:
                       on_click=state.add_knockout_head, args=(layer, head),
                       help="The Knockout page mean-ablates the heads of the knockout set.")
         try:
-            row = pd.DataFrame([t.__dict__ for t in typed_attention(model, current_prompt(), layer, head)])
+            digit = spec.digit if group == TYPED else "first"  # the typed heatmap's position, else the prompt's own
+            row = pd.DataFrame([t.__dict__ for t in typed_attention(model, current_prompt(), layer, head, digit)])
             row["label"] = [f"{i}: {display_token(t)}" for i, t in zip(row.position, row.token)]
+            written = typed_pair(model.tokenizer, current_prompt(), digit).forced_ids if digit != "first" else []
             st.caption(f"Your prompt `{current_prompt()}` (change it in the Prompt lab): the attention of its last "
-                       f"token, token by token, coloured by the token's role")
+                       f"token, token by token, coloured by the token's role"
+                       + (f" -- with the answer's {'first digit' if len(written) == 1 else 'digits'} before the "
+                          f"{digit_words(digit)} one (`{model.tokenizer.decode(written).strip()}`) written after it, "
+                          f"as the heatmap reads it" if written else ""))
             st.altair_chart(token_bars(row, "label", "weight", "attention"), width="stretch")
         except PromptError as e:
             st.error(f"Cannot show the typed prompt's attention: {e}")

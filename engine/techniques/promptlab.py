@@ -93,20 +93,26 @@ def typed_pair(tok, text: str | None, digit: str = FIRST_DIGIT) -> PromptPair:
     raise PromptError(LENGTH_MISMATCH)
 
 
-def typed_attention(backend: ModelBackend, text: str | None, layer: int, head: int) -> list[TokenAttention]:
+def typed_attention(backend: ModelBackend, text: str | None, layer: int, head: int,
+                    digit: str = FIRST_DIGIT) -> list[TokenAttention]:
     """Head (layer, head)'s END row on the typed prompt, token by token, each token with its role: the operands and
     the operator of the prompt and its counterfactual (:func:`typed_pair`, :func:`~engine.techniques.attention.
-    token_roles`); a prompt with no counterfactual has operands (its two digit runs) but no operator."""
+    token_roles`); a prompt with no counterfactual has operands (its two digit runs) but no operator.  ``digit``:
+    END is the position that predicts that answer digit, the answer's tokens before it written after the prompt (the
+    typed pair's X_r: what Path patching's typed heatmap reads at that digit)."""
     typed = check_typed_text(backend.tokenizer, text)
     try:
-        pair = typed_pair(backend.tokenizer, text)
+        pair = typed_pair(backend.tokenizer, text, digit)
     except PromptError:
+        if digit != FIRST_DIGIT:
+            raise
         pair = None
-    if pair is not None and list(pair.ref_ids) == list(typed.ids):
+    ids = list(typed.ids) + (pair.forced_ids if pair is not None else [])
+    if pair is not None and list(pair.ref_ids) == ids:
         roles = token_roles(backend, pair)
     else:
-        roles = roles_of(backend.tokenizer.convert_ids_to_tokens(list(typed.ids)), [False] * len(typed.ids))
-    return prompt_attention(backend, typed.ids, layer, head, roles)
+        roles = roles_of(backend.tokenizer.convert_ids_to_tokens(ids), [False] * len(ids))
+    return prompt_attention(backend, ids, layer, head, roles)
 
 
 def _notes(tok, ids: list[int], parsed: TypedProblem | None) -> list[str]:

@@ -126,7 +126,7 @@ def test_the_typed_prompt_alone_is_read_at_the_sets_digit():
     from engine.backends import open_model
     from engine.techniques.path_patching import cached_path_patching
     from engine.techniques.promptlab import typed_pair
-    at = _link({"digit": "last"})
+    at = _link({"digit": "last", "head": "1.3"})
     at.session_state["prompt"] = "Q: What is 7 plus 8? A:"
     go(at, "4_Path_patching.py")
     next(s for s in at.selectbox if s.label == "Operation").set_value("typed").run()
@@ -139,7 +139,12 @@ def test_the_typed_prompt_alone_is_read_at_the_sets_digit():
     said = [c.value for c in at.caption if "typed prompt" in c.value]
     assert any("read at the answer's last (units) digit" in c and "`1` written after both" in c for c in said), said
     texts = " ".join(m.value for m in at.markdown)
-    assert "Last (units) answer-digit tokens of these 1 prompts" in texts, texts[:1500]
+    assert "Last (units) answer-digit token of the typed prompt** (the token whose logit the heatmap measures): `5`" \
+        in texts, texts[:1500]
+    assert not [w.value for w in at.warning if "same last answer token" in w.value]  # one prompt: no share to warn of
+    # the head's bars: the typed prompt's END row at the heatmap's position, the tens digit written after the prompt
+    bars = [c.value for c in at.caption if c.value.startswith("Your prompt")]
+    assert bars and "with the answer's first digit before the last (units) one (`1`) written after it" in bars[0], bars
     at.query_params["digit"] = "2"
     at.session_state["prompt"] = "Q: What is 3 plus 5? A:"
     at.session_state["prompt_set"] = {**at.session_state["prompt_set"], "digit": "2"}

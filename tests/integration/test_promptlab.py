@@ -88,6 +88,12 @@ def test_the_typed_pair_at_a_later_digit_is_read_as_a_sets_pair(model):
     assert typed_pair(tok, "Q: What is 3 plus 5? A:", "last").forced == 0  # a one-digit answer: last = first
     with pytest.raises(PromptError, match="no 2nd one"):
         typed_pair(tok, "Q: What is 3 plus 5? A:", "2")
+    from engine.techniques.attention import prompt_attention
+    from engine.techniques.promptlab import typed_attention
+    rows = typed_attention(model, text, 1, 3, "last")  # END: the forced tens digit, the position read at the units
+    assert [r.weight for r in rows] == [r.weight for r in prompt_attention(model, last.ref_ids, 1, 3)]
+    assert len(rows) == len(first.ref_ids) + 1 and rows[-1].token.strip() == "1"
+    assert [r.role for r in rows][:-1] == [r.role for r in typed_attention(model, text, 1, 3)]
     table = path_patching(model, [last])
     alone = path_patching(model, [first])
     assert not torch.equal(table.head_logit, alone.head_logit)  # another position, another logit
