@@ -99,8 +99,9 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique(
         "path-patching", "Path patching", "path patching of every head and MLP -> CSV", "path_patching",
         (out("output .csv"),
-         opt("--by", choices=("all", "op", "template"), default="all",
-             help="one row per sender (all) or per sender and op / template"),
+         opt("--by", choices=("all", "op", "template", "carry"), default="all",
+             help="one row per sender (all) or per sender and op / template / carry (yes: the sums that carry and "
+                  "differences that borrow in some column; no: those with none)"),
          opt("--with-prob", action="store_true", help="also the answer-probability metric"),
          opt("--batch-size", type=positive_int, default=32),
          opt("--receiver", default=None, metavar="LAYER.HEAD[:q|k|v]",

@@ -8,7 +8,7 @@ import streamlit as st
 from engine.findings.as_code import path_patching_code
 from engine.findings.glossary import help_text
 from engine.numerics.intervals import SMALL_SET
-from engine.prompts.pairs import PromptError, counterfactual_words, digit_words
+from engine.prompts.pairs import CARRY_GROUPS, PromptError, counterfactual_words, digit_words
 from engine.prompts.promptsets import DOMINANT_SHARE, answer_token_stats
 from engine.techniques.attention import ROLE_DEFINITIONS, ROLES
 from engine.techniques.path_patching import cached_path_patching
@@ -69,19 +69,33 @@ if table.fallback:  # the fast path did not reproduce this model: the textbook l
     st.info(table.fallback, icon=":material/info:")
 
 TYPED = "typed"  # the typed prompt's own pair, patched alone
-groups = ["*"] + sorted(g for g in table.groups() if g.startswith("op:")) + [TYPED]
+groups = (["*"] + sorted(g for g in table.groups() if g.startswith("op:"))
+          + [g for g in CARRY_GROUPS if g in table.groups()] + [TYPED])
 url_state.check("pp_group", groups)
 group = c2.selectbox("Operation", groups, **url_state.bound("pp_group"),
-                     format_func=lambda g: "all operations" if g == "*" else
-                     "the typed prompt alone" if g == TYPED else g[3:],
-                     help="An operation's pairs, or the typed prompt (Prompt lab) and its counterfactual alone")
+                     format_func=lambda g: "all operations" if g == "*" else "the typed prompt alone" if g == TYPED
+                     else CARRY_GROUPS[g] if g in CARRY_GROUPS else g[3:],
+                     help="An operation's pairs; the sums that carry (differences that borrow) in some column, or "
+                          "those with none; or the typed prompt (Prompt lab) and its counterfactual alone")
 url_state.check("pp_k", range(1, table.n_layers * table.n_heads + 1))
 k = c3.number_input("Top k", 1, table.n_layers * table.n_heads, **url_state.bound("pp_k"),
                     help=help_text("key heads"))
 st.caption((set_size_text(spec, len(pairs), n_gen) if len(pairs) >= SMALL_SET else  # a small set: the note above
             f"{len(pairs)} of {n_gen} prompts answered right")
-           + f" · every interval on this page rests on these {len(pairs)} pairs · "
+           + (f" · every interval on this page rests on these {len(pairs)} pairs · " if group == "*" else
+              " · the heatmap and its intervals rest on the pairs chosen under Operation · ")
            + ("computed now, stored in the cache" if computed else "read from the cache"))
+if group in CARRY_GROUPS:
+    n_group = len(table.per_pair.groups()[group]) if table.per_pair is not None else None
+    st.caption(f"{CARRY_GROUPS[group].capitalize()}: "
+               + (f"{n_group} of the {len(pairs)} pairs" if n_group is not None else "the set's pairs")
+               + " (an addition carries when some column's digits sum to 10 or more, a subtraction borrows when some "
+                 "column's top digit is the smaller; multiplications and divisions are in neither); its heatmap, "
+                 "intervals and key heads rest on those pairs alone"
+               + (f" -- only {n_group}: {'one pair has no interval' if n_group == 1 else 'the intervals are wide'} "
+                  f"and another sample of prompts could move the key heads (at least {SMALL_SET} are advised; more "
+                  f"prompts per operation, or two-digit operands in the sidebar, give more)."
+                  if n_group is not None and n_group < SMALL_SET else "."))
 shown, shown_group = table, group
 if group == TYPED:  # the heatmap of one pair: the typed prompt and its counterfactual
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.prompts.pairs import groups_of
+from engine.prompts.pairs import CARRY_GROUPS, groups_of
 from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.carries import KINDS as CF_KINDS
 from engine.techniques.carries import carries, pairs_per_kind, what_heads_carry
@@ -153,7 +153,7 @@ def stability_view(table, k: int) -> None:
         return
     sums = summaries(rows, k)
     names = [s.group for s in sums]
-    label = {ALL: "all pairs", "carry:yes": "with a carry / borrow", "carry:no": "without a carry / borrow"}
+    label = {ALL: "all pairs", **CARRY_GROUPS}
     n_of = {s.group: s.n for s in sums}
     group = st.selectbox("Pairs", names, format_func=lambda g: f"{label.get(g, g)} ({n_of[g]} pairs)",
                          key="stability_group")

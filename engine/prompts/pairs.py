@@ -585,6 +585,22 @@ def groups_of(pairs: Sequence[PromptPair], by: Sequence[str] = ("op", "template"
     return groups
 
 
+#: the carry groups of :func:`groups_with_carry`, in the pages' words
+CARRY_GROUPS = {"carry:yes": "with a carry / borrow", "carry:no": "without a carry / borrow"}
+
+
+def groups_with_carry(pairs: Sequence[PromptPair]) -> dict[str, list[int]]:
+    """:func:`groups_of` and ``carry:yes`` / ``carry:no``: the pairs whose sum carries (whose difference borrows) in
+    some column and those with none (:attr:`PromptPair.carry`; addition and subtraction only); both omitted unless
+    the set has pairs of each."""
+    groups = groups_of(pairs)
+    carry = {"carry:yes": [i for i, p in enumerate(pairs) if p.carry is True],
+             "carry:no": [i for i, p in enumerate(pairs) if p.carry is False]}
+    if carry["carry:yes"] and carry["carry:no"]:
+        groups.update(carry)
+    return groups
+
+
 def prompt_set_hash(pairs: Sequence[PromptPair]) -> str:
     """sha256 of the canonical JSON of the pairs' token ids and answers (the cache's prompt key); a pair read past its
     first digit adds its ``forced`` count (a first-digit pair hashes as it did before the digit could be chosen)."""

@@ -76,7 +76,7 @@ from engine.machinery.patch_rows import (
 from engine.machinery.shortcut import ShortcutMismatch, check_reproduces, fallback_note, logit_scale
 from engine.numerics.intervals import NULL_QUANTILE, Interval, interval, shuffled_null, top_share
 from engine.progress import ProgressFn, note
-from engine.prompts.pairs import PromptPair, groups_of
+from engine.prompts.pairs import PromptPair, groups_with_carry
 
 METHOD = "path_patching"
 METRICS: tuple[str, ...] = ("effect", "logit_diff", "prob_diff")
@@ -127,8 +127,9 @@ class PatchingRaw:
         return METRICS if self.head_prob is not None else METRICS[:2]
 
     def groups(self) -> dict[str, list[int]]:
-        """Pair indices of each breakdown group: ``*`` (all), ``op:add``, ``template:add.qa.0`` ..."""
-        return groups_of(self.pairs)
+        """Pair indices of each breakdown group: ``*`` (all), ``op:add``, ``template:add.qa.0`` ..., and
+        ``carry:yes`` / ``carry:no`` when the set has pairs of each (``engine.prompts.pairs.groups_with_carry``)."""
+        return groups_with_carry(self.pairs)
 
 
 def ranking_metric_of(excluded: int, n: int) -> str:
@@ -492,14 +493,14 @@ def raw_of(pairs: Sequence[PromptPair], art: dict) -> PatchingRaw:
 # ---------------------------------------------------------------------------------------------
 
 def cli(args, ctx) -> dict:
-    """Every head and MLP as sender: one CSV row per sender (and per op / template with ``--by``)."""
+    """Every head and MLP as sender: one CSV row per sender (and per op / template / carry with ``--by``)."""
     model, pairs = ctx.model, ctx.pairs
     with ctx.progress("path patching") as bar:
         table, computed = cached_path_patching(model, pairs, cache=ctx.cache, with_prob=args.with_prob,
                                                batch_size=args.batch_size, progress=bar)
     metrics = ["effect", "logit_diff"] + (["prob_diff"] if args.with_prob else [])
-    counts = {g: len(idx) for g, idx in groups_of(pairs).items()}
-    prefix = {"all": "*", "op": "op:", "template": "template:"}[args.by]
+    counts = {g: len(idx) for g, idx in groups_with_carry(pairs).items()}
+    prefix = {"all": "*", "op": "op:", "template": "template:", "carry": "carry:"}[args.by]
     out = wide_rows(table.values,
                     keep=lambda v: v.metric in metrics and (v.group == "*" if args.by == "all"
                                                             else v.group.startswith(prefix)),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.numerics.intervals import RESAMPLES, SEED
+from engine.prompts.pairs import groups_with_carry
 
 ALL = "*"
 
@@ -39,18 +40,6 @@ class HeadStability:
     value: float    # mean over the group's pairs
     rank: int
     in_top: float   # share of resamples whose top-k holds the head
-
-
-def groups_with_carry(pairs) -> dict[str, list[int]]:
-    """Pair indices of ``*``, every ``op:``, every ``template:``, and ``carry:yes`` / ``carry:no`` (addition and
-    subtraction only; omitted when no pair has a carry or none lacks one)."""
-    from engine.prompts.pairs import groups_of
-    groups = groups_of(pairs)
-    carry = {"carry:yes": [i for i, p in enumerate(pairs) if p.carry is True],
-             "carry:no": [i for i, p in enumerate(pairs) if p.carry is False]}
-    if carry["carry:yes"] and carry["carry:no"]:
-        groups.update(carry)
-    return groups
 
 
 def top_frequency(v: np.ndarray, k: int, *, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:

@@ -285,6 +285,34 @@ def test_path_patching_words_follow_the_counterfactual_kind():
     assert "operator removed" not in text
 
 
+def test_patching_heatmap_of_the_carry_groups():
+    """Issue 49: the Operation box offers the pairs that carry (borrow) and those that do not; each shows the cached
+    table's heatmap and key heads of those pairs, and says how many of the set's pairs they are."""
+    from engine.backends import open_model
+    from engine.prompts.promptsets import PromptSetSpec
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.path_patching import cached_path_patching
+    at = page("4_Path_patching.py").run()
+    _ok(at)
+    box = next(s for s in at.selectbox if s.label == "Operation")
+    assert box.options[-3:] == ["with a carry / borrow", "without a carry / borrow", "the typed prompt alone"]
+    words = {"carry:yes": "With a carry / borrow", "carry:no": "Without a carry / borrow"}
+    model = open_model("organism", device="cpu")
+    spec = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=12, seed=0)
+    pairs, _ = kept_pairs(model, spec)
+    table, _ = cached_path_patching(model, pairs)
+    for group in ("carry:yes", "carry:no"):
+        next(s for s in at.selectbox if s.label == "Operation").set_value(group).run()
+        _ok(at)
+        got = at.dataframe[0].value
+        metric = got.columns[2]
+        want = [(a, b, round(e, 4)) for a, b, e in table.top_heads(len(got), metric, group)]
+        assert [(int(r[0]), int(r[1]), round(float(r[2]), 4)) for r in got.itertuples(index=False)] == want
+        n = len(table.per_pair.groups()[group])
+        assert any(c.value.startswith(f"{words[group]}: {n} of the {len(pairs)} pairs")
+                   for c in at.caption), [c.value for c in at.caption][:6]
+
+
 def test_attention_bars_and_their_caption_follow_the_typed_prompt():
     """The clicked head's attention chart is the typed prompt's, token by token with roles, and its caption names
     that prompt: another prompt, another chart and caption."""

@@ -109,6 +109,13 @@ def test_patch_csv_and_second_call_cached(cache_file, tmp_path):
     second = run_cli(*args, cache=cache_file)
     assert json.loads(second.stdout)["cached"] is True
     assert list(csv.DictReader(out.open())) == rows
+    # the carry split from the same cached result: a row per sender and group, n the group's pairs
+    third = run_cli(*args, "--by", "carry", cache=cache_file)
+    assert third.returncode == 0 and json.loads(third.stdout)["cached"] is True, third.stderr
+    split = list(csv.DictReader(out.open()))
+    assert {r["group"] for r in split} == {"yes", "no"} and len(split) == 2 * len(rows)
+    n = {g: {r["n"] for r in split if r["group"] == g} for g in ("yes", "no")}
+    assert all(len(v) == 1 for v in n.values()) and sum(int(next(iter(v))) for v in n.values()) == int(rows[0]["n"])
 
 
 def test_prompts_reports_why_prompts_were_dropped(cache_file, tmp_path):

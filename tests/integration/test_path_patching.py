@@ -109,3 +109,28 @@ def test_a_subset_of_head_senders_equals_the_full_run(arch, tmp_path):
         chosen = torch.zeros(L, H, dtype=torch.bool)
         chosen[[a for a, _ in heads], [b for _, b in heads]] = True
         assert bool(part.head_logit[:, ~chosen].isnan().all()) and not bool(part.head_logit[:, chosen].isnan().any())
+
+
+def test_carry_groups_equal_path_patching_of_those_pairs_alone(organism, tmp_path):
+    """Issue 49's carry split: the cached table's ``carry:yes`` / ``carry:no`` heatmaps, their intervals and key heads
+    equal path patching run on those pairs alone (every pair is patched on its own, so a subset's mean is the mean of
+    its pairs), and they are the pairs whose sum carries / difference borrows; multiplications are in neither."""
+    from cache import ResultCache
+    from engine.prompts.pairs import column_carry
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub", "mul"), n=8, seed=5))
+    table, _ = cached_path_patching(organism, pairs, cache=ResultCache(tmp_path / "c.duckdb"))
+    groups = table.per_pair.groups()
+    assert {"carry:yes", "carry:no"} <= set(table.groups())
+    for group, carries in (("carry:yes", True), ("carry:no", False)):
+        idx = groups[group]
+        assert idx and all(column_carry(pairs[i].op, pairs[i].a, pairs[i].b) is carries for i in idx)
+        assert all(pairs[i].op in ("add", "sub") for i in idx)
+        alone, _ = cached_path_patching(organism, [pairs[i] for i in idx], cache=ResultCache(tmp_path / f"{group}.db"))
+        for metric in ("effect", "logit_diff"):
+            (h, m), (ha, ma) = table.heatmap(metric, group), alone.heatmap(metric)
+            assert torch.allclose(torch.tensor(h), torch.tensor(ha), atol=1e-5, equal_nan=True), (group, metric)
+            assert torch.allclose(torch.tensor(m), torch.tensor(ma), atol=1e-5, equal_nan=True), (group, metric)
+            assert table.heatmap_intervals(metric, group) is not None
+        top = table.top_heads(5, "logit_diff", group)
+        assert [t[:2] for t in top] == [t[:2] for t in alone.top_heads(5, "logit_diff")]
+    assert len(groups["carry:yes"]) + len(groups["carry:no"]) == sum(p.op in ("add", "sub") for p in pairs)
