@@ -145,7 +145,7 @@ class SenderValue(Component):
 
 
 def summarize(raw: PatchingRaw) -> list[SenderValue]:
-    """Mean of every metric per sender, for all pairs and per op / template, and the effect guard's
+    """Mean of every metric per sender, for all pairs and per op / template / carry, and the effect guard's
     counts per group (component ``guard``: metrics ``pairs`` and ``effect_excluded``)."""
     out: list[SenderValue] = []
     groups = raw.groups()
