@@ -376,7 +376,7 @@ BAD_CHOICES = {
     "large": ("big", "use 1 or 0", None),
     "pp_metric": ("logit", "choose from effect, logit_diff", None),
     "pp_k": ("999", "not a whole number from 1 to 64 here", "4_Path_patching.py"),
-    "pp_group": ("op:pow", "choose from *, op:add, op:mul, typed", "4_Path_patching.py"),
+    "pp_group": ("op:pow", "choose from *, op:add, op:mul, carry:yes, carry:no, typed", "4_Path_patching.py"),
     "ko_kmax": ("31", "not a whole number from 1 to 30", None),
     "circ_k": ("999", "not a whole number from 1 to 64 here", "12_Circuit.py"),
     "circ_top": ("61", "not a whole number from 1 to 60", None),
