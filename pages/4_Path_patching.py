@@ -86,16 +86,15 @@ st.caption((set_size_text(spec, len(pairs), n_gen) if len(pairs) >= SMALL_SET el
               " · the heatmap and its intervals rest on the pairs chosen under Operation · ")
            + ("computed now, stored in the cache" if computed else "read from the cache"))
 if group in CARRY_GROUPS:
-    n_group = len(table.per_pair.groups()[group]) if table.per_pair is not None else None
-    st.caption(f"{CARRY_GROUPS[group].capitalize()}: "
-               + (f"{n_group} of the {len(pairs)} pairs" if n_group is not None else "the set's pairs")
+    _, n_group = table.guard_counts(group)  # the group's pairs, as stored with its values
+    st.caption(f"{CARRY_GROUPS[group].capitalize()}: {n_group} of the {len(pairs)} pairs"
                + " (an addition carries when some column's digits sum to 10 or more, a subtraction borrows when some "
                  "column's top digit is the smaller; multiplications and divisions are in neither); its heatmap, "
                  "intervals and key heads rest on those pairs alone"
                + (f" -- only {n_group}: {'one pair has no interval' if n_group == 1 else 'the intervals are wide'} "
                   f"and another sample of prompts could move the key heads (at least {SMALL_SET} are advised; more "
                   f"prompts per operation, or two-digit operands in the sidebar, give more)."
-                  if n_group is not None and n_group < SMALL_SET else "."))
+                  if n_group < SMALL_SET else "."))
 shown, shown_group = table, group
 if group == TYPED:  # the heatmap of one pair: the typed prompt and its counterfactual
     try:
@@ -201,7 +200,7 @@ with tab_map:
             digit = spec.digit if group == TYPED else "first"  # the typed heatmap's position, else the prompt's own
             row = pd.DataFrame([t.__dict__ for t in typed_attention(model, current_prompt(), layer, head, digit)])
             row["label"] = [f"{i}: {display_token(t)}" for i, t in zip(row.position, row.token)]
-            written = typed_pair(model.tokenizer, current_prompt(), digit).forced_ids if digit != "first" else []
+            written = one.forced_ids if group == TYPED else []  # the typed pair read above, at the set's digit
             st.caption(f"Your prompt `{current_prompt()}` (change it in the Prompt lab): the attention of its last "
                        f"token, token by token, coloured by the token's role"
                        + (f" -- with the answer's {'first digit' if len(written) == 1 else 'digits'} before the "
