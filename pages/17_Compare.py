@@ -1,5 +1,5 @@
 """Compare: two path-patching runs side by side (A: the sidebar's set; B: the same set with another counterfactual
-kind, other templates or another answer digit; or the same set on another model)."""
+kind, other templates, another answer digit or another carry; or the same set on another model)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import streamlit as st
 
 from engine.findings.as_code import compare_code
 from engine.findings.compare import compare_tables
-from engine.prompts.pairs import COUNTERFACTUAL_WORDS, PromptError, digit_words
+from engine.prompts.pairs import CARRY_SETS, COUNTERFACTUAL_WORDS, PromptError, digit_words
 from engine.prompts.promptsets import parse_families
 from engine.techniques.accuracy import kept_pairs, kept_pairs_cost
 from ui.as_code import code_view
@@ -33,14 +33,15 @@ from views.charts import component_frame, heatmap, heatmap_frame, heatmap_limit
 model, spec = setup_page(
     "Compare",
     "Two path-patching runs side by side: A is the sidebar's prompt set, B the same set with another counterfactual "
-    "kind, other templates or another answer digit, or the same set on another model. Both heatmaps share one "
+    "kind, other templates, another answer digit or the other carry (with a carry / borrow vs without), or the same "
+    "set on another model. Both heatmaps share one "
     "colour scale; the third is their difference A - B per head and MLP, each with a 95 % bootstrap interval (A's "
     "and B's pairs resampled independently, 1000 times): a cell outlined in orange differs, its interval excludes "
     "0. Two models of different shapes have no common cell: their top-k heads are compared by rank.")
 words_used("path patching", "counterfactual", "logit difference", "effect", "key heads", "bootstrap interval")
 FEW_PAIRS = 10  # fewer pairs in A or B: the percentile bootstrap's intervals are too narrow to trust
 AXES = {"counterfactual": "the counterfactual kind", "families": "the templates", "digit": "the answer digit",
-        "model": "the model"}
+        "carry": "the carry", "model": "the model"}
 axis = st.radio("B differs from A in", list(AXES), format_func=AXES.get, key="cmp_axis", horizontal=True)
 kinds = list(COUNTERFACTUAL_WORDS)
 a_kind = spec.counterfactual
@@ -73,6 +74,12 @@ elif axis == "model":
         st.error(f"{problem}. Type another model for B.")
         st.stop()
     a_name, b_name, change = f"the sidebar's model ({choice.spec})", f"{b_spec.strip()}", {}
+elif axis == "carry":
+    b_carry = c1.selectbox("B: the carry", [c for c in CARRY_SETS if c != spec.carry], key="cmp_carry",
+                           format_func=lambda c: CARRY_SETS[c],
+                           help=f"A is the sidebar's: {CARRY_SETS[spec.carry]} (its 'Carry / borrow' box).")
+    a_name, b_name = f"prompts {CARRY_SETS[spec.carry]}", f"prompts {CARRY_SETS[b_carry]}"
+    change = {"carry": b_carry}
 else:
     b_digit = c1.selectbox("B: the answer digit", [d for d in DIGIT_CHOICES if d != spec.digit], key="cmp_digit",
                            format_func=digit_words, help=f"A is the sidebar's: the {digit_words(spec.digit)} digit.")

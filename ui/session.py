@@ -215,7 +215,7 @@ SAMPLES = {"balanced sample": (True, False), "unbalanced sample": (False, False)
 
 def prompt_set_choice() -> "PromptSetSpec":
     """Sidebar: which prompt set the analysis pages use (kept in session state)."""
-    from engine.prompts.pairs import COUNTERFACTUALS, FIRST_DIGIT, OPERATOR_REMOVED, digit_words
+    from engine.prompts.pairs import ANY_CARRY, CARRY_SETS, COUNTERFACTUALS, FIRST_DIGIT, OPERATOR_REMOVED, digit_words
     from engine.prompts.promptsets import PromptSetSpec, parse_families
     from engine.prompts.templates import OPS
     cur = st.session_state.get("prompt_set") or default_prompt_set()
@@ -263,9 +263,16 @@ def prompt_set_choice() -> "PromptSetSpec":
                                       "last (the units digit, where the sum's arithmetic and its carry happen) or "
                                       "the k-th. The digits before it are given to the model (in the prompt and "
                                       "its counterfactual alike) and must be predicted right too.")
+            carries = list(CARRY_SETS)
+            carry = st.selectbox("Carry / borrow", carries, index=carries.index(cur.get("carry", ANY_CARRY)),
+                                 key="ps_carry", format_func=lambda c: CARRY_SETS[c],
+                                 help="Keep only the problems whose sum carries (whose difference borrows) in some "
+                                      "column, or only those with none: every page then analyses those prompts "
+                                      "alone, so switching it compares the two. Additions and subtractions only; "
+                                      "1 to 9 has no borrow (operands 10 to 99 have both).")
             if st.form_submit_button("Use this set", width="stretch", key="ps_submit"):
                 cur = {"ops": ops, "families": fam, "n": int(n), "seed": int(seed), "balance": bool(balance),
-                       "every": every, "counterfactual": cf, "digit": digit, "operand_lo": int(lo),
+                       "every": every, "counterfactual": cf, "digit": digit, "carry": carry, "operand_lo": int(lo),
                        "operand_hi": int(hi)}
                 if choices.get(fam):
                     cur.update(template=choices[fam], ops=[choices[fam].split(":", 1)[0]])
@@ -278,6 +285,7 @@ def prompt_set_choice() -> "PromptSetSpec":
                          balance=cur.get("balance", True), every=bool(cur.get("every")),
                          counterfactual=cur.get("counterfactual", OPERATOR_REMOVED),
                          templates=(template,) if template else (), digit=cur.get("digit", FIRST_DIGIT),
+                         carry=cur.get("carry", ANY_CARRY),
                          operand_lo=cur.get("operand_lo", 1), operand_hi=cur.get("operand_hi", 9))
 
 

@@ -15,7 +15,7 @@ Keys (all optional; absent = the default)::
 
     model=PATH-OR-ID  device=cpu|cuda|all GPUs  dtype=bfloat16|float16  backend=nnsight
     ops=add,mul  families=word|all|notation  tpl=OP:TEMPLATE  n=40  seed=0  balance=0  every=1  cf=operand-a|operand-b
-    digit=last|2|3...  operands=10-99
+    digit=last|2|3...  operands=10-99  carry=yes|no
     prompt=TEXT  head=LAYER.HEAD | head=LAYER.mlp  ko=LAYER.HEAD,...  ko_mlp=LAYER,...
 
 and each page's own controls (:data:`CHOICES`: the Story's ``step=`` and ``large=1``, Path patching's
@@ -39,7 +39,16 @@ import streamlit as st
 
 from engine.models import DTYPE_NAMES
 from engine.prompts.custom import parse_param
-from engine.prompts.pairs import COUNTERFACTUALS, FIRST_DIGIT, OPERATOR_REMOVED, OperandRange, PromptError, parse_digit
+from engine.prompts.pairs import (
+    ANY_CARRY,
+    CARRY_SETS,
+    COUNTERFACTUALS,
+    FIRST_DIGIT,
+    OPERATOR_REMOVED,
+    OperandRange,
+    PromptError,
+    parse_digit,
+)
 from engine.prompts.promptsets import parse_operands
 from engine.prompts.templates import OPS as OP_NAMES
 from engine.techniques.circuit import MAX_DRAWN_EDGES
@@ -49,7 +58,7 @@ from ui.state import BACKEND_CHOICES, DEVICES, FAMILY_CHOICES, ModelChoice, defa
 
 MODEL, DEVICE, DTYPE, BACKEND = "model", "device", "dtype", "backend"
 OPS, FAMILIES, N, SEED, BALANCE, CF, TPL = "ops", "families", "n", "seed", "balance", "cf", "tpl"
-EVERY, DIGIT, OPERANDS = "every", "digit", "operands"
+EVERY, DIGIT, OPERANDS, CARRY = "every", "digit", "operands", "carry"
 PROMPT, HEAD, KO, KO_MLP = "prompt", "head", "ko", "ko_mlp"
 MODEL_KEYS = (MODEL, DEVICE, DTYPE, BACKEND)
 #: the Transfer page's second sets (its selectbox, in order)
@@ -124,8 +133,8 @@ CHOICES: tuple[Choice, ...] = (
     Choice("tr_k", "transfer_k", "transfer_k_input", lo=1),
 )
 CHOICE = {c.key: c for c in CHOICES}
-KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF, DIGIT, OPERANDS, PROMPT, HEAD,
-        KO, KO_MLP, *CHOICE)
+KEYS = (MODEL, DEVICE, DTYPE, BACKEND, OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF, DIGIT, CARRY, OPERANDS,
+        PROMPT, HEAD, KO, KO_MLP, *CHOICE)
 
 READ = "_url_read"              # set once the session's first run has read the link
 NOTES = "_url_notes"            # what the link held that was ignored, and why
@@ -178,6 +187,8 @@ def url_params() -> dict[str, str]:
         out[CF] = cur["counterfactual"]
     if cur.get("digit", FIRST_DIGIT) != FIRST_DIGIT:
         out[DIGIT] = cur["digit"]
+    if cur.get("carry", ANY_CARRY) != ANY_CARRY:
+        out[CARRY] = cur["carry"]
     if (cur.get("operand_lo", 1), cur.get("operand_hi", 9)) != (1, 9):
         out[OPERANDS] = f"{cur.get('operand_lo', 1)}-{cur.get('operand_hi', 9)}"
     if state.prompt() != state.DEFAULT_PROMPT:
@@ -270,7 +281,7 @@ def from_url() -> None:
         st.session_state[MODEL_PENDING] = {k: given[k] for k in MODEL_KEYS if k in given}
 
     # the prompt set: only the fields the link names; the others keep their value
-    if any(k in given for k in (OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF, DIGIT, OPERANDS)):
+    if any(k in given for k in (OPS, FAMILIES, TPL, N, SEED, BALANCE, EVERY, CF, DIGIT, CARRY, OPERANDS)):
         cur = dict(st.session_state.get("prompt_set") or default_prompt_set())
         if OPS in given:
             ops = [o.strip() for o in given[OPS].split(",") if o.strip()]
@@ -318,6 +329,11 @@ def from_url() -> None:
             except PromptError:
                 ignored(DIGIT, given[DIGIT], "choose first, last or a number k (the k-th answer digit)",
                         f"`{cur.get('digit', FIRST_DIGIT)}`")
+        if CARRY in given:
+            if given[CARRY] in CARRY_SETS:
+                cur["carry"] = given[CARRY]
+            else:
+                ignored(CARRY, given[CARRY], f"choose from {', '.join(CARRY_SETS)}", f"`{cur.get('carry', ANY_CARRY)}`")
         if OPERANDS in given:
             try:
                 lo, hi = parse_operands(given[OPERANDS])

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 from engine.backends.base import BACKENDS
 from engine.models import DTYPE_NAMES
-from engine.prompts.pairs import COUNTERFACTUALS
+from engine.prompts.pairs import ANY_CARRY, CARRY_SETS, COUNTERFACTUALS
 from engine.prompts.templates import OPS
 from engine.registry import positive_int
 
@@ -80,6 +80,9 @@ def set_args(p: argparse.ArgumentParser, families_default: str = "paper", with_f
     p.add_argument("--digit", default="first", metavar="first|last|K",
                    help="the answer digit analysed: first (default), last (the units digit) or the K-th answer token; "
                         "the digits before it are teacher-forced in both prompts (docs/methods.md: the answer digit)")
+    p.add_argument("--carry", default=ANY_CARRY, choices=tuple(CARRY_SETS),
+                   help="keep only the problems with a carry / borrow in some column (yes) or with none (no); add and "
+                        "sub only; every result is then of those pairs alone (docs/methods.md: the carry)")
     p.add_argument("--no-balance", action="store_true",
                    help="keep the first n sampled prompts per op instead of balancing their first answer tokens "
                         "(docs/methods.md: balance rule)")
@@ -166,7 +169,7 @@ class Context:
                              allow_negative=a.allow_negative, decimals=a.decimals, balance=not a.no_balance,
                              every=getattr(a, "every", False),
                              counterfactual=getattr(a, "counterfactual", "operator-removed"), templates=templates,
-                             digit=parse_digit(getattr(a, "digit", "first")))
+                             digit=parse_digit(getattr(a, "digit", "first")), carry=getattr(a, "carry", ANY_CARRY))
 
     def templates(self) -> tuple[str, ...]:
         """``--template`` values as ``op:text`` (checked): an ``op:`` prefix, else the one operation of ``--op``."""
@@ -196,6 +199,9 @@ class Context:
         if given and getattr(a, "counterfactual", "operator-removed") != "operator-removed":
             raise CliError(f"--counterfactual does not apply to {given.name}: each of its pairs brings its own "
                            f"counterfactual prompt; write the ones you want in the file")
+        if given and getattr(a, "carry", ANY_CARRY) != ANY_CARRY:
+            raise CliError(f"--carry does not apply to {given.name}: its pairs are used as given; keep the ones you "
+                           f"want in the file")
         if given and getattr(a, "digit", "first") not in ("first", "1"):
             raise CliError(f"--digit does not apply to {given.name}: its pairs are read at their first answer token; "
                            f"write the earlier digits into the prompts to read a later one")

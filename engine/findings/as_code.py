@@ -44,6 +44,8 @@ def set_flags(spec: PromptSetSpec) -> list[str]:
         out += ["--counterfactual", spec.counterfactual]
     if spec.digit != "first":
         out += ["--digit", spec.digit]
+    if spec.carry != "any":
+        out += ["--carry", spec.carry]
     return out
 
 

@@ -59,7 +59,7 @@ from typing import Any, Callable, Sequence
 from engine.findings import steps
 from engine.findings.checks import TASK_FOR_SFT, Evidence
 from engine.progress import ProgressFn, Stages
-from engine.prompts.pairs import PromptError, PromptPair
+from engine.prompts.pairs import ANY_CARRY, PromptError, PromptPair
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,13 @@ def sft_gains(model, cache=None) -> dict[str, float] | str:
     return out
 
 
+def power_spec(spec):
+    """The set of exponentiation prompts the paper's Section 4.1 check runs beside ``spec``: its size and seed, the
+    exponentiation templates, any carry (a carry is a sum's or a difference's)."""
+    from dataclasses import replace
+    return replace(spec, ops=("pow",), families=("power",), templates=(), carry=ANY_CARRY)
+
+
 def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: ProgressFn | None = None,
               on_row: Callable[[str], None] | None = None, keep_all: bool = False) -> list[PaperFinding]:
     """:func:`paper_findings` with its inputs gathered: the spec's correctly answered pairs, the same
@@ -150,7 +157,6 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
     ``data_dir`` (default ``../shared/data``), ``second`` (another loaded model, or None) on the same set,
     and the newest fine-tuning jobs on this model.  ``keep_all``: every generated prompt, answered right or not
     (``bench/reproduce.py`` on a random-weights model that answers none)."""
-    from dataclasses import replace
 
     from engine.evaluation.benchmarks import default_data_dir
     from engine.prompts.promptsets import FORMATS, format_spec, generate
@@ -173,7 +179,7 @@ def reproduce(model, spec, cache, *, second=None, data_dir=None, progress: Progr
     if not pairs:
         raise PromptError("the model answers none of these prompts right: pick other operations or another model")
     formats = {fmt: select(format_spec(spec, fmt), fmt) for fmt in FORMATS}
-    power = select(replace(spec, ops=("pow",), families=("power",), templates=()), "power")
+    power = select(power_spec(spec), "power")
     try:
         gsm8k = benchmark_pairs(model.tokenizer, data_dir or default_data_dir(), "gsm8k", spec.n, spec.seed)
         gsm8k = gsm8k if keep_all else answered_right(model, gsm8k, cache=cache)
@@ -201,7 +207,6 @@ def reproduce_work(model, spec, cache, pairs: Sequence[PromptPair], *, data_dir=
     filters are counted on their generated prompts; what follows a filter not yet run is counted on as many of
     their prompts as this set keeps of its own (the keep rate of ``pairs``); a second model and the fine-tuning
     jobs' scoring are left out."""
-    from dataclasses import replace
 
     from engine.cost import NO_WORK, unless_cached
     from engine.evaluation.benchmarks import default_data_dir
@@ -249,7 +254,7 @@ def reproduce_work(model, spec, cache, pairs: Sequence[PromptPair], *, data_dir=
             w += unless_cached(lambda p=fp: cached_problem_share(model, p, cache=cache),
                                lambda p=fp: end_rows_work(model, p))
         w += fw
-    s = replace(spec, ops=("pow",), families=("power",), templates=())
+    s = power_spec(spec)
     gen = generated(s)
     fw, pp = filtered(gen, lambda: kept_pairs(model, s, cache=cache)[0]) if gen else (NO_WORK, [])
     w += fw

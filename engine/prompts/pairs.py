@@ -206,16 +206,38 @@ def make_problem(template: Template, a: int, b: int, rng: random.Random, decimal
     return Problem(template, a, b, slots=slots, fillers=_fillers_for(template, slots, rng), decimals=decimals)
 
 
+#: which problems a set keeps by their carry (:attr:`PromptPair.carry`): any, only those with a carry / borrow, only
+#: those with none; the pages' words
+ANY_CARRY = "any"
+CARRY_SETS = {ANY_CARRY: "with or without a carry / borrow", "yes": "with a carry / borrow",
+              "no": "without a carry / borrow"}
+
+
+def check_carry_set(ops: Sequence[str], carry: str) -> None:
+    """PromptError unless ``carry`` is one of :data:`CARRY_SETS` and, when it chooses, every operation is one a carry is
+    defined for (addition: carry; subtraction: borrow)."""
+    if carry not in CARRY_SETS:
+        raise PromptError(f"carry {carry!r}: choose from {', '.join(CARRY_SETS)}")
+    other = [op for op in ops if op not in ("add", "sub")]
+    if carry != ANY_CARRY and other:
+        raise PromptError(f"a carry / borrow is defined for additions and subtractions, not {', '.join(other)}: keep "
+                          f"only add and sub to choose the prompts by their carry")
+
+
 def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandRange | None = None,
                     families: Sequence[str] | None = PAPER_FAMILIES,
-                    templates: Sequence[Template] = ()) -> list[Problem]:
+                    templates: Sequence[Template] = (), carry: str = ANY_CARRY) -> list[Problem]:
     """Up to ``n`` distinct problems per operation, seeded.
 
     Per operation, every (template, A, B) combination is enumerated, shuffled with ``seed`` and
     the first ``n`` taken (fewer when fewer exist, e.g. exact divisions of 1..9).  ``families``
     None means every family of the operation (paper, Figure 10, extended, skills); ``templates``
-    (written by a user, :mod:`engine.prompts.custom`) replace the families when given.
+    (written by a user, :mod:`engine.prompts.custom`) replace the families when given.  ``carry``
+    (:data:`CARRY_SETS`): "yes" keeps only the problems whose sum carries (difference borrows) in some column, "no"
+    only those with none: the first ``n`` of them in the same shuffled order, worded as in the set of any carry (with
+    every problem, ``every``, they are exactly that set's problems of that carry, in its order).
     """
+    check_carry_set(ops, carry)
     if n <= 0:
         raise PromptError(f"n must be a positive number of prompts, got {n}")
     r = operands or OperandRange()
@@ -234,8 +256,24 @@ def sample_problems(ops: Sequence[str], n: int, seed: int, *, operands: OperandR
         combos = [(t, a, b) for t in tpls for (a, b) in template_operands(t, r)]
         if not combos:
             raise PromptError(f"no valid {op} problems with operands {r.lo}..{r.hi}: widen the range")
+        want = carry == "yes"
+        if carry != ANY_CARRY and not any(column_carry(op, a, b) is want for _, a, b in combos):
+            word = "a carry" if op == "add" else "a borrow"
+            which = f"no {op} problem" if want else f"every {op} problem"
+            raise PromptError(f"{which} with operands {r.lo}..{r.hi} has {word}: widen the operands (10 to 99 "
+                              f"has both) or drop {op}")
         rng.shuffle(combos)
-        out.extend(make_problem(t, a, b, rng, r.decimals) for t, a, b in combos[:n])
+        if carry == ANY_CARRY:
+            out.extend(make_problem(t, a, b, rng, r.decimals) for t, a, b in combos[:n])
+            continue
+        kept: list[Problem] = []
+        for t, a, b in combos:  # each drawn in order, as above: the any-carry set's words, its problems of that carry
+            problem = make_problem(t, a, b, rng, r.decimals)
+            if column_carry(op, a, b) is want:
+                kept.append(problem)
+                if len(kept) == n:
+                    break
+        out.extend(kept)
     if not out:
         raise PromptError(f"no templates of famil(ies) {', '.join(families or ())} for {', '.join(ops)}: "
                           "the Figure 10 word problems are additions (use --op add)")

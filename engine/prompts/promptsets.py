@@ -19,6 +19,12 @@ read past its first digit is built with the earlier answer tokens teacher-forced
 above follows the chosen digit: the balance rule takes its groups by the chosen digit's token (``answer_id``), the
 distribution and its warning count that token, and the spec's params carry ``digit`` (only when it is not "first": a
 first-digit set keeps the cache keys it had before the choice existed).
+
+**The carry** (``carry``: "any", the default; "yes"; "no").  A set can keep only the problems whose sum carries (whose
+difference borrows) in some column, or only those with none -- chosen among the templates' problems before the sample
+is drawn, so ``n`` per operation still holds where the problems allow it.  Every technique then runs on those pairs
+alone: the carry is a split of every result, not only of path patching's groups.  Additions and subtractions only;
+``carry`` joins the params only when it chooses.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from typing import Any, Sequence
 from engine.prompts.custom import CUSTOM_FAMILY, WrittenTemplate, check_kind, explain_dropped, parse_param
 from engine.prompts.pairs import (
     ANSWER_TOKEN_RULE,
+    ANY_CARRY,
     CARRY,
+    CARRY_SETS,
     FIRST_DIGIT,
     OPERATOR_REMOVED,
     OperandRange,
@@ -39,6 +47,7 @@ from engine.prompts.pairs import (
     PromptError,
     PromptPair,
     build_pairs,
+    check_carry_set,
     check_counterfactual,
     digit_words,
     parse_digit,
@@ -118,6 +127,9 @@ class PromptSetSpec:
     templates: tuple[str, ...] = ()
     #: the answer digit analysed: "first", "last" or the k-th token as text ("2"); engine.prompts.pairs.DIGITS
     digit: str = FIRST_DIGIT
+    #: the problems kept by their carry: "any", "yes" (a carry / borrow in some column) or "no";
+    #: engine.prompts.pairs.CARRY_SETS
+    carry: str = ANY_CARRY
 
     def __post_init__(self) -> None:
         if self.n <= 0:
@@ -128,6 +140,7 @@ class PromptSetSpec:
         check_counterfactual(self.counterfactual)
         if parse_digit(self.digit) != self.digit:
             raise PromptError(f"answer digit {self.digit!r}: write it as {parse_digit(self.digit)!r}")
+        check_carry_set(self.ops, self.carry)
         if self.counterfactual == CARRY and any(op not in ("add", "sub") for op in self.ops):
             raise PromptError("the carry counterfactual is for additions and subtractions: keep only add and sub")
         for written in self.written:
@@ -151,6 +164,8 @@ class PromptSetSpec:
             d.pop("decimals")
         if self.counterfactual == OPERATOR_REMOVED:  # the paper's X_c keeps the keys it had before the kinds
             d.pop("counterfactual")
+        if self.carry == ANY_CARRY:  # a set of any carry keeps the keys it had before the choice existed
+            d.pop("carry")
         if self.digit == FIRST_DIGIT:  # the first digit keeps the keys it had before the digit could be chosen
             d.pop("digit")
         if self.templates:  # written templates replace the families
@@ -254,7 +269,7 @@ def tokenized_set(tokenizer, spec: PromptSetSpec) -> GeneratedSet:
     n_sample = EVERY_CAP if spec.every else spec.n * BALANCE_OVERSAMPLE if spec.balance else spec.n
     written = spec.written
     problems = sample_problems(spec.ops, n_sample, spec.seed, operands=spec.operand_range,
-                               families=spec.families, templates=[w.template for w in written])
+                               families=spec.families, templates=[w.template for w in written], carry=spec.carry)
     pairs, dropped = build_pairs(tokenizer, problems, spec.counterfactual, spec.operand_range, spec.digit)
     if not pairs and written:
         raise PromptError(explain_dropped(written, [r for _, r in dropped], tokenizer))
@@ -276,14 +291,15 @@ def problem_count(spec: PromptSetSpec) -> int:
     """How many problems the spec's templates and operands give in all (what ``every`` takes; a sample of ``n`` per
     operation takes at most ``n`` of each operation's)."""
     return len(sample_problems(spec.ops, EVERY_CAP, spec.seed, operands=spec.operand_range, families=spec.families,
-                               templates=[w.template for w in spec.written]))
+                               templates=[w.template for w in spec.written], carry=spec.carry))
 
 
 def sample_words(spec: PromptSetSpec) -> str:
     """How the spec picks its prompts, in the pages' words."""
+    only = "" if spec.carry == ANY_CARRY else f" {CARRY_SETS[spec.carry]}"
     if spec.every:
-        return "every problem of its templates"
-    return f"{'a balanced sample' if spec.balance else 'a sample'} of {spec.n} per operation"
+        return f"every problem of its templates{only}"
+    return f"{'a balanced sample' if spec.balance else 'a sample'} of {spec.n} per operation{only}"
 
 
 def generate(tokenizer, spec: PromptSetSpec) -> tuple[list[PromptPair], int]:

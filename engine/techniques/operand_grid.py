@@ -46,9 +46,12 @@ from engine.machinery.batching import pad, pad_id
 from engine.machinery.components import parse_site
 from engine.progress import ProgressFn, Stages, note
 from engine.prompts.pairs import (
+    ANY_CARRY,
+    CARRY_SETS,
     PromptError,
     PromptPair,
     build_pairs,
+    column_carry,
     make_problem,
     template_operands,
 )
@@ -110,6 +113,11 @@ def grid_pairs(tokenizer, spec, template: Template) -> list[PromptPair]:
     words and fillers seeded by the set's seed); the ones with no counterfactual of equal length are left out."""
     r = spec.operand_range
     operands = template_operands(template, r)
+    if spec.carry != ANY_CARRY:  # the set's carry choice: only those cells
+        operands = [(a, b) for a, b in operands if column_carry(template.op, a, b) is (spec.carry == "yes")]
+        if not operands:
+            raise PromptError(f"no {template.op} problem of operands {r.lo}..{r.hi} is {CARRY_SETS[spec.carry]}: "
+                              f"choose another carry in the sidebar or widen the operands")
     if len(operands) > MAX_GRID_PAIRS:
         raise PromptError(f"{len(operands)} operand pairs: a grid holds at most {MAX_GRID_PAIRS}; narrow the operand "
                           f"range")

@@ -60,6 +60,32 @@ def test_a_bad_operand_range_in_the_link_is_ignored_with_a_note():
     assert "operands" not in at.query_params
 
 
+def test_the_carry_follows_the_link_and_the_sidebar():
+    """``carry=yes``: the set holds only sums with a carry (the caption says so, the Operation box offers no carry
+    split: there is one carry), the sidebar's box shows it; back to any carry, the link loses the key."""
+    at = _link({"carry": "yes", "n": "12"})
+    assert not at.exception and not errors(at), errors(at)
+    assert at.session_state["prompt_set"]["carry"] == "yes" and at.query_params["carry"] == "yes"
+    go(at, "4_Path_patching.py")
+    assert not at.exception and not errors(at), errors(at)
+    assert at.sidebar.selectbox(key="ps_carry").value == "yes"
+    said = " ".join(c.value for c in at.caption) + " ".join(i.value for i in at.info)
+    assert "a balanced sample of 12 per operation with a carry / borrow" in said, said[:2000]
+    assert "with a carry / borrow" not in next(s for s in at.selectbox if s.label == "Operation").options
+    at.sidebar.selectbox(key="ps_carry").set_value("any")
+    next(b for b in at.button if b.label == "Use this set").click().run()
+    assert not at.exception, at.exception
+    assert "carry" not in at.query_params and at.session_state["prompt_set"]["carry"] == "any"
+
+
+def test_a_bad_carry_in_the_link_is_ignored_with_a_note():
+    at = _link({"carry": "maybe"})
+    assert not at.exception and not errors(at), errors(at)
+    notes = [w.value for w in at.warning if "Link parameter" in w.value]
+    assert [n for n in notes if n.startswith("Link parameter `carry=maybe` ignored") and "any, yes, no" in n], notes
+    assert "carry" not in at.query_params
+
+
 def _story(prompt_set: dict) -> AppTest:
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=300)
     at.session_state["prompt_set"] = prompt_set

@@ -130,3 +130,32 @@ def test_few_pairs_say_the_intervals_are_too_narrow_to_trust():
     assert not at.exception and not errors(at), (at.exception, errors(at))
     assert any("too narrow" in w.value and "read 'differs' as a hint" in w.value for w in at.warning), \
         [w.value for w in at.warning]
+
+
+def test_the_carry_for_b():
+    """B = the set's prompts with a carry: on the paper's four operations an st.error says mul and div have none;
+    on additions, A (any carry) vs B (only those with a carry) -- the titles name both, B's count is its own set's,
+    the copied code builds B with ``--carry yes``, and the page's count of differing cells is the engine's."""
+    from engine.backends import open_model
+    from engine.findings.compare import compare_tables
+    from engine.prompts.promptsets import PromptSetSpec
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.path_patching import cached_path_patching
+    at = page("17_Compare.py", n=8).run()
+    at.radio(key="cmp_axis").set_value("carry").run()
+    assert not at.exception and any("B cannot use prompts with a carry / borrow on this set" in e
+                                    and "not mul, div" in e for e in errors(at)), errors(at)
+    at.session_state["prompt_set"] = {**at.session_state["prompt_set"], "ops": ["add"], "n": 12}
+    at.run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    md = " ".join(m.value for m in at.markdown)
+    assert "**A: prompts with or without a carry / borrow**" in md and "**B: prompts with a carry / borrow**" in md
+    assert "--carry yes" in at.code[0].value.splitlines()[1]
+    model = open_model("organism")
+    spec = PromptSetSpec(ops=("add",), n=12, seed=0)
+    pairs_a, pairs_b = kept_pairs(model, spec)[0], kept_pairs(model, PromptSetSpec(ops=("add",), n=12, carry="yes"))[0]
+    assert all(p.answer >= 10 for p in pairs_b) and f"**B: prompts with a carry / borrow** ({len(pairs_b)} pairs)" in md
+    cmp = compare_tables(cached_path_patching(model, pairs_a)[0], cached_path_patching(model, pairs_b)[0],
+                         metric="logit_diff", k=5)
+    m = re.search(r"(\d+) of (\d+) cells differ", md)
+    assert m and (int(m.group(1)), int(m.group(2))) == (len(cmp.differing()), len(cmp.cells)), md

@@ -84,3 +84,28 @@ def test_the_carry_counterfactual_on_the_bundled_tokenizer(organism):
         c = a + b if p.op == "add" else a - b
         assert c % 10 == p.answer % 10 and abs(c - p.answer) == 10
         assert len(p.ref_ids) == len(p.cf_ids)
+
+
+def test_a_set_chosen_by_its_carry_is_the_carry_group_of_the_whole_set(organism, tmp_path):
+    """The sidebar's 'Carry / borrow' (``carry``): with every problem of one written template, the pairs the bundled
+    model answers right under carry yes / no are exactly the whole set's kept pairs of that carry, in order; so each
+    result of the carry set is the whole set's carry group's -- path patching's heatmap equals its ``carry:yes`` /
+    ``carry:no`` group within 1e-6 -- and the set's cache keys are its own."""
+    from cache import ResultCache
+    from engine.prompts.custom import parse_template
+    from engine.techniques.path_patching import cached_path_patching
+    cache = ResultCache(tmp_path / "c.duckdb")
+    template = (parse_template("{A} [plus] {B} is", "add").as_param(),)
+    whole = PromptSetSpec(ops=("add",), every=True, templates=template)
+    pairs, _ = kept_pairs(organism, whole, cache=cache)
+    table, _ = cached_path_patching(organism, pairs, cache=cache)
+    for carry in ("yes", "no"):
+        spec = PromptSetSpec(ops=("add",), every=True, templates=template, carry=carry)
+        mine, _ = kept_pairs(organism, spec, cache=cache)
+        assert mine == [p for p in pairs if p.carry is (carry == "yes")] and 5 < len(mine) < len(pairs)
+        alone, computed = cached_path_patching(organism, mine, cache=cache)
+        assert computed  # its own key: not the whole set's table
+        for metric in ("effect", "logit_diff"):
+            (h, m), (ha, ma) = table.heatmap(metric, f"carry:{carry}"), alone.heatmap(metric)
+            assert torch.allclose(torch.tensor(h), torch.tensor(ha), atol=1e-6, equal_nan=True), (carry, metric)
+            assert torch.allclose(torch.tensor(m), torch.tensor(ma), atol=1e-6, equal_nan=True), (carry, metric)

@@ -65,6 +65,18 @@ def test_prompts_jsonl_reproduces_right_answers(cache_file, tmp_path):
         assert out_logits[0, -1].argmax().item() == rec["answer_id"]
 
 
+def test_a_set_chosen_by_its_carry(cache_file, tmp_path):
+    """``--carry yes`` / ``no``: every prompt written has that carry (the sums of 1..9 from 10 up; the others), and
+    the two sets are cached apart."""
+    for carry in ("yes", "no"):
+        out = tmp_path / f"{carry}.jsonl"
+        r = run_cli("prompts", "--model", "organism", "--op", "add", "--n", "12", "--carry", carry, "--out", str(out),
+                    cache=cache_file)
+        assert r.returncode == 0, r.stderr
+        sums = [json.loads(x)["answer"] for x in out.read_text().splitlines()]
+        assert sums and all((s >= 10) is (carry == "yes") for s in sums), sums
+
+
 def test_accuracy_json_and_second_call_cached(cache_file):
     args = ("accuracy", "--model", "organism", "--op", "add,mul", "--n", "40", "--seed", "1")
     first = run_cli(*args, cache=cache_file)
@@ -86,6 +98,9 @@ def test_accuracy_json_and_second_call_cached(cache_file):
     (("prompts", "--op", "add"), "--out"),
     (("frobnicate",), "invalid choice"),
     (("accuracy", "--dtype", "int4"), "invalid choice"),
+    (("accuracy", "--op", "add,mul", "--carry", "yes"), "additions and subtractions, not mul"),
+    (("accuracy", "--op", "add,sub", "--carry", "yes"), "no sub problem with operands 1..9 has a borrow"),
+    (("accuracy", "--carry", "maybe"), "invalid choice"),
 ])
 def test_bad_arguments_exit_nonzero_with_one_line(cache_file, args, phrase):
     r = run_cli(*args, cache=cache_file)

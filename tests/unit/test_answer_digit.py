@@ -1,4 +1,5 @@
-"""The answer digit (issue 49) without a model: choosing it, reading a pair there, and the carry counterfactual."""
+"""The answer digit (issue 49) without a model: choosing it, reading a pair there, the carry counterfactual, and a set
+chosen by its carry."""
 
 from __future__ import annotations
 
@@ -6,15 +7,18 @@ import pytest
 
 from engine.prompts.pairs import (
     AnswerTokens,
+    OperandRange,
     PromptError,
     PromptPair,
     at_digit,
     carry_operands,
+    column_carry,
     compute_answer,
     parse_digit,
+    sample_problems,
     units_carry,
 )
-from engine.prompts.promptsets import PromptSetSpec
+from engine.prompts.promptsets import PromptSetSpec, sample_words
 
 TWO_DIGITS = range(10, 100)
 
@@ -89,3 +93,41 @@ def test_the_carry_kind_is_for_add_and_sub():
         PromptSetSpec(ops=("add", "mul"), counterfactual="carry")
     with pytest.raises(PromptError, match="not mul"):
         units_carry("mul", 2, 3)
+
+
+def test_a_set_chosen_by_its_carry_holds_only_that_carry_worded_as_the_whole_set():
+    """``carry`` yes / no: n problems per operation, each of that carry (add and sub of 10..39); with every problem
+    they are exactly the any-carry set's problems of that carry, in its order and in its words (templates with
+    slot words included: the word problems)."""
+    from engine.prompts.templates import PAPER_FAMILIES, WORD_PROBLEM_FAMILIES
+    r = OperandRange(10, 39)
+    for carry in ("yes", "no"):
+        some = sample_problems(("add", "sub"), 25, 0, operands=r, carry=carry)
+        assert [sum(p.template.op == op for p in some) for op in ("add", "sub")] == [25, 25]
+        assert all(column_carry(p.template.op, p.a, p.b) is (carry == "yes") for p in some)
+    for fams in (PAPER_FAMILIES, WORD_PROBLEM_FAMILIES):
+        ops = ("add",) if fams == WORD_PROBLEM_FAMILIES else ("add", "sub")
+        every = sample_problems(ops, 100_000, 3, operands=r, families=fams)
+        for carry in ("yes", "no"):
+            chosen = sample_problems(ops, 100_000, 3, operands=r, families=fams, carry=carry)
+            assert chosen == [p for p in every if column_carry(p.template.op, p.a, p.b) is (carry == "yes")]
+            assert chosen  # both carries occur in 10..39
+
+
+def test_the_carry_joins_the_set_only_when_it_chooses():
+    """A set of any carry keeps its params (its cache keys) as before the choice existed; a choice is in the params,
+    the CLI flags and the set's words; mul and div have no carry; 1..9 has no borrow."""
+    from engine.findings.as_code import set_flags
+    plain = PromptSetSpec(ops=("add", "sub"))
+    assert "carry" not in plain.to_params() and "--carry" not in set_flags(plain)
+    yes = PromptSetSpec(ops=("add", "sub"), carry="yes", operand_lo=10, operand_hi=99)
+    assert yes.to_params()["carry"] == "yes" and set_flags(yes)[-2:] == ["--carry", "yes"]
+    assert sample_words(yes) == "a balanced sample of 100 per operation with a carry / borrow"
+    with pytest.raises(PromptError, match="additions and subtractions, not mul"):
+        PromptSetSpec(ops=("add", "mul"), carry="no")
+    with pytest.raises(PromptError, match="choose from any, yes, no"):
+        PromptSetSpec(ops=("add",), carry="maybe")
+    with pytest.raises(PromptError, match="no sub problem with operands 1..9 has a borrow"):
+        sample_problems(("add", "sub"), 10, 0, carry="yes")
+    with pytest.raises(PromptError, match="every add problem with operands 5..9 has a carry"):
+        sample_problems(("add",), 10, 0, operands=OperandRange(5, 9), carry="no")
