@@ -8,7 +8,7 @@ import streamlit as st
 from engine.cost import cost_of
 from engine.findings.as_code import atlas_code
 from engine.findings.notes import labels as note_labels
-from engine.prompts.pairs import PromptError
+from engine.prompts.pairs import ANY_CARRY, CARRY_SETS, PromptError
 from engine.prompts.promptsets import sample_words
 from engine.techniques.heuristic_neurons import (
     TAG_R2,
@@ -33,8 +33,9 @@ from views.operand_grid import grid_chart
 
 model, spec = setup_page(
     "Atlas",
-    "The arithmetic atlas. One component over the operand grid: every (A, B) of the prompt set's operands (1 to 9 on "
-    "the dashboard) filled into one template, with the sidebar's counterfactual. A head shows its END-row attention "
+    "The arithmetic atlas. One component over the operand grid: every (A, B) of the prompt set's operands (the "
+    "sidebar's 'Operands from' / 'to': 1 to 9 unless changed) filled into one template, with the sidebar's "
+    "counterfactual, answer digit and carry. A head shows its END-row attention "
     "on A and on B, its path-patching value and its direct effect on the answer's logit (the head's output removed "
     "from the last residual stream only) per pair; an MLP its value and direct effect, a neuron (LAYER.mlp.N) its "
     "activation at END too. Cells whose column sum carries (or borrows) are outlined; pairs the model answers wrong "
@@ -74,7 +75,9 @@ rows = grid.rows(comp)
 right = sum(r["right"] for r in rows)
 st.markdown(f"**{comp.kind} {comp.name}** on `{template}`: {len(rows)} operand pairs, the model answers {right} "
             f"right; path-patching metric `{grid.metric}`.")
-st.caption(f"The grid is every operand pair of this one template, answered right or not; the sidebar's prompt set "
+st.caption("The grid is every operand pair of this one template"
+           + (f" {CARRY_SETS[spec.carry]} (the sidebar's Carry / borrow)" if spec.carry != ANY_CARRY else "")
+           + f", answered right or not; the sidebar's prompt set "
            f"({sample_words(spec)}) spans all its templates and keeps only the prompts the model answers right — so "
            f"the two counts differ. The other pages analyse that set.")
 if picked:

@@ -151,8 +151,10 @@ with tab_carry:
 with tab_stab:
     st.caption(f"Is the top-{k} list a property of the model or of this sample of prompts? Each cell: the share of "
                f"1000 resamples of the pairs (drawn with replacement) whose top {k} by the heatmap's ranking holds "
-               f"the head; the group's own top {k} outlined. Groups: every operation, template, and additions / "
-               f"subtractions with and without a carry (borrow). From the stored per-pair results: no forward pass.")
+               f"the head; the group's own top {k} outlined. Groups: every operation and template"
+               + (", and additions / subtractions with and without a carry (borrow)"
+                  if all(g in table.groups() for g in CARRY_GROUPS) else "")
+               + ". From the stored per-pair results: no forward pass.")
     stability_view(table, int(k))
 with tab_atp:
     st.caption("Attribution patching (AtP) estimates each sender's effect from one gradient instead of one patch: "

@@ -341,7 +341,8 @@ def _neuron_circuit(backend: ModelBackend, all_pairs: Sequence[PromptPair], laye
             steer_pairs.append(p)
             targets.append(all_pairs[(i + j) % n_all])
     if not steer_pairs:
-        raise PromptError("every pair of the grid has the same first answer token: nothing to steer towards")
+        raise PromptError("every pair of the grid has the same answer token at the digit read, so there is no other "
+                          "answer to steer towards: read another answer digit or choose other operands")
     new = torch.full((len(steer_pairs), act_r.shape[1]), float("nan"))
     for i, t in enumerate(targets):
         new[i, keep] = act_r[by_answer[t.answer]][:, keep].mean(0)
