@@ -23,6 +23,7 @@ from engine.techniques.operand_grid import (
     operand_grid,
     operand_grid_work,
     parse_component,
+    units_rows,
 )
 from ui import state, url_state
 from ui.as_code import code_view
@@ -85,9 +86,22 @@ if picked:
                f"first over the grid, the one with the most negative exact path-patching mean. Every value shown is "
                f"exact; the estimate only chose which heads to compute.")
 note_box(model, cache, comp.name, f"{comp.kind} {comp.name}")  # its note, kept per model: shown on every page
-st.altair_chart(grid_chart(rows), width="content")
-st.download_button("Grid (CSV)", pd.DataFrame(rows).to_csv(index=False).encode(), f"grid_{comp.name}.csv",
-                   "text/csv")
+folded = False
+if not spec.decimals and spec.operand_hi >= 10:  # two-digit operands: the units digits' grid
+    folded = st.toggle("Fold onto the units digits", value=spec.operand_hi - spec.operand_lo + 1 > 20,
+                       key="atlas_units", help="One cell per pair of units digits of A and B, the mean over every "
+                                               "tens digit: where the units column carries, the sum's units digit "
+                                               "comes with a carry into the tens.")
+shown = units_rows(rows, grid.op) if folded else rows
+if folded:
+    sizes = sorted({r["n"] for r in shown})
+    st.caption(f"Each cell: the mean over the {sizes[0]}" + (f"–{sizes[-1]}" if len(sizes) > 1 else "")
+               + " pairs whose A and B end in these two digits (every tens digit of the range); outlined where the "
+                 "units column carries into the tens (borrows from them); crossed where fewer than half of its pairs "
+                 "are answered right (the tooltip gives the share).")
+st.altair_chart(grid_chart(shown, folded), width="content")
+st.download_button("Grid (CSV)", pd.DataFrame(shown).to_csv(index=False).encode(),
+                   f"grid_{'units_' if folded else ''}{comp.name}.csv", "text/csv")
 
 st.subheader("Heuristic neurons")
 st.caption(f"The neurons of one MLP that react most to the operation (mean |activation on X_r − on X_c| at END over "

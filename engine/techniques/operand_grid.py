@@ -180,6 +180,32 @@ class OperandGrid:
         return out
 
 
+#: the quantities of a grid row that :func:`units_rows` averages
+ROW_VALUES = ("effect", "direct", "attn_a", "attn_b", "act")
+
+
+def units_rows(rows: Sequence[dict], op: str) -> list[dict]:
+    """The grid's rows (:meth:`OperandGrid.rows`, whole-number operands) folded onto the operands' units digits: one row
+    per (A mod 10, B mod 10) with the mean of each quantity over its pairs (every tens digit), ``n`` its pairs,
+    ``right_share`` the share answered right and ``right`` when at least half are, and ``carry`` whether the units
+    column carries into the tens (addition) or borrows from them (subtraction; None for the other operations)."""
+    from engine.prompts.pairs import units_carry
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((int(r["a"]) % 10, int(r["b"]) % 10), []).append(r)
+    out = []
+    for (a, b), mine in sorted(groups.items()):
+        share = sum(bool(r["right"]) for r in mine) / len(mine)
+        row = {"a": a, "b": b, "n": len(mine), "right_share": share, "right": share >= 0.5,
+               "carry": units_carry(op, a, b) if op in ("add", "sub") else None}
+        for q in ROW_VALUES:
+            vals = [r[q] for r in mine if q in r and r[q] == r[q]]  # NaN left out
+            if any(q in r for r in mine):
+                row[q] = sum(vals) / len(vals) if vals else float("nan")
+        out.append(row)
+    return out
+
+
 def check_hidden(backend: ModelBackend, act: torch.Tensor) -> torch.Tensor:
     """``act`` (hook ``mlp_post``, [..., features]) when it is an MLP's hidden layer of the model's ``d_mlp`` neurons;
     else MissingActivation: a mixture of experts has no one hidden layer (its hook holds the block's output), and its

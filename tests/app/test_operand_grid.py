@@ -74,3 +74,25 @@ def test_the_atlas_pins_its_component_with_a_note_and_lists_a_pinned_neurons_not
     at = ask_all(at.run())
     tags = at.dataframe[0].value
     assert list(tags.note) == ["a units-digit neuron"] + [""] * (len(tags) - 1)
+
+
+def test_two_digit_operands_offer_the_units_digits_grid():
+    """Operands 10..29 (sidebar): the Atlas offers the grid folded onto the units digits -- off for 20 values a side,
+    on, the panels' axes are the units digits (10 a side) and the caption says each cell is the mean of 4 pairs;
+    operands 1..9 offer no fold."""
+    at = page("14_Atlas.py")
+    at.session_state["prompt_set"] = {**at.session_state["prompt_set"], "ops": ["add"], "operand_lo": 10,
+                                      "operand_hi": 29}
+    ask_all(at.run())
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    assert "400 operand pairs" in " ".join(m.value for m in at.markdown)
+    fold = at.toggle(key="atlas_units")
+    assert fold.value is False
+    fold.set_value(True).run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    spec = _spec(at)
+    assert "A's units digit" in spec and "B's units digit" in spec
+    assert any(c.value.startswith("Each cell: the mean over the 4 pairs whose A and B end in these two digits")
+               for c in at.caption)
+    plain = page("14_Atlas.py").run()
+    assert not [t for t in plain.toggle if t.key == "atlas_units"]

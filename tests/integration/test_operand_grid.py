@@ -275,3 +275,23 @@ def test_direct_effects_on_gemma3_where_a_norm_follows_the_attention():
             got = grid.direct_head[i, layer, head] if head is not None else grid.direct_mlp[i, layer]
             want = reference_direct_effect(g, pairs[i], layer, head)
             assert float(got) == pytest.approx(want, abs=2e-3 * max(1.0, abs(want))), (i, layer, head)
+
+
+def test_two_digit_operands_fold_onto_their_units_digits(organism):
+    """The Atlas's units-digit grid (issue 49): on additions of 10..29 (400 pairs), each of the 100 cells is the mean of
+    the 4 pairs whose A and B end in its digits -- checked against a plain fold of the rows with pandas --, the share
+    answered right, and the units column's carry (a + b's units digits reach 10)."""
+    from engine.techniques.operand_grid import units_rows
+    spec = PromptSetSpec(ops=("add",), n=4, operand_lo=10, operand_hi=29)
+    g = operand_grid(organism, spec, template="add.paper.0")
+    rows = g.rows(g.top_head())
+    folded = units_rows(rows, "add")
+    assert len(rows) == 400 and len(folded) == 100 and {r["n"] for r in folded} == {4}
+    df = pd.DataFrame(rows).assign(ua=lambda d: d["a"].astype(int) % 10, ub=lambda d: d["b"].astype(int) % 10)
+    want = df.groupby(["ua", "ub"])[["effect", "direct", "attn_a", "attn_b", "right"]].mean()
+    for r in folded:
+        w = want.loc[(r["a"], r["b"])]
+        for q in ("effect", "direct", "attn_a", "attn_b"):
+            assert abs(r[q] - w[q]) < 1e-9 or (pd.isna(r[q]) and pd.isna(w[q])), (r, q)  # NaN: none of 4 had one
+        assert r["right_share"] == w["right"] and r["right"] == (w["right"] >= 0.5)
+        assert r["carry"] == (r["a"] + r["b"] >= 10)
