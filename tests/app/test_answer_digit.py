@@ -15,13 +15,20 @@ def _link(params: dict) -> AppTest:
     return at.run()
 
 
-def test_the_answer_digit_follows_the_link_and_the_sidebar():
-    at = _link({"digit": "last"})
+def _path_patching_from_link(params: dict, key: str, box: str) -> AppTest:
+    """The router opened on ``params``: the set's ``key`` and the link hold the link's value; then the Path patching
+    page, whose sidebar box ``box`` shows it."""
+    at = _link(params)
     assert not at.exception and not errors(at), errors(at)
-    assert at.session_state["prompt_set"]["digit"] == "last" and at.query_params["digit"] == "last"
+    assert at.session_state["prompt_set"][key] == params[key] and at.query_params[key] == params[key]
     go(at, "4_Path_patching.py")
     assert not at.exception and not errors(at), errors(at)
-    assert at.sidebar.selectbox(key="ps_digit").value == "last"
+    assert at.sidebar.selectbox(key=box).value == params[key]
+    return at
+
+
+def test_the_answer_digit_follows_the_link_and_the_sidebar():
+    at = _path_patching_from_link({"digit": "last"}, "digit", "ps_digit")
     texts = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
     assert "Last (units) answer-digit tokens" in texts or "last (units) digit" in texts, texts[:2000]
     at.sidebar.selectbox(key="ps_digit").set_value("first")
@@ -63,12 +70,7 @@ def test_a_bad_operand_range_in_the_link_is_ignored_with_a_note():
 def test_the_carry_follows_the_link_and_the_sidebar():
     """``carry=yes``: the set holds only sums with a carry (the caption says so, the Operation box offers no carry
     split: there is one carry), the sidebar's box shows it; back to any carry, the link loses the key."""
-    at = _link({"carry": "yes", "n": "12"})
-    assert not at.exception and not errors(at), errors(at)
-    assert at.session_state["prompt_set"]["carry"] == "yes" and at.query_params["carry"] == "yes"
-    go(at, "4_Path_patching.py")
-    assert not at.exception and not errors(at), errors(at)
-    assert at.sidebar.selectbox(key="ps_carry").value == "yes"
+    at = _path_patching_from_link({"carry": "yes", "n": "12"}, "carry", "ps_carry")
     said = " ".join(c.value for c in at.caption) + " ".join(i.value for i in at.info)
     assert "a balanced sample of 12 per operation with a carry / borrow" in said, said[:2000]
     assert "with a carry / borrow" not in next(s for s in at.selectbox if s.label == "Operation").options
