@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # transformers / transformer_lens are imported lazily, inside
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from engine.models import DTYPE_NAMES
+from engine.models import DTYPE_NAMES, converted
 from engine.models.facts import ModelFacts, facts_from_config
 from engine.models.fingerprint import canonical_tensors, weights_fingerprint
 from engine.models.placement import DevicePlacement, parse_placement, place
@@ -145,11 +145,11 @@ def load_config(resolved: ResolvedSpec) -> Any:
     return config
 
 
-def load_tokenizer(resolved: ResolvedSpec) -> "PreTrainedTokenizerBase":
+def load_tokenizer(resolved: ResolvedSpec, **extra: Any) -> "PreTrainedTokenizerBase":
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(resolved.load_target, **_from_pretrained_kwargs(resolved))
+        return AutoTokenizer.from_pretrained(resolved.load_target, **_from_pretrained_kwargs(resolved), **extra)
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"could not load the tokenizer from {resolved.location} "
                              f"({type(e).__name__}: {str(e)[:300]}); save it with "
@@ -332,14 +332,32 @@ def load_plain(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None =
     dtype_name, torch_dtype = _parse_dtype(dtype)
     placement = parse_placement(device, device_map, max_memory, offload_folder)
     resolved = resolve_spec(spec)
-    with _gguf_parsed_once() if resolved.kind is SourceKind.GGUF else contextlib.nullcontext():
-        config = load_config(resolved)  # hub ids while offline: local HF cache only, else a clear error
-        architecture = check_architecture(config)
-        tokenizer = load_tokenizer(resolved)
-        hf_model = _load_hf_model(resolved, config, torch_dtype, placement)
+    loaded = None
+    if (copy := converted.existing_copy(resolved, dtype_name)) is not None:  # a GGUF opened before: its copy
+        try:
+            loaded = _load_parts(copy, torch_dtype, placement, converted.tokenizer_kwargs(copy))
+        except (ModelLoadError, OSError, ValueError):  # a damaged copy: dropped, the GGUF opened as before
+            converted.discard(Path(copy.location))
+    if loaded is None:
+        with _gguf_parsed_once() if resolved.kind is SourceKind.GGUF else contextlib.nullcontext():
+            loaded = _load_parts(resolved, torch_dtype, placement)
+        if placement is None or placement.device_map is None:
+            converted.keep_copy(resolved, dtype_name, loaded[2], loaded[1])
+    architecture, tokenizer, hf_model = loaded
     dev = place(hf_model, placement)
     return PlainModel(hf_model=hf_model, tokenizer=tokenizer, resolved=resolved,
                       architecture=architecture, dtype=dtype_name, device=str(dev))
+
+
+def _load_parts(resolved: ResolvedSpec, torch_dtype: torch.dtype, placement: DevicePlacement | None,
+                tokenizer_kwargs: dict[str, Any] | None = None
+                ) -> tuple[str, "PreTrainedTokenizerBase", "PreTrainedModel"]:
+    """The architecture, tokenizer and model of ``resolved`` (config first: an unsupported architecture is refused
+    before any weight is read)."""
+    config = load_config(resolved)  # hub ids while offline: local HF cache only, else a clear error
+    architecture = check_architecture(config)
+    tokenizer = load_tokenizer(resolved, **(tokenizer_kwargs or {}))
+    return architecture, tokenizer, _load_hf_model(resolved, config, torch_dtype, placement)
 
 
 def bridge_plain(plain: PlainModel) -> LoadedModel:
