@@ -106,6 +106,7 @@ def keep_copy(resolved: ResolvedSpec, dtype_name: str, hf_model: "PreTrainedMode
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the copy from the checkout's other users
         hf_model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         record = source_record(resolved) | {"tokenizer_flags": {
