@@ -341,7 +341,7 @@ def load_plain(spec: str = ORGANISM_SPEC, *, device: str | torch.device | None =
     if loaded is None:
         with _gguf_parsed_once() if resolved.kind is SourceKind.GGUF else contextlib.nullcontext():
             loaded = _load_parts(resolved, torch_dtype, placement)
-        if placement is None or placement.device_map is None:
+        if placement.device_map is None:  # a device_map open reads a copy but never writes one
             converted.keep_copy(resolved, dtype_name, loaded[2], loaded[1])
     architecture, tokenizer, hf_model = loaded
     dev = place(hf_model, placement)

@@ -120,10 +120,9 @@ def test_a_damaged_copy_is_dropped_and_the_gguf_opened_again(tmp_path, monkeypat
     assert load_plain(spec, device="cpu").facts() == reference.facts()
 
 
-def test_off_keeps_nothing_and_other_precisions_read_the_gguf(tmp_path, monkeypatch):
+def test_other_precisions_read_the_gguf_and_keep_no_copy(tmp_path, monkeypatch):
+    """(``off`` has no folder: the new-file test above; test_models.py's one-parse test opens the GGUF with it.)"""
     spec = _gguf("smollm2")
-    monkeypatch.setenv(converted.ENV_VAR, "off")
-    load_plain(spec, device="cpu")
     monkeypatch.setenv(converted.ENV_VAR, str(tmp_path))
     bf16 = load_plain(spec, device="cpu", dtype="bfloat16")
     assert not any(tmp_path.iterdir())  # no copy in bfloat16 (a copy holds the unrounded dequantization)
