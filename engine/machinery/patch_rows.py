@@ -80,37 +80,32 @@ class PatchRun:
         return t.repeat(S, *([1] * (t.dim() - 1)))
 
 
-def _answer_at_end(lg: torch.Tensor, end: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
-    """``lg`` [n, pos, vocab] -> the answer token's logit at END of every row [n] (float, CPU)."""
-    r = torch.arange(lg.shape[0], device=lg.device)
-    return lg[r, end.to(lg.device), answer.to(lg.device)].float().cpu()
-
-
 @torch.no_grad()
 def prepare(backend: ModelBackend, pairs: Sequence[PromptPair], ref_names: Sequence[HookName],
             cf_names: Sequence[HookName]) -> PatchRun:
-    """Step 1: pad the pairs, run X_r caching ``ref_names`` and X_c caching ``cf_names``."""
+    """Step 1: pad the pairs, run X_r caching ``ref_names`` and X_c caching ``cf_names`` (only END unembedded)."""
     check_pairs(pairs, backend.facts.vocab_size)
     pid = pad_id(backend)
     ref, mask, end = pad([p.ref_ids for p in pairs], pid)
     cf, _, _ = pad([p.cf_ids for p in pairs], pid)
     answer = torch.tensor([p.answer_id for p in pairs])
-    lg_r, c_r = backend.run_with_cache(ref, mask, list(ref_names))
-    logit_o = _answer_at_end(lg_r, end, answer)
-    end_r = lg_r[torch.arange(len(pairs), device=lg_r.device), end.to(lg_r.device)].float()  # [P, vocab]
-    prob_o = torch.softmax(end_r, -1)[torch.arange(len(pairs)), answer.to(end_r.device)].cpu()
+    rows = torch.arange(len(pairs))
+    lg_r, c_r = backend.run_with_cache_at(ref, mask, list(ref_names), end[:, None])  # [P, 1, vocab]
+    end_r = lg_r[:, 0].float()                                                       # [P, vocab]
+    logit_o = end_r[rows.to(end_r.device), answer.to(end_r.device)].cpu()
+    prob_o = torch.softmax(end_r, -1)[rows.to(end_r.device), answer.to(end_r.device)].cpu()
     scale = logit_scale(end_r).cpu()
     del lg_r, end_r
-    lg_c, c_c = backend.run_with_cache(cf, mask, list(cf_names))
-    logit_c = _answer_at_end(lg_c, end, answer)
+    lg_c, c_c = backend.run_with_cache_at(cf, mask, list(cf_names), end[:, None])   # [P, 1, vocab]
+    logit_c = lg_c[rows.to(lg_c.device), 0, answer.to(lg_c.device)].float().cpu()
     return PatchRun(list(pairs), ref, mask, end, answer, c_r, c_c, logit_o, logit_c, scale=scale, prob_o=prob_o)
 
 
 def prepare_work(pairs: Sequence[PromptPair]):
-    """The forward work of :func:`prepare` (``engine.cost.Work``): X_r and X_c padded, full logits."""
+    """The forward work of :func:`prepare` (``engine.cost.Work``): X_r and X_c padded, END unembedded."""
     from engine.cost import one_pass
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
-    return one_pass(n, width, n * width) * 2
+    return one_pass(n, width) * 2
 
 
 def patch_rows_work(n_variants: int, n_prompts: int, width: int, *, rows_per_pass: int = 128, start: int = 0):

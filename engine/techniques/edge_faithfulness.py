@@ -56,7 +56,7 @@ from engine.machinery.batching import pad, pad_id
 from engine.numerics.intervals import LEVEL, RESAMPLES, SEED
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
-from engine.techniques.edges import QKV, Edge, edge_graph
+from engine.techniques.edges import QKV, Edge, as_graph, edge_graph
 from engine.techniques.faithfulness import (
     FAITH_POINT,
     FAITH_SCORE,
@@ -89,9 +89,11 @@ def sender_names(backend: ModelBackend) -> list[str]:
 @dataclass
 class Plan:
     """Per circuit (C of them): for each receiver key (``("head", l, h, x)``, ``("mlp", l)``, ``("logits",)``)
-    the senders whose edge into it is ablated, as a sorted tuple of sender names."""
+    the senders whose edge into it is ablated, as a sorted tuple of sender names; and the senders with some
+    ablated edge."""
 
     ablated: list[dict[tuple, tuple[str, ...]]]
+    senders: list[frozenset[str]]
 
     def layer_keys(self, c: int, layer: int, n_heads: int) -> dict[tuple[int, str], tuple[str, ...]]:
         """{(head, x): ablated senders} of circuit c's heads at ``layer``."""
@@ -99,27 +101,23 @@ class Plan:
 
     def needs_difference(self, c: int, sender: str) -> bool:
         """Whether some ablated edge of circuit c leaves ``sender``."""
-        return any(sender in s for s in self.ablated[c].values())
-
-
-def receiver_key(e: Edge) -> tuple:
-    if e.receiver.kind == "head":
-        return ("head", e.receiver.layer, e.receiver.head, e.qkv)
-    if e.receiver.kind == "mlp":
-        return ("mlp", e.receiver.layer)
-    return ("logits",)
+        return sender in self.senders[c]
 
 
 def plan_of(edges: Sequence[Edge], kept: np.ndarray) -> Plan:
-    """``kept`` [C, E] bool over ``edges`` -> the plan."""
-    keys = [receiver_key(e) for e in edges]
-    out = []
+    """``kept`` [C, E] bool over ``edges`` -> the plan (per receiver, its edges read in sender-name order)."""
+    graph = as_graph(edges)
+    groups, (codes, names_of) = graph.by_receiver, graph.sender_codes
+    ablated, senders = [], []
     for row in np.asarray(kept, dtype=bool):
-        ab: dict[tuple, list[str]] = {}
-        for i in np.nonzero(~row)[0]:
-            ab.setdefault(keys[i], []).append(edges[i].sender.name)
-        out.append({k: tuple(sorted(v)) for k, v in ab.items()})
-    return Plan(out)
+        ab: dict[tuple, tuple[str, ...]] = {}
+        for key, at, names in groups:
+            off = ~row[at]  # [edges into this receiver]
+            if off.any():
+                ab[key] = tuple(names[off])
+        ablated.append(ab)
+        senders.append(frozenset(names_of[i] for i in np.unique(codes[~row])))
+    return Plan(ablated, senders)
 
 
 def _blocks_b(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, tuple[str, ...]]]:

@@ -93,7 +93,7 @@ def cached_edge_scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranki
         t = time.perf_counter()
         s = scores(backend, pairs, ranking, steps=steps, progress=progress)
         seconds = time.perf_counter() - t
-        names = [e.name for e in edge_graph(backend)]
+        names = list(edge_graph(backend).names)
         fe = ranking_work(backend, pairs, ranking, steps=steps).fe(backend, pairs)
         return ([EdgeValue(n, ranking, float(v)) for n, v in zip(names, s)],
                 {"seconds": seconds, "forward_equivalents": fe})
@@ -212,7 +212,7 @@ def cli(args, ctx) -> dict:
 def graph_scores(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
                  steps: int = STEPS, cache=None, progress: ProgressFn | None = None) -> dict[str, np.ndarray]:
     """{ranking: [E]} every edge's cached score, in :func:`engine.techniques.edges.edge_graph`'s order."""
-    names = [e.name for e in edge_graph(backend)]
+    names = list(edge_graph(backend).names)
     out = {}
     for r in rankings:
         rows, _, _ = cached_edge_scores(backend, pairs, r, steps=steps, cache=cache, progress=progress)

@@ -123,7 +123,7 @@ def end_activations(backend: ModelBackend, ids: Sequence[Sequence[int]], layer: 
     for s in range(0, len(ids), batch_size):
         chunk = ids[s:s + batch_size]
         x, mask, end = pad(chunk, pad_id(backend))
-        _, c = backend.run_with_cache(x, mask, [hooks.mlp_post(layer)])
+        c = backend.activations(x, mask, [hooks.mlp_post(layer)])  # no logits read: one position unembedded
         act = check_hidden(backend, c[hooks.mlp_post(layer)])           # [batch, pos, d_mlp]
         out.append(act[torch.arange(len(chunk)), end.to(act.device)].float().cpu())
     return torch.cat(out)
@@ -180,13 +180,13 @@ def tags_params(backend: ModelBackend, layer: int, top: int) -> dict:
 def heuristic_neurons_work(backend: ModelBackend, spec, *, layer: int | None = None, top: int = 20,
                            template: str | None = None, cache=None):
     """The forward work of :func:`heuristic_neurons` (``engine.cost.Work``) and the grid's pairs: the grid's
-    (:func:`~engine.techniques.operand_grid.operand_grid_work`) and, unless cached, one full pass of X_r and one
-    of X_c for the layer's activations (the layer: the one given, else counted once the grid is cached)."""
+    (:func:`~engine.techniques.operand_grid.operand_grid_work`) and, unless cached, one pass of X_r and one of X_c
+    for the layer's activations (END unembedded) (the layer: the one given, else counted once the grid is cached)."""
     from engine.cost import padded_passes, unless_cached
     from engine.results import NotCached, cache_only, run_cached
     from engine.techniques.operand_grid import operand_grid, operand_grid_work
     w, pairs = operand_grid_work(backend, spec, template=template, cache=cache)
-    passes = padded_passes([p.ref_ids for p in pairs], 64, None) + padded_passes([p.cf_ids for p in pairs], 64, None)
+    passes = padded_passes([p.ref_ids for p in pairs], 64) + padded_passes([p.cf_ids for p in pairs], 64)
     if layer is None:
         try:
             with cache_only():
@@ -244,7 +244,7 @@ def end_margins(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int,
                 return act
             edits = [(hooks.mlp_post(layer), fn)]
         with backend.hooks(edits):
-            lg = backend.logits(ids, mask)[rows, end.to(backend.device)].float().cpu()  # [batch, vocab]
+            lg = backend.logits_at(ids, mask, end[:, None])[:, 0].float().cpu()  # [batch, vocab]: END unembedded
         ans = torch.tensor([p.answer_id for p in chunk])
         margins.append((lg[rows, ans] - lg.mean(-1)).double().numpy())
         tops.append(lg.argmax(-1).numpy())
@@ -254,15 +254,15 @@ def end_margins(backend: ModelBackend, pairs: Sequence[PromptPair], layer: int,
 def neuron_circuit_work(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, template: str | None = None,
                         cache=None):
     """The forward work of :func:`neuron_circuit` (``engine.cost.Work``) and the grid's pairs: unless cached, the
-    layer's activations on X_r and X_c and four full passes for the margins (at most every pair each)."""
+    layer's activations on X_r and X_c and four passes for the margins (at most every pair each; END unembedded)."""
     from dataclasses import replace
 
     from engine.cost import padded_passes, unless_cached
     from engine.techniques.operand_grid import grid_pairs, grid_template
     pairs = grid_pairs(backend.tokenizer, replace(spec, balance=False), grid_template(spec, template))
-    ref = padded_passes([p.ref_ids for p in pairs], 64, None)
+    ref = padded_passes([p.ref_ids for p in pairs], 64)
     return unless_cached(lambda: neuron_circuit(backend, spec, tags, template=template, cache=cache),
-                         lambda: ref * 5 + padded_passes([p.cf_ids for p in pairs], 64, None)), pairs
+                         lambda: ref * 5 + padded_passes([p.cf_ids for p in pairs], 64)), pairs
 
 
 def neuron_circuit(backend: ModelBackend, spec, tags: Sequence[NeuronTag], *, template: str | None = None,

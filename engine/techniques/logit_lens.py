@@ -53,8 +53,8 @@ def logit_lens_ids(backend: ModelBackend, seqs: Sequence[Sequence[int]], answers
     names = [hooks.resid_pre(0)] + [hooks.resid_post(layer) for layer in range(L)]
     ids, mask, end = pad(seqs, pad_id(backend))
     rows = torch.arange(len(seqs))
-    lg_model, cache = backend.run_with_cache(ids, mask, names)
-    model_end = lg_model[rows.to(lg_model.device), end.to(lg_model.device)].float()  # [n, vocab]
+    lg_model, cache = backend.run_with_cache_at(ids, mask, names, end[:, None])  # only END unembedded
+    model_end = lg_model[:, 0].float()  # [n, vocab]
     del lg_model
     xs = [cache[name][rows.to(cache[name].device), end.to(cache[name].device)] for name in names]  # [n, d_model]
     answer = torch.tensor(list(answers), device=backend.device)
@@ -98,10 +98,10 @@ def _hooked_lens(backend: ModelBackend, ids: torch.Tensor, mask: torch.Tensor, e
 
 
 def logit_lens_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32):
-    """The forward work of :func:`logit_lens` (``engine.cost.Work``): one full-logits pass per batch, and the final
-    norm and unembedding of every layer's END stream."""
+    """The forward work of :func:`logit_lens` (``engine.cost.Work``): one pass per batch (END unembedded), and the
+    final norm and unembedding of every layer's END stream."""
     from engine.cost import padded_passes
-    w = padded_passes([p.ref_ids for p in pairs], batch_size, None)
+    w = padded_passes([p.ref_ids for p in pairs], batch_size)
     return w + type(w)(unembed=len(pairs) * (backend.facts.n_layers + 1))
 
 

@@ -229,7 +229,7 @@ def neuron_activations(backend: ModelBackend, pairs: Sequence[PromptPair], neuro
     for s in range(0, len(pairs), batch_size):
         chunk = pairs[s:s + batch_size]
         ids, mask, end = pad([p.ref_ids for p in chunk], pad_id(backend))
-        _, c = backend.run_with_cache(ids, mask, names)
+        c = backend.activations(ids, mask, names)  # no logits read: one position unembedded
         rows = torch.arange(len(chunk))
         for n in neurons:
             act = check_hidden(backend, c[hooks.mlp_post(n.layer)])  # [batch, pos, d_mlp]
@@ -428,7 +428,7 @@ def operand_grid_work(backend: ModelBackend, spec, *, template: str | None = Non
     w += unless_cached(lambda: cached_path_patching(backend, pairs, cache=cache, heads=typed) if typed else
                        _cached_candidates_patching(backend, pairs, params, cache),
                        lambda: path_patching_work(backend, pairs, heads=probe_heads))
-    return (w + (padded_passes(ref, 64, None) if neurons else NO_WORK)), pairs
+    return (w + (padded_passes(ref, 64) if neurons else NO_WORK)), pairs
 
 
 def grid_params(backend: ModelBackend) -> dict:

@@ -45,3 +45,33 @@ def test_mib_graph_holds_the_scores_and_the_top_edges():
     assert parse_sizes("0.01,0.05") == [None, 0.01, 0.05]
     with pytest.raises(ValueError):
         parse_sizes("2")
+
+
+def test_the_graph_is_built_once_per_shape_and_its_plan_equals_the_per_edge_loop():
+    """The graph is a pure function of the model's shape (one object per shape); the plan's per-receiver ablated
+    senders, read from its grouped arrays, equal a plain loop over the edges (sorted names per receiver key)."""
+    import numpy as np
+
+    from engine.techniques.edge_faithfulness import plan_of
+    from engine.techniques.edges import graph_of, receiver_key
+
+    class Facts:
+        n_layers, n_heads = 3, 2
+
+    class B:
+        facts, parallel_attn_mlp = Facts, False
+    edges = edge_graph(B)
+    assert edges is edge_graph(B) is graph_of(3, 2, False) and edges is not graph_of(3, 2, True)
+    assert list(edges.names) == [e.name for e in edges]
+    kept = np.random.default_rng(0).random((4, len(edges))) < [[0.0], [0.3], [0.9], [1.0]]  # [C, E]
+    plan = plan_of(list(edges), kept)  # a plain list: grouped on the fly
+    for c, row in enumerate(kept):
+        want: dict[tuple, list[str]] = {}
+        for e, k in zip(edges, row):
+            if not k:
+                want.setdefault(receiver_key(e), []).append(e.sender.name)
+        assert plan.ablated[c] == {k: tuple(sorted(v)) for k, v in want.items()}
+        assert plan.senders[c] == {n for v in want.values() for n in v}
+        for sender in ("input", "a0.h1", "m1", "a2.h0"):
+            assert plan.needs_difference(c, sender) == any(sender in v for v in want.values())
+    assert plan.ablated[3] == {} and not plan.senders[3]  # the model: nothing ablated
