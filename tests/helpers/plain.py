@@ -19,6 +19,8 @@ Definitions (docs/methods.md, "What a head's and an MLP's output are"):
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -149,13 +151,27 @@ class Plain:
                 h.remove()
 
     @torch.no_grad()
-    def run(self, seqs: Sequence[Sequence[int]], pre: dict | None = None, post: dict | None = None,
-            **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """(full logits [b, pos, vocab], END index [b]) of right-padded ``seqs`` under the hooks."""
+    def run(self, seqs: Sequence[Sequence[int]], pre: dict | None = None, post: dict | None = None, *,
+            end_only: bool = False, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(full logits [b, pos, vocab], END index [b]) of right-padded ``seqs`` under the hooks.  ``end_only``: the
+        logits of the rows' END positions only, where the model's own ``forward`` offers it (transformers'
+        ``logits_to_keep``, given the distinct END positions U): ([b, |U|, vocab], each row's END as an index into U),
+        so ``lg[rows, end]`` still reads each row's END; full logits otherwise."""
         ids, mask, end = pad(seqs, self.pad_id)
+        keep = torch.unique(end) if end_only and self.keeps_logits else None  # [U], sorted
+        if keep is not None:
+            kwargs["logits_to_keep"] = keep
         with self.hooked(pre, post, tuple(ids.shape)):
             out = self.model(input_ids=ids, attention_mask=mask, **kwargs)
-        return out.logits.float(), end
+        if keep is None:
+            return out.logits.float(), end
+        assert out.logits.shape[1] == len(keep), (out.logits.shape, keep)  # the model kept what it was asked for
+        return out.logits.float(), torch.searchsorted(keep, end)
+
+    @functools.cached_property
+    def keeps_logits(self) -> bool:
+        """Whether the model's ``forward`` takes ``logits_to_keep`` (the positions whose logits it computes)."""
+        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     @torch.no_grad()
     def capture(self, seqs: Sequence[Sequence[int]]) -> dict[str, list[torch.Tensor]]:
@@ -226,7 +242,8 @@ def each_sender(plain: Plain, ref, cf_mlp, end, answer, n_layers: int, frozen, p
                     x[rows, end] = cf_mlp[sl][rows, end].to(x.dtype)
                     return x
                 hooks[plain.mlp_out(sl)] = put
-            v = plain.run(ref, pre, hooks)[0][rows, end, answer]
+            lg, at = plain.run(ref, pre, hooks, end_only=True)  # [P, U, vocab]: only the END positions unembedded
+            v = lg[rows, at, answer]
             if sh is None:
                 mlp[:, sl] = v
             else:
