@@ -127,7 +127,6 @@ class EdgeGraph(tuple):
             out.append((key, np.array(at, dtype=np.int64), np.array([self[i].sender.name for i in at], dtype=object)))
         return out
 
-
     @cached_property
     def names(self) -> tuple[str, ...]:
         """Each edge's MIB name, in order."""
