@@ -209,8 +209,8 @@ def test_a_class_link_keeps_the_story_step_large_fonts_and_a_pages_control(serve
         page.goto(link)
         page.get_by_role("button", name="Top-5 heads").wait_for(timeout=WAIT)
         idle(page)
-        # the box shows the link's k (polled: on a loaded machine the frontend draws the widget's value a moment
-        # after the run that set it has ended; a box that never shows 5 fails here after 20 s)
+        # the box shows the link's k, polled for 20 s (read once after the run ended, it gave '1' once under a full
+        # run's load, cause not established); a box that never shows 5 fails here
         expect(page.get_by_label("k", exact=True)).to_have_value("5", timeout=20_000)
         _no_notes(page)
         _nav(page, "Story")
