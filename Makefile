@@ -57,7 +57,7 @@ lint: setup
 JOBS ?= 2
 test: setup lint chromium smollm2 gemma3
 	@status=0; \
-	HF_HUB_OFFLINE=1 $(PY) -m pytest tests -m "not serial" --junitxml=test-artifacts/junit-parallel.xml $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadgroup --no-loadscope-reorder) \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest tests -m "not serial" --junitxml=test-artifacts/junit-parallel.xml $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile --no-loadscope-reorder) \
 	  $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $$($(PY) -c "from tests.conftest import SERIAL; print(*('tests/' + f for f in SERIAL))") \
 	  -m serial --junitxml=test-artifacts/junit-serial.xml $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \

@@ -47,12 +47,9 @@ def _rel(item) -> str:
     return "/".join(Path(str(item.path)).resolve().relative_to(TESTS).parts)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own (--dist loadgroup) reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         rel = _rel(item)
-        if item.get_closest_marker("xdist_group") is None:  # a file is a unit of work, unless it names its groups
-            item.add_marker(pytest.mark.xdist_group(rel.split("::")[0]))
         tier = rel.split("/")[0]
         if tier in TIERS:
             item.add_marker(tier)
@@ -64,6 +61,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("serial")
     first = {f: i for i, f in enumerate(LONGEST)} | {f: len(LONGEST) + 1 + i for i, f in enumerate(LAST)}
     items.sort(key=lambda item: first.get(_rel(item).split("::")[0], len(LONGEST)))  # stable: order kept within
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadfile`` (`make test`), a file per unit of work but the architecture matrix dealt into four
+    (tests/helpers/work_units.py; xdist's loadgroup marks no longer reach its scheduler under pytest 9)."""
+    if config.getvalue("dist") == "loadfile":
+        from tests.helpers.work_units import FileUnits
+        return FileUnits(config, log)
+    return None
 
 
 def pytest_configure(config):

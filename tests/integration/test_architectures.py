@@ -2,10 +2,10 @@
 
 :mod:`tests.integration.arch_matrix` builds each ``model_type`` tiny and random-init, opens it on both
 backends and runs every technique against its plain-transformers reference.  Here each architecture is one
-test case, in a few xdist groups (both workers of `make test` share the matrix; each result is stored in the
-run's shared folder, ``arch_matrix.stored_result``); test_architectures_table.py checks docs/scaling.md's table
-and the README's count against the same results.  The last test checks that the CLI refuses an architecture in
-one line with exit 2, writing nothing to the cache.
+test case, the cases dealt into four units of xdist's work (tests/helpers/work_units.py: SPLIT), so both workers of
+`make test` share the matrix; each result is stored in the run's shared folder (``arch_matrix.stored_result``);
+test_architectures_table.py checks docs/scaling.md's table and the README's count against the same results.  The
+last test checks that the CLI refuses an architecture in one line with exit 2, writing nothing to the cache.
 """
 
 from __future__ import annotations
@@ -23,12 +23,9 @@ from tests.integration.arch_matrix import MATRIX, stored_result
 pytestmark = [pytest.mark.slow, pytest.mark.matrix]
 
 REPO = Path(__file__).resolve().parents[2]
-#: the matrix's cases in this many xdist groups (interleaved: each holds dense, MoE and refused architectures alike)
-GROUPS = 4
 
 
-@pytest.mark.parametrize("model_type", [pytest.param(mt, marks=pytest.mark.xdist_group(f"matrix-{i % GROUPS}"))
-                                        for i, mt in enumerate(MATRIX)])
+@pytest.mark.parametrize("model_type", MATRIX)
 def test_exact_or_refused_in_one_line(model_type, matrix_folder):
     r = stored_result(model_type, matrix_folder)
     if r.refused is not None:
