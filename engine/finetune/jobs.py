@@ -67,15 +67,21 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def _alive(pid: int | None, job_dir: Path) -> bool:
-    """Is ``pid`` a live (non-zombie) worker of this job (its command line names the job dir)?"""
+def _alive(pid: int | None, job_dir: Path, *, spawned_after: float | None = None) -> bool:
+    """Is ``pid`` a live (non-zombie) worker of this job?
+
+    A worker's command line names the job dir -- except between ``fork`` and ``exec``, when it still
+    carries its parent's.  So while the job is ``starting`` (``spawned_after`` = its creation time), a
+    process created after the job was is taken as its worker; an older one is a reused pid."""
     if not pid:
         return False
     try:
         proc = psutil.Process(pid)
         if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
             return False
-        return str(job_dir) in " ".join(proc.cmdline())
+        if str(job_dir) in " ".join(proc.cmdline()):
+            return True
+        return spawned_after is not None and proc.create_time() >= spawned_after - 1.0
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 
@@ -156,7 +162,8 @@ def read_job(job_dir: str | Path) -> JobStatus:
         st = JobStatus(**raw)
     except (OSError, json.JSONDecodeError, TypeError) as e:
         return JobStatus(job_dir.name, "failed", message=f"unreadable job status ({e})")
-    if st.state in ("running", "starting") and st.pid and not _alive(st.pid, job_dir):
+    spawned_after = st.started if st.state == "starting" else None
+    if st.state in ("running", "starting") and st.pid and not _alive(st.pid, job_dir, spawned_after=spawned_after):
         # the worker may have finished between our two reads: look once more
         try:
             st = JobStatus(**json.loads((job_dir / "status.json").read_text()))
