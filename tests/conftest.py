@@ -63,6 +63,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: first.get(_rel(item).split("::")[0], len(LONGEST)))  # stable: order kept within
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: `-p no:xdist` runs without it
 def pytest_xdist_make_scheduler(config, log):
     """Under ``--dist loadfile`` (`make test`), a file per unit of work but the architecture matrix dealt into four
     (tests/helpers/work_units.py; xdist's loadgroup marks no longer reach its scheduler under pytest 9)."""

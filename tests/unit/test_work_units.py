@@ -43,3 +43,10 @@ def test_make_tests_xdist_run_keeps_a_files_tests_on_one_worker():
         workers.setdefault(path, set()).add(worker)
     assert set(workers) == {"tests/unit/test_intervals.py", "tests/unit/test_logistic.py"}, r.stdout[-2000:]
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_the_suite_runs_without_xdist():
+    """The scheduler hook is xdist's: with the plugin off (``-p no:xdist``) the suite still collects and runs."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "tests/unit/test_intervals.py", "-q", "-p", "no:xdist",
+                        "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
