@@ -110,12 +110,17 @@ def path_atp(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: 
 
 def path_atp_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32):
     """The forward work of :func:`path_atp` (``engine.cost.Work``): the END batches of path patching (X_r and X_c,
-    END unembedded) and, per pair, the unchanged END chain and its gradient (about three MLP rows per layer)."""
+    END unembedded) and, per pair, the unchanged END chain and its gradient (about three MLP rows per layer) --
+    or, where the model's blocks cannot be run piece by piece (known before it runs), the gradient through the
+    hooked model: one full-logits pass of X_r and its backward pass."""
     from engine.cost import NO_WORK, Work
+    hooked = bool(backend.components_fail())
     w = NO_WORK
     for b in pair_batches(backend, pairs, batch_size):
         n, width = b.ref.shape
-        w += Work(2, 2 * n * width, 2 * n, 3 * n * backend.facts.n_layers)
+        w += Work(2, 2 * n * width, 2 * n, 0 if hooked else 3 * n * backend.facts.n_layers)
+        if hooked:
+            w += Work(1, n * width, n * width, backward=n * width)
     return w
 
 

@@ -276,6 +276,17 @@ def direct_effects(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_
         return out
 
 
+def direct_effects_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32):
+    """The forward work of :func:`direct_effects` (``engine.cost.Work``): one padded pass per batch -- or, where the
+    model's blocks cannot be run piece by piece (known before it runs), the textbook loop's: per batch X_r and X_c,
+    then every head and MLP as a variant of the whole prompts (path patching's loop, the same passes)."""
+    from engine.cost import padded_passes
+    from engine.techniques.path_patching import path_patching_loop_work
+    if backend.components_fail():
+        return path_patching_loop_work(backend, pairs, batch_size=batch_size)
+    return padded_passes([p.ref_ids for p in pairs], batch_size)
+
+
 def check_direct_reads(backend: ModelBackend, acts: end_chain.EndActs, W_O: Sequence[torch.Tensor],
                        x: torch.Tensor, clean: torch.Tensor, end_logits: torch.Tensor, answer: torch.Tensor) -> None:
     """The self-check of :func:`direct_effects`' fast path (ShortcutMismatch on a miss), on one batch:
@@ -421,8 +432,8 @@ def operand_grid_work(backend: ModelBackend, spec, *, template: str | None = Non
     ref = [p.ref_ids for p in pairs]
     params = grid_params(backend)
     w = unless_cached(lambda: run_cached(backend, pairs, "operand_grid", params, lambda: ([], {}), cache),
-                      lambda: scoring_work(backend, pairs) + end_rows_work(backend, pairs) + padded_passes(ref, 32)
-                      + path_atp_work(backend, pairs))
+                      lambda: scoring_work(backend, pairs) + end_rows_work(backend, pairs)
+                      + direct_effects_work(backend, pairs) + path_atp_work(backend, pairs))
     typed = [(component.layer, component.head)] if component is not None and component.kind == "head" else None
     probe_heads = typed or [(backend.facts.n_layers - 1, h) for h in range(k)]
     w += unless_cached(lambda: cached_path_patching(backend, pairs, cache=cache, heads=typed) if typed else

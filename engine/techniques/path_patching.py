@@ -68,7 +68,9 @@ from engine.machinery.patch_rows import (
     Slot,
     chain,
     patch_rows,
+    patch_rows_work,
     prepare,
+    prepare_work,
     replace,
     replace_except_head,
     take,
@@ -191,8 +193,11 @@ def path_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, ba
     """The forward work of :func:`path_patching` (the END chains), counted without running it
     (``engine.cost.Work``): per batch of :func:`pair_batches`, one pass of X_r and one of X_c (END unembedded), and
     the chains' MLP rows -- at layer j, every chain started below it and the layer's own head senders (the
-    unchanged chain counted as a head sender of layer 0)."""
+    unchanged chain counted as a head sender of layer 0).  Where the model's blocks cannot be run piece by piece
+    (known before it runs), the textbook loop it falls back to: :func:`path_patching_loop_work`."""
     from engine.cost import NO_WORK, Work
+    if backend.components_fail():
+        return path_patching_loop_work(backend, pairs, heads=heads)
     f = backend.facts
     per_layer = heads_per_layer(heads, f.n_layers, f.n_heads)
     rows, alive = 0, 0  # MLP rows per pair; chains started below the current layer
@@ -330,6 +335,21 @@ def sender_hooks(n_layers: int) -> list[HookName]:
 
 
 @torch.no_grad()
+def path_patching_loop_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 32,
+                            rows_per_pass: int = 128, heads: Sequence[tuple[int, int]] | None = None):
+    """The forward work of :func:`path_patching_loop` (``engine.cost.Work``): per batch, X_r and X_c, then every
+    sender as a variant of the whole prompts."""
+    from engine.cost import NO_WORK
+    f = backend.facts
+    n_senders = sum(len(hs) + 1 for hs in heads_per_layer(heads, f.n_layers, f.n_heads))  # heads, and each MLP
+    w = NO_WORK
+    for idx in batches(len(pairs), batch_size):
+        chunk = [pairs[i] for i in idx]
+        width = max(len(p.ref_ids) for p in chunk)
+        w += prepare_work(chunk) + patch_rows_work(n_senders, len(chunk), width, rows_per_pass=rows_per_pass)
+    return w
+
+
 def path_patching_loop(backend: ModelBackend, pairs: Sequence[PromptPair], *, with_prob: bool = False,
                        batch_size: int = 32, rows_per_pass: int = 128, heads: Sequence[tuple[int, int]] | None = None,
                        progress: ProgressFn | None = None) -> PatchingRaw:

@@ -72,6 +72,25 @@ def test_path_patching_and_its_chains(pairs):
     assert abs(c.mlp_rows - w.mlp_rows) <= 0.01 * w.mlp_rows  # the chains' rows (the self-check's few not counted)
 
 
+def test_path_patching_and_path_atp_where_the_blocks_do_not_run_piece_by_piece(organism, pairs, monkeypatch):
+    """A model whose blocks cannot be run piece by piece (known before anything runs): path patching runs the
+    textbook loop, path AtP the hooked gradient, the direct effects their loop -- and the counts are theirs, not the
+    END chains' (counted until 2026-12-05: 2 passes and 480 positions for path patching where its loop ran 11 and
+    17,760 here, so a page could start it unasked)."""
+    from engine.techniques.attribution import path_atp, path_atp_work
+    from engine.techniques.operand_grid import direct_effects, direct_effects_work
+    from engine.techniques.path_patching import path_patching, path_patching_work
+    monkeypatch.setattr(organism, "components_fail", lambda: "a block that takes the residual as an argument")
+    raws = []
+    got = counted(organism, lambda: raws.append(path_patching(organism, pairs)))
+    assert raws[0].fallback and forward(got) == forward(path_patching_work(organism, pairs))
+    got = counted(organism, lambda: raws.append(path_atp(organism, pairs)))
+    w = path_atp_work(organism, pairs)
+    assert raws[1].fallback and forward(got) == forward(w) and w.backward == w.body // 3 and w.mlp_rows == 0
+    got = counted(organism, lambda: raws.append(direct_effects(organism, pairs)))
+    assert raws[2].fallback and forward(got) == forward(direct_effects_work(organism, pairs))
+
+
 def test_knockouts_means_and_the_curve(organism, pairs):
     from engine.techniques.knockout import (
         forget_means,
