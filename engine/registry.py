@@ -233,7 +233,10 @@ TECHNIQUES: tuple[Technique, ...] = (
              help="with --mib-dir, also a circuit file per share of the edges kept (top |score|), e.g. 0.01,0.05"),
          opt("--faithfulness", type=Path, default=None, metavar="CSV",
              help="also each ranking's faithfulness curve here: circuits of its top edges, every other edge "
-                  "ablated as MIB does (one row per ranking, size and metric; CPR / CMD in the summary)"))),
+                  "ablated as MIB does (one row per ranking, size and metric; CPR / CMD in the summary)"),
+         opt("--ablation", choices=("counterfactual", "mean"), default="counterfactual",
+             help="with --faithfulness, what an edge outside the circuit sends: its sender's value on the pair's "
+                  "own X_c (default, MIB's patching) or its mean over X_c (per template, END-aligned)"))),
     Technique(
         "transfer", "Transfer (Table 4)", "Table 4: key-head overlap and cross knockouts of two sets -> JSON",
         "transfer",

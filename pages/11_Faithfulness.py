@@ -130,9 +130,11 @@ if got is not None:
                        f"edges-{ranking}.json", "application/json", key=f"mib_edges_{ranking}")
 
 st.markdown("**Circuits of the top edges**")
+sent = {"counterfactual": "the sender's value on the pair's own counterfactual",
+        "mean": "the sender's mean over the counterfactual prompts of the pair's template"}[ablation]
 st.caption("Keep the top x % of the edges by a ranking and ablate every other edge as MIB does: on that edge alone "
-           "the sender's counterfactual value replaces its value in the ablated run (a head's query, key and value "
-           "each get their own), so an ablation upstream reaches later receivers through the kept edges. f as "
+           f"{sent} replaces its value in the ablated run (a head's query, key and value each get their own), so an "
+           "ablation upstream reaches later receivers through the kept edges (\"Outside the circuit\" above). f as "
            f"above, on the metric chosen above. Beside the chosen rankings, random edges: prompt pair i is read "
            f"under random draw i mod {RANDOM_DRAWS} of each size, the baseline a ranking has to beat.")
 chosen = st.multiselect("Edge rankings", list(RANKINGS), default=[r for r in RANKINGS if r != "exact"],
@@ -143,9 +145,10 @@ if not chosen:
 else:
     order = [r for r in RANKINGS if r in chosen]
     curves = compute_or_button(
-        lambda cb: cached_edge_curves(model, pairs, order, cache=cache, progress=cb),
-        lambda: estimate(model, pairs, edge_curves_work(model, pairs, order, cache=cache)),
-        model=model, ask=True, button="Compute the edge circuits' curves", key="edge_curves_" + "_".join(order),
+        lambda cb: cached_edge_curves(model, pairs, order, ablation=ablation, cache=cache, progress=cb),
+        lambda: estimate(model, pairs, edge_curves_work(model, pairs, order, ablation=ablation, cache=cache)),
+        model=model, ask=True, button="Compute the edge circuits' curves",
+        key="edge_curves_" + "_".join([*order, ablation]),
         text="Evaluating edge circuits", failure="compute the edge circuits' curves",
         note=f"Every edge is scored by each chosen ranking (read from the cache once scored), then its circuits of "
              f"{len(SIZES)} sizes are run on the {len(pairs)} prompts, layer by layer.")

@@ -7,7 +7,10 @@ edges; the run is X_r in which every receiver v reads
     x_v = (its input in this run) + sum over the edges u -> v NOT in the circuit of (value_u(X_c) - value_u(run))
 
 -- the sender's counterfactual value replaces its current one on exactly the ablated edges.  The senders' values
-are those of the run being computed, so an ablation upstream reaches v through the kept edges too.  The values
+are those of the run being computed, so an ablation upstream reaches v through the kept edges too.  With **mean**
+ablation (``ablation="mean"``, MIB's other intervention) value_u(X_c) is replaced by the sender's mean over the
+counterfactual prompts of the pair's template, END-aligned (the knockouts' mean, :func:`edge_means`), taken over
+the whole set whatever subset a pass runs.  The values
 (as in :mod:`engine.techniques.edges`): the embedding stream for ``input``; an MLP's contribution
 (``hooks.mlp_out``); a head's contribution ``attn_out(z with head h from X_c) - attn_out(z)``, the layer's other
 heads as this run computed them (the block's post-attention norm and residual scale applied; with no such norm
@@ -58,6 +61,7 @@ from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
 from engine.techniques.edges import QKV, Edge, as_graph, edge_graph
 from engine.techniques.faithfulness import (
+    ABLATIONS,
     FAITH_POINT,
     FAITH_SCORE,
     RANDOM_DRAWS,
@@ -72,6 +76,12 @@ from engine.techniques.faithfulness import (
 
 METHOD = "edge_faithfulness"
 VERSION = 3
+#: the cache key's words for each ablation (the counterfactual one as it was before mean ablation existed)
+ABLATION_KEYS = {
+    "counterfactual": "MIB edge ablation: each edge outside the circuit sends its sender's X_c value minus its value "
+                      "in the ablated run",
+    "mean": "MIB edge ablation with means: each edge outside the circuit sends its sender's mean over X_c (the "
+            "pair's template, END-aligned, over the whole set) minus its value in the ablated run"}
 #: the baseline ranking every edge curve is drawn beside
 RANDOM = "random"
 
@@ -147,6 +157,62 @@ def _diff_heads(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, int]]
 # the computation
 # ---------------------------------------------------------------------------------------------
 
+def sender_value_names(n_layers: int) -> list[str]:
+    """The hook points whose X_c values the edges' senders send: the embedding stream, every head's z, every MLP's
+    output."""
+    return [hooks.resid_pre(0)] + [n for j in range(n_layers) for n in (hooks.attn_z(j), hooks.mlp_out(j))]
+
+
+@dataclass
+class EdgeMeans:
+    """The senders' END-aligned means over X_c, per template: ``values[name]`` [G, T, ...] with offset t counting
+    back from END, ``groups[g]`` the template of row g."""
+
+    groups: list[str]
+    values: dict[str, torch.Tensor]
+
+    def for_pairs(self, pairs: Sequence[PromptPair], end: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
+        """Each sender's mean laid out like a padded batch of ``pairs`` (END at ``end`` [P], ``width`` positions):
+        position p of pair i holds its template's mean at offset end_i - p (zeros after END).
+        # {name: [P, width, ...]}"""
+        g = torch.tensor([self.groups.index(p.template) for p in pairs])  # [P]
+        pos = torch.arange(width)
+        offset = end[:, None] - pos[None, :]  # [P, width]
+        out = {}
+        for name, v in self.values.items():  # v [G, T, ...]
+            T = v.shape[1]
+            got = v[g[:, None], offset.clamp(0, T - 1)]  # [P, width, ...]
+            got[(offset < 0) | (offset >= T)] = 0
+            out[name] = got
+        return out
+
+
+@torch.no_grad()
+def edge_means(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64) -> EdgeMeans:
+    """:class:`EdgeMeans` of ``pairs``' counterfactual prompts: one padded pass of X_c per batch, each prompt's
+    positions up to END added to its template's sums at their offsets from END."""
+    names = sender_value_names(backend.facts.n_layers)
+    groups = sorted({p.template for p in pairs})
+    T = max(len(p.cf_ids) for p in pairs)
+    sums: dict[str, torch.Tensor] = {}
+    counts = torch.zeros(len(groups), T)
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        ids, mask, end = pad([p.cf_ids for p in chunk], pad_id(backend))
+        acts = backend.activations(ids, mask, names)
+        for i, p in enumerate(chunk):
+            g, e = groups.index(p.template), int(end[i])
+            counts[g, :e + 1] += 1
+            for name in names:
+                a = acts[name][i, :e + 1].float().cpu().flip(0)  # [e + 1, ...]: offset 0 = END
+                if name not in sums:
+                    sums[name] = torch.zeros(len(groups), T, *a.shape[1:])
+                sums[name][g, :e + 1] += a
+    shape = (len(groups), T)
+    return EdgeMeans(groups, {n: v / counts.clamp_min(1).reshape(*shape, *([1] * (v.dim() - 2)))
+                              for n, v in sums.items()})
+
+
 @dataclass
 class CircuitReadout:
     """Per circuit and pair, END of X_r with the circuit's edges kept and every other edge ablated."""
@@ -161,7 +227,8 @@ class CircuitReadout:
 class _Runner:
     """X_r / X_c of the pairs and the passes of :func:`edge_circuits` (rows: blocks of P pairs)."""
 
-    def __init__(self, backend: ModelBackend, pairs: Sequence[PromptPair], rows_per_pass: int) -> None:
+    def __init__(self, backend: ModelBackend, pairs: Sequence[PromptPair], rows_per_pass: int,
+                 means: EdgeMeans | None = None) -> None:
         self.b = backend
         L = backend.facts.n_layers
         ids, self.mask, self.end = pad([p.ref_ids for p in pairs], pad_id(backend))
@@ -169,7 +236,7 @@ class _Runner:
         self.ref, self.cf = ids, cf
         self.answer = torch.tensor([p.answer_id for p in pairs])
         self.P = len(pairs)
-        names = [hooks.resid_pre(0)] + [n for j in range(L) for n in (hooks.attn_z(j), hooks.mlp_out(j))]
+        names = sender_value_names(L)
         held = [n for j in range(L) for n in (hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j), hooks.attn_out(j))]
         moved = [hooks.resid_pre(j) for j in range(1, L)]  # what heads_read_only_qkv reads
         r_lg, self.r = backend.run_with_cache(ids, self.mask, names + held)
@@ -178,6 +245,9 @@ class _Runner:
         self.logit_o = r_lg[rows, self.end.to(r_lg.device), self.answer.to(r_lg.device)].float().cpu()
         self.logit_c = c_lg[rows, self.end.to(c_lg.device), self.answer.to(c_lg.device)].float().cpu()
         self.per = max(1, rows_per_pass // max(1, self.P))
+        if means is not None:  # mean ablation: the senders send their means, not X_c's values
+            for name, v in means.for_pairs(pairs, self.end, ids.shape[1]).items():
+                self.c[name] = v.to(self.c[name].device, self.c[name].dtype).reshape(self.c[name].shape)
 
     def state_edits(self, z: list[list], mlp: list[list], cs: Sequence[int], upto: int) -> list:
         """Circuits ``cs``' heads' z and MLP outputs of layers < ``upto`` written back (their run so far)."""
@@ -243,16 +313,16 @@ def _adder(value: torch.Tensor):
 
 @torch.no_grad()
 def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.ndarray, *,
-                  edges: Sequence[Edge] | None = None, rows_per_pass: int = 256,
+                  edges: Sequence[Edge] | None = None, rows_per_pass: int = 256, means: EdgeMeans | None = None,
                   progress: ProgressFn | None = None) -> CircuitReadout:
     """END of X_r under each circuit (``kept`` [C, E] bool over ``edges``, default :func:`edge_graph`): every
-    edge outside it ablated (module docstring)."""
+    edge outside it ablated (module docstring) -- to X_c's values, or with ``means`` to the senders' means."""
     edges = list(edges) if edges is not None else edge_graph(backend)
     kept = np.asarray(kept, dtype=bool).reshape(-1, len(edges))
     C = kept.shape[0]
     L, H = backend.facts.n_layers, backend.facts.n_heads
     plan = plan_of(edges, kept)
-    run = _Runner(backend, pairs, rows_per_pass)
+    run = _Runner(backend, pairs, rows_per_pass, means)
     heads_read_only_qkv(backend, run)
     P = run.P
     linear = backend.attn_branch_is_identity
@@ -461,24 +531,29 @@ def random_runs(n_edges: int, n_pairs: int, draws: int, seed: int, sizes: Sequen
 @torch.no_grad()
 def edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray], *,
                       draws: int = RANDOM_DRAWS, seed: int = SEED, sizes: Sequence[float] = SIZES,
-                      rows_per_pass: int = 256, progress: ProgressFn | None = None
+                      rows_per_pass: int = 256, ablation: str = ABLATIONS[0], progress: ProgressFn | None = None
                       ) -> tuple[list[Circuit], np.ndarray, np.ndarray]:
     """(circuits, right [S, P], margin [S, P]) of every ranking's top-edge circuits (``scores``: {ranking: [E] in
     :func:`engine.techniques.edges.edge_graph`'s order}) and, ``draws`` > 0, of the random ranking (one row per
     size, each pair read under its own draw's circuit: the draw's pairs run with the draw's circuits), for
-    :func:`engine.techniques.faithfulness.summarize`."""
+    :func:`engine.techniques.faithfulness.summarize`.  ``ablation``: an ablated edge sends its sender's X_c value
+    (``counterfactual``) or its mean over the set's X_c (``mean``, :func:`edge_means`, over all of ``pairs``)."""
+    if ablation not in ABLATIONS:
+        raise ValueError(f"unknown ablation {ablation!r}: choose from {', '.join(ABLATIONS)}")
+    means = edge_means(backend, pairs) if ablation == "mean" else None
     circuits, masks, row = plan_circuits(scores, sizes)
     E = masks.shape[1]
     runs = random_runs(E, len(pairs), draws, seed, sizes) if draws else []
     stage = Stages(progress, [len(pairs)] + [len(g) for g, _ in runs]).stage  # one count over the runs
-    out = edge_circuits(backend, pairs, masks, rows_per_pass=rows_per_pass, progress=stage(0))
+    out = edge_circuits(backend, pairs, masks, rows_per_pass=rows_per_pass, means=means, progress=stage(0))
     right, margin = out.right.numpy()[row], out.margin.numpy()[row]
     if not runs:
         return circuits, right, margin
     r_right = np.zeros((len(sizes), len(pairs)), dtype=right.dtype)      # [X, P]
     r_margin = np.zeros((len(sizes), len(pairs)), dtype=margin.dtype)    # [X, P]
     for i, (g, kept) in enumerate(runs):  # a draw's pairs under the draw's circuits  # kept: [X, E]
-        o = edge_circuits(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass, progress=stage(i + 1))
+        o = edge_circuits(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass, means=means,
+                          progress=stage(i + 1))
         r_right[:, g], r_margin[:, g] = o.right.numpy(), o.margin.numpy()
     circuits = circuits + [Circuit(RANDOM, 0, x, kept_count(x, E)) for x in sizes]
     return circuits, np.concatenate([right, r_right]), np.concatenate([margin, r_margin])
@@ -492,27 +567,30 @@ def random_circuit(n_edges: int, size: float, pair: int, draws: int = RANDOM_DRA
 
 def cached_edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str],
                              scores: Callable[[], dict[str, np.ndarray]], *, steps: int = 0,
-                             sizes: Sequence[float] = SIZES, cache=None, progress: ProgressFn | None = None
-                             ) -> tuple[FaithTable, dict, bool]:
+                             sizes: Sequence[float] = SIZES, ablation: str = ABLATIONS[0], cache=None,
+                             progress: ProgressFn | None = None) -> tuple[FaithTable, dict, bool]:
     """:func:`edge_faithfulness` of ``rankings`` through the result cache: (table -- curves and CPR / CMD with
     bootstrap intervals, as the node circuits' --, artifacts {seconds, forward_equivalents}, computed).
     ``scores()``: {ranking: [E]}, called only when the curves are not cached (the edge scores' own cache:
-    :func:`engine.techniques.edge_scores.graph_scores`); ``steps``: EAP-IG's, part of the key."""
+    :func:`engine.techniques.edge_scores.graph_scores`); ``steps``: EAP-IG's, part of the key; ``ablation``: as
+    :func:`edge_faithfulness`."""
     from engine.results import decode_rows, encode_rows, run_cached
+    if ablation not in ABLATIONS:
+        raise ValueError(f"unknown ablation {ablation!r}: choose from {', '.join(ABLATIONS)}")
     f = backend.facts
     params = {"version": VERSION, "sizes": list(sizes), "rankings": list(rankings), "dtype": f.dtype,
               "steps": steps if "eap-ig" in rankings else 0,
-              "ablation": "MIB edge ablation: each edge outside the circuit sends its sender's X_c value minus "
-                          "its value in the ablated run", "circuits": "top floor(x E) edges by |score|",
+              "ablation": ABLATION_KEYS[ablation], "circuits": "top floor(x E) edges by |score|",
               "random": {"draws": RANDOM_DRAWS, "seed": SEED, "read": "pair i under draw i mod draws"},
               "metric": "answer logit - mean logit; accuracy", "resamples": RESAMPLES, "level": LEVEL}
 
     def compute():
         by_ranking = scores()
         t = time.perf_counter()
-        circuits, right, margin = edge_faithfulness(backend, pairs, by_ranking, sizes=sizes, progress=progress)
+        circuits, right, margin = edge_faithfulness(backend, pairs, by_ranking, sizes=sizes, ablation=ablation,
+                                                    progress=progress)
         seconds = time.perf_counter() - t
-        fe = edge_faithfulness_work(backend, pairs, by_ranking, sizes=sizes).fe(backend, pairs)
+        fe = edge_faithfulness_work(backend, pairs, by_ranking, sizes=sizes, ablation=ablation).fe(backend, pairs)
         pts, sc = summarize(right, margin, circuits, sizes)
         return encode_rows(pts, FAITH_POINT) + encode_rows(sc, FAITH_SCORE), {
             "n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs), "edges": circuits[0].k,
@@ -527,10 +605,13 @@ def cached_edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair],
 
 def edge_faithfulness_work(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray], *,
                            draws: int = RANDOM_DRAWS, seed: int = SEED, sizes: Sequence[float] = SIZES,
-                           rows_per_pass: int = 256):
-    """The forward work of :func:`edge_faithfulness` once the rankings' scores are known (``engine.cost.Work``)."""
+                           rows_per_pass: int = 256, ablation: str = ABLATIONS[0]):
+    """The forward work of :func:`edge_faithfulness` once the rankings' scores are known (``engine.cost.Work``);
+    mean ablation adds :func:`edge_means`' passes of X_c."""
+    from engine.cost import NO_WORK, padded_passes
     _, masks, _ = plan_circuits(scores, sizes)
-    w = edge_circuits_work(backend, pairs, masks, rows_per_pass=rows_per_pass)
+    w = padded_passes([p.cf_ids for p in pairs], 64) if ablation == "mean" else NO_WORK
+    w += edge_circuits_work(backend, pairs, masks, rows_per_pass=rows_per_pass)
     for g, kept in random_runs(masks.shape[1], len(pairs), draws, seed, sizes) if draws else []:
         w += edge_circuits_work(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass)
     return w

@@ -222,20 +222,21 @@ def graph_scores(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: S
 
 
 def cached_edge_curves(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
-                        steps: int = STEPS, cache=None, progress: ProgressFn | None = None):
+                        steps: int = STEPS, ablation: str = "counterfactual", cache=None,
+                        progress: ProgressFn | None = None):
     """The rankings' edge-circuit faithfulness (:func:`engine.techniques.edge_faithfulness.cached_edge_faithfulness`,
-    their scores from this module's cache): (table, artifacts, computed)."""
+    their scores from this module's cache; ``ablation``: counterfactual or mean): (table, artifacts, computed)."""
     bad = [r for r in rankings if r not in RANKINGS]
     if bad or not rankings:
         raise ValueError(f"unknown edge ranking {bad}: choose from {', '.join(RANKINGS)}")
     return cached_edge_faithfulness(
         backend, pairs, list(rankings),
         lambda: graph_scores(backend, pairs, rankings, steps=steps, cache=cache, progress=progress),
-        steps=steps if "eap-ig" in rankings else 0, cache=cache, progress=progress)
+        steps=steps if "eap-ig" in rankings else 0, ablation=ablation, cache=cache, progress=progress)
 
 
 def edge_curves_work(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
-                     steps: int = STEPS, cache=None):
+                     steps: int = STEPS, ablation: str = "counterfactual", cache=None):
     """The forward work of :func:`cached_edge_curves` (``engine.cost.Work``): nothing when cached; else the rankings'
     scores not yet cached and the circuits' passes -- exact when every ranking's scores are cached (the circuits
     are known), else counted on stand-in scores (a seeded random ranking per missing one: an estimate, the number
@@ -245,7 +246,7 @@ def edge_curves_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranking
     from engine.techniques.edge_faithfulness import edge_faithfulness_work
     try:
         with cache_only():
-            cached_edge_curves(backend, pairs, rankings, steps=steps, cache=cache)
+            cached_edge_curves(backend, pairs, rankings, steps=steps, ablation=ablation, cache=cache)
         return NO_WORK
     except NotCached:
         pass
@@ -258,14 +259,14 @@ def edge_curves_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranking
         except NotCached:
             w += ranking_work(backend, pairs, r, steps=steps)
             scores[r] = np.random.default_rng(i).random(E)
-    return w + edge_faithfulness_work(backend, pairs, scores)
+    return w + edge_faithfulness_work(backend, pairs, scores, ablation=ablation)
 
 
 def _faithfulness(model, pairs, rankings: list[str], args, ctx) -> dict:
     """The rankings' edge-circuit faithfulness curves -> CSV, the areas into the summary."""
     with ctx.progress("edges: faithfulness") as bar:
-        table, art, computed = cached_edge_curves(model, pairs, rankings, steps=args.steps, cache=ctx.cache,
-                                                  progress=bar)
+        table, art, computed = cached_edge_curves(model, pairs, rankings, steps=args.steps, ablation=args.ablation,
+                                                  cache=ctx.cache, progress=bar)
     ctx.write_csv(args.faithfulness, [p.__dict__ for p in table.points])
     return {"out": str(args.faithfulness), "cached": not computed,
             "seconds": round(float(art.get("seconds", float("nan"))), 2),

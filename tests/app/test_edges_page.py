@@ -38,7 +38,7 @@ def test_edge_circuit_curves_on_demand():
     for b in [b for b in at.button if b.key == "faithfulness_go"]:  # the node curves: cached by the test above
         b.click().run()
     at.multiselect(key="faith_edge_curves").set_value(["eap"]).run()
-    button = [b for b in at.button if b.key == "edge_curves_eap"]
+    button = [b for b in at.button if b.key == "edge_curves_eap_counterfactual"]
     assert button and "Compute the edge circuits' curves" in button[0].label  # nothing computed unasked
     button[0].click().run()
     assert not errors(at)
@@ -48,3 +48,14 @@ def test_edge_circuit_curves_on_demand():
     gap = dict(zip(table["ranking"], table["CPR − random"]))
     assert gap["random edges (5 draws)"].startswith("+0.00") and gap["EAP (one gradient)"][0] in "+-", gap
     assert any("forward-equivalents" in c.value for c in at.caption)
+    assert any("the sender's value on the pair's own counterfactual replaces" in c.value for c in at.caption)
+    # mean ablation: the edges' curves too, asked for again, and the caption says what an ablated edge sends
+    at.radio(key="faith_ablation").set_value("mean").run()
+    for b in [b for b in at.button if b.key == "faithfulness_go"]:
+        b.click().run()
+    button = [b for b in at.button if b.key == "edge_curves_eap_mean"]
+    assert button and "Compute the edge circuits' curves" in button[0].label
+    button[0].click().run()
+    assert not errors(at)
+    assert list(at.dataframe[-1].value["ranking"]) == ["EAP (one gradient)", "random edges (5 draws)"]
+    assert any("mean over the counterfactual prompts of the pair's template replaces" in c.value for c in at.caption)

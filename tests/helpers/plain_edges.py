@@ -176,7 +176,27 @@ def cover(edges: list) -> list:
 
 
 @torch.no_grad()
-def edge_circuit(plain: Plain, pairs, edges: list[str], kept: set[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def mean_values(plain: Plain, pairs, over) -> dict[str, list[torch.Tensor]]:
+    """X_c's capture of ``pairs`` with each sender's value (the embedding stream, every head's o_proj input, every
+    MLP's contribution) at pair i's position p replaced by its mean over the prompts of ``over`` with pair i's
+    template, each read at the same distance from its own END: prompt by prompt, position by position."""
+    c = plain.capture([p.cf_ids for p in pairs])
+    alone = [plain.capture([q.cf_ids]) for q in over]  # one prompt a run: no padding
+    for i, p in enumerate(pairs):
+        end = len(p.cf_ids) - 1
+        for pos in range(end + 1):
+            back = end - pos
+            same = [(a, len(q.cf_ids) - 1 - back) for a, q in zip(alone, over)
+                    if q.template == p.template and len(q.cf_ids) - 1 >= back]
+            for key, layers in (("resid_pre", [0]), ("z", range(plain.L)), ("mlp", range(plain.L))):
+                for j in layers:
+                    c[key][j][i, pos] = torch.stack([a[key][j][0, at] for a, at in same]).float().mean(0)
+    return c
+
+
+@torch.no_grad()
+def edge_circuit(plain: Plain, pairs, edges: list[str], kept: set[str], *,
+                 mean_over=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(answer logit [P], answer logit minus the mean logit [P]) at END of X_r with every edge of ``edges`` (MIB
     names) outside ``kept`` ablated, by hand, layer by layer: each receiver reads its input in this run plus, for
     every ablated edge into it, the sender's X_c value minus its value in this run.  A head's z: one run per input
@@ -184,11 +204,13 @@ def edge_circuit(plain: Plain, pairs, edges: list[str], kept: set[str]) -> tuple
     with the three put together; a head's value in this run: the attention's output with that head's o_proj input
     from X_c minus the attention's output, the layer's other heads as this run computed them (MIB's
     ``evaluate_graph``, written for the plain model; a parallel block's MLP reads the layer's input plus its
-    correction with the attention's output held at this run's)."""
+    correction with the attention's output held at this run's).  ``mean_over``: mean ablation -- the senders'
+    X_c values replaced by their means over these pairs' X_c (:func:`mean_values`)."""
     P = plain
     ref = [p.ref_ids for p in pairs]
     answer = torch.tensor([p.answer_id for p in pairs])
-    r, c = P.capture(ref), P.capture([p.cf_ids for p in pairs])
+    r = P.capture(ref)
+    c = P.capture([p.cf_ids for p in pairs]) if mean_over is None else mean_values(P, pairs, mean_over)
     ablated: dict[str, list[str]] = {}  # receiver input ("a3.h1<q>", "m2", "logits") -> senders of ablated edges
     for e in edges:
         if e not in kept:

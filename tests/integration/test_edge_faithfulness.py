@@ -17,6 +17,7 @@ from engine.techniques.edge_faithfulness import (
     edge_circuits_work,
     edge_faithfulness,
     edge_faithfulness_work,
+    edge_means,
     random_circuit,
     random_runs,
     top_edges,
@@ -37,12 +38,12 @@ def circuits(backend, pairs) -> tuple[list, np.ndarray]:
     return edges, np.stack([np.zeros(E, bool), np.ones(E, bool), half, top])
 
 
-def worst_against_plain(backend, path, pairs, edges, kept, out) -> float:
+def worst_against_plain(backend, path, pairs, edges, kept, out, mean_over=None) -> float:
     plain = plain_of(backend, path)
     names = [e.name for e in edges]
     worst = 0.0
     for i, row in enumerate(kept):
-        logit, margin = edge_circuit(plain, pairs, names, {n for n, k in zip(names, row) if k})
+        logit, margin = edge_circuit(plain, pairs, names, {n for n, k in zip(names, row) if k}, mean_over=mean_over)
         worst = max(worst, float((logit - out.logit[i]).abs().max()), float((margin - out.margin[i]).abs().max()))
     return worst
 
@@ -60,6 +61,20 @@ def test_edge_circuits_equal_plain_loop_on_bundled_model(organism):
         assert float((out.logit[i] - out.logit_c).abs().max()) > 1e-2
     worst = worst_against_plain(organism, "models/organism", pairs, edges, kept, out)
     assert worst < 1e-4, f"edge circuits vs the plain loop: {worst:.2e}"
+
+
+def test_mean_ablated_edge_circuits_equal_plain_loop_on_bundled_model(organism):
+    """Mean ablation: an ablated edge sends its sender's mean over the whole set's X_c (the pair's template,
+    END-aligned) -- a subset of the pairs run, as the random ranking's draws are, with the whole set's means."""
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub"), n=6, seed=3))
+    some = [p for p in pairs if sum(q.template == p.template for q in pairs) > 1][::2]  # their means are not theirs
+    edges, kept = circuits(organism, some)
+    out = edge_circuits(organism, some, kept, rows_per_pass=64, means=edge_means(organism, pairs))
+    assert float((out.logit[1] - out.logit_o).abs().max()) < 1e-4  # the full circuit is X_r whatever the values
+    cf = edge_circuits(organism, some, kept[:1], rows_per_pass=64)
+    assert float((out.logit[0] - cf.logit[0]).abs().max()) > 1e-2  # the means are not X_c's values
+    worst = worst_against_plain(organism, "models/organism", some, edges, kept, out, mean_over=pairs)
+    assert worst < 1e-4, f"mean-ablated edge circuits vs the plain loop: {worst:.2e}"
 
 
 def test_edge_circuit_equals_plain_loop_with_sandwich_norms(tmp_path):
@@ -139,6 +154,26 @@ def test_random_ranking_reads_each_pair_under_its_draw_as_the_plain_loop(organis
     # the random ranking's empty and full circuits are the shared ones
     for x, other in ((0.0, "empty"), (1.0, "model")):
         assert np.abs(margin[rows[(RANDOM, x)]] - margin[rows[(other, x)]]).max() < 1e-4
+
+
+def test_mean_ablation_in_edge_faithfulness_counts_its_means_pass(organism):
+    """``ablation="mean"``: the counted work (the meter) includes the means' pass over X_c; the full circuit is the
+    model either way, the empty one is not X_c's; an unknown ablation is refused."""
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub"), n=3, seed=5))
+    scores = {"eap": eap(organism, pairs, edge_graph(organism), steps=0).effects().numpy()}
+    sizes = (0.0, 0.5, 1.0)
+    organism.meter = WorkMeter()
+    circuits, _, margin = edge_faithfulness(organism, pairs, scores, sizes=sizes, rows_per_pass=64, ablation="mean")
+    got = metered(organism.meter)
+    w = edge_faithfulness_work(organism, pairs, scores, sizes=sizes, rows_per_pass=64, ablation="mean")
+    assert (got.calls, got.body, got.unembed) == (w.calls, w.body, w.unembed)
+    assert w.calls > edge_faithfulness_work(organism, pairs, scores, sizes=sizes, rows_per_pass=64).calls
+    _, _, cf_margin = edge_faithfulness(organism, pairs, scores, sizes=sizes, rows_per_pass=64)
+    rows = {(c.ranking, c.size): i for i, c in enumerate(circuits)}
+    assert np.abs(margin[rows[("model", 1.0)]] - cf_margin[rows[("model", 1.0)]]).max() < 1e-4
+    assert np.abs(margin[rows[("empty", 0.0)]] - cf_margin[rows[("empty", 0.0)]]).max() > 1e-2
+    with pytest.raises(ValueError, match="unknown ablation"):
+        edge_faithfulness(organism, pairs, scores, sizes=sizes, ablation="zero")
 
 
 def test_random_runs_read_each_pair_under_its_own_draw():

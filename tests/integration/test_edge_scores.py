@@ -70,3 +70,9 @@ def test_cli_faithfulness_curve_cached(tmp_path):
     again = run_cli(*args, cache=cache)
     assert again.returncode == 0 and json.loads(again.stdout)["faithfulness"]["cached"] is True
     assert _csv(faith) == rows
+    # mean ablation: its own cached curves (the edge scores reused), the model's circuit still f = 1
+    mean = run_cli(*args, "--ablation", "mean", cache=cache)
+    assert mean.returncode == 0, mean.stderr
+    assert json.loads(mean.stdout)["faithfulness"]["cached"] is False
+    m_logit = {float(row["size"]): row for row in _csv(faith) if row["ranking"] == "eap" and row["metric"] == "logit"}
+    assert float(m_logit[1.0]["f"]) == pytest.approx(1.0) and set(m_logit) == set(logit)
