@@ -9,7 +9,7 @@ edges; the run is X_r in which every receiver v reads
 -- the sender's counterfactual value replaces its current one on exactly the ablated edges.  The senders' values
 are those of the run being computed, so an ablation upstream reaches v through the kept edges too.  With **mean**
 ablation (``ablation="mean"``, MIB's other intervention) value_u(X_c) is replaced by the sender's mean over the
-counterfactual prompts of the pair's template, END-aligned (the knockouts' mean, :func:`edge_means`), taken over
+counterfactual prompts of the pair's template, END-aligned (the knockouts' mean, :func:`sender_means`), taken over
 the whole set whatever subset a pass runs.  The values
 (as in :mod:`engine.techniques.edges`): the embedding stream for ``input``; an MLP's contribution
 (``hooks.mlp_out``); a head's contribution ``attn_out(z with head h from X_c) - attn_out(z)``, the layer's other
@@ -73,6 +73,7 @@ from engine.techniques.faithfulness import (
     kept_count,
     summarize,
 )
+from engine.techniques.knockout import MeanActivations, end_aligned, mean_activations, mean_activations_work
 
 METHOD = "edge_faithfulness"
 VERSION = 3
@@ -163,54 +164,21 @@ def sender_value_names(n_layers: int) -> list[str]:
     return [hooks.resid_pre(0)] + [n for j in range(n_layers) for n in (hooks.attn_z(j), hooks.mlp_out(j))]
 
 
-@dataclass
-class EdgeMeans:
-    """The senders' END-aligned means over X_c, per template: ``values[name]`` [G, T, ...] with offset t counting
-    back from END, ``groups[g]`` the template of row g."""
-
-    groups: list[str]
-    values: dict[str, torch.Tensor]
-
-    def for_pairs(self, pairs: Sequence[PromptPair], end: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
-        """Each sender's mean laid out like a padded batch of ``pairs`` (END at ``end`` [P], ``width`` positions):
-        position p of pair i holds its template's mean at offset end_i - p (zeros after END).
-        # {name: [P, width, ...]}"""
-        g = torch.tensor([self.groups.index(p.template) for p in pairs])  # [P]
-        pos = torch.arange(width)
-        offset = end[:, None] - pos[None, :]  # [P, width]
-        out = {}
-        for name, v in self.values.items():  # v [G, T, ...]
-            T = v.shape[1]
-            got = v[g[:, None], offset.clamp(0, T - 1)]  # [P, width, ...]
-            got[(offset < 0) | (offset >= T)] = 0
-            out[name] = got
-        return out
-
-
-@torch.no_grad()
-def edge_means(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64) -> EdgeMeans:
-    """:class:`EdgeMeans` of ``pairs``' counterfactual prompts: one padded pass of X_c per batch, each prompt's
-    positions up to END added to its template's sums at their offsets from END."""
-    names = sender_value_names(backend.facts.n_layers)
-    groups = sorted({p.template for p in pairs})
-    T = max(len(p.cf_ids) for p in pairs)
-    sums: dict[str, torch.Tensor] = {}
-    counts = torch.zeros(len(groups), T)
-    for s in range(0, len(pairs), batch_size):
-        chunk = pairs[s:s + batch_size]
-        ids, mask, end = pad([p.cf_ids for p in chunk], pad_id(backend))
-        acts = backend.activations(ids, mask, names)
-        for i, p in enumerate(chunk):
-            g, e = groups.index(p.template), int(end[i])
-            counts[g, :e + 1] += 1
-            for name in names:
-                a = acts[name][i, :e + 1].float().cpu().flip(0)  # [e + 1, ...]: offset 0 = END
-                if name not in sums:
-                    sums[name] = torch.zeros(len(groups), T, *a.shape[1:])
-                sums[name][g, :e + 1] += a
-    shape = (len(groups), T)
-    return EdgeMeans(groups, {n: v / counts.clamp_min(1).reshape(*shape, *([1] * (v.dim() - 2)))
-                              for n, v in sums.items()})
+def sender_means(means: MeanActivations, pairs: Sequence[PromptPair], end: torch.Tensor, width: int
+                 ) -> dict[str, torch.Tensor]:
+    """Each sender's mean over X_c (:func:`engine.techniques.knockout.mean_activations`: the pair's template,
+    END-aligned) laid out like a padded batch of ``pairs`` (END at ``end`` [P], ``width`` positions; zeros after
+    END).  # {name: [P, width, ...]}"""
+    L = means.z.shape[1]
+    gidx = torch.tensor([means.index(p.template) for p in pairs])  # [P]
+    by_name = {hooks.resid_pre(0): means.embed}
+    for j in range(L):
+        by_name[hooks.attn_z(j)], by_name[hooks.mlp_out(j)] = means.z[:, j], means.mlp[:, j]  # [G, T, ...]
+    out = {}
+    for name, mean in by_name.items():
+        value, ok = end_aligned(mean, means.count, gidx, end, width)  # [P, width, ...], [P, width]
+        out[name] = value * ok.reshape(*ok.shape, *([1] * (value.dim() - 2)))
+    return out
 
 
 @dataclass
@@ -228,7 +196,7 @@ class _Runner:
     """X_r / X_c of the pairs and the passes of :func:`edge_circuits` (rows: blocks of P pairs)."""
 
     def __init__(self, backend: ModelBackend, pairs: Sequence[PromptPair], rows_per_pass: int,
-                 means: EdgeMeans | None = None) -> None:
+                 means: MeanActivations | None = None) -> None:
         self.b = backend
         L = backend.facts.n_layers
         ids, self.mask, self.end = pad([p.ref_ids for p in pairs], pad_id(backend))
@@ -246,7 +214,7 @@ class _Runner:
         self.logit_c = c_lg[rows, self.end.to(c_lg.device), self.answer.to(c_lg.device)].float().cpu()
         self.per = max(1, rows_per_pass // max(1, self.P))
         if means is not None:  # mean ablation: the senders send their means, not X_c's values
-            for name, v in means.for_pairs(pairs, self.end, ids.shape[1]).items():
+            for name, v in sender_means(means, pairs, self.end, ids.shape[1]).items():
                 self.c[name] = v.to(self.c[name].device, self.c[name].dtype).reshape(self.c[name].shape)
 
     def state_edits(self, z: list[list], mlp: list[list], cs: Sequence[int], upto: int) -> list:
@@ -313,7 +281,7 @@ def _adder(value: torch.Tensor):
 
 @torch.no_grad()
 def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.ndarray, *,
-                  edges: Sequence[Edge] | None = None, rows_per_pass: int = 256, means: EdgeMeans | None = None,
+                  edges: Sequence[Edge] | None = None, rows_per_pass: int = 256, means: MeanActivations | None = None,
                   progress: ProgressFn | None = None) -> CircuitReadout:
     """END of X_r under each circuit (``kept`` [C, E] bool over ``edges``, default :func:`edge_graph`): every
     edge outside it ablated (module docstring) -- to X_c's values, or with ``means`` to the senders' means."""
@@ -537,10 +505,10 @@ def edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], scores
     :func:`engine.techniques.edges.edge_graph`'s order}) and, ``draws`` > 0, of the random ranking (one row per
     size, each pair read under its own draw's circuit: the draw's pairs run with the draw's circuits), for
     :func:`engine.techniques.faithfulness.summarize`.  ``ablation``: an ablated edge sends its sender's X_c value
-    (``counterfactual``) or its mean over the set's X_c (``mean``, :func:`edge_means`, over all of ``pairs``)."""
+    (``counterfactual``) or its mean over the set's X_c (``mean``: the knockouts' means, over all of ``pairs``)."""
     if ablation not in ABLATIONS:
         raise ValueError(f"unknown ablation {ablation!r}: choose from {', '.join(ABLATIONS)}")
-    means = edge_means(backend, pairs) if ablation == "mean" else None
+    means = mean_activations(backend, pairs) if ablation == "mean" else None
     circuits, masks, row = plan_circuits(scores, sizes)
     E = masks.shape[1]
     runs = random_runs(E, len(pairs), draws, seed, sizes) if draws else []
@@ -607,10 +575,10 @@ def edge_faithfulness_work(backend: ModelBackend, pairs: Sequence[PromptPair], s
                            draws: int = RANDOM_DRAWS, seed: int = SEED, sizes: Sequence[float] = SIZES,
                            rows_per_pass: int = 256, ablation: str = ABLATIONS[0]):
     """The forward work of :func:`edge_faithfulness` once the rankings' scores are known (``engine.cost.Work``);
-    mean ablation adds :func:`edge_means`' passes of X_c."""
-    from engine.cost import NO_WORK, padded_passes
+    mean ablation adds the means' passes of X_c (none once they are memoised)."""
+    from engine.cost import NO_WORK
     _, masks, _ = plan_circuits(scores, sizes)
-    w = padded_passes([p.cf_ids for p in pairs], 64) if ablation == "mean" else NO_WORK
+    w = mean_activations_work(backend, pairs) if ablation == "mean" else NO_WORK
     w += edge_circuits_work(backend, pairs, masks, rows_per_pass=rows_per_pass)
     for g, kept in random_runs(masks.shape[1], len(pairs), draws, seed, sizes) if draws else []:
         w += edge_circuits_work(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass)

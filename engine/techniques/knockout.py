@@ -87,6 +87,7 @@ class MeanActivations:
     z: torch.Tensor        # [G, L, T, H, d_head]; offset t counts back from END
     mlp: torch.Tensor      # [G, L, T, d_model]
     count: torch.Tensor    # [G, T] number of prompts that have offset t
+    embed: torch.Tensor    # [G, T, d_model] the embedding stream (layer 0's input): edge circuits' ``input`` node
 
     def index(self, template: str | None) -> int:
         try:
@@ -115,7 +116,7 @@ def mean_activations_work(backend: ModelBackend, pairs: Sequence[PromptPair], *,
 
 def mean_activations(backend: ModelBackend, pairs: Sequence[PromptPair], *, batch_size: int = 64
                      ) -> MeanActivations:
-    """Means of every head's z and every MLP's output over the counterfactual prompts.
+    """Means of every head's z, every MLP's output and the embedding stream over the counterfactual prompts.
 
     Memoized per (model fingerprint, prompt-set hash): a knockout page re-run reuses them.
     """
@@ -126,12 +127,13 @@ def mean_activations(backend: ModelBackend, pairs: Sequence[PromptPair], *, batc
     if key in _MEMO:
         return _MEMO[key]
     L = backend.facts.n_layers
-    names = [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
+    names = [hooks.resid_pre(0)] + [n for layer in range(L) for n in (hooks.attn_z(layer), hooks.mlp_out(layer))]
     T = max(len(p.cf_ids) for p in pairs)
     groups = [ALL] + sorted({p.template for p in pairs})
     gi = {g: i for i, g in enumerate(groups)}
     sums_z: torch.Tensor | None = None
     sums_m: torch.Tensor | None = None
+    sums_e: torch.Tensor | None = None
     counts = torch.zeros(len(groups), T)
     pad_token = pad_id(backend)
     for s in range(0, len(pairs), batch_size):
@@ -140,26 +142,31 @@ def mean_activations(backend: ModelBackend, pairs: Sequence[PromptPair], *, batc
         c = backend.activations(ids, mask, names)
         z = torch.stack([c[hooks.attn_z(layer)] for layer in range(L)], 1).float().cpu()  # [b, L, pos, H, dh]
         m = torch.stack([c[hooks.mlp_out(layer)] for layer in range(L)], 1).float().cpu()  # [b, L, pos, d]
+        e = c[hooks.resid_pre(0)].float().cpu()  # [b, pos, d]
         if sums_z is None:
             sums_z = torch.zeros((len(groups), L, T) + tuple(z.shape[3:]))
             sums_m = torch.zeros((len(groups), L, T, m.shape[-1]))
+            sums_e = torch.zeros((len(groups), T, e.shape[-1]))
         for i, p in enumerate(chunk):
             n = int(end[i]) + 1
             zi = z[i, :, :n].flip(1)  # [L, n, H, dh], offset 0 = END
             mi = m[i, :, :n].flip(1)
+            ei = e[i, :n].flip(0)
             for g in (0, gi[p.template]):
                 sums_z[g, :, :n] += zi
                 sums_m[g, :, :n] += mi
+                sums_e[g, :n] += ei
                 counts[g, :n] += 1
     denom = counts.clamp_min(1)
-    out = MeanActivations(groups, sums_z / denom[:, None, :, None, None], sums_m / denom[:, None, :, None], counts)
+    out = MeanActivations(groups, sums_z / denom[:, None, :, None, None], sums_m / denom[:, None, :, None], counts,
+                          sums_e / denom[:, :, None])
     if len(_MEMO) >= 16:
         _MEMO.pop(next(iter(_MEMO)))  # the oldest entry: the means just computed for another set stay
     _MEMO[key] = out
     return out
 
 
-def _replacement(mean: torch.Tensor, count: torch.Tensor, gidx: torch.Tensor, ends: torch.Tensor,
+def end_aligned(mean: torch.Tensor, count: torch.Tensor, gidx: torch.Tensor, ends: torch.Tensor,
                  width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """END-aligned mean values for a batch, and where they apply.
 
@@ -239,8 +246,8 @@ def knocked_out_rows(backend: ModelBackend, head_mask: torch.Tensor, mlp_mask: t
     gidx = torch.tensor([means.index(t) for t in templates])
     end_t = torch.tensor(list(ends))
     with replaced_rows(backend, head_mask, mlp_mask,
-                       lambda layer, width: _replacement(means.z[:, layer], means.count, gidx, end_t, width),
-                       lambda layer, width: _replacement(means.mlp[:, layer], means.count, gidx, end_t, width)):
+                       lambda layer, width: end_aligned(means.z[:, layer], means.count, gidx, end_t, width),
+                       lambda layer, width: end_aligned(means.mlp[:, layer], means.count, gidx, end_t, width)):
         yield
 
 
