@@ -236,7 +236,11 @@ TECHNIQUES: tuple[Technique, ...] = (
                   "ablated as MIB does (one row per ranking, size and metric; CPR / CMD in the summary)"),
          opt("--ablation", choices=("counterfactual", "mean"), default="counterfactual",
              help="with --faithfulness, what an edge outside the circuit sends: its sender's value on the pair's "
-                  "own X_c (default, MIB's patching) or its mean over X_c (per template, END-aligned)"))),
+                  "own X_c (default, MIB's patching) or its mean over X_c (per template, END-aligned)"),
+         opt("--resolution", choices=("edge", "edge-position", "node-position"), default="edge",
+             help="with --faithfulness, what a circuit keeps: edges (default), edges at token roles (operand A, "
+                  "operator, operand B, END, other) or heads and MLPs at token roles; the position resolutions "
+                  "are ranked by eap or eap-ig"))),
     Technique(
         "transfer", "Transfer (Table 4)", "Table 4: key-head overlap and cross knockouts of two sets -> JSON",
         "transfer",

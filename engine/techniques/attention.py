@@ -59,6 +59,24 @@ def token_roles(backend: ModelBackend, pair: PromptPair) -> list[str]:
     return roles_of(toks, [r != c for r, c in zip(ids, pair.cf_ids)], a_first=a_first) + ["other"] * pair.forced
 
 
+#: The token roles a position-resolved circuit keeps a node or an edge at (:func:`circuit_roles`): the operands, the
+#: operator, END (the position the answer is read at) and everything else (the first token among it)
+CIRCUIT_ROLES: tuple[str, ...] = ("operand A", "operator", "operand B", "END", "other")
+
+
+def circuit_roles(backend: ModelBackend, pairs: Sequence[PromptPair], width: int) -> torch.Tensor:
+    """Each position's index in :data:`CIRCUIT_ROLES`, right-padded pairs ``width`` positions wide: END is the
+    prompt's last position (whatever :func:`token_roles` calls it), the first token and the padding are "other".
+    # [P, width] long"""
+    at = {r: i for i, r in enumerate(CIRCUIT_ROLES)}
+    out = torch.full((len(pairs), width), at["other"], dtype=torch.long)
+    for i, p in enumerate(pairs):
+        roles = token_roles(backend, p)
+        out[i, :len(roles)] = torch.tensor([at.get(r, at["other"]) for r in roles])
+        out[i, len(p.ref_ids) - 1] = at["END"]
+    return out
+
+
 def roles_of(toks: Sequence[str | None], operator: Sequence[bool], *, a_first: bool = True) -> list[str]:
     """The role of every token of a prompt: ``operator[i]`` marks the positions its counterfactual replaces (all
     False for a prompt with no counterfactual: no operator role); the two runs of digit tokens are the operands,

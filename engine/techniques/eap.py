@@ -19,6 +19,12 @@ stream entering the first block is ``x_c + (k / steps) (x_r - x_c)`` for k = 1 .
 
 With one step the only point is X_r itself: EAP-IG equals EAP (``tests/integration/test_eap.py``).
 
+**By token role** (``by_role``; position-aware edge attribution, Haklay et al., ACL 2025): the sum over positions
+is split into one per role of :data:`engine.techniques.attention.CIRCUIT_ROLES` (operand A, operator, operand B,
+END, other) -- the estimate of patching the edge at that role's positions only; the roles' scores add up to the
+edge's.  Under a counterfactual that changes only the operator, every position before it has d_u = 0: an operand
+written before the operator scores exactly 0 there.
+
 **The gradients.**  A head's three inputs are one stream (the layer's input) read three times, so its
 gradient through one of them is not a hook's gradient.  Per point: (1) one forward and backward pass with zero
 probes on every head's output z, every MLP's output and the final stream: dm/dz[l, h], dm/dmlp_out[l], dm/dx
@@ -47,6 +53,7 @@ from engine.machinery.patch_rows import PatchRun
 from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
+from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
 from engine.techniques.edges import QKV, Edge, edge_graph, head_senders_per_layer, prepared, sender_differences
 
 METHOD = "eap"
@@ -75,17 +82,18 @@ class EapRaw:
 
     pairs: list[PromptPair]
     edges: list[Edge]
-    scores: torch.Tensor  # [E, P]
+    scores: torch.Tensor  # [E, P], or [E, R, P] split by token role (``eap(by_role=True)``)
     steps: int            # 0: EAP, else EAP-IG's points
 
     def effects(self) -> torch.Tensor:
-        """Mean estimate per edge.  # [E]"""
-        return self.scores.double().mean(1)
+        """Mean estimate per edge (per edge and role).  # [E] or [E, R]"""
+        return self.scores.double().mean(-1)
 
 
 def eap(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
-        steps: int = 0, progress: ProgressFn | None = None) -> EapRaw:
-    """EAP (``steps`` 0) or EAP-IG with ``steps`` points of every edge (default all; module docstring)."""
+        steps: int = 0, by_role: bool = False, progress: ProgressFn | None = None) -> EapRaw:
+    """EAP (``steps`` 0) or EAP-IG with ``steps`` points of every edge (default all; module docstring);
+    ``by_role``: the sum over positions split by token role (scores [E, R, P], module docstring)."""
     if steps < 0:
         raise ValueError(f"steps must be >= 0 (0: EAP, n: EAP-IG with n points), got {steps}")
     edges = list(edges) if edges is not None else edge_graph(backend)
@@ -100,7 +108,13 @@ def eap(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge
         if progress is not None:
             progress(i + 1, len(points))
     n = float(len(points))
-    scores = torch.stack([(diffs[e.sender.name] * total.of(e)).sum((1, 2)) / n for e in edges])  # [E, P]
+    if not by_role:
+        scores = torch.stack([(diffs[e.sender.name] * total.of(e)).sum((1, 2)) / n for e in edges])  # [E, P]
+        return EapRaw(list(pairs), edges, scores, steps)
+    at = torch.nn.functional.one_hot(circuit_roles(backend, pairs, run.ref.shape[1]), len(CIRCUIT_ROLES))
+    at = at.to(torch.float32)  # [P, T, R]
+    scores = torch.stack([torch.einsum("pt,ptr->rp", (diffs[e.sender.name] * total.of(e)).sum(2), at) / n
+                          for e in edges])  # [E, R, P]
     return EapRaw(list(pairs), edges, scores, steps)
 
 

@@ -20,6 +20,12 @@ query, key and value input separately: head h's z is computed from its own three
 computed from ``resid_pre`` plus each distinct correction, then the head's q, k and v put together; grouped-query
 attention: head h's key and value heads are computed from *its* inputs, only its z is taken).
 
+**At token positions** (``kept`` [C, E, R]; :mod:`engine.techniques.circuit_units`): an edge is kept or ablated
+at each token role of :data:`engine.techniques.attention.CIRCUIT_ROLES` (operand A, operator, operand B, END,
+other) separately, so the sum above runs, at each position, over the edges ablated at that position's role.  A
+receiver's correction is then one per role, laid over the positions (:class:`Plan`: a receiver's key is its ablated
+senders per role); everything else is as below.
+
 **The computation** is layer by layer (:func:`edge_circuits`): at layer l every circuit's earlier heads' z and
 MLP outputs are written back (its state), then (B) one block of rows per distinct correction of the layer's
 q / k / v inputs, (C) one block per distinct (q, k, v) triple of corrections a head mixes, (D) the heads'
@@ -59,6 +65,8 @@ from engine.machinery.batching import pad, pad_id
 from engine.numerics.intervals import LEVEL, RESAMPLES, SEED
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
+from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
+from engine.techniques.circuit_units import Units, units_of
 from engine.techniques.edges import QKV, Edge, as_graph, edge_graph
 from engine.techniques.faithfulness import (
     ABLATIONS,
@@ -100,15 +108,25 @@ def sender_names(backend: ModelBackend) -> list[str]:
 @dataclass
 class Plan:
     """Per circuit (C of them): for each receiver key (``("head", l, h, x)``, ``("mlp", l)``, ``("logits",)``)
-    the senders whose edge into it is ablated, as a sorted tuple of sender names; and the senders with some
-    ablated edge."""
+    with an ablated edge, per token role (R: 1 when the circuits are not resolved by position) the senders whose
+    edge into it is ablated there, as a tuple of sender names; and the senders with some ablated edge."""
 
-    ablated: list[dict[tuple, tuple[str, ...]]]
+    ablated: list[dict[tuple, tuple[tuple[str, ...], ...]]]
     senders: list[frozenset[str]]
+    roles: int = 1
 
-    def layer_keys(self, c: int, layer: int, n_heads: int) -> dict[tuple[int, str], tuple[str, ...]]:
-        """{(head, x): ablated senders} of circuit c's heads at ``layer``."""
-        return {(h, x): self.ablated[c].get(("head", layer, h, x), ()) for h in range(n_heads) for x in QKV}
+    @property
+    def none(self) -> tuple[tuple[str, ...], ...]:
+        """The key of a receiver with nothing ablated."""
+        return ((),) * self.roles
+
+    def key(self, c: int, receiver: tuple) -> tuple[tuple[str, ...], ...]:
+        """Circuit c's ablated senders into ``receiver``, per role."""
+        return self.ablated[c].get(receiver, self.none)
+
+    def layer_keys(self, c: int, layer: int, n_heads: int) -> dict[tuple[int, str], tuple[tuple[str, ...], ...]]:
+        """{(head, x): ablated senders per role} of circuit c's heads at ``layer``."""
+        return {(h, x): self.key(c, ("head", layer, h, x)) for h in range(n_heads) for x in QKV}
 
     def needs_difference(self, c: int, sender: str) -> bool:
         """Whether some ablated edge of circuit c leaves ``sender``."""
@@ -116,19 +134,28 @@ class Plan:
 
 
 def plan_of(edges: Sequence[Edge], kept: np.ndarray) -> Plan:
-    """``kept`` [C, E] bool over ``edges`` -> the plan (per receiver, its edges read in sender-name order)."""
+    """``kept`` [C, E] bool over ``edges``, or [C, E, R] per token role -> the plan (per receiver, its edges read
+    in sender-name order)."""
     graph = as_graph(edges)
     groups, (codes, names_of) = graph.by_receiver, graph.sender_codes
+    kept = _by_role(kept, len(edges))  # [C, E, R]
+    R = kept.shape[2]
     ablated, senders = [], []
-    for row in np.asarray(kept, dtype=bool):
-        ab: dict[tuple, tuple[str, ...]] = {}
+    for row in kept:  # [E, R]
+        ab: dict[tuple, tuple[tuple[str, ...], ...]] = {}
         for key, at, names in groups:
-            off = ~row[at]  # [edges into this receiver]
+            off = ~row[at]  # [edges into this receiver, R]
             if off.any():
-                ab[key] = tuple(names[off])
+                ab[key] = tuple(tuple(names[off[:, r]]) for r in range(R))
         ablated.append(ab)
-        senders.append(frozenset(names_of[i] for i in np.unique(codes[~row])))
-    return Plan(ablated, senders)
+        senders.append(frozenset(names_of[i] for i in np.unique(codes[~row.all(1)])))
+    return Plan(ablated, senders, R)
+
+
+def _by_role(kept: np.ndarray, n_edges: int) -> np.ndarray:
+    """Kept edges [C, E] (or [E]) or per role [C, E, R] -> [C, E, R] bool (R = 1 for the former)."""
+    kept = np.asarray(kept, dtype=bool)
+    return kept.reshape(-1, n_edges, kept.shape[-1] if kept.ndim == 3 else 1)
 
 
 def _blocks_b(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, tuple[str, ...]]]:
@@ -196,7 +223,7 @@ class _Runner:
     """X_r / X_c of the pairs and the passes of :func:`edge_circuits` (rows: blocks of P pairs)."""
 
     def __init__(self, backend: ModelBackend, pairs: Sequence[PromptPair], rows_per_pass: int,
-                 means: MeanActivations | None = None) -> None:
+                 means: MeanActivations | None = None, roles: int = 1) -> None:
         self.b = backend
         L = backend.facts.n_layers
         ids, self.mask, self.end = pad([p.ref_ids for p in pairs], pad_id(backend))
@@ -213,6 +240,13 @@ class _Runner:
         self.logit_o = r_lg[rows, self.end.to(r_lg.device), self.answer.to(r_lg.device)].float().cpu()
         self.logit_c = c_lg[rows, self.end.to(c_lg.device), self.answer.to(c_lg.device)].float().cpu()
         self.per = max(1, rows_per_pass // max(1, self.P))
+        self.where: torch.Tensor | None = None  # [R, P, pos, 1]: the positions of each token role (R > 1)
+        if roles > 1:
+            if roles != len(CIRCUIT_ROLES):
+                raise ValueError(f"a circuit resolved by position keeps each edge at {len(CIRCUIT_ROLES)} token roles "
+                                 f"({', '.join(CIRCUIT_ROLES)}), not {roles}")
+            at = torch.nn.functional.one_hot(circuit_roles(backend, pairs, ids.shape[1]), roles)  # [P, pos, R]
+            self.where = at.permute(2, 0, 1)[..., None].float()
         if means is not None:  # mean ablation: the senders send their means, not X_c's values
             for name, v in sender_means(means, pairs, self.end, ids.shape[1]).items():
                 self.c[name] = v.to(self.c[name].device, self.c[name].dtype).reshape(self.c[name].shape)
@@ -283,14 +317,16 @@ def _adder(value: torch.Tensor):
 def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.ndarray, *,
                   edges: Sequence[Edge] | None = None, rows_per_pass: int = 256, means: MeanActivations | None = None,
                   progress: ProgressFn | None = None) -> CircuitReadout:
-    """END of X_r under each circuit (``kept`` [C, E] bool over ``edges``, default :func:`edge_graph`): every
-    edge outside it ablated (module docstring) -- to X_c's values, or with ``means`` to the senders' means."""
+    """END of X_r under each circuit (``kept`` [C, E] bool over ``edges``, default :func:`edge_graph`; or
+    [C, E, R], each edge kept or not at each token role of :data:`CIRCUIT_ROLES`): every edge outside it ablated
+    (module docstring; at a role, at that role's positions only) -- to X_c's values, or with ``means`` to the
+    senders' means."""
     edges = list(edges) if edges is not None else edge_graph(backend)
-    kept = np.asarray(kept, dtype=bool).reshape(-1, len(edges))
+    kept = _by_role(kept, len(edges))
     C = kept.shape[0]
     L, H = backend.facts.n_layers, backend.facts.n_heads
     plan = plan_of(edges, kept)
-    run = _Runner(backend, pairs, rows_per_pass, means)
+    run = _Runner(backend, pairs, rows_per_pass, means, plan.roles)
     heads_read_only_qkv(backend, run)
     P = run.P
     linear = backend.attn_branch_is_identity
@@ -299,14 +335,16 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
     diff: list[dict] = [{"input": (run.c[hooks.resid_pre(0)] - run.r[hooks.resid_pre(0)]).float().cpu()}
                         for _ in range(C)]  # value_u(X_c) - value_u(run), per circuit
 
-    def correction(c: int, senders: tuple[str, ...]) -> torch.Tensor:
+    def correction(c: int, key: tuple[tuple[str, ...], ...]) -> torch.Tensor:
+        """What the ablated edges add to a receiver's input: per role, its senders' differences there."""
         d = torch.zeros_like(diff[c]["input"])
-        for s in senders:
-            d += diff[c][s]
+        for r, senders in enumerate(key):
+            for s in senders:
+                d += diff[c][s] if run.where is None else diff[c][s] * run.where[r]
         return d
 
     def mlp_correction(c: int, layer: int) -> torch.Tensor:
-        return correction(c, plan.ablated[c].get(("mlp", layer), ()))
+        return correction(c, plan.key(c, ("mlp", layer)))
 
     def step(layer: int) -> None:
         """Layer ``layer`` of every circuit: its heads' z, their differences, its MLP."""
@@ -384,7 +422,7 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
     rows_all = torch.arange(P)
     for g in range(0, C, run.per):
         cs = list(range(g, min(C, g + run.per)))
-        add = torch.cat([correction(c, plan.ablated[c].get(("logits",), ())) for c in cs])
+        add = torch.cat([correction(c, plan.key(c, ("logits",))) for c in cs])
         lg = run.end_logits(run.state_edits(z, mlp, cs, L) + [(hooks.resid_post(L - 1), _adder(add))], len(cs))
         for s, c in enumerate(cs):
             block = lg[s * P:(s + 1) * P]
@@ -411,7 +449,7 @@ def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept:
     MLP), and the final pass, ``rows_per_pass`` rows at most per pass."""
     from engine.cost import NO_WORK, Work, one_pass
     edges = list(edges) if edges is not None else edge_graph(backend)
-    kept = np.asarray(kept, dtype=bool).reshape(-1, len(edges))
+    kept = _by_role(kept, len(edges))
     C = kept.shape[0]
     L, H = backend.facts.n_layers, backend.facts.n_heads
     plan = plan_of(edges, kept)
@@ -499,32 +537,40 @@ def random_runs(n_edges: int, n_pairs: int, draws: int, seed: int, sizes: Sequen
 @torch.no_grad()
 def edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray], *,
                       draws: int = RANDOM_DRAWS, seed: int = SEED, sizes: Sequence[float] = SIZES,
-                      rows_per_pass: int = 256, ablation: str = ABLATIONS[0], progress: ProgressFn | None = None
-                      ) -> tuple[list[Circuit], np.ndarray, np.ndarray]:
+                      rows_per_pass: int = 256, ablation: str = ABLATIONS[0], units: Units | None = None,
+                      progress: ProgressFn | None = None) -> tuple[list[Circuit], np.ndarray, np.ndarray]:
     """(circuits, right [S, P], margin [S, P]) of every ranking's top-edge circuits (``scores``: {ranking: [E] in
     :func:`engine.techniques.edges.edge_graph`'s order}) and, ``draws`` > 0, of the random ranking (one row per
     size, each pair read under its own draw's circuit: the draw's pairs run with the draw's circuits), for
     :func:`engine.techniques.faithfulness.summarize`.  ``ablation``: an ablated edge sends its sender's X_c value
-    (``counterfactual``) or its mean over the set's X_c (``mean``: the knockouts' means, over all of ``pairs``)."""
+    (``counterfactual``) or its mean over the set's X_c (``mean``: the knockouts' means, over all of ``pairs``).
+    ``units``: the circuits are made of these (:mod:`engine.techniques.circuit_units`: edges or nodes at token
+    roles; ``scores`` then [U] in their order); None: of the edges."""
     if ablation not in ABLATIONS:
         raise ValueError(f"unknown ablation {ablation!r}: choose from {', '.join(ABLATIONS)}")
     means = mean_activations(backend, pairs) if ablation == "mean" else None
     circuits, masks, row = plan_circuits(scores, sizes)
-    E = masks.shape[1]
+    E = masks.shape[1]  # the units
+    expand = _expander(units)
     runs = random_runs(E, len(pairs), draws, seed, sizes) if draws else []
     stage = Stages(progress, [len(pairs)] + [len(g) for g, _ in runs]).stage  # one count over the runs
-    out = edge_circuits(backend, pairs, masks, rows_per_pass=rows_per_pass, means=means, progress=stage(0))
+    out = edge_circuits(backend, pairs, expand(masks), rows_per_pass=rows_per_pass, means=means, progress=stage(0))
     right, margin = out.right.numpy()[row], out.margin.numpy()[row]
     if not runs:
         return circuits, right, margin
     r_right = np.zeros((len(sizes), len(pairs)), dtype=right.dtype)      # [X, P]
     r_margin = np.zeros((len(sizes), len(pairs)), dtype=margin.dtype)    # [X, P]
     for i, (g, kept) in enumerate(runs):  # a draw's pairs under the draw's circuits  # kept: [X, E]
-        o = edge_circuits(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass, means=means,
+        o = edge_circuits(backend, [pairs[j] for j in g], expand(kept), rows_per_pass=rows_per_pass, means=means,
                           progress=stage(i + 1))
         r_right[:, g], r_margin[:, g] = o.right.numpy(), o.margin.numpy()
     circuits = circuits + [Circuit(RANDOM, 0, x, kept_count(x, E)) for x in sizes]
     return circuits, np.concatenate([right, r_right]), np.concatenate([margin, r_margin])
+
+
+def _expander(units: Units | None) -> Callable[[np.ndarray], np.ndarray]:
+    """Kept units [C, U] -> what :func:`edge_circuits` reads (the edges, per role where resolved)."""
+    return (lambda kept: kept) if units is None else units.edges_kept
 
 
 def random_circuit(n_edges: int, size: float, pair: int, draws: int = RANDOM_DRAWS, seed: int = SEED) -> np.ndarray:
@@ -535,13 +581,14 @@ def random_circuit(n_edges: int, size: float, pair: int, draws: int = RANDOM_DRA
 
 def cached_edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str],
                              scores: Callable[[], dict[str, np.ndarray]], *, steps: int = 0,
-                             sizes: Sequence[float] = SIZES, ablation: str = ABLATIONS[0], cache=None,
-                             progress: ProgressFn | None = None) -> tuple[FaithTable, dict, bool]:
+                             sizes: Sequence[float] = SIZES, ablation: str = ABLATIONS[0], resolution: str = "edge",
+                             cache=None, progress: ProgressFn | None = None) -> tuple[FaithTable, dict, bool]:
     """:func:`edge_faithfulness` of ``rankings`` through the result cache: (table -- curves and CPR / CMD with
     bootstrap intervals, as the node circuits' --, artifacts {seconds, forward_equivalents}, computed).
     ``scores()``: {ranking: [E]}, called only when the curves are not cached (the edge scores' own cache:
     :func:`engine.techniques.edge_scores.graph_scores`); ``steps``: EAP-IG's, part of the key; ``ablation``: as
-    :func:`edge_faithfulness`."""
+    :func:`edge_faithfulness`; ``resolution``: what the circuits are made of
+    (:data:`engine.techniques.circuit_units.RESOLUTIONS`; ``scores()`` then gives each unit's score)."""
     from engine.results import decode_rows, encode_rows, run_cached
     if ablation not in ABLATIONS:
         raise ValueError(f"unknown ablation {ablation!r}: choose from {', '.join(ABLATIONS)}")
@@ -551,17 +598,23 @@ def cached_edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair],
               "ablation": ABLATION_KEYS[ablation], "circuits": "top floor(x E) edges by |score|",
               "random": {"draws": RANDOM_DRAWS, "seed": SEED, "read": "pair i under draw i mod draws"},
               "metric": "answer logit - mean logit; accuracy", "resamples": RESAMPLES, "level": LEVEL}
+    units = None if resolution == "edge" else units_of(backend, resolution)
+    if units is not None:  # the edge circuits' key is as it was before the resolutions
+        params |= {"resolution": resolution, "roles": list(CIRCUIT_ROLES),
+                   "circuits": "top floor(x U) units by |score|"}
 
     def compute():
         by_ranking = scores()
         t = time.perf_counter()
         circuits, right, margin = edge_faithfulness(backend, pairs, by_ranking, sizes=sizes, ablation=ablation,
-                                                    progress=progress)
+                                                    units=units, progress=progress)
         seconds = time.perf_counter() - t
-        fe = edge_faithfulness_work(backend, pairs, by_ranking, sizes=sizes, ablation=ablation).fe(backend, pairs)
+        fe = edge_faithfulness_work(backend, pairs, by_ranking, sizes=sizes, ablation=ablation,
+                                    units=units).fe(backend, pairs)
         pts, sc = summarize(right, margin, circuits, sizes)
         return encode_rows(pts, FAITH_POINT) + encode_rows(sc, FAITH_SCORE), {
             "n_layers": f.n_layers, "n_heads": f.n_heads, "n_pairs": len(pairs), "edges": circuits[0].k,
+            "resolution": resolution,
             "seconds": seconds, "forward_equivalents": fe}
 
     rows, art, computed = run_cached(backend, pairs, METHOD, params, compute, cache)
@@ -573,13 +626,14 @@ def cached_edge_faithfulness(backend: ModelBackend, pairs: Sequence[PromptPair],
 
 def edge_faithfulness_work(backend: ModelBackend, pairs: Sequence[PromptPair], scores: dict[str, np.ndarray], *,
                            draws: int = RANDOM_DRAWS, seed: int = SEED, sizes: Sequence[float] = SIZES,
-                           rows_per_pass: int = 256, ablation: str = ABLATIONS[0]):
+                           rows_per_pass: int = 256, ablation: str = ABLATIONS[0], units: Units | None = None):
     """The forward work of :func:`edge_faithfulness` once the rankings' scores are known (``engine.cost.Work``);
     mean ablation adds the means' passes of X_c (none once they are memoised)."""
     from engine.cost import NO_WORK
     _, masks, _ = plan_circuits(scores, sizes)
+    expand = _expander(units)
     w = mean_activations_work(backend, pairs) if ablation == "mean" else NO_WORK
-    w += edge_circuits_work(backend, pairs, masks, rows_per_pass=rows_per_pass)
+    w += edge_circuits_work(backend, pairs, expand(masks), rows_per_pass=rows_per_pass)
     for g, kept in random_runs(masks.shape[1], len(pairs), draws, seed, sizes) if draws else []:
-        w += edge_circuits_work(backend, [pairs[j] for j in g], kept, rows_per_pass=rows_per_pass)
+        w += edge_circuits_work(backend, [pairs[j] for j in g], expand(kept), rows_per_pass=rows_per_pass)
     return w

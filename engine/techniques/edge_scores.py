@@ -22,7 +22,9 @@ thresholds itself), a node in the graph when an edge of the circuit touches it; 
 **Edge circuits** (:func:`cached_edge_curves`, ``--faithfulness``): each ranking's top floor(x E) edges kept and
 every other edge ablated as MIB does, f over the node circuits' sizes, beside random edges (each pair under one of
 a few seeded random circuits of each size) and each ranking's CPR minus random's (``gap``)
-(:mod:`engine.techniques.edge_faithfulness`).
+(:mod:`engine.techniques.edge_faithfulness`).  ``resolution`` (``--resolution``) makes the circuits of edges or of
+heads and MLPs at token roles instead (:mod:`engine.techniques.circuit_units`), their units scored from the edges'
+EAP / EAP-IG split by role (:func:`cached_role_scores`, cached once per ranking).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import numpy as np
 from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
+from engine.techniques.attention import CIRCUIT_ROLES, ROLES_VERSION
+from engine.techniques.circuit_units import RANKINGS_AT, check_ranking, units_of
 from engine.techniques.eap import eap, eap_work
 from engine.techniques.edge_faithfulness import cached_edge_faithfulness
 from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work
@@ -70,6 +74,41 @@ def scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, 
     if ranking in ("eap", "eap-ig"):
         return eap(backend, pairs, steps=0 if ranking == "eap" else steps, progress=progress).effects().numpy()
     raise ValueError(f"unknown edge ranking {ranking!r}: choose from {', '.join(RANKINGS)}")
+
+
+def role_scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, steps: int = STEPS,
+                progress: ProgressFn | None = None) -> np.ndarray:
+    """Every edge's EAP or EAP-IG estimate split by token role (:func:`engine.techniques.eap.eap` ``by_role``), in
+    :func:`engine.techniques.edges.edge_graph`'s order.  # [E, R]"""
+    if ranking not in ("eap", "eap-ig"):
+        raise ValueError(f"edges are scored by token role with eap or eap-ig, not {ranking!r}")
+    raw = eap(backend, pairs, steps=0 if ranking == "eap" else steps, by_role=True, progress=progress)
+    return raw.effects().numpy()
+
+
+def cached_role_scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, steps: int = STEPS,
+                       cache=None, progress: ProgressFn | None = None) -> tuple[np.ndarray, dict, bool]:
+    """:func:`role_scores` through the result cache (one row per edge and role: ``metric`` the role): ([E, R],
+    artifacts {seconds, forward_equivalents}, computed)."""
+    from engine.results import run_cached_rows
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    params = {"dtype": backend.facts.dtype, "ranking": ranking, "steps": steps if ranking == "eap-ig" else 0,
+              "by": {"roles": list(CIRCUIT_ROLES), "version": ROLES_VERSION}}
+    names = list(edge_graph(backend).names)
+
+    def compute():
+        t = time.perf_counter()
+        s = role_scores(backend, pairs, ranking, steps=steps, progress=progress)
+        seconds = time.perf_counter() - t
+        fe = ranking_work(backend, pairs, ranking, steps=steps).fe(backend, pairs)
+        return ([EdgeValue(n, role, float(v)) for n, row in zip(names, s) for role, v in zip(CIRCUIT_ROLES, row)],
+                {"seconds": seconds, "forward_equivalents": fe})
+
+    rows, art, computed = run_cached_rows(backend, pairs, METHOD + "_by_role", params, compute, EdgeValue,
+                                          cache=cache)
+    at = {(x.edge, x.metric): x.value for x in rows}
+    return np.array([[at[n, r] for r in CIRCUIT_ROLES] for n in names], dtype=np.float64), art, computed
 
 
 def ranking_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, steps: int = STEPS):
@@ -182,8 +221,13 @@ def parse_sizes(text: str | None) -> list[float | None]:
 def cli(args, ctx) -> dict:
     """Every edge's score under the chosen rankings -> CSV (one row per edge); MIB files with ``--mib-dir``."""
     sizes = parse_sizes(args.mib_sizes)  # before the model opens: bad input costs nothing
-    pairs, model = ctx.pairs, ctx.model
+    resolution = getattr(args, "resolution", "edge")
     rankings = list(RANKINGS) if args.ranking == "all" else [args.ranking]
+    if getattr(args, "faithfulness", None) is not None and resolution != "edge":
+        rankings = [r for r in rankings if r in RANKINGS_AT[resolution]] if args.ranking == "all" else rankings
+        for r in rankings:
+            check_ranking(resolution, r)
+    pairs, model = ctx.pairs, ctx.model
     tasks = tasks_of(pairs)
     if args.mib_dir is not None and not tasks:
         raise ValueError("no addition or subtraction prompts in the set: MIB's arithmetic tasks are those two "
@@ -200,7 +244,7 @@ def cli(args, ctx) -> dict:
     ctx.write_csv(args.out, [{"edge": e, **v} for e, v in table.items()])
     res = {"out": str(args.out), "n_pairs": len(pairs), "edges": len(table), "rankings": info}
     if getattr(args, "faithfulness", None) is not None:
-        res["faithfulness"] = _faithfulness(model, pairs, rankings, args, ctx)
+        res["faithfulness"] = _faithfulness(model, pairs, rankings, resolution, args, ctx)
     if args.mib_dir is not None:
         per = {r: {task: _task_scores(model, [pairs[i] for i in idx], r, args.steps, ctx)
                    for task, idx in tasks.items()} for r in rankings}
@@ -210,8 +254,16 @@ def cli(args, ctx) -> dict:
 
 
 def graph_scores(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
-                 steps: int = STEPS, cache=None, progress: ProgressFn | None = None) -> dict[str, np.ndarray]:
-    """{ranking: [E]} every edge's cached score, in :func:`engine.techniques.edges.edge_graph`'s order."""
+                 steps: int = STEPS, resolution: str = "edge", cache=None, progress: ProgressFn | None = None
+                 ) -> dict[str, np.ndarray]:
+    """{ranking: [U]} every unit's cached score (``resolution``: :mod:`engine.techniques.circuit_units`; the edges
+    by default, in :func:`engine.techniques.edges.edge_graph`'s order)."""
+    if resolution != "edge":
+        units = units_of(backend, resolution)
+        for r in rankings:
+            check_ranking(resolution, r)
+        return {r: units.scores(cached_role_scores(backend, pairs, r, steps=steps, cache=cache, progress=progress)[0])
+                for r in rankings}
     names = list(edge_graph(backend).names)
     out = {}
     for r in rankings:
@@ -222,21 +274,38 @@ def graph_scores(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: S
 
 
 def cached_edge_curves(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
-                        steps: int = STEPS, ablation: str = "counterfactual", cache=None,
-                        progress: ProgressFn | None = None):
+                       steps: int = STEPS, ablation: str = "counterfactual", resolution: str = "edge", cache=None,
+                       progress: ProgressFn | None = None):
     """The rankings' edge-circuit faithfulness (:func:`engine.techniques.edge_faithfulness.cached_edge_faithfulness`,
-    their scores from this module's cache; ``ablation``: counterfactual or mean): (table, artifacts, computed)."""
+    their scores from this module's cache; ``ablation``: counterfactual or mean; ``resolution``: what a circuit is
+    made of, :data:`engine.techniques.circuit_units.RESOLUTIONS`): (table, artifacts, computed)."""
     bad = [r for r in rankings if r not in RANKINGS]
     if bad or not rankings:
         raise ValueError(f"unknown edge ranking {bad}: choose from {', '.join(RANKINGS)}")
+    for r in rankings:
+        check_ranking(resolution, r)
     return cached_edge_faithfulness(
         backend, pairs, list(rankings),
-        lambda: graph_scores(backend, pairs, rankings, steps=steps, cache=cache, progress=progress),
-        steps=steps if "eap-ig" in rankings else 0, ablation=ablation, cache=cache, progress=progress)
+        lambda: graph_scores(backend, pairs, rankings, steps=steps, resolution=resolution, cache=cache,
+                             progress=progress),
+        steps=steps if "eap-ig" in rankings else 0, ablation=ablation, resolution=resolution, cache=cache,
+        progress=progress)
+
+
+def cached_curves_if_any(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
+                         steps: int = STEPS, ablation: str = "counterfactual", resolution: str = "edge", cache=None):
+    """:func:`cached_edge_curves`'s table when the cache holds it, else None (computes nothing)."""
+    from engine.results import NotCached, cache_only
+    try:
+        with cache_only():
+            return cached_edge_curves(backend, pairs, rankings, steps=steps, ablation=ablation,
+                                      resolution=resolution, cache=cache)[0]
+    except NotCached:
+        return None
 
 
 def edge_curves_work(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,
-                     steps: int = STEPS, ablation: str = "counterfactual", cache=None):
+                     steps: int = STEPS, ablation: str = "counterfactual", resolution: str = "edge", cache=None):
     """The forward work of :func:`cached_edge_curves` (``engine.cost.Work``): nothing when cached; else the rankings'
     scores not yet cached and the circuits' passes -- exact when every ranking's scores are cached (the circuits
     are known), else counted on stand-in scores (a seeded random ranking per missing one: an estimate, the number
@@ -246,29 +315,31 @@ def edge_curves_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranking
     from engine.techniques.edge_faithfulness import edge_faithfulness_work
     try:
         with cache_only():
-            cached_edge_curves(backend, pairs, rankings, steps=steps, ablation=ablation, cache=cache)
+            cached_edge_curves(backend, pairs, rankings, steps=steps, ablation=ablation, resolution=resolution,
+                               cache=cache)
         return NO_WORK
     except NotCached:
         pass
-    E = len(edge_graph(backend))
+    units = units_of(backend, resolution)
     w, scores = NO_WORK, {}
     for i, r in enumerate(rankings):
         try:
             with cache_only():
-                scores |= graph_scores(backend, pairs, [r], steps=steps, cache=cache)
+                scores |= graph_scores(backend, pairs, [r], steps=steps, resolution=resolution, cache=cache)
         except NotCached:
             w += ranking_work(backend, pairs, r, steps=steps)
-            scores[r] = np.random.default_rng(i).random(E)
-    return w + edge_faithfulness_work(backend, pairs, scores, ablation=ablation)
+            scores[r] = np.random.default_rng(i).random(len(units))
+    return w + edge_faithfulness_work(backend, pairs, scores, ablation=ablation,
+                                      units=None if resolution == "edge" else units)
 
 
-def _faithfulness(model, pairs, rankings: list[str], args, ctx) -> dict:
+def _faithfulness(model, pairs, rankings: list[str], resolution: str, args, ctx) -> dict:
     """The rankings' edge-circuit faithfulness curves -> CSV, the areas into the summary."""
     with ctx.progress("edges: faithfulness") as bar:
         table, art, computed = cached_edge_curves(model, pairs, rankings, steps=args.steps, ablation=args.ablation,
-                                                  cache=ctx.cache, progress=bar)
+                                                  resolution=resolution, cache=ctx.cache, progress=bar)
     ctx.write_csv(args.faithfulness, [p.__dict__ for p in table.points])
-    return {"out": str(args.faithfulness), "cached": not computed,
+    return {"out": str(args.faithfulness), "cached": not computed, "resolution": resolution,
             "seconds": round(float(art.get("seconds", float("nan"))), 2),
             "forward_equivalents": round(float(art.get("forward_equivalents", float("nan"))), 1),
             "scores": [{k: v for k, v in s.__dict__.items() if k in SCORE_FIELDS} for s in table.scores]}

@@ -479,6 +479,20 @@ def export_mib(backend: ModelBackend, pairs: Sequence[PromptPair], table, out_di
 # its sentence of the circuit summary (cached results only) and the command line
 # ---------------------------------------------------------------------------------------------
 
+#: the faithfulness a circuit must keep to count as "doing what the model does" in the summaries (MIB's papers
+#: read f >= 0.8 as a faithful circuit)
+FAITHFUL = 0.8
+
+
+def smallest_faithful(points: Sequence[FaithPoint], ranking: str, metric: str = "logit", level: float = FAITHFUL
+                      ) -> FaithPoint | None:
+    """The smallest circuit of ``ranking``'s curve whose f reaches ``level`` (its point; None: none does, the whole
+    model aside -- f = 1 there by definition)."""
+    curve = sorted((p for p in points if p.ranking == ranking and p.metric == metric and p.size < 1.0),
+                   key=lambda p: p.size)
+    return next((p for p in curve if p.f >= level), None)
+
+
 def verdict_text(table: FaithTable) -> tuple[str, bool | None]:
     """The Paper row's number and whether the exact ranking's circuits beat random ones (CPR gap interval > 0)."""
     ex, atp, rnd = (table.score(r) for r in RANKINGS)

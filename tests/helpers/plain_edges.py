@@ -145,12 +145,13 @@ class PlainEdges:
         with torch.no_grad():
             return self.forward(*self.hooks_of(edge))
 
-    def derivative(self, edge: str) -> torch.Tensor:
+    def derivative(self, edge: str, where: torch.Tensor | None = None) -> torch.Tensor:
         """d answer logit / d eps with the edge sending eps times its difference, at eps = 0, by autograd through
-        the hooked runs (the reference of EAP).  # [P]"""
+        the hooked runs (the reference of EAP); ``where`` [P, pos] 0/1: only at those positions.  # [P]"""
         eps = torch.zeros(len(self.ref), 1, 1, requires_grad=True)
         with torch.enable_grad():
-            (g,) = torch.autograd.grad(self.forward(*self.hooks_of(edge, eps)).sum(), eps)
+            scale = eps if where is None else eps * where.float()[..., None]
+            (g,) = torch.autograd.grad(self.forward(*self.hooks_of(edge, scale)).sum(), eps)
         return g.reshape(-1)
 
 
@@ -196,7 +197,7 @@ def mean_values(plain: Plain, pairs, over) -> dict[str, list[torch.Tensor]]:
 
 @torch.no_grad()
 def edge_circuit(plain: Plain, pairs, edges: list[str], kept: set[str], *,
-                 mean_over=None) -> tuple[torch.Tensor, torch.Tensor]:
+                 mean_over=None, roles: tuple[str, ...] = (), role_at=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(answer logit [P], answer logit minus the mean logit [P]) at END of X_r with every edge of ``edges`` (MIB
     names) outside ``kept`` ablated, by hand, layer by layer: each receiver reads its input in this run plus, for
     every ablated edge into it, the sender's X_c value minus its value in this run.  A head's z: one run per input
@@ -205,25 +206,32 @@ def edge_circuit(plain: Plain, pairs, edges: list[str], kept: set[str], *,
     from X_c minus the attention's output, the layer's other heads as this run computed them (MIB's
     ``evaluate_graph``, written for the plain model; a parallel block's MLP reads the layer's input plus its
     correction with the attention's output held at this run's).  ``mean_over``: mean ablation -- the senders'
-    X_c values replaced by their means over these pairs' X_c (:func:`mean_values`)."""
+    X_c values replaced by their means over these pairs' X_c (:func:`mean_values`).  ``roles`` and ``role_at``
+    ([P, pos] each position's index in ``roles``, right-padded): ``kept`` names ``edge@role`` and an edge is
+    ablated exactly at the positions of its roles outside ``kept``."""
     P = plain
     ref = [p.ref_ids for p in pairs]
     answer = torch.tensor([p.answer_id for p in pairs])
     r = P.capture(ref)
     c = P.capture([p.cf_ids for p in pairs]) if mean_over is None else mean_values(P, pairs, mean_over)
-    ablated: dict[str, list[str]] = {}  # receiver input ("a3.h1<q>", "m2", "logits") -> senders of ablated edges
+    # receiver input ("a3.h1<q>", "m2", "logits") -> (sender, where [P, pos, 1] or 1) of its ablated edges
+    ablated: dict[str, list[tuple[str, torch.Tensor | float]]] = {}
     for e in edges:
-        if e not in kept:
-            sender, receiver, qkv = _edge(e)
-            ablated.setdefault(receiver + (f"<{qkv}>" if qkv else ""), []).append(sender)
+        sender, receiver, qkv = _edge(e)
+        into = ablated.setdefault(receiver + (f"<{qkv}>" if qkv else ""), [])
+        if not roles and e not in kept:
+            into.append((sender, 1.0))
+        for i, role in enumerate(roles):
+            if f"{e}@{role}" not in kept:
+                into.append((sender, (role_at == i).float()[..., None]))
     diff = {"input": (c["resid_pre"][0] - r["resid_pre"][0]).float()}  # X_c value - this run's value
     z: list[torch.Tensor] = []    # this run's o_proj inputs per layer [P, pos, H, dh]
     mlp: list[torch.Tensor] = []  # this run's MLP contributions per layer [P, pos, d]
 
     def delta(receiver: str) -> torch.Tensor:
         out = torch.zeros_like(diff["input"])
-        for s in ablated.get(receiver, []):
-            out = out + diff[s]
+        for s, where in ablated.get(receiver, []):
+            out = out + diff[s] * where
         return out
 
     def put_z(value):

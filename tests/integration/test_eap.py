@@ -7,6 +7,7 @@ import torch
 
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec, generate
+from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
 from engine.techniques.eap import eap
 from engine.techniques.edges import edge_graph
 from tests.helpers.plain_edges import PlainEdges, sample
@@ -49,3 +50,25 @@ def test_eap_equals_autograd_on_sandwich_norms(tmp_path):
     pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add",), n=2, seed=1))
     edges = sample(edge_graph(backend), heads=6, others=6)
     assert worst_vs_autograd(backend, path, pairs, edges, eap(backend, pairs, edges)) < 1e-5
+
+
+def test_eap_by_token_role_equals_autograd_at_those_positions(bundled):
+    """Position-aware EAP: an edge's estimate at a token role is d logit / d eps with the edge sending eps times its
+    difference at that role's positions only (autograd, 1e-5); the roles add up to the edge's EAP; an operand
+    written before the operator scores exactly 0 there (X_r and X_c agree up to the operator)."""
+    backend, pairs, edges, raw = bundled
+    by = eap(backend, pairs, edges, by_role=True)  # scores [E, R, P]
+    assert by.scores.shape == (len(edges), len(CIRCUIT_ROLES), len(pairs))
+    assert float((by.scores.sum(1) - raw.scores).abs().max()) < 1e-5
+    ref = PlainEdges(plain_of(backend, "models/organism"), pairs)
+    width = max(len(p.ref_ids) for p in pairs)
+    at = circuit_roles(backend, pairs, width)  # [P, width]
+    worst = max(float((by.scores[i, r] - ref.derivative(e.name, at == r)).abs().max())
+                for i, e in enumerate(edges) for r in range(len(CIRCUIT_ROLES)))
+    assert worst < 1e-5, f"EAP by role vs autograd: {worst:.2e}"
+    before = [i for i, p in enumerate(pairs)  # prompts whose operand A precedes the operator ("2 + 4 =")
+              if CIRCUIT_ROLES.index("operand A") in at[i, :int((at[i] == CIRCUIT_ROLES.index("operator"))
+                                                                   .nonzero()[0])].tolist()]
+    assert before
+    assert float(by.scores[:, CIRCUIT_ROLES.index("operand A"), before].abs().max()) == 0.0
+    assert float(by.scores[:, CIRCUIT_ROLES.index("END")].abs().max()) > 1e-3

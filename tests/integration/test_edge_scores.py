@@ -76,3 +76,26 @@ def test_cli_faithfulness_curve_cached(tmp_path):
     assert json.loads(mean.stdout)["faithfulness"]["cached"] is False
     m_logit = {float(row["size"]): row for row in _csv(faith) if row["ranking"] == "eap" and row["metric"] == "logit"}
     assert float(m_logit[1.0]["f"]) == pytest.approx(1.0) and set(m_logit) == set(logit)
+
+
+def test_cli_position_resolutions(tmp_path):
+    """``--resolution``: circuits of edges (or heads and MLPs) at token roles, ranked by EAP by role, each cached on
+    its own; exact edge patching has no position resolution: one line, exit 2."""
+    cache, out, faith = tmp_path / "results.duckdb", tmp_path / "edges.csv", tmp_path / "faith.csv"
+    base = ("edge-scores", "--model", "organism", "--op", "sub", "--n", "2", "--ranking", "eap", "--out", str(out),
+            "--faithfulness", str(faith))
+    seen = {}
+    for resolution in ("edge-position", "node-position"):
+        r = run_cli(*base, "--resolution", resolution, cache=cache)
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        assert res["faithfulness"]["cached"] is False and res["faithfulness"]["resolution"] == resolution
+        rows = _csv(faith)
+        seen[resolution] = int(next(row["k"] for row in rows if row["ranking"] == "eap" and row["size"] == "1.0"))
+        assert {row["ranking"] for row in rows} == {"eap", "random"}
+    assert seen["edge-position"] == 5 * res["edges"]  # every edge at five roles
+    bad = run_cli(*base[:-4], "--ranking", "exact", "--out", str(out), "--faithfulness", str(faith),
+                  "--resolution", "node-position", cache=cache)
+    assert bad.returncode == 2
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ranked by eap or eap-ig" in lines[0], bad.stderr

@@ -70,8 +70,21 @@ def test_the_graph_is_built_once_per_shape_and_its_plan_equals_the_per_edge_loop
         for e, k in zip(edges, row):
             if not k:
                 want.setdefault(receiver_key(e), []).append(e.sender.name)
-        assert plan.ablated[c] == {k: tuple(sorted(v)) for k, v in want.items()}
+        assert plan.ablated[c] == {k: (tuple(sorted(v)),) for k, v in want.items()}  # one role: every position
         assert plan.senders[c] == {n for v in want.values() for n in v}
         for sender in ("input", "a0.h1", "m1", "a2.h0"):
             assert plan.needs_difference(c, sender) == any(sender in v for v in want.values())
     assert plan.ablated[3] == {} and not plan.senders[3]  # the model: nothing ablated
+    # per token role: a receiver's key holds each role's ablated senders; a sender kept at some role but ablated at
+    # another still needs its difference
+    by_role = np.random.default_rng(1).random((2, len(edges), 5)) < 0.5  # [C, E, R]
+    plan = plan_of(list(edges), by_role)
+    for c in range(2):
+        for r in range(5):
+            want = {}
+            for e, k in zip(edges, by_role[c, :, r]):
+                if not k:
+                    want.setdefault(receiver_key(e), []).append(e.sender.name)
+            for key, senders in want.items():
+                assert plan.ablated[c][key][r] == tuple(sorted(senders))
+        assert plan.senders[c] == {e.sender.name for e, k in zip(edges, by_role[c]) if not k.all()}
