@@ -10,10 +10,12 @@ import streamlit as st
 from engine.cost import estimate
 from engine.findings.as_code import faithfulness_code
 from engine.findings.glossary import help_text
+from engine.techniques.circuit_units import RANKINGS_AT, RESOLUTIONS
 from engine.techniques.edge_faithfulness import RANDOM
 from engine.techniques.edge_scores import (
     RANKINGS,
     STEPS,
+    cached_curves_if_any,
     cached_edge_curves,
     cached_edge_scores,
     edge_curves_work,
@@ -33,7 +35,7 @@ from ui import url_state
 from ui.as_code import code_view
 from ui.progress import compute_or_button
 from ui.session import analysed_pairs, prompt_caption, result_cache, setup_page, words_used
-from views.circuit_charts import FAITH_SERIES, faithfulness_chart
+from views.circuit_charts import FAITH_SERIES, faithfulness_chart, resolutions_frame
 
 model, spec = setup_page(
     "Faithfulness",
@@ -48,6 +50,7 @@ words_used("circuit", "faithfulness", "CPR", "CMD", "counterfactual", "knockout"
            "answer logit", "bootstrap interval")
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
+OUTSIDE = {"counterfactual": "the pair's own counterfactual", "mean": "mean over the counterfactuals"}
 c1, c2, c3 = st.columns(3)
 for key, options in (("faith_draws", range(2, 21)), ("faith_ablation", ABLATIONS)):
     url_state.check(key, options)
@@ -56,8 +59,7 @@ draws = c1.slider("Random orders (the random ranking)", 2, 20, **url_state.bound
                        "circuits into the random curve, at the same cost.")
 ablation = c2.radio("Outside the circuit", ABLATIONS, horizontal=True,
                     **url_state.bound("faith_ablation", ABLATIONS[0]),
-                    format_func={"counterfactual": "the pair's own counterfactual",
-                                 "mean": "mean over the counterfactuals"}.get,
+                    format_func=OUTSIDE.get,
                     help=help_text("circuit", "counterfactual", "knockout",
                                    lead="What a component left out of the circuit takes: its value on the same prompt "
                                         "with the operation removed (MIB's patching), or its mean over all "
@@ -129,37 +131,70 @@ if got is not None:
     st.download_button(f"Edge scores in MIB's format ({names[ranking]})", json.dumps(graph).encode(),
                        f"edges-{ranking}.json", "application/json", key=f"mib_edges_{ranking}")
 
-st.markdown("**Circuits of the top edges**")
+st.markdown("**Circuits of the top edges, and of edges or components at token positions**")
+resolution = st.radio("Circuits made of", list(RESOLUTIONS), horizontal=True, format_func=RESOLUTIONS.get,
+                      key="faith_resolution",
+                      help="Edges: an edge is kept or ablated at every position. Edge × position: each edge at each "
+                           "token role (operand A, operator, operand B, END, other) is its own unit, so a circuit "
+                           "can keep an edge at END and drop it at the operands. Node × position: each head and MLP "
+                           "at each role (the node circuits above keep a component at every position).")
 sent = {"counterfactual": "the sender's value on the pair's own counterfactual",
         "mean": "the sender's mean over the counterfactual prompts of the pair's template"}[ablation]
-st.caption("Keep the top x % of the edges by a ranking and ablate every other edge as MIB does: on that edge alone "
-           f"{sent} replaces its value in the ablated run (a head's query, key and value each get their own), so an "
-           "ablation upstream reaches later receivers through the kept edges (\"Outside the circuit\" above). f as "
-           f"above, on the metric chosen above. Beside the chosen rankings, random edges: prompt pair i is read "
-           f"under random draw i mod {RANDOM_DRAWS} of each size, the baseline a ranking has to beat.")
-chosen = st.multiselect("Edge rankings", list(RANKINGS), default=[r for r in RANKINGS if r != "exact"],
-                        format_func=names.get,
-                        key="faith_edge_curves")
+unit = {"edge": "edges", "edge-position": "edge × position units (each edge at each of the 5 token roles)",
+        "node-position": "node × position units (each head and MLP at each of the 5 token roles)"}[resolution]
+st.caption(f"Keep the top x % of the {unit} by a ranking and ablate the rest as MIB does: on an ablated edge "
+           f"{sent} replaces its value in the ablated run (a head's query, key and value each get their own; at a "
+           "token role, at that role's positions only; a component ablated at a role: every edge out of it there), "
+           "so an ablation upstream reaches later receivers through the kept edges (\"Outside the circuit\" above). "
+           "f as above, on the metric chosen above; x is a share of this resolution's own units. Beside the chosen "
+           f"rankings, random units: prompt pair i is read under random draw i mod {RANDOM_DRAWS} of each size, the "
+           "baseline a ranking has to beat. The position resolutions are ranked by EAP and EAP-IG split by token "
+           "role (exact edge patching patches an edge at every position).")
+allowed = list(RANKINGS_AT[resolution])
+suffix = "" if resolution == "edge" else f"_{resolution}"
+
+def series_at(res: str) -> dict[str, str]:
+    """The rankings' names at a resolution (its random baseline draws edges or units)."""
+    return {**names, RANDOM: f"random {'edges' if res == 'edge' else 'units'} ({RANDOM_DRAWS} draws)"}
+
+
+chosen = st.multiselect("Edge rankings", allowed, default=[r for r in allowed if r != "exact"], format_func=names.get,
+                        key="faith_edge_curves" + suffix)
+xtitle = {"edge": "edges kept (share of the graph's edges)", "edge-position": "edge × position units kept (share)",
+          "node-position": "node × position units kept (share)"}[resolution]
+order = [r for r in RANKINGS if r in chosen]
 if not chosen:
     st.info("Choose at least one edge ranking to draw the curve of its circuits.")
 else:
-    order = [r for r in RANKINGS if r in chosen]
     curves = compute_or_button(
-        lambda cb: cached_edge_curves(model, pairs, order, ablation=ablation, cache=cache, progress=cb),
-        lambda: estimate(model, pairs, edge_curves_work(model, pairs, order, ablation=ablation, cache=cache)),
-        model=model, ask=True, button="Compute the edge circuits' curves",
-        key="edge_curves_" + "_".join([*order, ablation]),
-        text="Evaluating edge circuits", failure="compute the edge circuits' curves",
-        note=f"Every edge is scored by each chosen ranking (read from the cache once scored), then its circuits of "
+        lambda cb: cached_edge_curves(model, pairs, order, ablation=ablation, resolution=resolution, cache=cache,
+                                      progress=cb),
+        lambda: estimate(model, pairs, edge_curves_work(model, pairs, order, ablation=ablation,
+                                                        resolution=resolution, cache=cache)),
+        model=model, ask=True, button=f"Compute the {RESOLUTIONS[resolution]} circuits' curves",
+        key="edge_curves_" + "_".join([*order, ablation]) + suffix,
+        text="Evaluating circuits", failure="compute the circuits' curves",
+        note=f"Every unit is scored by each chosen ranking (read from the cache once scored), then its circuits of "
              f"{len(SIZES)} sizes are run on the {len(pairs)} prompts, layer by layer.")
     if curves is not None:
         etable, eart, _ = curves
         cdf = pd.DataFrame([p.__dict__ for p in etable.points if p.metric == metric])
-        st.altair_chart(faithfulness_chart(cdf, title, series=names, xtitle="edges kept (share of the graph's edges)"),
-                        width="stretch")
-        st.dataframe(pd.DataFrame([{"ranking": names[s.ranking], "CPR": s.cpr_interval.text(),
+        st.altair_chart(faithfulness_chart(cdf, title, series=series_at(resolution), xtitle=xtitle), width="stretch")
+        st.dataframe(pd.DataFrame([{"ranking": series_at(resolution)[s.ranking], "CPR": s.cpr_interval.text(),
                                     "CMD": s.cmd_interval.text(), "CPR − random": s.gap_interval.text("{:+.2f}")}
                                    for s in etable.scores if s.metric == metric]),
                      hide_index=True, width="stretch")
         st.caption(f"Circuits run in {eart.get('seconds', 0):.1f} s, {eart.get('forward_equivalents', 0):.0f} "
                    "forward-equivalents (counted from the code).")
+
+st.markdown("**Every resolution side by side**")
+tables = {"node": (table, FAITH_SERIES)}
+for res in RESOLUTIONS:
+    ranked = [r for r in (order or allowed) if r in RANKINGS_AT[res]] or [r for r in RANKINGS_AT[res] if r != "exact"]
+    tables[RESOLUTIONS[res]] = (cached_curves_if_any(model, pairs, ranked, ablation=ablation, resolution=res,
+                                                     cache=cache), series_at(res))
+st.dataframe(resolutions_frame(tables, metric), hide_index=True, width="stretch")
+st.caption(f"Read from the cache: the node curves at the top of the page and each resolution's curves above for "
+           f"the rankings chosen there, with {OUTSIDE[ablation]} outside the circuit; a resolution not computed yet "
+           "says so (choose it above and press its button). f of the top 5 % of each resolution's own units, with its "
+           "95 % interval; the smallest circuit whose f reaches 0.8 (MIB's faithful circuit), the whole model aside.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from engine.techniques.faithfulness import FAITHFUL, smallest_faithful
 from views.charts import HEAD_SELECTION, ROW_PX, layer_axis, stretched
 
 
@@ -110,6 +111,30 @@ def faithfulness_chart(fdf: pd.DataFrame, metric_title: str, *, series: dict[str
                             xsort=list(dict.fromkeys(long.kept)), xtitle=xtitle)
     one = alt.Chart(pd.DataFrame({"f": [1.0]})).mark_rule(strokeDash=[4, 4], color="#888").encode(y="f:Q")
     return stretched(chart + one)
+
+
+def resolutions_frame(tables: dict[str, tuple[object | None, dict[str, str]]], metric: str, share: float = 0.05,
+                      level: float = FAITHFUL) -> pd.DataFrame:
+    """One row per resolution and ranking of the faithfulness tables ``tables`` ({resolution label: (FaithTable or
+    None: not computed, its rankings' names)}): f of the top ``share`` with its interval, the smallest share whose
+    f reaches ``level``, CPR and CPR minus random's."""
+    rows = []
+    for label, (table, series) in tables.items():
+        if table is None:
+            rows.append({"resolution": label, "ranking": "—", "f, top 5 %": "not computed yet",
+                         f"smallest circuit with f ≥ {level:g}": "—", "CPR": "—", "CPR − random": "—"})
+            continue
+        for s in (s for s in table.scores if s.metric == metric):
+            at = next((p for p in table.points if p.ranking == s.ranking and p.metric == metric
+                       and abs(p.size - share) < 1e-12), None)
+            small = smallest_faithful(table.points, s.ranking, metric, level)
+            rows.append({"resolution": label, "ranking": series.get(s.ranking, s.ranking),
+                         "f, top 5 %": "—" if at is None else f"{at.f:.2f} [{at.low:.2f}, {at.high:.2f}]",
+                         f"smallest circuit with f ≥ {level:g}": "none below the whole model" if small is None else
+                         f"{small.size:.1%} ({small.k:,} units): {small.f:.2f}",
+                         "CPR": s.cpr_interval.text(),
+                         "CPR − random": "—" if s.ranking == "random" else s.gap_interval.text("{:+.2f}")})
+    return pd.DataFrame(rows)
 
 
 def stability_chart(sdf: pd.DataFrame, k: int) -> alt.Chart:

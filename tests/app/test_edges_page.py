@@ -27,7 +27,7 @@ def test_edges_on_demand_top_edges_and_mib_file():
     assert edge_button and "Score every edge" in edge_button[0].label  # nothing computed unasked
     edge_button[0].click().run()
     assert not errors(at)
-    top = at.dataframe[-1].value
+    top = at.dataframe[-2].value  # the last: every resolution side by side
     assert list(top.columns) == ["edge", "score"] and len(top) == 25
     assert list(top["score"].abs()) == sorted(top["score"].abs(), reverse=True)
     assert any("Edge scores in MIB's format" in str(b.proto.label) for b in at.get("download_button"))
@@ -42,7 +42,7 @@ def test_edge_circuit_curves_on_demand():
     assert button and "Compute the edge circuits' curves" in button[0].label  # nothing computed unasked
     button[0].click().run()
     assert not errors(at)
-    table = at.dataframe[-1].value
+    table = at.dataframe[-2].value  # the last: every resolution side by side
     assert list(table.columns) == ["ranking", "CPR", "CMD", "CPR − random"]
     assert list(table["ranking"]) == ["EAP (one gradient)", "random edges (5 draws)"]
     gap = dict(zip(table["ranking"], table["CPR − random"]))
@@ -57,5 +57,32 @@ def test_edge_circuit_curves_on_demand():
     assert button and "Compute the edge circuits' curves" in button[0].label
     button[0].click().run()
     assert not errors(at)
-    assert list(at.dataframe[-1].value["ranking"]) == ["EAP (one gradient)", "random edges (5 draws)"]
+    assert list(at.dataframe[-2].value["ranking"]) == ["EAP (one gradient)", "random edges (5 draws)"]
     assert any("mean over the counterfactual prompts of the pair's template replaces" in c.value for c in at.caption)
+
+
+def test_position_resolutions_and_the_side_by_side_table():
+    """Edge x position circuits: asked before they compute, ranked by EAP by role beside random units; the table of
+    every resolution reads what the cache holds (node and edge x position here, the rest "not computed yet")."""
+    at = page("11_Faithfulness.py", n=2).run()
+    for b in [b for b in at.button if b.key == "faithfulness_go"]:
+        b.click().run()
+    at.radio(key="faith_resolution").set_value("edge-position").run()
+    assert at.multiselect(key="faith_edge_curves_edge-position").options == ["EAP (one gradient)",
+                                                                            "EAP-IG (5 steps)"]
+    at.multiselect(key="faith_edge_curves_edge-position").set_value(["eap"]).run()
+    button = [b for b in at.button if b.key == "edge_curves_eap_counterfactual_edge-position"]
+    assert button and "Compute the edge × position circuits' curves" in button[0].label  # nothing computed unasked
+    side = at.dataframe[-1].value
+    assert "not computed yet" in set(side[side["resolution"] == "edge × position"]["f, top 5 %"])
+    button[0].click().run()
+    assert not errors(at)
+    assert list(at.dataframe[-2].value["ranking"]) == ["EAP (one gradient)", "random units (5 draws)"]
+    assert any("edge × position units (each edge at each of the 5 token roles)" in c.value for c in at.caption)
+    side = at.dataframe[-1].value
+    assert list(side.columns) == ["resolution", "ranking", "f, top 5 %", "smallest circuit with f ≥ 0.8", "CPR",
+                                  "CPR − random"]
+    rows = {(r, k): f for r, k, f in zip(side["resolution"], side["ranking"], side["f, top 5 %"])}
+    assert ("node", "exact path patching") in rows and ("edge × position", "EAP (one gradient)") in rows
+    assert rows[("node × position", "—")] == "not computed yet"
+    assert rows[("edge × position", "EAP (one gradient)")][0] in "-0123456789"

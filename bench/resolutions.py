@@ -1,0 +1,92 @@
+"""Benchmark: is there a small circuit?  Faithfulness at every resolution, per model, with intervals and costs.
+
+For each model, on the addition and subtraction pairs it answers right (``--n`` generated per operation, seed 11):
+circuits of
+
+* **nodes**   -- heads and MLPs, ranked by exact path patching, AtP and random (the Faithfulness page's curves);
+* **edges**   -- MIB's residual graph, ranked by EAP, EAP-IG (``--steps``) and random edges;
+* **edge x position** -- each edge at each token role (operand A, operator, operand B, END, other), EAP / EAP-IG
+  by role and random units;
+* **node x position** -- each head and MLP at each token role, likewise;
+
+every unit outside the circuit given its counterfactual value (``--ablation mean``: its mean over the
+counterfactuals).  One table per model: per resolution and ranking, f of its top 5 % (95 % bootstrap interval over
+the pairs), the smallest share with f >= 0.8, CPR and CPR minus random's with intervals, the seconds and the
+forward-equivalents of the curves (counted from the code; the rankings' own scores are cached and not timed here).
+Results are cached (``--cache``): a rerun prints at once.
+
+    .venv/bin/python bench/resolutions.py                           # bundled model, Gemma 3 (SmolLM2: --models)
+    .venv/bin/python bench/resolutions.py --models organism --n 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from bench.edges import spec_of
+from cache import ResultCache
+from engine.backends import open_model
+from engine.prompts.promptsets import PromptSetSpec
+from engine.techniques.accuracy import kept_pairs
+from engine.techniques.circuit_units import RANKINGS_AT, RESOLUTIONS
+from engine.techniques.edge_scores import cached_edge_curves
+from engine.techniques.faithfulness import FAITHFUL, cached_faithfulness, smallest_faithful
+
+NAMES = {"exact": "exact", "atp": "AtP", "eap": "EAP", "eap-ig": "EAP-IG", "random": "random"}
+
+
+def rows_of(resolution: str, table, seconds: float, fe: float | None, share: float) -> list[str]:
+    out = []
+    for s in (s for s in table.scores if s.metric == "logit"):
+        at = next((p for p in table.points if p.ranking == s.ranking and p.metric == "logit"
+                   and abs(p.size - share) < 1e-12), None)
+        small = smallest_faithful(table.points, s.ranking)
+        smallest = ("none below 100 %" if small is None else
+                    f"{small.size:.1%} (k = {small.k:,}): {small.f:.2f} [{small.low:.2f}, {small.high:.2f}]")
+        f_at = "—" if at is None else f"{at.f:.2f} [{at.low:.2f}, {at.high:.2f}]"
+        gap = "—" if s.ranking == "random" else s.gap_interval.text("{:+.2f}")
+        cost = f"{seconds:.0f} s, {fe:,.0f} FE" if fe is not None else f"{seconds:.0f} s"
+        out.append(f"| {resolution} | {NAMES[s.ranking]} | {f_at} | {smallest} | {s.cpr_interval.text()} | {gap} "
+                   f"| {cost} |")
+    return out
+
+
+def bench(name: str, n: int, ablation: str, steps: int, resolutions: list[str], cache) -> str:
+    model = open_model(spec_of(name), device="cpu")
+    spec = PromptSetSpec(ops=("add", "sub"), n=n, seed=11)
+    pairs, generated = kept_pairs(model, spec, cache=cache)
+    lines = [f"### {name}: {len(pairs)} of {generated} pairs kept (addition, subtraction), {ablation} ablation", "",
+             f"| resolution | ranking | f, top 5 % | smallest share with f ≥ {FAITHFUL} | CPR | CPR − random | "
+             "curves |", "|---|---|---|---|---|---|---|"]
+    if "node" in resolutions:
+        t = time.perf_counter()
+        table, computed = cached_faithfulness(model, pairs, ablation=ablation, cache=cache)
+        lines += rows_of("node", table, time.perf_counter() - t if computed else 0.0, None, 0.05)
+    for resolution in (r for r in RESOLUTIONS if r in resolutions):
+        rankings = [r for r in ("eap", "eap-ig") if r in RANKINGS_AT[resolution]]
+        table, art, _ = cached_edge_curves(model, pairs, rankings, steps=steps, ablation=ablation,
+                                           resolution=resolution, cache=cache)
+        lines += rows_of(RESOLUTIONS[resolution], table, float(art.get("seconds", 0.0)),
+                         float(art.get("forward_equivalents", 0.0)), 0.05)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="organism,gemma3")
+    ap.add_argument("--n", type=int, default=10, help="prompts generated per operation (addition, subtraction)")
+    ap.add_argument("--ablation", choices=("counterfactual", "mean"), default="counterfactual")
+    ap.add_argument("--steps", type=int, default=5, help="EAP-IG's points (default 5, MIB's)")
+    ap.add_argument("--resolutions", default="node,edge,edge-position,node-position")
+    ap.add_argument("--cache", type=Path, default=Path(".cache/bench-resolutions.duckdb"))
+    a = ap.parse_args()
+    cache = ResultCache(a.cache)
+    for name in a.models.split(","):
+        print(bench(name, a.n, a.ablation, a.steps, a.resolutions.split(","), cache), flush=True)
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
