@@ -13,7 +13,7 @@ every unit outside the circuit given its counterfactual value (``--ablation mean
 counterfactuals).  One table per model: per resolution and ranking, f of its top 5 % (95 % bootstrap interval over
 the pairs), the smallest share with f >= 0.8, CPR and CPR minus random's with intervals, the seconds and the
 forward-equivalents of the curves (counted from the code; the rankings' own scores are cached and not timed here).
-Results are cached (``--cache``): a rerun prints at once.
+Results are cached (``--cache``): a rerun prints at once (``--cached``: only what the cache holds).
 
     .venv/bin/python bench/resolutions.py                           # bundled model, Gemma 3 (SmolLM2: --models)
     .venv/bin/python bench/resolutions.py --models organism --n 10
@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from bench.edges import spec_of
 from cache import ResultCache
 from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec
+from engine.results import NotCached, cache_only
 from engine.techniques.accuracy import kept_pairs
 from engine.techniques.circuit_units import RANKINGS_AT, RESOLUTIONS
 from engine.techniques.edge_scores import cached_edge_curves
@@ -53,7 +55,7 @@ def rows_of(resolution: str, table, seconds: float, fe: float | None, share: flo
     return out
 
 
-def bench(name: str, n: int, ablation: str, steps: int, resolutions: list[str], cache) -> str:
+def bench(name: str, n: int, ablation: str, steps: int, resolutions: list[str], cache, cached: bool = False) -> str:
     model = open_model(spec_of(name), device="cpu")
     spec = PromptSetSpec(ops=("add", "sub"), n=n, seed=11)
     pairs, generated = kept_pairs(model, spec, cache=cache)
@@ -66,10 +68,16 @@ def bench(name: str, n: int, ablation: str, steps: int, resolutions: list[str], 
         lines += rows_of("node", table, time.perf_counter() - t if computed else 0.0, None, 0.05)
     for resolution in (r for r in RESOLUTIONS if r in resolutions):
         rankings = [r for r in ("eap", "eap-ig") if r in RANKINGS_AT[resolution]]
-        table, art, _ = cached_edge_curves(model, pairs, rankings, steps=steps, ablation=ablation,
-                                           resolution=resolution, cache=cache)
+        try:
+            with cache_only() if cached else nullcontext():
+                table, art, _ = cached_edge_curves(model, pairs, rankings, steps=steps, ablation=ablation,
+                                                   resolution=resolution, cache=cache)
+        except NotCached:
+            lines.append(f"| {RESOLUTIONS[resolution]} | — | not computed | | | | |")
+            continue
         lines += rows_of(RESOLUTIONS[resolution], table, float(art.get("seconds", 0.0)),
                          float(art.get("forward_equivalents", 0.0)), 0.05)
+        print(lines[-1], flush=True)  # a long run shows where it is
     return "\n".join(lines)
 
 
@@ -81,10 +89,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="EAP-IG's points (default 5, MIB's)")
     ap.add_argument("--resolutions", default="node,edge,edge-position,node-position")
     ap.add_argument("--cache", type=Path, default=Path(".cache/bench-resolutions.duckdb"))
+    ap.add_argument("--cached", action="store_true", help="print what the cache holds, compute no circuit")
     a = ap.parse_args()
     cache = ResultCache(a.cache)
     for name in a.models.split(","):
-        print(bench(name, a.n, a.ablation, a.steps, a.resolutions.split(","), cache), flush=True)
+        print(bench(name, a.n, a.ablation, a.steps, a.resolutions.split(","), cache, a.cached), flush=True)
         print(flush=True)
 
 

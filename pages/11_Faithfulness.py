@@ -46,8 +46,8 @@ model, spec = setup_page(
     "between f and 1 (lower is better); every number has a 95 % bootstrap interval over the prompt pairs.")
 
 prompt_caption()
-words_used("circuit", "faithfulness", "CPR", "CMD", "counterfactual", "knockout", "attribution patching",
-           "answer logit", "bootstrap interval")
+words_used("circuit", "faithfulness", "CPR", "CMD", "counterfactual", "knockout", "attribution patching", "edge",
+           "EAP", "token role", "answer logit", "bootstrap interval")
 cache = result_cache()
 pairs, _ = analysed_pairs(model, spec, cache)
 OUTSIDE = {"counterfactual": "the pair's own counterfactual", "mean": "mean over the counterfactuals"}

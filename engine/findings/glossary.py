@@ -47,7 +47,8 @@ TERMS: tuple[Term, ...] = (
     Term("attention sink", "The first token, where many heads put the attention they do not need; a high weight "
                            "there means the head reads little else.", ("first token",)),
     Term("token role", "What a token is in the problem: operand A, operand B, the operator, the first token, or "
-                       "other (template words such as `is`).", ("role", "by role")),
+                       "other (template words such as `is`). Circuits at token positions count END, the last "
+                       "position, as a role of its own and the first token as other.", ("role", "by role")),
     Term("MLP", "The second part of every layer (a multi-layer perceptron): it works on each position on its "
                 "own, after the heads. In the paper, later MLPs write the answer.", ("MLPs",)),
     Term("residual stream", "The running list of numbers (a vector) at each position that every head and MLP "
@@ -105,6 +106,13 @@ TERMS: tuple[Term, ...] = (
                                  "shuffled labels stand out by chance only."),
     Term("attribution patching", "A fast estimate of patching from one gradient (AtP) instead of one run per "
                                  "component; the lab shows it beside the exact value.", ("AtP",)),
+    Term("edge", "A link in the model's graph from a sender (the input, a head, an MLP) to what a receiver reads "
+                 "(a head's query, key or value, an MLP's input, the logits). An edge circuit keeps some links and "
+                 "cuts the rest; at token positions, a link can be kept at END and cut at the operands.",
+         ("edges", "edge × position", "node × position")),
+    Term("EAP", "Edge attribution patching: attribution patching for every edge at once, from one gradient; EAP-IG "
+                "averages the gradient over points between the counterfactual and the prompt (integrated "
+                "gradients), MIB's most faithful way to rank edges.", ("EAP-IG",)),
     Term("forward pass", "One run of the model over a batch of prompts: the lab's unit of cost.",
          ("forward passes",)),
     Term("precise SFT", "Fine-tuning (supervised) only the key heads' weights and leaving the rest of the model as "

@@ -30,7 +30,7 @@ NEXT = "next →"  # the Story's next step
 SKIP = ("Build the report", "Check the paper's findings", "edge circuits")
 #: on a real model, also the Faithfulness page's edge work: every edge of SmolLM2's graph (123,211) scored, and the
 #: circuits of its top edges run, takes minutes; their charts are read on the bundled model (6,637 edges)
-EDGES = ("Score every edge", "edge circuits")
+EDGES = ("Score every edge", "circuits' curves")  # the edge section: every edge of a real model, minutes
 
 
 def _idle(page) -> None:
