@@ -146,3 +146,22 @@ def test_units_and_their_rankings(bundled):
         check_ranking("edge-position", "exact")
     with pytest.raises(ValueError, match="unknown resolution"):
         units_of(backend, "heads")
+
+
+def test_edge_position_circuit_equals_plain_loop_with_sandwich_norms(tmp_path):
+    """Gemma 3 (a norm after the attention: a head's difference is taken with the layer's other heads as they are,
+    position by position): an edge x position circuit against the plain loop, 1e-4."""
+    from engine.backends import open_model
+    from tests.integration.tiny_models import build_tiny
+    path = build_tiny("gemma3_text", tmp_path / "gemma3_text")
+    backend = open_model(str(path), device="cpu")
+    pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add", "mul"), n=2, seed=1))
+    units = units_of(backend, "edge-position")
+    kept = np.random.default_rng(2).random((1, len(units))) < 0.5
+    out = edge_circuits(backend, pairs, units.edges_kept(kept), rows_per_pass=64)
+    assert float((out.logit[0] - out.logit_o).abs().max()) > 1e-3
+    at = circuit_roles(backend, pairs, max(len(p.ref_ids) for p in pairs))
+    logit, margin = edge_circuit(plain_of(backend, path), pairs, [e.name for e in edge_graph(backend)],
+                                 {u for u, k in zip(units.names, kept[0]) if k}, roles=CIRCUIT_ROLES, role_at=at)
+    worst = max(float((logit - out.logit[0]).abs().max()), float((margin - out.margin[0]).abs().max()))
+    assert worst < 1e-4, f"gemma3_text: edge x position circuit vs the plain loop: {worst:.2e}"
