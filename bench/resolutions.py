@@ -55,7 +55,8 @@ def rows_of(resolution: str, table, seconds: float, fe: float | None, share: flo
     return out
 
 
-def bench(name: str, n: int, ablation: str, steps: int, resolutions: list[str], cache, cached: bool = False) -> str:
+def bench(name: str, n: int, ablation: str, steps: int, resolutions: list[str], cache, cached: bool = False,
+          ranked: tuple[str, ...] = ("eap", "eap-ig")) -> str:
     model = open_model(spec_of(name), device="cpu")
     spec = PromptSetSpec(ops=("add", "sub"), n=n, seed=11)
     pairs, generated = kept_pairs(model, spec, cache=cache)
@@ -67,7 +68,7 @@ def bench(name: str, n: int, ablation: str, steps: int, resolutions: list[str], 
         table, computed = cached_faithfulness(model, pairs, ablation=ablation, cache=cache)
         lines += rows_of("node", table, time.perf_counter() - t if computed else 0.0, None, 0.05)
     for resolution in (r for r in RESOLUTIONS if r in resolutions):
-        rankings = [r for r in ("eap", "eap-ig") if r in RANKINGS_AT[resolution]]
+        rankings = [r for r in ranked if r in RANKINGS_AT[resolution]]
         try:
             with cache_only() if cached else nullcontext():
                 table, art, _ = cached_edge_curves(model, pairs, rankings, steps=steps, ablation=ablation,
@@ -90,10 +91,12 @@ def main() -> None:
     ap.add_argument("--resolutions", default="node,edge,edge-position,node-position")
     ap.add_argument("--cache", type=Path, default=Path(".cache/bench-resolutions.duckdb"))
     ap.add_argument("--cached", action="store_true", help="print what the cache holds, compute no circuit")
+    ap.add_argument("--rankings", default="eap,eap-ig", help="the edge rankings (default eap,eap-ig)")
     a = ap.parse_args()
     cache = ResultCache(a.cache)
     for name in a.models.split(","):
-        print(bench(name, a.n, a.ablation, a.steps, a.resolutions.split(","), cache, a.cached), flush=True)
+        print(bench(name, a.n, a.ablation, a.steps, a.resolutions.split(","), cache, a.cached,
+                    tuple(a.rankings.split(","))), flush=True)
         print(flush=True)
 
 

@@ -158,7 +158,7 @@ def _by_role(kept: np.ndarray, n_edges: int) -> np.ndarray:
     return kept.reshape(-1, n_edges, kept.shape[-1] if kept.ndim == 3 else 1)
 
 
-def _blocks_b(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, tuple[str, ...]]]:
+def _blocks_b(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, tuple]]:
     """Pass (B) of a layer: (circuit, ablated senders) per distinct correction of its heads' inputs."""
     out = []
     for c in range(C):
@@ -224,6 +224,9 @@ class _Runner:
 
     def __init__(self, backend: ModelBackend, pairs: Sequence[PromptPair], rows_per_pass: int,
                  means: MeanActivations | None = None, roles: int = 1) -> None:
+        if roles not in (1, len(CIRCUIT_ROLES)):
+            raise ValueError(f"a circuit resolved by position keeps each edge at {len(CIRCUIT_ROLES)} token roles "
+                             f"({', '.join(CIRCUIT_ROLES)}), not {roles}")
         self.b = backend
         L = backend.facts.n_layers
         ids, self.mask, self.end = pad([p.ref_ids for p in pairs], pad_id(backend))
@@ -242,9 +245,6 @@ class _Runner:
         self.per = max(1, rows_per_pass // max(1, self.P))
         self.where: torch.Tensor | None = None  # [R, P, pos, 1]: the positions of each token role (R > 1)
         if roles > 1:
-            if roles != len(CIRCUIT_ROLES):
-                raise ValueError(f"a circuit resolved by position keeps each edge at {len(CIRCUIT_ROLES)} token roles "
-                                 f"({', '.join(CIRCUIT_ROLES)}), not {roles}")
             at = torch.nn.functional.one_hot(circuit_roles(backend, pairs, ids.shape[1]), roles)  # [P, pos, R]
             self.where = at.permute(2, 0, 1)[..., None].float()
         if means is not None:  # mean ablation: the senders send their means, not X_c's values

@@ -146,6 +146,8 @@ def test_units_and_their_rankings(bundled):
         check_ranking("edge-position", "exact")
     with pytest.raises(ValueError, match="unknown resolution"):
         units_of(backend, "heads")
+    with pytest.raises(ValueError, match="5 token roles"):  # refused before any pass
+        edge_circuits(backend, [], np.ones((1, E, 3), dtype=bool))
 
 
 def test_edge_position_circuit_equals_plain_loop_with_sandwich_norms(tmp_path):
