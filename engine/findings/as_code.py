@@ -232,7 +232,9 @@ def faithfulness_code(model, spec: PromptSetSpec, draws: int, ablation: str) -> 
           + "print({'points': [(p.ranking, p.metric, p.k, p.f) for p in table.points],      # the curves\n"
           + "       'scores': [(s.ranking, s.metric, s.cpr, s.cmd) for s in table.scores]})  # the table\n")
     return Snippet(cli, py, "The curves (faithfulness.csv) and each ranking's CPR and CMD with their intervals. The "
-                            "edges below: `python -m engine edge-scores` with the same set and `--ranking`.")
+                            "edges below: `python -m engine edge-scores` with the same set and `--ranking`; their "
+                            "circuits with `--faithfulness curves.csv` and `--resolution edge`, `edge-position` or "
+                            "`node-position`.")
 
 
 def atlas_code(model, spec: PromptSetSpec, component: str, template: str) -> Snippet:
