@@ -34,7 +34,7 @@ from engine.results import NotCached, cache_only
 from engine.techniques.accuracy import kept_pairs
 from engine.techniques.circuit_units import RANKINGS_AT, RESOLUTIONS
 from engine.techniques.edge_scores import cached_edge_curves
-from engine.techniques.faithfulness import FAITHFUL, cached_faithfulness, smallest_faithful
+from engine.techniques.faithfulness import FAITHFUL, cached_faithfulness, point_at, smallest_faithful
 
 NAMES = {"exact": "exact", "atp": "AtP", "eap": "EAP", "eap-ig": "EAP-IG", "random": "random"}
 
@@ -42,8 +42,7 @@ NAMES = {"exact": "exact", "atp": "AtP", "eap": "EAP", "eap-ig": "EAP-IG", "rand
 def rows_of(resolution: str, table, seconds: float, fe: float | None, share: float) -> list[str]:
     out = []
     for s in (s for s in table.scores if s.metric == "logit"):
-        at = next((p for p in table.points if p.ranking == s.ranking and p.metric == "logit"
-                   and abs(p.size - share) < 1e-12), None)
+        at = point_at(table.points, s.ranking, "logit", share)
         small = smallest_faithful(table.points, s.ranking)
         smallest = ("none below 100 %" if small is None else
                     f"{small.size:.1%} (k = {small.k:,}): {small.f:.2f} [{small.low:.2f}, {small.high:.2f}]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from engine.techniques.faithfulness import FAITHFUL, smallest_faithful
+from engine.techniques.faithfulness import FAITHFUL, point_at, smallest_faithful
 from views.charts import HEAD_SELECTION, ROW_PX, layer_axis, stretched
 
 
@@ -125,8 +125,7 @@ def resolutions_frame(tables: dict[str, tuple[object | None, dict[str, str]]], m
                          f"smallest circuit with f ≥ {level:g}": "—", "CPR": "—", "CPR − random": "—"})
             continue
         for s in (s for s in table.scores if s.metric == metric):
-            at = next((p for p in table.points if p.ranking == s.ranking and p.metric == metric
-                       and abs(p.size - share) < 1e-12), None)
+            at = point_at(table.points, s.ranking, metric, share)
             small = smallest_faithful(table.points, s.ranking, metric, level)
             rows.append({"resolution": label, "ranking": series.get(s.ranking, s.ranking),
                          "f, top 5 %": "—" if at is None else f"{at.f:.2f} [{at.low:.2f}, {at.high:.2f}]",

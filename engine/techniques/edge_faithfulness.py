@@ -339,8 +339,11 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
         """What the ablated edges add to a receiver's input: per role, its senders' differences there."""
         d = torch.zeros_like(diff[c]["input"])
         for r, senders in enumerate(key):
-            for s in senders:
-                d += diff[c][s] if run.where is None else diff[c][s] * run.where[r]
+            if run.where is None:
+                for s in senders:
+                    d += diff[c][s]
+            elif senders:  # a role's senders summed, then laid over its positions once
+                d += sum(diff[c][s] for s in senders) * run.where[r]
         return d
 
     def mlp_correction(c: int, layer: int) -> torch.Tensor:

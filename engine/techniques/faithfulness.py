@@ -484,6 +484,12 @@ def export_mib(backend: ModelBackend, pairs: Sequence[PromptPair], table, out_di
 FAITHFUL = 0.8
 
 
+def point_at(points: Sequence[FaithPoint], ranking: str, metric: str, size: float) -> FaithPoint | None:
+    """``ranking``'s point of ``metric`` at circuit size ``size`` (None: not on its curve)."""
+    return next((p for p in points if p.ranking == ranking and p.metric == metric and abs(p.size - size) < 1e-12),
+                None)
+
+
 def smallest_faithful(points: Sequence[FaithPoint], ranking: str, metric: str = "logit", level: float = FAITHFUL
                       ) -> FaithPoint | None:
     """The smallest circuit of ``ranking``'s curve whose f reaches ``level`` (its point; None: none does, the whole
