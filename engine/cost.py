@@ -68,31 +68,35 @@ class Cost:
 class Work:
     """Forward work a computation does, counted from its code before it runs: what the backend's
     :class:`WorkMeter` counts (``calls``, ``body`` positions through every block, ``unembed`` positions through
-    the final norm and the unembedding), ``mlp_rows``, rows through one MLP branch (the END chains), and
-    ``backward``, positions a backward pass carries back through every block (attribution patching's gradients;
-    counted as :data:`BACKWARD_FACTOR` forward positions each)."""
+    the final norm and the unembedding, ``layers`` positions times blocks of the passes that stop after a block),
+    ``mlp_rows``, rows through one MLP branch (the END chains), and ``backward``, positions a backward pass carries
+    back through every block (attribution patching's gradients; counted as :data:`BACKWARD_FACTOR` forward
+    positions each)."""
 
     calls: int = 0
     body: int = 0
     unembed: int = 0
     mlp_rows: int = 0
     backward: int = 0
+    layers: int = 0
 
     def __add__(self, other: Work) -> Work:
         return Work(self.calls + other.calls, self.body + other.body, self.unembed + other.unembed,
-                    self.mlp_rows + other.mlp_rows, self.backward + other.backward)
+                    self.mlp_rows + other.mlp_rows, self.backward + other.backward, self.layers + other.layers)
 
     def __mul__(self, k: int) -> Work:
-        return Work(self.calls * k, self.body * k, self.unembed * k, self.mlp_rows * k, self.backward * k)
+        return Work(self.calls * k, self.body * k, self.unembed * k, self.mlp_rows * k, self.backward * k,
+                    self.layers * k)
 
-    @property
-    def forward_body(self) -> float:
-        """Positions through every block, a backward position counted as :data:`BACKWARD_FACTOR` of them."""
-        return self.body + BACKWARD_FACTOR * self.backward
+    def forward_body(self, n_layers: int) -> float:
+        """Positions through every block: a backward position counted as :data:`BACKWARD_FACTOR` of them, a
+        position through one block of a stopped pass as 1 / ``n_layers``."""
+        return self.body + BACKWARD_FACTOR * self.backward + self.layers / max(n_layers, 1)
 
     def fe(self, backend: ModelBackend, pairs: Sequence[PromptPair]) -> float:
         """Forward-equivalents of this work, one padded full-logits pass of ``pairs`` = 1."""
-        return fe_of(backend, pairs, body=self.forward_body, unembed=self.unembed, mlp_rows=self.mlp_rows)
+        return fe_of(backend, pairs, body=self.forward_body(backend.facts.n_layers), unembed=self.unembed,
+                     mlp_rows=self.mlp_rows)
 
 
 NO_WORK = Work()
@@ -102,6 +106,14 @@ def one_pass(rows: int, width: int, unembedded: int | None = None) -> Work:
     """One forward call of ``rows`` prompts padded to ``width``, ``unembedded`` positions unembedded (default: one
     per row, the END-only or one-position passes)."""
     return Work(1, rows * width, rows if unembedded is None else unembedded)
+
+
+def pass_upto(backend: ModelBackend, rows: int, width: int, layer: int) -> Work:
+    """One pass that reads block ``layer``'s activations (``ModelBackend.activations_upto``): it stops after that
+    block where the backend :attr:`stops_early`, else it is a whole pass with one position unembedded per row."""
+    if backend.stops_early:
+        return Work(1, layers=rows * width * (layer + 1))
+    return one_pass(rows, width)
 
 
 def padded_passes(seqs: Sequence[Sequence[int]], batch_size: int, unembedded_per_row: int | None = 1) -> Work:
@@ -138,7 +150,7 @@ class PassTiming:
     def seconds(self, backend: ModelBackend, work: Work) -> float:
         """Estimated seconds of ``work`` on ``backend``."""
         c_body, c_unembed, c_mlp = macs_per_position(backend.facts)
-        positions = work.forward_body + work.unembed * c_unembed / max(c_body, 1.0)
+        positions = work.forward_body(backend.facts.n_layers) + work.unembed * c_unembed / max(c_body, 1.0)
         mlp = (work.mlp_rows * self.mlp_row_s if self.mlp_row_s is not None
                else work.mlp_rows * c_mlp / max(c_body, 1.0) * self.position_s)
         return work.calls * self.call_s + positions * self.position_s + mlp
@@ -295,7 +307,7 @@ def fe_of(backend: ModelBackend, pairs: Sequence[PromptPair], *, body: float, un
 
 def metered(meter: WorkMeter) -> Work:
     """What a :class:`WorkMeter` counted, as :class:`Work` (it counts no MLP-branch rows)."""
-    return Work(meter.forward_calls, meter.body_tokens, meter.unembed_rows)
+    return Work(meter.forward_calls, meter.body_tokens, meter.unembed_rows, layers=meter.layer_tokens)
 
 
 def unless_cached(probe: Callable[[], object], work: Callable[[], Work]) -> Work:

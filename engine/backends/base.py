@@ -58,17 +58,30 @@ class WorkMeter:
 
     ``forward_calls`` counts forward passes; ``body_tokens`` the positions they carried through
     every block (padding included); ``unembed_rows`` the positions that went through the final norm
-    and the unembedding (``batch * pos`` for full logits, ``batch`` for END-only logits).
+    and the unembedding (``batch * pos`` for full logits, ``batch`` for END-only logits);
+    ``layer_tokens`` positions times blocks of the passes stopped after a block
+    (:meth:`ModelBackend.activations_upto`: they count there, not in ``body_tokens``).
     """
 
     forward_calls: int = 0
     body_tokens: int = 0
     unembed_rows: int = 0
+    layer_tokens: int = 0
 
     def record(self, input_ids: torch.Tensor, logits: torch.Tensor) -> None:
         self.forward_calls += 1
         self.body_tokens += int(input_ids.numel())
         self.unembed_rows += int(logits.shape[:-1].numel())
+
+    def record_upto(self, input_ids: torch.Tensor, blocks: int) -> None:
+        """A pass that stopped after its first ``blocks`` blocks (nothing unembedded)."""
+        self.forward_calls += 1
+        self.layer_tokens += int(input_ids.numel()) * blocks
+
+
+class PassStopped(Exception):
+    """Raised by a hook to end a forward pass once what it was run for has been read
+    (:meth:`ModelBackend.activations_upto`); never leaves the backend."""
 
 
 def macs_per_position(facts: ModelFacts) -> tuple[float, float, float]:
@@ -148,6 +161,19 @@ class ModelBackend(ABC):
         before the final norm (a block's activations)."""
         first = torch.zeros(input_ids.shape[0], 1, dtype=torch.long)  # [batch, 1]
         return self.run_with_cache_at(input_ids, attention_mask, names, first)[1]
+
+    @property
+    def stops_early(self) -> bool:
+        """Whether :meth:`activations_upto` ends its pass after the last block it reads (else: a whole pass)."""
+        return False
+
+    def activations_upto(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                         names: Sequence[HookName]) -> dict[HookName, torch.Tensor]:
+        """:meth:`activations` of block hooks only, from a pass that may stop after the last block they lie in
+        (:attr:`stops_early`; the meter then counts that pass's blocks, :meth:`WorkMeter.record_upto`).  Active
+        ``hooks`` apply as in :meth:`activations`; the caller keeps them in those blocks or before them (one of a
+        later block would not fire).  This default runs the whole pass."""
+        return self.activations(input_ids, attention_mask, names)
 
     def end_rows_ok(self) -> bool:
         """Whether the final norm and the unembedding may run on a few positions of each row.

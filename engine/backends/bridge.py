@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from engine.backends import hooks as hook_names
-from engine.backends.base import HookFn, MissingActivation, ModelBackend, in_cpu_chunks, select_rows
+from engine.backends.base import HookFn, MissingActivation, ModelBackend, PassStopped, in_cpu_chunks, select_rows
 from engine.models.load import LoadedModel
 
 
@@ -82,6 +82,36 @@ class BridgeBackend(ModelBackend):
         if fired and silent:
             raise MissingActivation(f"{self.facts.architecture} never runs hook point(s) {sorted(silent)[:4]} (its "
                                     f"TransformerBridge adapter names them, this model does not fire them)")
+
+    @property
+    def stops_early(self) -> bool:
+        return True
+
+    def activations_upto(self, input_ids, attention_mask, names):
+        asked = list(names)
+        layers = [hook_names.layer_of(n) for n in asked]
+        if not asked or None in layers:
+            raise ValueError(f"activations_upto reads block activations only, not {asked}")
+        last = max(layers)
+        got: dict = {}
+
+        def keep(name):
+            def fn(act):  # after the active edits of the same hook point (registered before it)
+                got[name] = act.detach()
+            return fn
+
+        def stop(act):
+            raise PassStopped
+        kwargs = {} if attention_mask is None else {"attention_mask": attention_mask.to(self.device)}
+        try:
+            with torch.no_grad(), self.hooks([(self._alias(n), keep(n)) for n in asked]
+                                             + [(hook_names.resid_post(last), stop)]):
+                self.bridge(input_ids.to(self.device), return_type="logits", **kwargs)
+        except PassStopped:
+            self.meter.record_upto(input_ids, last + 1)
+        else:
+            raise MissingActivation(f"{self.facts.architecture}'s block {last} never fired its output hook")
+        return {n: got[n].to(self.device) for n in asked}
 
     @property
     def continues(self) -> bool:

@@ -51,7 +51,7 @@ __all__ = [
     "HookName", "REQUIRES_FLAG", "attn_k", "attn_out", "attn_pattern", "attn_proj_out", "attn_q", "attn_result",
     "attn_scores", "attn_v", "attn_z", "embed", "k_input", "ln_final_in", "ln_final_out", "mlp_in", "mlp_out",
     "mlp_post", "mlp_pre", "q_input", "resid_mid", "resid_post", "resid_pre", "unembed_out",
-    "v_input", "validate_layer",
+    "v_input", "layer_of", "validate_layer",
 ]
 
 
@@ -68,6 +68,13 @@ def validate_layer(layer: int, n_layers: int | None = None) -> int:
 
 def _block(layer: int, suffix: str) -> HookName:
     return HookName(f"blocks.{validate_layer(layer)}.{suffix}")
+
+
+def layer_of(name: HookName) -> int | None:
+    """The block a hook name built here lies in (``blocks.{l}. ...`` -> l); None for the embedding and the output."""
+    head, _, rest = str(name).partition(".")
+    number = rest.partition(".")[0]
+    return int(number) if head == "blocks" and number.isdigit() else None
 
 
 # --- residual stream -------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
-from engine.techniques.edges import QKV, Edge, edge_graph, head_senders_per_layer, prepared, sender_differences
+from engine.techniques.edges import QKV, Edge, edge_graph, prepared, sender_differences, sender_differences_work
 
 METHOD = "eap"
 
@@ -241,14 +241,12 @@ def eap_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence
     """The forward and backward work of :func:`eap` (``engine.cost.Work``): X_r and X_c, the heads' differences (a
     pass per layer with head senders), and per point one full-logits pass of the prompts and one of 3 H rows per
     layer with head receivers, each with its backward pass."""
-    from engine.cost import Work, one_pass
+    from engine.cost import Work
     from engine.machinery.patch_rows import prepare_work
     f = backend.facts
     edges = list(edges) if edges is not None else edge_graph(backend)
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
-    w = prepare_work(pairs)
-    for count in head_senders_per_layer(edges).values():
-        w += one_pass(count * n, width)
+    w = prepare_work(pairs) + sender_differences_work(backend, edges, n, width)
     per_point = Work(1, n * width, n * width, backward=n * width)
     rows = 3 * f.n_heads * n
     for _ in {e.receiver.layer for e in edges if e.receiver.kind == "head"}:

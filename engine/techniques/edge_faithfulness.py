@@ -261,13 +261,14 @@ class _Runner:
 
     def passes(self, n_blocks: int, edits_of, names: Sequence[str]) -> list[dict]:
         """Run blocks 0 .. n_blocks - 1 (``edits_of(block indices)`` -> edits), ``per`` blocks a pass; each
-        block's ``names`` activations.  # [n_blocks] of {name: [P, ...]}"""
+        block's ``names`` activations (one layer's: the pass stops after it where the backend can).
+        # [n_blocks] of {name: [P, ...]}"""
         out: list[dict] = []
         for g in range(0, n_blocks, self.per):
             ix = list(range(g, min(n_blocks, g + self.per)))
             S = len(ix)
             with self.b.hooks(edits_of(ix)):
-                acts = self.b.activations(self.ref.repeat(S, 1), self.mask.repeat(S, 1), list(names))
+                acts = self.b.activations_upto(self.ref.repeat(S, 1), self.mask.repeat(S, 1), list(names))
             for s in range(S):
                 out.append({n: acts[n][s * self.P:(s + 1) * self.P].float().cpu() for n in names})
         return out
@@ -449,8 +450,9 @@ def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept:
     """The forward work of :func:`edge_circuits` (``engine.cost.Work``): X_r and X_c, the check that heads read
     the stream through q, k and v only (one pass), then per layer the
     blocks of passes (B) to (E) (a parallel block: its MLP branch twice per circuit with an ablated edge into the
-    MLP), and the final pass, ``rows_per_pass`` rows at most per pass."""
-    from engine.cost import NO_WORK, Work, one_pass
+    MLP), and the final pass, ``rows_per_pass`` rows at most per pass; a layer's passes stop after it where the
+    backend can (``engine.cost.pass_upto``)."""
+    from engine.cost import NO_WORK, Work, one_pass, pass_upto
     edges = list(edges) if edges is not None else edge_graph(backend)
     kept = _by_role(kept, len(edges))
     C = kept.shape[0]
@@ -461,20 +463,21 @@ def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept:
     w = one_pass(n, width, n * width) * 2
     w += one_pass(n, width)  # heads_read_only_qkv's pass (it reads X_r and X_c from the two above)
 
-    def blocks(count: int) -> Work:  # ``count`` blocks of n rows, ``per`` a pass, one position unembedded per row
+    def blocks(count: int, layer: int | None) -> Work:  # ``count`` blocks of n rows, ``per`` a pass
         out = NO_WORK
         for g in range(0, count, per):
-            out += one_pass(min(per, count - g) * n, width)
+            rows = min(per, count - g) * n
+            out += one_pass(rows, width) if layer is None else pass_upto(backend, rows, width, layer)
         return out
     for layer in range(L):
         dh = [] if backend.attn_branch_is_identity else _diff_heads(plan, C, layer, H)
         for count in (len(_blocks_b(plan, C, layer, H)), len(_blocks_c(plan, C, layer, H)),
                       len(dh) + len({c for c, _ in dh}), C):
             if count:
-                w += blocks(count)
+                w += blocks(count, layer)
         if backend.parallel_attn_mlp:
             w += Work(mlp_rows=2 * n * width * sum(1 for c in range(C) if plan.ablated[c].get(("mlp", layer))))
-    return w + blocks(C)
+    return w + blocks(C, None)  # the final pass: END's logits
 
 
 # ---------------------------------------------------------------------------------------------

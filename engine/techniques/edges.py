@@ -209,7 +209,8 @@ def sender_differences(backend: ModelBackend, run: PatchRun, senders: Sequence[N
                 act[i * P:(i + 1) * P, :, h] = run.cf_cache[z][:, :, h].to(act.device, act.dtype)
             return act
         with backend.hooks([(z, put)]):
-            acts = backend.activations(run.stacked(run.ref, S), run.stacked(run.mask, S), [hooks.attn_out(layer)])
+            acts = backend.activations_upto(run.stacked(run.ref, S), run.stacked(run.mask, S),
+                                            [hooks.attn_out(layer)])
         a = acts[hooks.attn_out(layer)].float().reshape(S, P, *run.ref_cache[hooks.attn_out(layer)].shape[1:])
         for i, h in enumerate(heads):
             out[Node("head", layer, h).name] = (a[i] - run.ref_cache[hooks.attn_out(layer)].float()).cpu()
@@ -317,7 +318,7 @@ def _head_edits(backend: ModelBackend, run: PatchRun, group: Sequence[Edge], d: 
     edits_a += [(name, _frozen_rows(run.ref_cache[name], [e.qkv == x for e in group], P)) for x, name in qkv.items()]
     z = hooks.attn_z(layer)
     with backend.hooks(edits_a):
-        got = backend.activations(run.stacked(run.ref, S), run.stacked(run.mask, S), [z])[z]  # [S * P, pos, H, dh]
+        got = backend.activations_upto(run.stacked(run.ref, S), run.stacked(run.mask, S), [z])[z]  # [S*P, pos, H, dh]
     new = torch.stack([got[s * P:(s + 1) * P, :, e.receiver.head] for s, e in enumerate(group)])  # [S, P, pos, dh]
 
     def put(act: torch.Tensor) -> torch.Tensor:
@@ -334,24 +335,33 @@ def head_senders_per_layer(edges: Sequence[Edge]) -> dict[int, int]:
     return {layer: sum(1 for j, _ in heads if j == layer) for layer in sorted({j for j, _ in heads})}
 
 
+def sender_differences_work(backend: ModelBackend, edges: Sequence[Edge], n: int, width: int):
+    """The work of :func:`sender_differences` for ``edges``' senders and ``n`` prompts padded to ``width``: a pass
+    per layer with head senders, its heads as rows, stopped after that layer where the backend can."""
+    from engine.cost import NO_WORK, pass_upto
+    w = NO_WORK
+    for layer, count in head_senders_per_layer(edges).items():
+        w += pass_upto(backend, count * n, width, layer)
+    return w
+
+
 def edge_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
                        rows_per_pass: int = 256):
     """The forward work of :func:`edge_patching` (``engine.cost.Work``): X_r and X_c, the heads' differences
-    (a pass per layer, the heads as rows) and a row per edge and pair, two for a head receiver."""
-    from engine.cost import one_pass
+    (a pass per layer, the heads as rows) and a row per edge and pair, two for a head receiver (the passes that read
+    one layer stop after it where the backend can, ``engine.cost.pass_upto``)."""
+    from engine.cost import pass_upto
     from engine.machinery.patch_rows import patch_rows_work, prepare_work
     edges = list(edges) if edges is not None else edge_graph(backend)
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
-    w = prepare_work(pairs)
-    for count in head_senders_per_layer(edges).values():
-        w += one_pass(count * n, width)
+    w = prepare_work(pairs) + sender_differences_work(backend, edges, n, width)
     groups: dict[tuple, int] = {}
     for e in edges:
         groups[(e.receiver.kind, e.receiver.layer)] = groups.get((e.receiver.kind, e.receiver.layer), 0) + 1
     per = max(1, rows_per_pass // max(1, n))
-    for (kind, _), count in groups.items():
+    for (kind, layer), count in groups.items():
         w += patch_rows_work(count, n, width, rows_per_pass=per * n)
         if kind == "head":
             for g in range(0, count, per):
-                w += one_pass(min(per, count - g) * n, width)
+                w += pass_upto(backend, min(per, count - g) * n, width, layer)
     return w
