@@ -180,7 +180,7 @@ def _builders():
     per_layer, global_ = [], []
     for name in hooks.__all__:
         fn = getattr(hooks, name)
-        if not inspect.isfunction(fn) or name == "validate_layer":
+        if not inspect.isfunction(fn) or name in ("validate_layer", "layer_of"):
             continue
         (per_layer if inspect.signature(fn).parameters else global_).append(fn)
     return per_layer, global_
@@ -192,6 +192,9 @@ def test_every_hook_builder_names_a_bridge_hook(tiny):
     names = [fn() for fn in global_] + [fn(layer) for fn in per_layer for layer in range(N_LAYERS)]
     missing = [n for n in names if n not in tiny.bridge.hook_dict]
     assert not missing
+    # and each per-layer name reads back as its layer (hooks.layer_of: where a pass reading it may stop)
+    assert [hooks.layer_of(fn()) for fn in global_] == [None] * len(global_)
+    assert all(hooks.layer_of(fn(layer)) == layer for fn in per_layer for layer in range(N_LAYERS))
 
 
 def test_hook_shapes(tiny, batch):
