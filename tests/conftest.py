@@ -80,6 +80,9 @@ def pytest_configure(config):
         # and so does every process a worker starts (its dashboard, a CLI run): two workers' dashboards on two OpenMP
         # threads each made the browser walks 2.5x slower (docs/testing.md, "Two workers, and the serial few")
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+        # and the Numbers probes fit in the process that asks (engine/techniques/numbers/probes.py: fit_workers), not
+        # in a worker process per core that imports the ML stack again (test_numbers.py checks both give the same)
+        os.environ["LOKY_MAX_CPU_COUNT"] = "1"
     elif config.getoption("numprocesses", None):  # the xdist controller: a folder for what the workers share
         import tempfile
 

@@ -114,54 +114,23 @@ def shown_code(at) -> tuple[list[str], str]:
     return (bash[0].splitlines() if bash else []), py[0]
 
 
-def run_cli_lines(lines: list[str], tmp_path, monkeypatch, capsys, *, in_a_subprocess: bool = False) -> list[dict]:
+def run_cli_lines(lines: list[str], tmp_path, *, in_a_subprocess: bool = False) -> list[dict]:
     """Each ``python -m engine`` line, in ``tmp_path`` with its own cache (``cli.duckdb``): the JSON each prints.
-
-    A line runs as ``python -m engine`` runs it -- ``engine.cli.main.main(argv[3:])``, its exit status that of
-    ``engine/__main__.py`` (main's return value, or a SystemExit's code) -- but in this process, so it pays no
-    interpreter start, ML-stack import or teardown; the cache and the working directory are switched for the line and
-    given back after it, and the process-wide memo of answer scores (``engine.techniques.accuracy``) is emptied before
-    it, as a new process starts without one: the line filters its set with its own pass.  ``in_a_subprocess=True`` runs
-    the line in a real ``python -m engine`` process instead (one test keeps that covered)."""
+    A line runs in this process as ``python -m engine`` runs it (``tests.helpers.cli.run_cli``: no interpreter start,
+    ML-stack import or teardown; the line filters its set with its own pass); ``in_a_subprocess=True`` runs it in a
+    real ``python -m engine`` process instead (one test keeps that covered)."""
     import json
 
-    from engine.cli.main import main
-    from engine.techniques.accuracy import forget_scores
+    from tests.helpers.cli import run_cli, run_cli_process
     out = []
     for line in lines:
         argv = shlex.split(line)
         assert argv[:3] == ["python", "-m", "engine"], line
-        if in_a_subprocess:
-            out.append(_run_cli_line_in_a_subprocess(argv, tmp_path))
-            continue
-        with monkeypatch.context() as m:
-            m.setenv("ARITHLAB_CACHE", str(tmp_path / "cli.duckdb"))
-            m.chdir(tmp_path)
-            forget_scores()
-            capsys.readouterr()
-            try:
-                status = main(argv[3:])
-            except SystemExit as stop:  # as engine/__main__.py reads it
-                status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-            printed = capsys.readouterr()
-        assert status == 0, (line, printed.err[-2000:])
-        out.append(json.loads(printed.out))
+        run = run_cli_process if in_a_subprocess else run_cli
+        done = run(*argv[3:], cache=tmp_path / "cli.duckdb", cwd=tmp_path, timeout=600)
+        assert done.returncode == 0, (line, done.stderr[-2000:])
+        out.append(json.loads(done.stdout))
     return out
-
-
-def _run_cli_line_in_a_subprocess(argv: list[str], tmp_path) -> dict:
-    """``python -m engine ...`` (``argv``) in a process of its own, in ``tmp_path`` with its own cache: its JSON."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.app.conftest import REPO
-    env = dict(os.environ, ARITHLAB_CACHE=str(tmp_path / "cli.duckdb"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, (shlex.join(argv), proc.stderr[-2000:])
-    return json.loads(proc.stdout)
 
 
 def run_notebook(py: str, tmp_path, monkeypatch, capsys):
@@ -215,7 +184,7 @@ def test_the_knockout_snippets_reproduce_the_accuracy_the_top5_and_the_curve(tmp
                                                                           draws=2)]
     assert any(f"{after:.1%}" == m.value for m in at.metric)  # the page's own number
     assert at.multiselect(key="knockout_heads").value == ["1.3", "1.1"] and at.slider(key="ko_draws_input").value == 2
-    ko_out, curve_out = run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    ko_out, curve_out = run_cli_lines(lines, tmp_path)
     assert close([ko_out["accuracy_before"], ko_out["accuracy_after"]], [before, after])
     assert close([(t["token_id"], t["prob"]) for t in ko_out["top5_after"]], top5)
     assert close([(p["k"], p["top_accuracy"], p["random_mean"]) for p in curve_out["points"]], curve)
@@ -240,7 +209,7 @@ def test_the_mlp_projections_snippets_reproduce_the_projections_the_lens_and_the
     typed = typed_prompt_ids(model.tokenizer, TYPED)
     top = [(t.layer, t.rank, t.number) for t in top_number_tokens(model, TYPED, typed.ids,
                                                                   answer_id=typed.answer.answer_id) if t.rank <= 5]
-    proj_out, lens_out = run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    proj_out, lens_out = run_cli_lines(lines, tmp_path)
     assert close([(v["layer"], v["metric"], v["value"], v["std"]) for v in proj_out["per_layer"]], proj)
     assert close([("*", r["layer"], r["mean_prob"], r["median_rank"], r["top1"]) for r in lens_out["per_layer"]],
                  [r for r in lens if r[0] == "*"])
@@ -263,7 +232,7 @@ def test_the_position_patching_snippets_reproduce_the_heatmap(tmp_path, monkeypa
                                            tokens=lambda ids: model.tokenizer.convert_ids_to_tokens(list(ids)))[0]
     want = [(c.layer, c.rel, c.logit_diff) for c in cells]
     assert len(want) > 10
-    run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    run_cli_lines(lines, tmp_path)
     with open(tmp_path / "positions.csv", encoding="utf-8") as f:
         got = [(int(r["layer"]), int(r["rel"]), float(r["logit_diff"])) for r in csv.DictReader(f)
                if r["group"] == group]
@@ -282,7 +251,7 @@ def test_the_circuit_snippets_reproduce_the_diagram(tmp_path, monkeypatch, capsy
     d = circuit_diagram(model, pairs, k=5, mlps=3)
     nodes, edges = [(n.id, n.effect) for n in d.nodes], [(e.source, e.target, e.weight) for e in d.edges]
     assert len(nodes) >= 8
-    run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    run_cli_lines(lines, tmp_path)
     got = json.loads((tmp_path / "circuit.json").read_text())
     assert close([(n["id"], n["effect"]) for n in got["nodes"]], nodes)
     assert close([(e["source"], e["target"], e["weight"]) for e in got["edges"]], edges)
@@ -316,7 +285,7 @@ def test_the_circuit_pages_edges_and_their_snippets(tmp_path, monkeypatch, capsy
     assert {e.via for e in d.edges if e.target.startswith("h")} <= {"q", "k", "v"}
     nodes = [(n.id, n.effect) for n in d.nodes]
     edges = [(e.source, e.target, e.via, e.weight) for e in d.edges]
-    run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    run_cli_lines(lines, tmp_path)
     got = json.loads((tmp_path / "circuit.json").read_text())
     assert close([(n["id"], n["effect"]) for n in got["nodes"]], nodes, 1e-5)
     assert close([(e["source"], e["target"], e["via"], e["weight"]) for e in got["edges"]], edges, 1e-5)
@@ -335,7 +304,7 @@ def test_the_faithfulness_snippets_reproduce_the_curves_and_the_scores(tmp_path,
     table, _ = cached_faithfulness(model, pairs, draws=RANDOM_DRAWS, ablation="counterfactual")
     points = [(p.ranking, p.metric, p.k, p.f) for p in table.points]
     scores = [(s.ranking, s.metric, s.cpr, s.cmd) for s in table.scores]
-    (out,) = run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    (out,) = run_cli_lines(lines, tmp_path)
     assert close([(s["ranking"], s["metric"], s["cpr"], s["cmd"]) for s in out["scores"]], scores)
     with open(tmp_path / "faithfulness.csv", encoding="utf-8") as f:
         got = [(r["ranking"], r["metric"], int(r["k"]), float(r["f"])) for r in csv.DictReader(f)]
@@ -359,7 +328,7 @@ def test_the_atlas_snippets_reproduce_the_operand_grid(tmp_path, monkeypatch, ca
     grid = operand_grid(model, PromptSetSpec(ops=("add",), n=8, seed=0), template=template)
     want = [(r["a"], r["b"], r["right"], r["effect"], r["direct"]) for r in grid.rows(grid.top_head())]
     assert len(want) == 81
-    run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    run_cli_lines(lines, tmp_path)
     with open(tmp_path / "grid.csv", encoding="utf-8") as f:
         got = [(int(r["a"]), int(r["b"]), r["right"] == "True", float(r["effect"]), float(r["direct"]))
                for r in csv.DictReader(f)]
@@ -394,7 +363,7 @@ def test_the_numbers_snippets_reproduce_the_probes(tmp_path, monkeypatch, capsys
     model, pairs = engine_pairs()
     rows, _ = cached_number_probes(model, pairs)
     want = [(r.layer, r.position, r.target, r.method, r.score, r.baseline) for r in rows]
-    run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    run_cli_lines(lines, tmp_path)
     with open(tmp_path / "numbers.csv", encoding="utf-8") as f:
         got = [(int(r["layer"]), r["position"], r["target"], r["method"], float(r["score"]), float(r["baseline"]))
                for r in csv.DictReader(f)]
@@ -418,7 +387,7 @@ def test_the_compare_snippets_reproduce_both_heatmaps_and_the_difference(tmp_pat
     cmp = compare_tables(table_a, table_b, metric="logit_diff", k=5)
     cells = [(c.component, c.layer, c.head, c.diff, c.low, c.high) for c in cmp.cells]
     assert any(c.differs for c in cmp.cells) or len(cells) > 10
-    run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    run_cli_lines(lines, tmp_path)
     for name, table in (("a.csv", table_a), ("b.csv", table_b)):
         with open(tmp_path / name, encoding="utf-8") as f:
             got = {(r["component"], int(r["layer"]), int(r["head"])): float(r["logit_diff"]) for r in csv.DictReader(f)}
@@ -441,7 +410,7 @@ def test_the_templates_snippets_reproduce_the_written_templates_set(tmp_path, mo
     gen = generate_set(model.tokenizer, spec)
     kept, _ = kept_pairs(model, spec)
     assert len(gen.pairs) == len(at.dataframe[0].value) or len(gen.pairs) > 5  # the page shows the first five
-    (out,) = run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    (out,) = run_cli_lines(lines, tmp_path)
     assert (out["generated"], out["candidates"], out["kept"]) == (len(gen.pairs), gen.candidates, len(kept))
     nb = run_notebook(py, tmp_path, monkeypatch, capsys)
     assert (nb["generated"], nb["candidates"], nb["dropped"], nb["kept"]) == (len(gen.pairs), gen.candidates,
@@ -456,7 +425,7 @@ def test_the_paper_snippets_reproduce_the_findings_table(tmp_path, monkeypatch, 
     table = at.table[0].value
     shown = [(f, lab if lab != "–" else "", v) for f, lab, v in zip(table.index, table["this model"], table["verdict"])]
     assert any(v == "holds" for _, _, v in shown)
-    (out,) = run_cli_lines(lines, tmp_path, monkeypatch, capsys)
+    (out,) = run_cli_lines(lines, tmp_path)
     assert [(r["figure"], r["lab"], r["verdict"]) for r in out["findings"]] == shown
     assert run_notebook(py, tmp_path, monkeypatch, capsys) == shown
 
@@ -531,7 +500,7 @@ def test_compare_puts_the_papers_findings_side_by_side_and_its_code_reproduces_t
     table = next(t.value for t in at.table if "B's verdict" in t.value.columns)
     lines, py = shown_code(at)
     assert [line.split()[3] for line in lines] == ["path-patching", "path-patching", "reproduce", "reproduce"]
-    out_a, out_b = run_cli_lines(lines[2:], tmp_path, monkeypatch, capsys)
+    out_a, out_b = run_cli_lines(lines[2:], tmp_path)
     for col, out in (("A", out_a), ("B", out_b)):
         assert list(table[col]) == [r["lab"] or "–" for r in out["findings"]]
         assert list(table[f"{col}'s verdict"]) == [r["verdict"] for r in out["findings"]]
@@ -556,8 +525,8 @@ def test_the_home_snippets_reproduce_the_facts_and_the_accuracy_table(tmp_path, 
     lines, py = shown_code(at)
     assert [shlex.split(x)[3] for x in lines] == ["info", "accuracy"]
     # the one line of this file run in a real `python -m engine` process (see the docstring)
-    (info,) = run_cli_lines(lines[:1], tmp_path, monkeypatch, capsys, in_a_subprocess=True)
-    (acc,) = run_cli_lines(lines[1:], tmp_path, monkeypatch, capsys)
+    (info,) = run_cli_lines(lines[:1], tmp_path, in_a_subprocess=True)
+    (acc,) = run_cli_lines(lines[1:], tmp_path)
     assert info["fingerprint"] == acc["fingerprint"] and info["n_layers"] == 8
     assert sorted(acc["per_op"]) == sorted(shown.index)
     for op, row in shown.iterrows():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.e2e.conftest import ARTIFACTS
-from tests.integration.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ from engine.prompts.pairs import COUNTERFACTUALS
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.attention import role_attention
 from engine.techniques.carries import KINDS, carries, what_heads_carry
-from tests.integration.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 SPEC = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=30, seed=0)
 

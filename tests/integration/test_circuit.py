@@ -14,7 +14,7 @@ from engine.techniques.accuracy import kept_pairs
 from engine.techniques.attention import role_attention
 from engine.techniques.circuit import Diagram, circuit_diagram, head_id
 from engine.techniques.path_patching import cached_path_patching
-from tests.integration.test_cli import run_cli
+from tests.helpers.cli import run_cli
 from views.circuit_diagram import diagram_image
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import run_cli_process
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_cli(*args: str, cache: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ARITHLAB_CACHE=str(cache), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+#: the CLI's contract is a real process's: its exit status, its stdout and nothing but the one error line on stderr
+run_cli = run_cli_process
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.integration.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.integration.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 
 def _csv(path):

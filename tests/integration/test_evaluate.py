@@ -4,9 +4,6 @@ SmolLM2-135M on GSM8K and MMLU, greedy decoding vs transformers' ``generate``, a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ from engine.backends import open_model
 from engine.evaluation.benchmarks import BENCHMARKS, load_benchmark, render_prompt
 from engine.evaluation.evaluate import completion_text, evaluate, evaluate_cached, greedy_decode
 from tests.conftest import TIMINGS
+from tests.helpers.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
@@ -140,12 +138,6 @@ def test_greedy_decode_equals_transformers_generate(smol):
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
-
-def run_cli(*args: str, cache: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ARITHLAB_CACHE=str(cache), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
 
 def test_cli_evaluate_end_to_end(tmp_path):
     out = tmp_path / "eval.json"

@@ -17,12 +17,12 @@ from engine.results import cache_only
 from engine.techniques import faithfulness as F
 from engine.techniques.accuracy import kept_pairs
 from engine.techniques.knockout import mean_activations
+from tests.helpers.cli import run_cli
 from tests.helpers.references import (
     continued_readouts_equal_reference,
     interchange_margin_full_logits,
     mean_ablated_margin_full_logits,
 )
-from tests.integration.test_cli import run_cli
 from tests.unit.test_faithfulness import _validate_like_from_json
 
 SPEC = PromptSetSpec(ops=("add", "sub", "mul", "div"), n=20, seed=0)

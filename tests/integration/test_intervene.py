@@ -19,7 +19,7 @@ from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.intervene import Intervention, forget, intervene, intervened_logits, parse_targets
 from engine.techniques.knockout import Knockout, knockout_end, mean_activations, next_token_probs
 from engine.techniques.path_patching import Sender, path_patching, path_patching_reference
-from tests.integration.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 HEADS = ((1, 3), (1, 1), (0, 2))
 

@@ -20,7 +20,7 @@ from engine.prompts.pairs import answer_tokens
 from engine.prompts.promptsets import PromptSetSpec
 from engine.techniques import numbers as N
 from engine.techniques.accuracy import kept_pairs
-from tests.integration.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -268,6 +268,19 @@ def test_acceptance_on_the_bundled_model(organism, add_pairs):
     assert last.score >= 0.9 and last.baseline <= 0.35
     assert get[(0, "A", "A", "logistic")].score >= 0.9
     assert get[(0, "A", "B", "logistic")].score < 0.5  # B comes after A: nothing of it at A's position
+
+
+def test_probes_fitted_in_worker_processes_equal_those_fitted_here(organism, add_pairs, monkeypatch):
+    """One process per core fits the layers' probes (joblib); on one core (``LOKY_MAX_CPU_COUNT=1``, as the test
+    workers run) the fits run in this process one by one: the same rows either way, and the estimate counts the
+    workers the fit uses."""
+    layers = [0, organism.facts.n_layers - 1]
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")
+    assert N.probes.fit_workers(len(layers)) == 1
+    here = N.number_probes(organism, add_pairs, layers=layers)
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "2")
+    assert N.probes.fit_workers(len(layers)) == 2 and N.probes.fit_workers(1) == 1
+    assert N.number_probes(organism, add_pairs, layers=layers) == here
 
 
 def test_spectrum_equals_the_explicit_dft(organism, add_pairs):

@@ -14,7 +14,7 @@ from engine.organism.train import train
 from engine.prompts.pairs import answer_tokens
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.prompts.templates import NAMES, PAPER_NAMES, TEMPLATES_BY_ID, paper_templates, templates_for
-from tests.integration.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 
 def test_shape_and_files(model):

@@ -156,7 +156,7 @@ def test_reproduce_cli_writes_the_findings_as_one_offline_html(tmp_path):
     inlined); a second model that does not exist is one line and exit 2, and nothing is written."""
     import json
 
-    from tests.integration.test_cli import run_cli
+    from tests.helpers.cli import run_cli
     out = tmp_path / "paper.html"
     r = run_cli("reproduce", "--model", "organism", "--op", "add,mul", "--n", "8", "--out", str(out),
                 cache=tmp_path / "c.duckdb")

@@ -13,7 +13,7 @@ from engine.prompts.promptsets import PromptSetSpec
 from engine.techniques.accuracy import kept_pairs
 from engine.techniques.path_patching import cached_path_patching
 from engine.techniques.stability import ALL, head_stability, summaries
-from tests.integration.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,6 @@ the score is computed over the pooled held-out predictions (every prompt predict
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -300,13 +299,20 @@ def number_probes(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers:
     from joblib import Parallel, delayed
     out = []
     # one process per core, one layer per task: each fits a batch of logistic probes and many small ridge and
-    # least-squares fits (more threads would only oversubscribe)
-    jobs = Parallel(n_jobs=min(len(layers), os.cpu_count() or 1), return_as="generator", inner_max_num_threads=1)
+    # least-squares fits (more threads would only oversubscribe); one core: the fits in this process, one by one
+    jobs = Parallel(n_jobs=fit_workers(len(layers)), return_as="generator", inner_max_num_threads=1)
     for j, rows in enumerate(jobs(delayed(layer_rows)(layer, X[j], values, seed) for j, layer in enumerate(layers))):
         out.extend(rows)
         if progress is not None:
             progress(n_batches + j + 1, total)
     return out
+
+
+def fit_workers(n_layers: int) -> int:
+    """Processes that fit the probes: one per core the lab may use (``joblib.cpu_count``: the process's CPU affinity,
+    a container's CPU quota and ``LOKY_MAX_CPU_COUNT``, whichever is least), at most one per layer."""
+    from joblib import cpu_count
+    return max(1, min(n_layers, cpu_count()))
 
 
 #: seconds one worker takes for one layer's probe fits, a + b x prompts: measured on this project's 2-core machine
@@ -319,7 +325,7 @@ def probes_cost(backend: ModelBackend, pairs: Sequence[PromptPair], *, layers: S
     one layer per worker process (:data:`FIT_S` + :data:`FIT_S_PER_PROMPT` x prompts seconds each)."""
     from engine.cost import estimate
     n_layers = len(all_layers(backend) if layers is None else layers)
-    workers = min(n_layers, os.cpu_count() or 1)
+    workers = fit_workers(n_layers)
     fits = -(-n_layers // workers) * (FIT_S + FIT_S_PER_PROMPT * len(pairs))
     return estimate(backend, pairs, residual_pass_work(backend, pairs), other_s=fits)
 
