@@ -1,4 +1,9 @@
-"""CLI contract of ``python -m engine``: JSON out, JSONL prompts, one-line errors with exit 2."""
+"""CLI contract of ``python -m engine``: JSON out, JSONL prompts, one-line errors with exit 2.
+
+What only a real process shows -- the exit status after the early end, ``--help``, info, an error of each stage with
+nothing else on stderr, a silent stderr on a pipe, the progress bar on a terminal -- runs in processes of their own
+(``run_cli_process``); what a command writes and caches, and the other bad arguments' lines, in this process
+(``run_cli``: the same ``main``, tests/helpers/cli.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import run_cli_process
+from tests.helpers.cli import run_cli, run_cli_process
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-#: the CLI's contract is a real process's: its exit status, its stdout and nothing but the one error line on stderr
-run_cli = run_cli_process
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def cache_file(tmp_path_factory) -> Path:
 
 
 def test_info_prints_model_facts(cache_file):
-    r = run_cli("info", "--model", "organism", cache=cache_file)
+    r = run_cli_process("info", "--model", "organism", cache=cache_file)
     assert r.returncode == 0, r.stderr
     facts = json.loads(r.stdout)
     assert facts["n_layers"] >= 6 and facts["n_heads"] >= 8 and facts["n_kv_heads"] < facts["n_heads"]
@@ -35,10 +36,11 @@ def test_info_prints_model_facts(cache_file):
 def test_exit_status_survives_the_early_process_end(cache_file, tmp_path):
     """``python -m engine`` ends the process right after the exit handlers (engine/__main__.py): the
     status is still argparse's for --help, and a file a command wrote is complete."""
-    assert run_cli("--help", cache=cache_file).returncode == 0
-    assert run_cli("path-patching", "--help", cache=cache_file).returncode == 0
+    assert run_cli_process("--help", cache=cache_file).returncode == 0
+    assert run_cli_process("path-patching", "--help", cache=cache_file).returncode == 0
     out = tmp_path / "pairs.jsonl"
-    r = run_cli("prompts", "--model", "organism", "--op", "add", "--n", "20", "--out", str(out), cache=cache_file)
+    r = run_cli_process("prompts", "--model", "organism", "--op", "add", "--n", "20", "--out", str(out),
+                        cache=cache_file)
     assert r.returncode == 0 and len(out.read_text().splitlines()) == json.loads(r.stdout)["kept"] > 0
 
 
@@ -89,6 +91,11 @@ def test_accuracy_json_and_second_call_cached(cache_file):
     assert second["cached"] is True and second["per_op"] == a["per_op"]
 
 
+#: the bad arguments run in a process of their own: one error of each stage a command goes through
+IN_A_PROCESS = {("frobnicate",), ("accuracy", "--op", "mod"), ("info", "--model", "/nonexistent/model"),
+                ("accuracy", "--op", "add,sub", "--carry", "yes")}
+
+
 @pytest.mark.parametrize("args,phrase", [
     (("accuracy", "--op", "mod"), "unknown operation"),
     (("accuracy", "--n", "0"), "positive"),
@@ -103,7 +110,11 @@ def test_accuracy_json_and_second_call_cached(cache_file):
     (("accuracy", "--carry", "maybe"), "invalid choice"),
 ])
 def test_bad_arguments_exit_nonzero_with_one_line(cache_file, args, phrase):
-    r = run_cli(*args, cache=cache_file)
+    """Exit 2 and one line on stderr; in a real process (nothing but that line reaches stderr) for an error of each
+    stage -- argparse's, the set's before the model opens, the model's, the set's after it opened -- in this process
+    for the rest (the same ``main``, tests/helpers/cli.py)."""
+    run = run_cli_process if args in IN_A_PROCESS else run_cli
+    r = run(*args, cache=cache_file)
     assert r.returncode == 2
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1, r.stderr
@@ -178,7 +189,7 @@ def test_sweeps_are_silent_on_a_pipe_and_take_quiet(tmp_path):
     args = ["knockout-curve", "--model", "organism", "--op", "add", "--n", "12", "--k-max", "3", "--draws", "3",
             "--no-cache", "--out", str(tmp_path / "c.csv")]
     for extra in ([], ["--quiet"]):
-        piped = run_cli(*args, *extra, cache=tmp_path / "c.duckdb")
+        piped = run_cli_process(*args, *extra, cache=tmp_path / "c.duckdb")
         assert piped.returncode == 0 and piped.stderr.strip() == "", piped.stderr
 
 
