@@ -150,6 +150,18 @@ PLOT_SPANS = """(el) => [...el.querySelectorAll('svg g.role-axis[aria-label^="Y-
     const labels = g.querySelector('.role-axis-label'); return (labels || g).getBoundingClientRect().height; })"""
 
 
+def _plot_spans(page, chart, tries: int = 20) -> list[float]:
+    """:data:`PLOT_SPANS` of ``chart`` once Vega has drawn its axes: an svg is in the page before its axes are (a
+    chart from a cached result, drawn as the page opens, once read as none); a chart with no y axis gives none."""
+    spans = chart.evaluate(PLOT_SPANS)
+    for _ in range(tries):
+        if spans:
+            break
+        page.wait_for_timeout(250)
+        spans = chart.evaluate(PLOT_SPANS)
+    return spans
+
+
 def test_every_chart_keeps_its_plot_area(server, page):
     """A chart stretched to the page keeps its height for the plot: the legend below it does not squeeze the plot to
     a line (the Numbers page's single-panel charts and the Faithfulness curves once drew flat, with no y labels)."""
@@ -168,7 +180,7 @@ def test_every_chart_keeps_its_plot_area(server, page):
             chart.scroll_into_view_if_needed()
             page.wait_for_function("(el) => el.querySelector('svg') !== null", arg=chart.element_handle(),
                                    timeout=60_000)
-            spans = chart.evaluate(PLOT_SPANS)
+            spans = _plot_spans(page, chart)
             assert all(s >= 40 for s in spans), (path, i, spans)
             checked += len(spans)
     assert checked >= 9, checked  # the Numbers page alone draws nine charts with a y axis
