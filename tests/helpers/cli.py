@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,29 +32,14 @@ def run_cli_process(*args: str, cache: Path, timeout: int = 300, cwd: Path = REP
                           capture_output=True, text=True, timeout=timeout)
 
 
-@contextlib.contextmanager
-def _switched(cache: Path, cwd: Path):
-    """``ARITHLAB_CACHE`` = ``cache`` and the working directory ``cwd`` for the block; both given back after it."""
-    before, here = os.environ.get("ARITHLAB_CACHE"), Path.cwd()
-    os.environ["ARITHLAB_CACHE"] = str(cache)
-    os.chdir(cwd)
-    try:
-        yield
-    finally:
-        os.chdir(here)
-        if before is None:
-            os.environ.pop("ARITHLAB_CACHE", None)
-        else:
-            os.environ["ARITHLAB_CACHE"] = before
-
-
 def run_cli(*args: str, cache: Path, timeout: int = 300, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """``python -m engine *args`` in this process (module docstring), on the result cache ``cache``: its exit status,
     stdout and stderr, as :func:`run_cli_process` returns them (``timeout`` applies to that one only)."""
     from engine.cli.main import main
     from engine.techniques.accuracy import forget_scores
     out, err = io.StringIO(), io.StringIO()
-    with _switched(cache, cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with patch.dict(os.environ, {"ARITHLAB_CACHE": str(cache)}), contextlib.chdir(cwd), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         forget_scores()
         try:
             status = main(list(args))

@@ -10,19 +10,15 @@ model's own o_proj and MLP modules, one forward pass per sender) -- with no fall
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from engine.prompts.promptsets import PromptSetSpec, generate
+from tests.helpers.cli import run_cli_process
 from tests.helpers.gemma3 import gemma3_gguf_path, open_gemma3
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +70,9 @@ def test_fast_path_patching_equals_the_plain_per_sender_loop(gemma, pairs):
 
 
 def test_cli_patch_on_the_gguf(tmp_path):
-    env = dict(os.environ, ARITHLAB_CACHE=str(tmp_path / "results.duckdb"), HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(REPO))
     out = tmp_path / "effects.csv"
-    r = subprocess.run([sys.executable, "-m", "engine", "path-patching", "--model", str(gemma3_gguf_path()),
-                        "--op", "add", "--n", "24", "--out", str(out)], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=900)
+    r = run_cli_process("path-patching", "--model", str(gemma3_gguf_path()), "--op", "add", "--n", "24",
+                        "--out", str(out), cache=tmp_path / "results.duckdb", timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)
     assert summary.get("fallback") is None, summary
