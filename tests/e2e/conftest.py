@@ -18,6 +18,7 @@ from typing import Iterator, Mapping, Sequence
 
 import pytest
 
+from tests.e2e.runs import idle
 from tests.helpers.shared import shared_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,17 +161,8 @@ def goto(page, server: str, path: str) -> None:
     page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=WAIT)
 
 
-#: the app root says when Streamlit has finished a run (its status widget is no signal: toolbarMode "minimal")
-IDLE_JS = ("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
-           " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }")
 #: the label a page gives a button that asks before a computation (ui.progress.compute_or_button)
 ASKS = r"\(estimated: about "
-
-
-def idle(page, timeout: int = 600_000) -> None:
-    """Wait until the page's current run has finished (a moment first, so that a run just asked for has started)."""
-    page.wait_for_timeout(300)
-    page.wait_for_function(IDLE_JS, timeout=timeout)
 
 
 def ask_all(page, *, skip: tuple[str, ...] = ("Build the report",), tries: int = 6) -> int:

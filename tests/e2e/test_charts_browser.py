@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import TIMINGS
 from tests.e2e.chart_reader import chart_problems, read_charts
 from tests.e2e.conftest import ask_all, idle, shot
+from tests.e2e.runs import charts_drawn
 
 pytestmark = pytest.mark.e2e
 WAIT = 600_000
@@ -35,7 +36,7 @@ EDGES = ("Score every edge", "circuits' curves")  # the edge section: every edge
 
 def _idle(page) -> None:
     idle(page, WAIT)
-    page.wait_for_timeout(500)  # charts draw after the run ends
+    charts_drawn(page)  # Vega draws after the run ends
 
 
 def _read(page, where: str, problems: list[str], seen: list[int]) -> None:

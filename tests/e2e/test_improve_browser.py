@@ -39,11 +39,9 @@ def test_job_survives_reload_and_ends_in_the_comparison(server, page):
     shot(page, "improve_compare")
     # the Story's last step shows this job's comparison
     page.get_by_test_id("stSidebarNav").get_by_role("link", name="Story", exact=True).click()
-    page.wait_for_timeout(500)
     idle(page, WAIT)
     for _ in range(5):
         page.get_by_role("button", name="next →").click()
-        page.wait_for_timeout(500)
         idle(page, WAIT)
     page.get_by_text("6 · Improve with precise SFT").first.wait_for(timeout=WAIT)
     page.locator(".story-sentence", has_text="skill (held-out)").first.wait_for(timeout=WAIT)

@@ -18,7 +18,6 @@ PROMPT = "What is 7 times 8?"
 
 def _nav(page, title: str) -> None:
     page.get_by_test_id("stSidebarNav").get_by_role("link", name=title, exact=True).click()
-    page.wait_for_timeout(500)  # let the run start
     idle(page)
     errors = page.locator("[data-testid='stException']")
     assert errors.count() == 0, (title, errors.first.inner_text())
@@ -101,7 +100,6 @@ def test_story_walks_every_step(server, page):
     goto(page, server, "Story")
     for i in range(1, 7):
         page.locator("h2", has_text=re.compile(rf"^{i} · ")).first.wait_for(timeout=WAIT)
-        page.wait_for_timeout(500)  # let the run start
         idle(page)
         # a step whose work is heavy waits for its button, the estimate on it (the knockout curve of this set)
         main = page.get_by_test_id("stMain")
@@ -110,7 +108,6 @@ def test_story_walks_every_step(server, page):
             if not go.count():
                 break
             go.first.click()
-            page.wait_for_timeout(500)
             idle(page)
         # the step's sentence (or the note that no job has finished): waited for, since the browser may still
         # be drawing the run's last elements when Streamlit reports the run finished
@@ -122,7 +119,6 @@ def test_story_walks_every_step(server, page):
             shot(page, f"teach_story_{i}")
             page.get_by_role("button", name="next →").click()
     page.get_by_text("Large fonts (presenting)").click()
-    page.wait_for_timeout(500)
     idle(page)
     size = page.evaluate("() => parseFloat(getComputedStyle(document.querySelector('h1')).fontSize)")
     assert size >= 47, size  # 3rem

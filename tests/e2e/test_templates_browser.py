@@ -23,7 +23,6 @@ def _type(page, text: str) -> None:
     box = page.get_by_label("Template", exact=True)
     box.fill(text)
     box.press("Enter")
-    page.wait_for_timeout(300)
     idle(page)
 
 
@@ -58,7 +57,6 @@ def test_a_written_template_runs_on_every_page_and_travels_in_a_link(server, bro
                      has_text="Mark the word").first.wait_for(timeout=WAIT)
         page.locator("[data-testid='stSelectbox']", has_text="Operator word").click()
         page.get_by_role("option", name="and", exact=True).click()
-        page.wait_for_timeout(300)
         idle(page)
         assert not _error_text(page)
         use = page.get_by_role("button", name="Check the answers and use it on every page")
