@@ -1,11 +1,15 @@
-"""Nothing heavy unasked: every page, opened on a cold cache in Chromium, settles within HEAVY_S plus a margin
+"""Nothing heavy unasked: every page, opened on a cold cache in Chromium, settles within the gate's bound plus a margin
 without a button press, on the bundled model and on SmolLM2.
 
 One dashboard per model, with its own empty result cache; the model is loaded once (a first visit, not timed).
 Each page is then opened in a fresh session with its own seed in the link (``&seed=...``), so its prompt set --
 and every result it needs, the filter of the set included -- is in nobody's cache yet: the page sees the cache
 exactly as a first visitor does.  From ``goto`` until Streamlit's run ends (``data-test-script-state`` =
-``notRunning`` and still so a moment later) must take at most ``LIMIT_S`` = ``HEAVY_S`` + ``MARGIN_S``.
+``notRunning`` and still so a moment later) must take at most ``LIMIT_S`` = ``OVERRUN`` x ``HEAVY_S`` +
+``MARGIN_S``: the gate (``ui.progress.compute_or_button``) computes unasked what it expects to take ``HEAVY_S``, and
+stops an estimate that proves short once the page run has spent ``OVERRUN`` x ``HEAVY_S`` (until 2026-12-06 the
+bound here was ``HEAVY_S`` + ``MARGIN_S``, tighter than the gate's own: a page the gate let run 15 s had 5 s left
+for the rest).
 
 ``MARGIN_S`` = 10 s: a page's own fixed work beyond its computations (the page load, the sidebar, the
 Chromium round trips, the cost model's estimate itself), and the spread of a CI machine whose two cores are
@@ -26,11 +30,12 @@ import pytest
 from engine.cost import HEAVY_S
 from tests.conftest import TIMINGS
 from tests.e2e.conftest import shot, streamlit_server
+from ui.progress import OVERRUN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MARGIN_S = 10.0
-LIMIT_S = HEAVY_S + MARGIN_S
+LIMIT_S = OVERRUN * HEAVY_S + MARGIN_S
 LOAD_S = 300  # the untimed first visit: loading the model (SmolLM2: about 11 s, more on a busy machine)
 IDLE = ("() => { const a = document.querySelector('[data-testid=\"stApp\"]');"
         " return !!a && a.getAttribute('data-test-script-state') === 'notRunning'; }")
@@ -84,7 +89,7 @@ def _check(times: list[tuple[str, float, bool]], name: str) -> None:
     print(line)
     TIMINGS.append(line)
     late = [f"{t} (still computing after {s:.0f} s)" for t, s, ok in times if not ok]
-    assert not late, (f"{name}: pages that computed past {LIMIT_S:.0f} s (HEAVY_S {HEAVY_S:.0f} + margin "
+    assert not late, (f"{name}: pages that computed past {LIMIT_S:.0f} s ({OVERRUN} x HEAVY_S {HEAVY_S:.0f} + margin "
                       f"{MARGIN_S:.0f}) without a button press: {', '.join(late)}")
 
 
