@@ -79,6 +79,15 @@ class WorkMeter:
         self.layer_tokens += int(input_ids.numel()) * blocks
 
 
+def last_block(names: Sequence[HookName]) -> int:
+    """The last block that :meth:`ModelBackend.activations_upto`'s ``names`` lie in; ValueError for none or for a
+    name outside the blocks."""
+    layers = [hook_names.layer_of(n) for n in names]
+    if not layers or None in layers:
+        raise ValueError(f"activations_upto reads block activations only, not {list(names)}")
+    return max(layers)
+
+
 class PassStopped(Exception):
     """Raised by a hook to end a forward pass once what it was run for has been read
     (:meth:`ModelBackend.activations_upto`); never leaves the backend."""

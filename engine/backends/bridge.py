@@ -15,7 +15,15 @@ from typing import Callable
 import torch
 
 from engine.backends import hooks as hook_names
-from engine.backends.base import HookFn, MissingActivation, ModelBackend, PassStopped, in_cpu_chunks, select_rows
+from engine.backends.base import (
+    HookFn,
+    MissingActivation,
+    ModelBackend,
+    PassStopped,
+    in_cpu_chunks,
+    last_block,
+    select_rows,
+)
 from engine.models.load import LoadedModel
 
 
@@ -89,10 +97,7 @@ class BridgeBackend(ModelBackend):
 
     def activations_upto(self, input_ids, attention_mask, names):
         asked = list(names)
-        layers = [hook_names.layer_of(n) for n in asked]
-        if not asked or None in layers:
-            raise ValueError(f"activations_upto reads block activations only, not {asked}")
-        last = max(layers)
+        last = last_block(asked)
         got: dict = {}
 
         def keep(name):

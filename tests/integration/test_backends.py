@@ -203,31 +203,40 @@ def test_organism_every_technique(organism, organism_pairs):
 
 
 def test_activations_upto_stop_after_the_last_block_read(organism, organism_pairs):
-    """``activations_upto`` gives :meth:`activations`' values, under an edit of an earlier block too; the bridge's pass
-    stops after the last block read (its meter counts those blocks' positions and nothing unembedded), nnsight's runs
-    whole; a name outside the blocks is refused on the bridge."""
+    """``activations_upto`` gives :meth:`activations`' values, under an edit of an earlier block too; on both
+    backends the pass stops after the last block read: the model's later blocks never start (a plain torch pre-hook
+    on them stays silent) and the meter counts those blocks' positions and nothing unembedded; a name outside the
+    blocks is refused."""
     from engine.backends.base import WorkMeter
     from engine.machinery.batching import pad, pad_id
     ids, mask, _ = pad([p.ref_ids for p in organism_pairs[:6]], pad_id(organism[0]))
     L = organism[0].facts.n_layers
     for backend in organism:
+        hf = backend.hf_model if backend.name == "nnsight" else backend.bridge.original_model
+        blocks = hf.model.layers  # the bundled model is a Llama: its transformers blocks
         for layer in (0, L // 2, L - 1):
             names = [H.attn_z(layer), H.attn_out(layer), H.mlp_out(layer)]
             with backend.hooks([(H.attn_z(0), lambda a: a * 0.5)]):
                 want = backend.activations(ids, mask, names)
-                backend.meter = WorkMeter()
-                got = backend.activations_upto(ids, mask, names)
+            ran: list[int] = []
+            handles = [b.register_forward_pre_hook(lambda *_, i=i, ran=ran: ran.append(i))
+                       for i, b in enumerate(blocks)]
+            try:
+                with backend.hooks([(H.attn_z(0), lambda a: a * 0.5)]):
+                    backend.meter = WorkMeter()
+                    got = backend.activations_upto(ids, mask, names)
+            finally:
+                for h in handles:
+                    h.remove()
             for n in names:
                 assert torch.equal(got[n], want[n]), (backend.name, n)
+            assert ran == list(range(layer + 1)), (backend.name, layer, ran)
             m = backend.meter
-            if backend.stops_early:
-                assert (m.forward_calls, m.body_tokens, m.unembed_rows, m.layer_tokens) == (
-                    1, 0, 0, ids.numel() * (layer + 1))
-            else:
-                assert (m.forward_calls, m.body_tokens, m.layer_tokens) == (1, ids.numel(), 0)
-    assert organism[0].stops_early and not organism[1].stops_early
-    with pytest.raises(ValueError, match="block activations only"):
-        organism[0].activations_upto(ids, mask, [H.ln_final_in()])
+            assert backend.stops_early
+            assert (m.forward_calls, m.body_tokens, m.unembed_rows, m.layer_tokens) == (
+                1, 0, 0, ids.numel() * (layer + 1)), backend.name
+        with pytest.raises(ValueError, match="block activations only"):
+            backend.activations_upto(ids, mask, [H.ln_final_in()])
 
 
 def test_gradients_through_hooked_forward_agree(organism, organism_pairs):

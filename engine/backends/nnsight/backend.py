@@ -12,7 +12,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from engine.backends.base import HookFn, ModelBackend, in_cpu_chunks, select_rows
+from engine.backends.base import HookFn, ModelBackend, in_cpu_chunks, last_block, select_rows
 from engine.backends.hooks import HookName
 from engine.backends.layouts import LogitTransform, layout_for
 from engine.backends.nnsight.ndif import NdifError, is_remote_failure, remote_backend, scrub, ship_the_lab
@@ -89,9 +89,11 @@ class NnsightBackend(ModelBackend):
         return [site_of(n, self.layout, self.facts, self._norm, self._parallel) for n in names]
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 names: Sequence[HookName], past: Any = None) -> dict[str, Any]:
+                 names: Sequence[HookName], past: Any = None, upto: int | None = None) -> dict[str, Any]:
         """One traced forward pass with the active edits; returns {"logits": ..., name: act}.
-        ``past``: a KV cache the new positions continue (:meth:`continue_end_logits`)."""
+        ``past``: a KV cache the new positions continue (:meth:`continue_end_logits`).  ``upto``: the last block
+        read; the pass stops there (nnsight's ``tracer.stop()`` once the last site it reads or edits has run) and
+        returns no logits."""
         reads = self._sites(names)
         edits = [e for block in self._active for e in block]
         plan = plan_groups(reads, edits)
@@ -102,7 +104,7 @@ class NnsightBackend(ModelBackend):
         res: dict[str, Any] = {}
         with self._lock:
             self.requests_sent += 1
-            with self._remote_errors(), model.trace(ids, **kwargs, **self._trace_kwargs()):
+            with self._remote_errors(), model.trace(ids, **kwargs, **self._trace_kwargs()) as tracer:
                 for group in plan:
                     envoy = model.get(group.path)
                     raw = envoy.input if group.attr == "input" else envoy.output
@@ -123,9 +125,15 @@ class NnsightBackend(ModelBackend):
                             envoy.input = raw
                         else:
                             envoy.output = raw
-                res["logits"] = model.output.logits
+                if upto is None:
+                    res["logits"] = model.output.logits
                 nnsight_save(res)
-        self.meter.record(ids, res["logits"])
+                if upto is not None:
+                    tracer.stop()  # the rest of the pass does not run
+        if upto is None:
+            self.meter.record(ids, res["logits"])
+        else:
+            self.meter.record_upto(ids, upto + 1)
         return res
 
     # -- ModelBackend ----------------------------------------------------------------------------
@@ -136,6 +144,18 @@ class NnsightBackend(ModelBackend):
         res = self._forward(input_ids, attention_mask, list(names))
         dev = self.device
         return res["logits"].to(dev), {n: res[str(n)].to(dev) for n in names}
+
+    @property
+    def stops_early(self) -> bool:
+        return not self.remote  # a remote pass runs whole (one request either way)
+
+    def activations_upto(self, input_ids, attention_mask, names):
+        if not self.stops_early:
+            return super().activations_upto(input_ids, attention_mask, names)
+        asked = list(names)
+        res = self._forward(input_ids, attention_mask, asked, upto=last_block(asked))
+        dev = self.device
+        return {n: res[str(n)].to(dev) for n in asked}
 
     @contextmanager
     def hooks(self, edits: Sequence[tuple[HookName, HookFn]]) -> Iterator[None]:
