@@ -36,7 +36,7 @@ RECORDER = """(() => {
   if (window.__runs) return;
   const BUSY = new Set(['running', 'rerunRequested', 'stopRequested']);
   const r = window.__runs = {runs: 0, busy: false, runAt: -1, changeAt: performance.now(), inputs: 0,
-                             inputAt: -1, domAt: performance.now(), ack: null, token: null, t0: 0, last: null};
+                             inputAt: -1, domAt: performance.now(), acked: null, token: null, t0: 0, last: null};
   r.state = () => {
     const a = document.querySelector('[data-testid="stApp"]');
     return a ? a.getAttribute('data-test-script-state') : null;
@@ -66,9 +66,9 @@ _DONE = """([token, quiet, grace]) => {
   r.sample();
   if (r.state() !== 'notRunning' || now - r.changeAt < quiet) return false;
   let done = true;
-  if (r.ack === null) done = r.runs > 0 || now - r.t0 >= grace;
-  else if (r.inputs > r.ack.inputs) done = r.runAt > r.inputAt || now - Math.max(r.inputAt, r.t0) >= grace;
-  if (done) r.ack = {runs: r.runs, inputs: r.inputs};
+  if (r.acked === null) done = r.runs > 0 || now - r.t0 >= grace;  // the inputs counted at the last idle
+  else if (r.inputs > r.acked) done = r.runAt > r.inputAt || now - Math.max(r.inputAt, r.t0) >= grace;
+  if (done) r.acked = r.inputs;
   return done;
 }"""
 
