@@ -161,6 +161,16 @@ def goto(page, server: str, path: str) -> None:
     page.wait_for_selector("[data-testid='stAppViewContainer']", timeout=WAIT)
 
 
+def click_at(page, locator, fx: float = 0.5, fy: float = 0.5) -> None:
+    """Click ``locator`` at the fraction (fx, fy) of its box, with the mouse (a Vega mark takes no Playwright click).
+
+    Streamlit scrolls its main area, not the window, and a button pressed on the way can leave a chart out of view:
+    a click at an off-screen point lands on nothing (an MLP cell's box once had y = -1005). So: into view first."""
+    locator.scroll_into_view_if_needed()
+    b = locator.bounding_box()
+    page.mouse.click(b["x"] + b["width"] * fx, b["y"] + b["height"] * fy)
+
+
 #: the label a page gives a button that asks before a computation (ui.progress.compute_or_button)
 ASKS = r"\(estimated: about "
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
+from tests.e2e.conftest import WAIT, ask_all, click_at, goto, idle, shot
 
 pytestmark = pytest.mark.e2e
 
@@ -56,8 +56,7 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
     for fx, fy in ((0.3, 0.2), (0.5, 0.3), (0.4, 0.15)):
         if not _head_title(page).startswith("Head 0."):
             break
-        hb = heat.bounding_box()
-        page.mouse.click(hb["x"] + hb["width"] * fx, hb["y"] + hb["height"] * fy)
+        click_at(page, heat, fx, fy)
         idle(page)
     title = _head_title(page)
     assert not title.startswith("Head 0."), title

@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.conftest import TIMINGS
-from tests.e2e.conftest import ASKS, WAIT, ask_all, goto, idle, shot
+from tests.e2e.conftest import ASKS, WAIT, ask_all, click_at, goto, idle, shot
 from tests.e2e.test_charts_browser import EDGES
 
 pytestmark = pytest.mark.e2e
@@ -50,10 +50,8 @@ def test_heatmap_click_shows_that_heads_attention(server, page):
         # a click on a chart Vega is still drawing (a loaded machine) selects nothing, one on the head already shown
         # changes nothing: click again, a little to the right
         for attempt in range(3):
-            chart.scroll_into_view_if_needed()
-            box = chart.bounding_box()
             t0 = time.time()
-            page.mouse.click(box["x"] + box["width"] * (fx + 0.06 * attempt), box["y"] + box["height"] * fy)
+            click_at(page, chart, fx + 0.06 * attempt, fy)
             try:  # the click started a run (or one so short that its head is already drawn)
                 page.wait_for_function(f"(b) => ({RUNNING})() || ({HEAD_CHANGED})(b)", arg=before, timeout=10_000)
             except PlaywrightTimeout:

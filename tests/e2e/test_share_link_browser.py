@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot, streamlit_server
+from tests.e2e.conftest import WAIT, ask_all, click_at, goto, idle, shot, streamlit_server
 from tests.e2e.test_teach_browser import _chips, _nav
 
 pytestmark = pytest.mark.e2e
@@ -58,8 +58,7 @@ def test_a_copied_link_opens_the_same_view_in_a_new_browser_context(server, brow
         cell = page.locator(f"[data-testid='stVegaLiteChart'] path[aria-label*='column: {head};']"
                             f"[aria-label*='layer: {layer};']").first
         cell.wait_for(timeout=WAIT)
-        b = cell.bounding_box()
-        page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
+        click_at(page, cell)
         page.locator("h3", has_text=f"Head {layer}.{head}").first.wait_for(timeout=WAIT)
         idle(page)
         _param(page, "head", f"{layer}.{head}")

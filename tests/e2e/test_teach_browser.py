@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.e2e.conftest import WAIT, ask_all, goto, idle, shot
+from tests.e2e.conftest import WAIT, ask_all, click_at, goto, idle, shot
 
 pytestmark = pytest.mark.e2e
 PROMPT = "What is 7 times 8?"
@@ -76,11 +76,7 @@ def test_prompt_state_bars_mlp_click_picks_and_model_change(server, page):
     cell = page.locator("[data-testid='stVegaLiteChart'] path[aria-label*='column: MLP']").first
     cell.wait_for(timeout=WAIT)
     layer = re.search(r"layer: (\d+)", cell.get_attribute("aria-label")).group(1)
-    # Streamlit scrolls its main area, not the window, and a button pressed on the way (Knockout's, the page's ask)
-    # can leave the heatmap above the view: a click at an off-screen point lands on nothing (its box had y = -1005)
-    cell.scroll_into_view_if_needed()
-    b = cell.bounding_box()
-    page.mouse.click(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
+    click_at(page, cell)
     page.locator("h3", has_text=f"MLP {layer}").first.wait_for(timeout=WAIT)
     page.get_by_text(f"The numbers MLP {layer} pushes most on your prompt").first.wait_for(timeout=WAIT)
     idle(page)
