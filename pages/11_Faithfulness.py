@@ -148,18 +148,22 @@ st.caption(f"Keep the top x % of the {unit} by a ranking and ablate the rest as 
            "so an ablation upstream reaches later receivers through the kept edges (\"Outside the circuit\" above). "
            "f as above, on the metric chosen above; x is a share of this resolution's own units. Beside the chosen "
            f"rankings, random units: prompt pair i is read under random draw i mod {RANDOM_DRAWS} of each size, the "
-           "baseline a ranking has to beat. The position resolutions are ranked by EAP and EAP-IG split by token "
-           "role (exact edge patching patches an edge at every position).")
+           "baseline a ranking has to beat. At the position resolutions EAP and EAP-IG are split by token role; "
+           "exact patches each unit alone: an edge's counterfactual difference sent at one role's positions only "
+           "(five times the cost of exact edge patching), a component's counterfactual output at one role's "
+           "positions (a node's score, not a sum over its edges).")
 allowed = list(RANKINGS_AT[resolution])
 suffix = "" if resolution == "edge" else f"_{resolution}"
 
 def series_at(res: str) -> dict[str, str]:
-    """The rankings' names at a resolution (its random baseline draws edges or units)."""
-    return {**names, RANDOM: f"random {'edges' if res == 'edge' else 'units'} ({RANDOM_DRAWS} draws)"}
+    """The rankings' names at a resolution (exact patches its own units; its random baseline draws edges or units)."""
+    exact = {"edge": names["exact"], "edge-position": "exact (each edge at each role)",
+             "node-position": "exact (each component at each role)"}[res]
+    return {**names, "exact": exact, RANDOM: f"random {'edges' if res == 'edge' else 'units'} ({RANDOM_DRAWS} draws)"}
 
 
-chosen = st.multiselect("Edge rankings", allowed, default=[r for r in allowed if r != "exact"], format_func=names.get,
-                        key="faith_edge_curves" + suffix)
+chosen = st.multiselect("Edge rankings", allowed, default=[r for r in allowed if r != "exact"],
+                        format_func=series_at(resolution).get, key="faith_edge_curves" + suffix)
 xtitle = {"edge": "edges kept (share of the graph's edges)", "edge-position": "edge × position units kept (share)",
           "node-position": "node × position units kept (share)"}[resolution]
 order = [r for r in RANKINGS if r in chosen]

@@ -17,8 +17,10 @@ node circuits of :mod:`engine.techniques.faithfulness` ablate a component at eve
 (:func:`engine.techniques.eap.eap` with ``by_role``: EAP, EAP-IG): an edge at a role scores its own estimate; a
 node at a role the sum of its out-edges' (the first-order estimate of replacing the node's output at those
 positions: a sender's output enters every receiver after it, so the gradient with respect to it is the sum of
-its receivers' input gradients).  Exact edge patching is an edge-resolution ranking only (one patch per edge over
-all positions).  The random baseline draws random units of the same resolution.
+its receivers' input gradients).  ``exact`` scores each unit by its own patch (:mod:`engine.techniques.edges`):
+an edge at a role by exact edge patching with the sender's difference at that role's positions only (R times the
+edges' cost), a node at a role by X_r with the node's X_c output there -- the unit alone ablated, not a sum over
+its edges (one row per node and role).  The random baseline draws random units of the same resolution.
 
 **Sizes** are shares of the resolution's own units (5 % of the edge x position units is not 5 % of the edges);
 :meth:`Units.edges_kept` turns kept units into the edges kept at each role ([C, E, R]) that the runner reads.
@@ -39,8 +41,9 @@ from engine.techniques.faithfulness import component_names
 RESOLUTIONS: dict[str, str] = {"edge": "edge", "edge-position": "edge × position",
                                "node-position": "node × position"}
 #: the rankings each resolution can be scored by (edge_scores' names)
-RANKINGS_AT: dict[str, tuple[str, ...]] = {"edge": ("exact", "eap", "eap-ig"), "edge-position": ("eap", "eap-ig"),
-                                           "node-position": ("eap", "eap-ig")}
+RANKINGS_AT: dict[str, tuple[str, ...]] = {"edge": ("exact", "eap", "eap-ig"),
+                                           "edge-position": ("exact", "eap", "eap-ig"),
+                                           "node-position": ("exact", "eap", "eap-ig")}
 
 
 @dataclass(frozen=True)
@@ -105,5 +108,5 @@ def check_ranking(resolution: str, ranking: str) -> None:
     if resolution not in RESOLUTIONS:
         raise ValueError(f"unknown resolution {resolution!r}: choose from {', '.join(RESOLUTIONS)}")
     if ranking not in RANKINGS_AT[resolution]:
-        raise ValueError(f"the {RESOLUTIONS[resolution]} circuits are ranked by {' or '.join(RANKINGS_AT[resolution])}"
-                         f", not {ranking!r} (exact edge patching patches an edge at every position)")
+        raise ValueError(f"the {RESOLUTIONS[resolution]} circuits are ranked by {', '.join(RANKINGS_AT[resolution])}"
+                         f", not {ranking!r}")

@@ -24,7 +24,8 @@ every other edge ablated as MIB does, f over the node circuits' sizes, beside ra
 a few seeded random circuits of each size) and each ranking's CPR minus random's (``gap``)
 (:mod:`engine.techniques.edge_faithfulness`).  ``resolution`` (``--resolution``) makes the circuits of edges or of
 heads and MLPs at token roles instead (:mod:`engine.techniques.circuit_units`), their units scored from the edges'
-EAP / EAP-IG split by role (:func:`cached_role_scores`, cached once per ranking).
+EAP / EAP-IG split by role, or exactly -- each unit patched alone (:func:`cached_role_scores`, cached once per
+ranking).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from engine.techniques.attention import CIRCUIT_ROLES, ROLES_VERSION
 from engine.techniques.circuit_units import RANKINGS_AT, check_ranking, units_of
 from engine.techniques.eap import eap, eap_work
 from engine.techniques.edge_faithfulness import cached_edge_faithfulness
-from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work
+from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work, node_patching, node_patching_work
 from engine.techniques.faithfulness import MIB_TASKS, component_names, kept_count, mib_folder
 
 METHOD = "edge_scores"
@@ -77,44 +78,57 @@ def scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, 
 
 
 def role_scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, steps: int = STEPS,
-                progress: ProgressFn | None = None) -> np.ndarray:
-    """Every edge's EAP or EAP-IG estimate split by token role (:func:`engine.techniques.eap.eap` ``by_role``), in
-    :func:`engine.techniques.edges.edge_graph`'s order.  # [E, R]"""
-    if ranking not in ("eap", "eap-ig"):
-        raise ValueError(f"edges are scored by token role with eap or eap-ig, not {ranking!r}")
+                nodes: bool = False, progress: ProgressFn | None = None) -> np.ndarray:
+    """Every edge's score under ``ranking`` split by token role, in :func:`engine.techniques.edges.edge_graph`'s
+    order: exact edge patching at each role's positions (``edge_patching(by_role=True)``), or the EAP / EAP-IG
+    estimate split by role (``eap(by_role=True)``).  # [E, R].  ``nodes`` (exact only): every head and MLP with its
+    X_c output at each role (:func:`engine.techniques.edges.node_patching`), in ``component_names`` order.  # [N, R]"""
+    if ranking == "exact":
+        raw = node_patching(backend, pairs, progress=progress) if nodes else \
+            edge_patching(backend, pairs, by_role=True, progress=progress)
+        return raw.effects().numpy()
+    if ranking not in ("eap", "eap-ig") or nodes:
+        raise ValueError(f"edges are scored by token role with exact, eap or eap-ig, nodes with exact, not {ranking!r}")
     raw = eap(backend, pairs, steps=0 if ranking == "eap" else steps, by_role=True, progress=progress)
     return raw.effects().numpy()
 
 
 def cached_role_scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, steps: int = STEPS,
-                       cache=None, progress: ProgressFn | None = None) -> tuple[np.ndarray, dict, bool]:
-    """:func:`role_scores` through the result cache (one row per edge and role: ``metric`` the role): ([E, R],
-    artifacts {seconds, forward_equivalents}, computed)."""
+                       nodes: bool = False, cache=None, progress: ProgressFn | None = None
+                       ) -> tuple[np.ndarray, dict, bool]:
+    """:func:`role_scores` through the result cache (one row per edge, or node, and role: ``metric`` the role):
+    ([E, R] or [N, R], artifacts {seconds, forward_equivalents}, computed)."""
     from engine.results import run_cached_rows
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     params = {"dtype": backend.facts.dtype, "ranking": ranking, "steps": steps if ranking == "eap-ig" else 0,
               "by": {"roles": list(CIRCUIT_ROLES), "version": ROLES_VERSION}}
-    names = list(edge_graph(backend).names)
+    f = backend.facts
+    names = component_names(f.n_layers, f.n_heads) if nodes else list(edge_graph(backend).names)
+    resolution = "node-position" if nodes else "edge-position"
 
     def compute():
         t = time.perf_counter()
-        s = role_scores(backend, pairs, ranking, steps=steps, progress=progress)
+        s = role_scores(backend, pairs, ranking, steps=steps, nodes=nodes, progress=progress)
         seconds = time.perf_counter() - t
-        fe = ranking_work(backend, pairs, ranking, steps=steps).fe(backend, pairs)
+        fe = ranking_work(backend, pairs, ranking, steps=steps, resolution=resolution).fe(backend, pairs)
         return ([EdgeValue(n, role, float(v)) for n, row in zip(names, s) for role, v in zip(CIRCUIT_ROLES, row)],
                 {"seconds": seconds, "forward_equivalents": fe})
 
-    rows, art, computed = run_cached_rows(backend, pairs, METHOD + "_by_role", params, compute, EdgeValue,
-                                          cache=cache)
+    method = METHOD + ("_nodes_by_role" if nodes else "_by_role")
+    rows, art, computed = run_cached_rows(backend, pairs, method, params, compute, EdgeValue, cache=cache)
     at = {(x.edge, x.metric): x.value for x in rows}
     return np.array([[at[n, r] for r in CIRCUIT_ROLES] for n in names], dtype=np.float64), art, computed
 
 
-def ranking_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, steps: int = STEPS):
-    """The forward work of :func:`scores` (``engine.cost.Work``)."""
+def ranking_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, steps: int = STEPS,
+                 resolution: str = "edge"):
+    """The forward work of :func:`scores` (``engine.cost.Work``); at a position ``resolution``, of the scores its
+    units are ranked by (:func:`role_scores`)."""
     if ranking == "exact":
-        return edge_patching_work(backend, pairs)
+        if resolution == "node-position":
+            return node_patching_work(backend, pairs)
+        return edge_patching_work(backend, pairs, by_role=resolution == "edge-position")
     return eap_work(backend, pairs, steps=0 if ranking == "eap" else steps)
 
 
@@ -260,10 +274,16 @@ def graph_scores(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: S
     by default, in :func:`engine.techniques.edges.edge_graph`'s order)."""
     if resolution != "edge":
         units = units_of(backend, resolution)
+        out = {}
         for r in rankings:
             check_ranking(resolution, r)
-        return {r: units.scores(cached_role_scores(backend, pairs, r, steps=steps, cache=cache, progress=progress)[0])
-                for r in rankings}
+            if r == "exact" and resolution == "node-position":  # a node at a role patched as a whole: not a sum
+                out[r] = cached_role_scores(backend, pairs, r, nodes=True, cache=cache, progress=progress)[0]
+                out[r] = out[r].reshape(-1)  # [N * R], the units' order
+            else:
+                out[r] = units.scores(cached_role_scores(backend, pairs, r, steps=steps, cache=cache,
+                                                         progress=progress)[0])
+        return out
     names = list(edge_graph(backend).names)
     out = {}
     for r in rankings:
@@ -327,7 +347,7 @@ def edge_curves_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranking
             with cache_only():
                 scores |= graph_scores(backend, pairs, [r], steps=steps, resolution=resolution, cache=cache)
         except NotCached:
-            w += ranking_work(backend, pairs, r, steps=steps)
+            w += ranking_work(backend, pairs, r, steps=steps, resolution=resolution)
             scores[r] = np.random.default_rng(i).random(len(units))
     return w + edge_faithfulness_work(backend, pairs, scores, ablation=ablation,
                                       units=None if resolution == "edge" else units)

@@ -34,6 +34,17 @@ E edges (6,637 on the bundled model); :func:`edge_patching_work` counts them.  E
 transformers loop (``tests/integration/test_edges.py``: one hooked model per edge, written without the lab's
 backends) on the bundled model and a sample of edges on three architectures of the matrix.  There is no
 shortcut yet: every edge runs whole prompts.
+
+**At token positions** (the exact rankings of :mod:`engine.techniques.circuit_units`' position resolutions):
+
+* an edge at a token role (``edge_patching(by_role=True)``): as above with ``d_u`` sent at that role's positions
+  only (zero elsewhere) -- R rows where there was one (R = 5 roles of
+  :data:`engine.techniques.attention.CIRCUIT_ROLES`);
+* a node at a token role (:func:`node_patching`): X_r with the node's X_c output at that role's positions --
+  ``d_u`` there added where it enters the residual stream (``hooks.attn_out``: the head's own difference;
+  ``hooks.mlp_out``), everything after recomputed.  This is the node-position circuit's unit ablated alone: every
+  edge out of the node at that role reads the node's X_c value, and every receiver of the node is such an edge.
+  One row per node, role and pair.
 """
 
 from __future__ import annotations
@@ -51,7 +62,8 @@ from engine.machinery.batching import batches
 from engine.machinery.patch_rows import Edit, HookFn, PatchRun, patch_rows, prepare
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
-from engine.techniques.faithfulness import mib_edges
+from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
+from engine.techniques.faithfulness import component_names, mib_edges
 
 METHOD = "edge_patching"
 QKV: tuple[str, ...] = ("q", "k", "v")
@@ -223,16 +235,23 @@ def sender_differences(backend: ModelBackend, run: PatchRun, senders: Sequence[N
 
 @dataclass
 class EdgeRaw:
-    """Per-pair answer logits with each edge patched.  E edges, P pairs."""
+    """Per-pair answer logits with each edge patched.  E edges, P pairs (R token roles)."""
 
     pairs: list[PromptPair]
     edges: list[Edge]
     logit_o: torch.Tensor   # [P]     unpatched answer logit on X_r
-    patched: torch.Tensor   # [E, P]  answer logit with the edge patched
+    patched: torch.Tensor   # [E, P]  answer logit with the edge patched; [E, R, P] at each token role (by_role)
 
     def effects(self) -> torch.Tensor:
-        """Mean logit difference per edge over the pairs.  # [E]"""
-        return (self.patched - self.logit_o[None]).double().mean(1)
+        """Mean logit difference per edge (per edge and role) over the pairs.  # [E] or [E, R]"""
+        return (self.patched - self.logit_o).double().mean(-1)
+
+
+def role_masks(backend: ModelBackend, pairs: Sequence[PromptPair], width: int) -> torch.Tensor:
+    """1 at each token role's positions (:func:`engine.techniques.attention.circuit_roles`), 0 elsewhere.
+    # [R, P, width, 1]"""
+    at = circuit_roles(backend, pairs, width)  # [P, width]
+    return torch.stack([(at == r).float()[..., None] for r in range(len(CIRCUIT_ROLES))])
 
 
 def _add_rows(deltas: Sequence[torch.Tensor], P: int) -> HookFn:
@@ -259,23 +278,28 @@ def _frozen_rows(value: torch.Tensor, keep: Sequence[bool], P: int) -> HookFn:
 
 @torch.no_grad()
 def edge_patching(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
-                  rows_per_pass: int = 256, progress: ProgressFn | None = None) -> EdgeRaw:
-    """The answer logit with each edge patched (exact; module docstring).  ``edges``: default every edge."""
+                  by_role: bool = False, rows_per_pass: int = 256, progress: ProgressFn | None = None) -> EdgeRaw:
+    """The answer logit with each edge patched (exact; module docstring).  ``edges``: default every edge;
+    ``by_role``: each edge at each token role's positions only (patched [E, R, P])."""
     edges = list(edges) if edges is not None else edge_graph(backend)
     run = prepared(backend, pairs)
     diffs = sender_differences(backend, run, list({e.sender: None for e in edges}))
     P = run.n
-    out = torch.empty(len(edges), P)
+    masks = role_masks(backend, pairs, run.ref.shape[1]) if by_role else None  # [R, P, T, 1]
+    R = 1 if masks is None else len(masks)
+    units = [(e, r) for e in edges for r in range(R)]  # edge-major, then role
+    out = torch.empty(len(units), P)
     per = max(1, rows_per_pass // max(1, P))
     groups: dict[tuple, list[int]] = {}
-    for i, e in enumerate(edges):
+    for i, (e, _) in enumerate(units):
         groups.setdefault((e.receiver.kind, e.receiver.layer), []).append(i)
     steps = Stages(progress, [len(ix) for ix in groups.values()])
     for gi, ((kind, layer), idx) in enumerate(groups.items()):
         bar = steps.stage(gi)
         for bi, b in enumerate(batches(len(idx), per)):
-            group = [edges[idx[i]] for i in b]
-            d = [diffs[e.sender.name] for e in group]
+            group = [units[idx[i]][0] for i in b]
+            d = [diffs[e.sender.name] if masks is None else diffs[e.sender.name] * masks[r]
+                 for e, r in (units[idx[i]] for i in b)]
             if kind == "logits":
                 edits = [(hooks.resid_post(backend.facts.n_layers - 1), _add_rows(d, P))]
             elif kind == "mlp":
@@ -286,7 +310,58 @@ def edge_patching(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Seq
                                                   rows_per_pass=len(group) * P)
             if bar is not None:
                 bar(bi + 1, len(batches(len(idx), per)))
-    return EdgeRaw(list(pairs), edges, run.logit_o, out)
+    return EdgeRaw(list(pairs), edges, run.logit_o, out if masks is None else out.reshape(len(edges), R, P))
+
+
+@dataclass
+class NodeRaw:
+    """Per-pair answer logits with each head's and MLP's X_c output at one token role.  N nodes, R roles, P pairs."""
+
+    pairs: list[PromptPair]
+    nodes: list[str]        # [N] :func:`engine.techniques.faithfulness.component_names` order
+    logit_o: torch.Tensor   # [P]
+    patched: torch.Tensor   # [N, R, P]
+
+    def effects(self) -> torch.Tensor:
+        """Mean logit difference per node and role over the pairs.  # [N, R]"""
+        return (self.patched - self.logit_o).double().mean(-1)
+
+
+def node_senders(backend: ModelBackend) -> list[Node]:
+    """Every head and MLP as a graph node, in :func:`engine.techniques.faithfulness.component_names` order."""
+    f = backend.facts
+    return [node_of(n, f.n_layers) for n in component_names(f.n_layers, f.n_heads)]
+
+
+@torch.no_grad()
+def node_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 256,
+                  progress: ProgressFn | None = None) -> NodeRaw:
+    """The answer logit with each node's X_c output at each token role's positions (exact; module docstring)."""
+    nodes = node_senders(backend)
+    run = prepared(backend, pairs)
+    diffs = sender_differences(backend, run, nodes)
+    P = run.n
+    masks = role_masks(backend, pairs, run.ref.shape[1])  # [R, P, T, 1]
+    R = len(masks)
+    out = torch.empty(len(nodes), R, P)
+    per = max(1, rows_per_pass // max(1, P))
+    by_site: dict[object, list[int]] = {}  # where a node's output enters the stream -> its nodes
+    for i, n in enumerate(nodes):
+        by_site.setdefault(hooks.attn_out(n.layer) if n.kind == "head" else hooks.mlp_out(n.layer), []).append(i)
+    units = {site: [(i, r) for i in idx for r in range(R)] for site, idx in by_site.items()}
+    steps = Stages(progress, [len(u) for u in units.values()])
+    for gi, (site, rows) in enumerate(units.items()):
+        bar = steps.stage(gi)
+        for bi, b in enumerate(batches(len(rows), per)):
+            group = [rows[i] for i in b]
+            edits = [(site, _add_rows([diffs[nodes[i].name] * masks[r] for i, r in group], P))]
+            got = patch_rows(backend, run, list(range(len(group))), lambda _g, e=edits: e,
+                             rows_per_pass=len(group) * P)  # [S, P]
+            for s, (i, r) in enumerate(group):
+                out[i, r] = got[s]
+            if bar is not None:
+                bar(bi + 1, len(batches(len(rows), per)))
+    return NodeRaw(list(pairs), [n.name for n in nodes], run.logit_o, out)
 
 
 def _mlp_edits(backend: ModelBackend, run: PatchRun, layer: int, d: Sequence[torch.Tensor]) -> list[Edit]:
@@ -346,22 +421,39 @@ def sender_differences_work(backend: ModelBackend, edges: Sequence[Edge], n: int
 
 
 def edge_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
-                       rows_per_pass: int = 256):
+                       by_role: bool = False, rows_per_pass: int = 256):
     """The forward work of :func:`edge_patching` (``engine.cost.Work``): X_r and X_c, the heads' differences
-    (a pass per layer, the heads as rows) and a row per edge and pair, two for a head receiver (the passes that read
-    one layer stop after it where the backend can, ``engine.cost.pass_upto``)."""
+    (a pass per layer, the heads as rows) and a row per edge (``by_role``: per edge and role) and pair, two for a head
+    receiver (the passes that read one layer stop after it where the backend can, ``engine.cost.pass_upto``)."""
     from engine.cost import pass_upto
     from engine.machinery.patch_rows import patch_rows_work, prepare_work
     edges = list(edges) if edges is not None else edge_graph(backend)
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
     w = prepare_work(pairs) + sender_differences_work(backend, edges, n, width)
+    R = len(CIRCUIT_ROLES) if by_role else 1
     groups: dict[tuple, int] = {}
     for e in edges:
-        groups[(e.receiver.kind, e.receiver.layer)] = groups.get((e.receiver.kind, e.receiver.layer), 0) + 1
+        groups[(e.receiver.kind, e.receiver.layer)] = groups.get((e.receiver.kind, e.receiver.layer), 0) + R
     per = max(1, rows_per_pass // max(1, n))
     for (kind, layer), count in groups.items():
         w += patch_rows_work(count, n, width, rows_per_pass=per * n)
         if kind == "head":
             for g in range(0, count, per):
                 w += pass_upto(backend, min(per, count - g) * n, width, layer)
+    return w
+
+
+def node_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_per_pass: int = 256):
+    """The forward work of :func:`node_patching` (``engine.cost.Work``): X_r and X_c, the heads' differences and a
+    row per node, role and pair, the nodes grouped by where their output enters the stream."""
+    from engine.machinery.patch_rows import patch_rows_work, prepare_work
+    nodes = node_senders(backend)
+    n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
+    w = prepare_work(pairs) + sender_differences_work(backend, [Edge(s, Node("logits")) for s in nodes], n, width)
+    sites: dict[tuple, int] = {}
+    for s in nodes:
+        sites[(s.kind, s.layer)] = sites.get((s.kind, s.layer), 0) + len(CIRCUIT_ROLES)
+    per = max(1, rows_per_pass // max(1, n))
+    for count in sites.values():
+        w += patch_rows_work(count, n, width, rows_per_pass=per * n)
     return w

@@ -68,8 +68,9 @@ def test_position_resolutions_and_the_side_by_side_table():
     for b in [b for b in at.button if b.key == "faithfulness_go"]:
         b.click().run()
     at.radio(key="faith_resolution").set_value("edge-position").run()
-    assert at.multiselect(key="faith_edge_curves_edge-position").options == ["EAP (one gradient)",
-                                                                            "EAP-IG (5 steps)"]
+    box = at.multiselect(key="faith_edge_curves_edge-position")
+    assert box.options == ["exact (each edge at each role)", "EAP (one gradient)", "EAP-IG (5 steps)"]
+    assert box.value == ["eap", "eap-ig"]  # exact (five times exact edge patching) only when chosen
     at.multiselect(key="faith_edge_curves_edge-position").set_value(["eap"]).run()
     button = [b for b in at.button if b.key == "edge_curves_eap_counterfactual_edge-position"]
     assert button and "Compute the edge × position circuits' curves" in button[0].label  # nothing computed unasked
@@ -86,3 +87,24 @@ def test_position_resolutions_and_the_side_by_side_table():
     assert ("node", "exact path patching") in rows and ("edge × position", "EAP (one gradient)") in rows
     assert rows[("node × position", "—")] == "not computed yet"
     assert rows[("edge × position", "EAP (one gradient)")][0] in "-0123456789"
+
+
+def test_node_position_circuits_ranked_exactly():
+    """Heads and MLPs at token roles ranked by their own patches (exact), asked before they compute, named for what
+    they are, beside random units; the side-by-side table reads them."""
+    at = page("11_Faithfulness.py", n=2).run()
+    for b in [b for b in at.button if b.key == "faithfulness_go"]:
+        b.click().run()
+    at.radio(key="faith_resolution").set_value("node-position").run()
+    box = at.multiselect(key="faith_edge_curves_node-position")
+    assert box.options[0] == "exact (each component at each role)" and box.value == ["eap", "eap-ig"]
+    box.set_value(["exact"]).run()
+    button = [b for b in at.button if b.key == "edge_curves_exact_counterfactual_node-position"]
+    assert button and "Compute the node × position circuits' curves" in button[0].label  # nothing computed unasked
+    button[0].click().run()
+    assert not errors(at)
+    assert list(at.dataframe[-2].value["ranking"]) == ["exact (each component at each role)",
+                                                        "random units (5 draws)"]
+    side = at.dataframe[-1].value
+    rows = {(r, k): f for r, k, f in zip(side["resolution"], side["ranking"], side["f, top 5 %"])}
+    assert rows[("node × position", "exact (each component at each role)")][0] in "-0123456789", rows

@@ -141,9 +141,10 @@ def test_units_and_their_rankings(bundled):
     kept = node.edges_kept(none_but[None])[0]  # [E, R]
     assert kept[out_of, CIRCUIT_ROLES.index("END")].all() and kept[[e.sender.name == "input" for e in edges]].all()
     assert kept.sum() == len(out_of) + R * sum(e.sender.name == "input" for e in edges)
-    check_ranking("edge", "exact")
-    with pytest.raises(ValueError, match="exact edge patching patches an edge at every position"):
-        check_ranking("edge-position", "exact")
+    for resolution in ("edge", "edge-position", "node-position"):
+        check_ranking(resolution, "exact")
+    with pytest.raises(ValueError, match="ranked by exact, eap, eap-ig, not 'atp'"):
+        check_ranking("node-position", "atp")
     with pytest.raises(ValueError, match="unknown resolution"):
         units_of(backend, "heads")
     with pytest.raises(ValueError, match="5 token roles"):  # refused before any pass

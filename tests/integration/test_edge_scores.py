@@ -80,7 +80,7 @@ def test_cli_faithfulness_curve_cached(tmp_path):
 
 def test_cli_position_resolutions(tmp_path):
     """``--resolution``: circuits of edges (or heads and MLPs) at token roles, ranked by EAP by role, each cached on
-    its own; exact edge patching has no position resolution: one line, exit 2."""
+    its own; the exact ranking of heads and MLPs at token roles (each unit patched alone) beside it."""
     cache, out, faith = tmp_path / "results.duckdb", tmp_path / "edges.csv", tmp_path / "faith.csv"
     base = ("edge-scores", "--model", "organism", "--op", "sub", "--n", "2", "--ranking", "eap", "--out", str(out),
             "--faithfulness", str(faith))
@@ -94,8 +94,10 @@ def test_cli_position_resolutions(tmp_path):
         seen[resolution] = int(next(row["k"] for row in rows if row["ranking"] == "eap" and row["size"] == "1.0"))
         assert {row["ranking"] for row in rows} == {"eap", "random"}
     assert seen["edge-position"] == 5 * res["edges"]  # every edge at five roles
-    bad = run_cli(*base[:-4], "--ranking", "exact", "--out", str(out), "--faithfulness", str(faith),
-                  "--resolution", "node-position", cache=cache)
-    assert bad.returncode == 2
-    lines = bad.stderr.strip().splitlines()
-    assert len(lines) == 1 and "ranked by eap or eap-ig" in lines[0], bad.stderr
+    exact = run_cli(*base[:-4], "--ranking", "exact", "--out", str(out), "--faithfulness", str(faith),
+                    "--resolution", "node-position", cache=cache)
+    assert exact.returncode == 0, exact.stderr
+    rows = _csv(faith)
+    assert {row["ranking"] for row in rows} == {"exact", "random"}
+    assert int(next(row["k"] for row in rows if row["ranking"] == "exact" and row["size"] == "1.0")) == seen[
+        "node-position"]  # the same units: every head and MLP at five roles

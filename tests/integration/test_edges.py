@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -52,3 +53,64 @@ def test_exact_equals_plain_loop_on_matrix(arch, tmp_path):
     pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add", "mul"), n=2, seed=1))
     worst = check(backend, path, pairs, sample(edge_graph(backend), heads=9, others=5))
     assert worst < 1e-4, f"{arch}: exact edge patching vs the plain loop: {worst:.2e}"
+
+
+def test_edges_and_nodes_at_token_roles_equal_plain_loop_on_bundled_model(organism):
+    """The exact rankings at token positions: an edge's difference sent at one role's positions only, and a node's
+    X_c output at one role's positions (a plain pre-hook on o_proj swapping the head's slice there, a plain post-hook
+    on the MLP), every node and role, against hand-hooked plain models (1e-4); a node at a role is the node x
+    position circuit with that unit alone ablated (another implementation: edge_circuits)."""
+    from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
+    from engine.techniques.circuit_units import units_of
+    from engine.techniques.edge_faithfulness import edge_circuits
+    from engine.techniques.edges import node_patching
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub"), n=2, seed=3))
+    R = len(CIRCUIT_ROLES)
+    ref = PlainEdges(plain_of(organism, "models/organism"), pairs)
+    at = circuit_roles(organism, pairs, max(len(p.ref_ids) for p in pairs))  # [P, T]
+    masks = [(at == r).float()[..., None] for r in range(R)]
+
+    edges = sample(edge_graph(organism), heads=4, others=3)
+    raw = edge_patching(organism, pairs, edges, by_role=True, rows_per_pass=64)
+    assert raw.patched.shape == (len(edges), R, len(pairs))
+    worst = 0.0
+    with torch.no_grad():
+        for i, e in enumerate(edges):
+            for r in range(R):
+                worst = max(worst, float((raw.patched[i, r] - ref.forward(*ref.hooks_of(e.name, masks[r]))).abs()
+                                         .max()))
+    assert worst < 1e-4, f"edges at token roles vs the plain loop: {worst:.2e}"
+    moved = (raw.patched - raw.logit_o).abs().amax(-1)  # [E, R]
+    assert float(moved[:, CIRCUIT_ROLES.index("operator")].max()) > 1e-3  # the roles differ: not END alone
+
+    nodes = node_patching(organism, pairs, rows_per_pass=64)
+    P = ref.p
+    worst = 0.0
+    with torch.no_grad():
+        for n, name in enumerate(nodes.nodes):
+            for r in range(R):
+                m = masks[r]
+                if name.startswith("m"):
+                    layer = int(name[1:])
+                    c = ref.c["mlp"][layer]
+                    hooks_ = ({}, {P.mlp_out(layer): lambda x, c=c, m=m: x * (1 - m) + c.to(x.dtype) * m})
+                else:
+                    layer, head = (int(x) for x in name[1:].split(".h"))
+                    c = ref.c["z"][layer][:, :, head]
+
+                    def swap(x, c=c, m=m, head=head):
+                        x = x.reshape(*x.shape[:2], P.H, -1).clone()
+                        x[:, :, head] = x[:, :, head] * (1 - m) + c.to(x.dtype) * m
+                        return x.reshape(*x.shape[:2], -1)
+                    hooks_ = ({P.o_proj(layer): swap}, {})
+                worst = max(worst, float((nodes.patched[n, r] - ref.forward(*hooks_)).abs().max()))
+    assert worst < 1e-4, f"nodes at token roles vs the plain loop: {worst:.2e}"
+    effects = nodes.effects().numpy()  # [N, R]
+    assert np.abs(effects[:, CIRCUIT_ROLES.index("END")]).max() > 1e-2
+    units = units_of(organism, "node-position")
+    pick = [int(np.argmax(np.abs(effects).reshape(-1))), units.names.index("m0@operator")]
+    kept = np.ones((len(pick), len(units)), dtype=bool)
+    kept[range(len(pick)), pick] = False
+    alone = edge_circuits(organism, pairs, units.edges_kept(kept), rows_per_pass=64)
+    for c, u in enumerate(pick):
+        assert float((alone.logit[c] - nodes.patched.reshape(-1, len(pairs))[u]).abs().max()) < 1e-4, units.names[u]

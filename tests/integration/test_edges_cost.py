@@ -8,7 +8,7 @@ from engine.backends.base import WorkMeter
 from engine.cost import metered
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.eap import eap, eap_work
-from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work
+from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work, node_patching, node_patching_work
 from tests.helpers.plain_edges import sample
 
 
@@ -25,10 +25,19 @@ def counted(model, run):
     return w.calls, w.body, w.unembed
 
 
-def test_exact_edge_patching_work(setup):
+@pytest.mark.parametrize("by_role", [False, True])
+def test_exact_edge_patching_work(setup, by_role):
     model, pairs, edges = setup
-    w = edge_patching_work(model, pairs, edges, rows_per_pass=32)
-    assert counted(model, lambda: edge_patching(model, pairs, edges, rows_per_pass=32)) == (w.calls, w.body, w.unembed)
+    w = edge_patching_work(model, pairs, edges, by_role=by_role, rows_per_pass=32)
+    assert counted(model, lambda: edge_patching(model, pairs, edges, by_role=by_role, rows_per_pass=32)) == \
+        (w.calls, w.body, w.unembed)
+
+
+def test_exact_node_patching_work(setup):
+    """Every head and MLP at every token role (the exact ranking of node x position circuits)."""
+    model, pairs, _ = setup
+    w = node_patching_work(model, pairs, rows_per_pass=32)
+    assert counted(model, lambda: node_patching(model, pairs, rows_per_pass=32)) == (w.calls, w.body, w.unembed)
 
 
 @pytest.mark.parametrize("steps", [0, 2])
