@@ -238,9 +238,10 @@ TECHNIQUES: tuple[Technique, ...] = (
              help="with --faithfulness, what an edge outside the circuit sends: its sender's value on the pair's "
                   "own X_c (default, MIB's patching) or its mean over X_c (per template, END-aligned)"),
          opt("--resolution", choices=("edge", "edge-position", "node-position"), default="edge",
-             help="with --faithfulness, what a circuit keeps: edges (default), edges at token roles (operand A, "
-                  "operator, operand B, END, other) or heads and MLPs at token roles; the position resolutions "
-                  "are ranked by eap or eap-ig"))),
+             help="what the scores (--out: one row per unit) and the circuits (--faithfulness) are of: edges "
+                  "(default), edges at token roles (operand A, operator, operand B, END, other) or heads and MLPs "
+                  "at token roles; at a position resolution exact patches each unit alone (an edge at a role: five "
+                  "times exact edge patching), eap / eap-ig are split by role"))),
     Technique(
         "transfer", "Transfer (Table 4)", "Table 4: key-head overlap and cross knockouts of two sets -> JSON",
         "transfer",

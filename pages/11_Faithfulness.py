@@ -162,13 +162,13 @@ def series_at(res: str) -> dict[str, str]:
     return {**names, "exact": exact, RANDOM: f"random {'edges' if res == 'edge' else 'units'} ({RANDOM_DRAWS} draws)"}
 
 
-chosen = st.multiselect("Edge rankings", allowed, default=[r for r in allowed if r != "exact"],
+chosen = st.multiselect("Rankings", allowed, default=[r for r in allowed if r != "exact"],
                         format_func=series_at(resolution).get, key="faith_edge_curves" + suffix)
 xtitle = {"edge": "edges kept (share of the graph's edges)", "edge-position": "edge × position units kept (share)",
           "node-position": "node × position units kept (share)"}[resolution]
 order = [r for r in RANKINGS if r in chosen]
 if not chosen:
-    st.info("Choose at least one edge ranking to draw the curve of its circuits.")
+    st.info("Choose at least one ranking to draw the curve of its circuits.")
 else:
     curves = compute_or_button(
         lambda cb: cached_edge_curves(model, pairs, order, ablation=ablation, resolution=resolution, cache=cache,

@@ -43,7 +43,7 @@ from engine.backends.base import ModelBackend
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.techniques.attention import CIRCUIT_ROLES, ROLES_VERSION
-from engine.techniques.circuit_units import RANKINGS_AT, check_ranking, units_of
+from engine.techniques.circuit_units import RESOLUTIONS, check_ranking, units_of
 from engine.techniques.eap import eap, eap_work
 from engine.techniques.edge_faithfulness import cached_edge_faithfulness
 from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work, node_patching, node_patching_work
@@ -233,14 +233,13 @@ def parse_sizes(text: str | None) -> list[float | None]:
 
 
 def cli(args, ctx) -> dict:
-    """Every edge's score under the chosen rankings -> CSV (one row per edge); MIB files with ``--mib-dir``."""
+    """Every edge's (every unit's, at a position ``--resolution``) score under the chosen rankings -> CSV (one row per
+    edge or unit); the circuits' curves with ``--faithfulness``; MIB files (edges) with ``--mib-dir``."""
     sizes = parse_sizes(args.mib_sizes)  # before the model opens: bad input costs nothing
     resolution = getattr(args, "resolution", "edge")
     rankings = list(RANKINGS) if args.ranking == "all" else [args.ranking]
-    if getattr(args, "faithfulness", None) is not None and resolution != "edge":
-        rankings = [r for r in rankings if r in RANKINGS_AT[resolution]] if args.ranking == "all" else rankings
-        for r in rankings:
-            check_ranking(resolution, r)
+    for r in rankings:
+        check_ranking(resolution, r)
     pairs, model = ctx.pairs, ctx.model
     tasks = tasks_of(pairs)
     if args.mib_dir is not None and not tasks:
@@ -248,15 +247,25 @@ def cli(args, ctx) -> dict:
                          "(add --ops add,sub)")
     table: dict[str, dict[str, float]] = {}
     info = {}
+    units = None if resolution == "edge" else units_of(model, resolution)
     for r in rankings:
-        with ctx.progress(f"edges: {r}") as bar:
-            rows, art, computed = cached_edge_scores(model, pairs, r, steps=args.steps, cache=ctx.cache, progress=bar)
-        for row in rows:
-            table.setdefault(row.edge, {})[r] = row.value
+        with ctx.progress(f"{'edges' if units is None else RESOLUTIONS[resolution]}: {r}") as bar:
+            if units is None:
+                rows, art, computed = cached_edge_scores(model, pairs, r, steps=args.steps, cache=ctx.cache,
+                                                         progress=bar)
+                got = [(row.edge, row.value) for row in rows]
+            else:  # the units the circuits are made of, scored as their circuits rank them
+                s, art, computed = unit_scores(model, pairs, r, resolution, steps=args.steps, cache=ctx.cache,
+                                               progress=bar)
+                got = list(zip(units.names, s.tolist()))
+        for name, value in got:
+            table.setdefault(name, {})[r] = value
         info[r] = {"cached": not computed, "seconds": round(float(art.get("seconds", float("nan"))), 2),
                    "forward_equivalents": round(float(art.get("forward_equivalents", float("nan"))), 1)}
-    ctx.write_csv(args.out, [{"edge": e, **v} for e, v in table.items()])
-    res = {"out": str(args.out), "n_pairs": len(pairs), "edges": len(table), "rankings": info}
+    ctx.write_csv(args.out, [{"edge" if units is None else "unit": e, **v} for e, v in table.items()])
+    res = {"out": str(args.out), "n_pairs": len(pairs), "edges": len(edge_graph(model)), "rankings": info}
+    if units is not None:
+        res |= {"resolution": resolution, "units": len(units)}
     if getattr(args, "faithfulness", None) is not None:
         res["faithfulness"] = _faithfulness(model, pairs, rankings, resolution, args, ctx)
     if args.mib_dir is not None:
@@ -273,17 +282,8 @@ def graph_scores(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: S
     """{ranking: [U]} every unit's cached score (``resolution``: :mod:`engine.techniques.circuit_units`; the edges
     by default, in :func:`engine.techniques.edges.edge_graph`'s order)."""
     if resolution != "edge":
-        units = units_of(backend, resolution)
-        out = {}
-        for r in rankings:
-            check_ranking(resolution, r)
-            if r == "exact" and resolution == "node-position":  # a node at a role patched as a whole: not a sum
-                out[r] = cached_role_scores(backend, pairs, r, nodes=True, cache=cache, progress=progress)[0]
-                out[r] = out[r].reshape(-1)  # [N * R], the units' order
-            else:
-                out[r] = units.scores(cached_role_scores(backend, pairs, r, steps=steps, cache=cache,
-                                                         progress=progress)[0])
-        return out
+        return {r: unit_scores(backend, pairs, r, resolution, steps=steps, cache=cache, progress=progress)[0]
+                for r in rankings}
     names = list(edge_graph(backend).names)
     out = {}
     for r in rankings:
@@ -291,6 +291,20 @@ def graph_scores(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: S
         value = {x.edge: x.value for x in rows}
         out[r] = np.array([value[n] for n in names], dtype=np.float64)
     return out
+
+
+def unit_scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, resolution: str, *,
+                steps: int = STEPS, cache=None, progress: ProgressFn | None = None) -> tuple[np.ndarray, dict, bool]:
+    """Every unit's cached score at a position ``resolution`` under ``ranking``, in the units' order: (scores [U],
+    the scores' artifacts {seconds, forward_equivalents}, computed).  A node at a role ranked exactly is patched as a
+    whole (:func:`engine.techniques.edges.node_patching`), not summed over its edges."""
+    units = units_of(backend, resolution)
+    check_ranking(resolution, ranking)
+    if ranking == "exact" and resolution == "node-position":
+        s, art, computed = cached_role_scores(backend, pairs, ranking, nodes=True, cache=cache, progress=progress)
+        return s.reshape(-1), art, computed  # [N * R]: node-major, then role
+    s, art, computed = cached_role_scores(backend, pairs, ranking, steps=steps, cache=cache, progress=progress)
+    return units.scores(s), art, computed
 
 
 def cached_edge_curves(backend: ModelBackend, pairs: Sequence[PromptPair], rankings: Sequence[str], *,

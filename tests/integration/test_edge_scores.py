@@ -90,6 +90,8 @@ def test_cli_position_resolutions(tmp_path):
         assert r.returncode == 0, r.stderr
         res = json.loads(r.stdout)
         assert res["faithfulness"]["cached"] is False and res["faithfulness"]["resolution"] == resolution
+        units = _csv(out)  # the scores of the units the circuits are made of, not the edges'
+        assert len(units) == res["units"] and set(units[0]) == {"unit", "eap"}
         rows = _csv(faith)
         seen[resolution] = int(next(row["k"] for row in rows if row["ranking"] == "eap" and row["size"] == "1.0"))
         assert {row["ranking"] for row in rows} == {"eap", "random"}
@@ -97,6 +99,11 @@ def test_cli_position_resolutions(tmp_path):
     exact = run_cli(*base[:-4], "--ranking", "exact", "--out", str(out), "--faithfulness", str(faith),
                     "--resolution", "node-position", cache=cache)
     assert exact.returncode == 0, exact.stderr
+    units = {row["unit"]: float(row["exact"]) for row in _csv(out)}
+    assert len(units) == json.loads(exact.stdout)["units"] and "m0@operator" in units
+    # each head and MLP at each role patched alone: a few hundred passes of the set, not exact edge patching's
+    # thousands (the edges are not scored on the way)
+    assert json.loads(exact.stdout)["rankings"]["exact"]["forward_equivalents"] < 1_000
     rows = _csv(faith)
     assert {row["ranking"] for row in rows} == {"exact", "random"}
     assert int(next(row["k"] for row in rows if row["ranking"] == "exact" and row["size"] == "1.0")) == seen[
