@@ -140,6 +140,25 @@ class PlainEdges:
             lg = self.p.model(input_ids=ids, attention_mask=mask).logits.float()
         return lg[self.rows, end, self.answer]
 
+    def node_patched(self, node: str, where: torch.Tensor) -> torch.Tensor:
+        """The answer logit at END of X_r with ``node``'s X_c output at the positions ``where`` [P, pos, 1] (0 / 1)
+        marks: a head's slice of the o_proj input swapped there, an MLP's output replaced there.  # [P]"""
+        kind, layer, head = _node(node)
+        P = self.p
+        if kind == "mlp":
+            c = self.c["mlp"][layer]
+            hooks = ({}, {P.mlp_out(layer): lambda x: x * (1 - where) + c.to(x.dtype) * where})
+        else:
+            c = self.c["z"][layer][:, :, head]
+
+            def swap(x):
+                x = x.reshape(*x.shape[:2], P.H, -1).clone()
+                x[:, :, head] = x[:, :, head] * (1 - where) + c.to(x.dtype) * where
+                return x.reshape(*x.shape[:2], -1)
+            hooks = ({P.o_proj(layer): swap}, {})
+        with torch.no_grad():
+            return self.forward(*hooks)
+
     def patched(self, edge: str) -> torch.Tensor:
         """The answer logit at END with ``edge`` patched.  # [P]"""
         with torch.no_grad():

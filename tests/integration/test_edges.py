@@ -84,26 +84,8 @@ def test_edges_and_nodes_at_token_roles_equal_plain_loop_on_bundled_model(organi
     assert float(moved[:, CIRCUIT_ROLES.index("operator")].max()) > 1e-3  # the roles differ: not END alone
 
     nodes = node_patching(organism, pairs, rows_per_pass=64)
-    P = ref.p
-    worst = 0.0
-    with torch.no_grad():
-        for n, name in enumerate(nodes.nodes):
-            for r in range(R):
-                m = masks[r]
-                if name.startswith("m"):
-                    layer = int(name[1:])
-                    c = ref.c["mlp"][layer]
-                    hooks_ = ({}, {P.mlp_out(layer): lambda x, c=c, m=m: x * (1 - m) + c.to(x.dtype) * m})
-                else:
-                    layer, head = (int(x) for x in name[1:].split(".h"))
-                    c = ref.c["z"][layer][:, :, head]
-
-                    def swap(x, c=c, m=m, head=head):
-                        x = x.reshape(*x.shape[:2], P.H, -1).clone()
-                        x[:, :, head] = x[:, :, head] * (1 - m) + c.to(x.dtype) * m
-                        return x.reshape(*x.shape[:2], -1)
-                    hooks_ = ({P.o_proj(layer): swap}, {})
-                worst = max(worst, float((nodes.patched[n, r] - ref.forward(*hooks_)).abs().max()))
+    worst = max(float((nodes.patched[n, r] - ref.node_patched(name, masks[r])).abs().max())
+                for n, name in enumerate(nodes.nodes) for r in range(R))
     assert worst < 1e-4, f"nodes at token roles vs the plain loop: {worst:.2e}"
     effects = nodes.effects().numpy()  # [N, R]
     assert np.abs(effects[:, CIRCUIT_ROLES.index("END")]).max() > 1e-2
@@ -114,3 +96,22 @@ def test_edges_and_nodes_at_token_roles_equal_plain_loop_on_bundled_model(organi
     alone = edge_circuits(organism, pairs, units.edges_kept(kept), rows_per_pass=64)
     for c, u in enumerate(pick):
         assert float((alone.logit[c] - nodes.patched.reshape(-1, len(pairs))[u]).abs().max()) < 1e-4, units.names[u]
+
+
+@pytest.mark.parametrize("arch", (*MATRIX, "gpt_neox"))
+def test_nodes_at_token_roles_equal_plain_loop_on_matrix(arch, tmp_path):
+    """Every head and MLP at every token role (sandwich norms: a head's difference is taken after the norm of the
+    attention's sum, position by position; fused q|k|v; a parallel block, GPT-NeoX: the MLP reads the block's
+    input, not the heads of its layer), against the plain loop, 1e-4."""
+    from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
+    from engine.techniques.edges import node_patching
+    path = build_tiny(arch, tmp_path / arch)
+    backend = open_model(str(path), device="cpu")
+    pairs, _ = generate(backend.tokenizer, PromptSetSpec(ops=("add", "mul"), n=2, seed=1))
+    nodes = node_patching(backend, pairs, rows_per_pass=64)
+    ref = PlainEdges(plain_of(backend, path), pairs)
+    at = circuit_roles(backend, pairs, max(len(p.ref_ids) for p in pairs))
+    worst = max(float((nodes.patched[n, r] - ref.node_patched(name, (at == r).float()[..., None])).abs().max())
+                for n, name in enumerate(nodes.nodes) for r in range(len(CIRCUIT_ROLES)))
+    assert worst < 1e-4, f"{arch}: nodes at token roles vs the plain loop: {worst:.2e}"
+    assert float((nodes.patched - nodes.logit_o).abs().max()) > 1e-4  # the patches move the logit
