@@ -288,29 +288,48 @@ def edge_patching(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Seq
     masks = role_masks(backend, pairs, run.ref.shape[1]) if by_role else None  # [R, P, T, 1]
     R = 1 if masks is None else len(masks)
     units = [(e, r) for e in edges for r in range(R)]  # edge-major, then role
-    out = torch.empty(len(units), P)
-    per = max(1, rows_per_pass // max(1, P))
     groups: dict[tuple, list[int]] = {}
     for i, (e, _) in enumerate(units):
         groups.setdefault((e.receiver.kind, e.receiver.layer), []).append(i)
-    steps = Stages(progress, [len(ix) for ix in groups.values()])
-    for gi, ((kind, layer), idx) in enumerate(groups.items()):
-        bar = steps.stage(gi)
-        for bi, b in enumerate(batches(len(idx), per)):
-            group = [units[idx[i]][0] for i in b]
-            d = [diffs[e.sender.name] if masks is None else diffs[e.sender.name] * masks[r]
-                 for e, r in (units[idx[i]] for i in b)]
-            if kind == "logits":
-                edits = [(hooks.resid_post(backend.facts.n_layers - 1), _add_rows(d, P))]
-            elif kind == "mlp":
-                edits = _mlp_edits(backend, run, layer, d)
-            else:
-                edits = _head_edits(backend, run, group, d)
-            out[[idx[i] for i in b]] = patch_rows(backend, run, list(range(len(group))), lambda _g, e=edits: e,
-                                                  rows_per_pass=len(group) * P)
-            if bar is not None:
-                bar(bi + 1, len(batches(len(idx), per)))
+
+    def edits_of(key: tuple, idx: list[int]) -> list[Edit]:
+        kind, layer = key
+        group = [units[i][0] for i in idx]
+        d = [diffs[e.sender.name] if masks is None else diffs[e.sender.name] * masks[r]
+             for e, r in (units[i] for i in idx)]
+        if kind == "logits":
+            return [(hooks.resid_post(backend.facts.n_layers - 1), _add_rows(d, P))]
+        if kind == "mlp":
+            return _mlp_edits(backend, run, layer, d)
+        return _head_edits(backend, run, group, d)
+
+    out = torch.empty(len(units), P)
+    for key, got in _patched_groups(backend, run, groups, edits_of, rows_per_pass, progress).items():
+        out[groups[key]] = got
     return EdgeRaw(list(pairs), edges, run.logit_o, out if masks is None else out.reshape(len(edges), R, P))
+
+
+def _patched_groups(backend: ModelBackend, run: PatchRun, groups: dict, edits_of, rows_per_pass: int,
+                    progress: ProgressFn | None) -> dict:
+    """Per group of units that write into one place (a receiver, a node's output): the answer logit at END with each
+    unit patched, at most ``rows_per_pass`` rows per pass, ``edits_of(key, units)`` the hooks of one batch of them.
+    {key: [len(units), P]}"""
+    P = run.n
+    per = max(1, rows_per_pass // max(1, P))
+    steps = Stages(progress, [len(u) for u in groups.values()])
+    out = {}
+    for gi, (key, units) in enumerate(groups.items()):
+        bar = steps.stage(gi)
+        chunks, parts = batches(len(units), per), []
+        for bi, b in enumerate(chunks):
+            batch = [units[i] for i in b]
+            edits = edits_of(key, batch)
+            parts.append(patch_rows(backend, run, list(range(len(batch))), lambda _g, e=edits: e,
+                                    rows_per_pass=len(batch) * P))  # [S, P]
+            if bar is not None:
+                bar(bi + 1, len(chunks))
+        out[key] = torch.cat(parts)
+    return out
 
 
 @dataclass
@@ -343,24 +362,18 @@ def node_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_pe
     P = run.n
     masks = role_masks(backend, pairs, run.ref.shape[1])  # [R, P, T, 1]
     R = len(masks)
-    out = torch.empty(len(nodes), R, P)
-    per = max(1, rows_per_pass // max(1, P))
-    by_site: dict[object, list[int]] = {}  # where a node's output enters the stream -> its nodes
+    groups: dict[object, list[tuple[int, int]]] = {}  # where a node's output enters the stream -> (node, role)
     for i, n in enumerate(nodes):
-        by_site.setdefault(hooks.attn_out(n.layer) if n.kind == "head" else hooks.mlp_out(n.layer), []).append(i)
-    units = {site: [(i, r) for i in idx for r in range(R)] for site, idx in by_site.items()}
-    steps = Stages(progress, [len(u) for u in units.values()])
-    for gi, (site, rows) in enumerate(units.items()):
-        bar = steps.stage(gi)
-        for bi, b in enumerate(batches(len(rows), per)):
-            group = [rows[i] for i in b]
-            edits = [(site, _add_rows([diffs[nodes[i].name] * masks[r] for i, r in group], P))]
-            got = patch_rows(backend, run, list(range(len(group))), lambda _g, e=edits: e,
-                             rows_per_pass=len(group) * P)  # [S, P]
-            for s, (i, r) in enumerate(group):
-                out[i, r] = got[s]
-            if bar is not None:
-                bar(bi + 1, len(batches(len(rows), per)))
+        site = hooks.attn_out(n.layer) if n.kind == "head" else hooks.mlp_out(n.layer)
+        groups.setdefault(site, []).extend((i, r) for r in range(R))
+
+    def edits_of(site, batch: list[tuple[int, int]]) -> list[Edit]:
+        return [(site, _add_rows([diffs[nodes[i].name] * masks[r] for i, r in batch], P))]
+
+    out = torch.empty(len(nodes), R, P)
+    for site, got in _patched_groups(backend, run, groups, edits_of, rows_per_pass, progress).items():
+        for s, (i, r) in enumerate(groups[site]):
+            out[i, r] = got[s]
     return NodeRaw(list(pairs), [n.name for n in nodes], run.logit_o, out)
 
 
