@@ -175,25 +175,28 @@ def click_at(page, locator, fx: float = 0.5, fy: float = 0.5) -> None:
 ASKS = r"\(estimated: about "
 
 
-def ask_all(page, *, skip: tuple[str, ...] = ("Build the report",), tries: int = 6) -> int:
+def ask_all(page, *, skip: tuple[str, ...] = ("Build the report",), tries: int = 8) -> int:
     """Press each button that asks before a computation, one after the other (pressing one may show the next), but
-    those whose label holds one of ``skip``; the number pressed."""
+    those whose label holds one of ``skip``; the number pressed. A disabled button waits for a choice on its page (a
+    job running, a form) and is left; a click that times out on an enabled one (a loaded machine rerunning the page)
+    is tried again, twice at most (CI once read a Numbers page that had never been asked: no chart on it)."""
     import re
 
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    pressed, disabled = 0, set()
+    pressed, missed = 0, {}
     for _ in range(tries):
         idle(page)
         ask = page.get_by_role("button", name=re.compile(ASKS))
         for text in skip:
             ask = ask.filter(has_not_text=text)
-        ready = [b for b in ask.all() if b.is_visible() and b.inner_text() not in disabled]
+        ready = [b for b in ask.all() if b.is_visible() and b.is_enabled() and missed.get(b.inner_text(), 0) < 2]
         if not ready:
             break
+        label = ready[0].inner_text()
         try:
             ready[0].click(timeout=10_000)
-        except PlaywrightTimeout:  # a disabled button waits for a choice on its page (a job running, a form)
-            disabled.add(ready[0].inner_text())
+        except PlaywrightTimeout:
+            missed[label] = missed.get(label, 0) + 1
             continue
         idle(page)
         pressed += 1
