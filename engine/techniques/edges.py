@@ -39,12 +39,18 @@ shortcut yet: every edge runs whole prompts.
 
 * an edge at a token role (``edge_patching(by_role=True)``): as above with ``d_u`` sent at that role's positions
   only (zero elsewhere) -- R rows where there was one (R = 5 roles of
-  :data:`engine.techniques.attention.CIRCUIT_ROLES`);
+  :data:`engine.techniques.attention.CIRCUIT_ROLES`, less the roles that cannot reach END: :func:`live_roles`);
 * a node at a token role (:func:`node_patching`): X_r with the node's X_c output at that role's positions --
   ``d_u`` there added where it enters the residual stream (``hooks.attn_out``: the head's own difference;
   ``hooks.mlp_out``), everything after recomputed.  This is the node-position circuit's unit ablated alone: every
   edge out of the node at that role reads the node's X_c value, and every receiver of the node is such an edge.
-  One row per node, role and pair.
+  One row per node, live role and pair.
+
+A role whose positions in every pair precede the first token where X_r and X_c differ, or follow END, sends a zero
+difference (the model is causal): its rows are not run and keep X_r's logit, an effect of exactly 0
+(:func:`live_roles`).  Only a whole role across the set is skipped: in "1 + 4 =" against "1 > 4 =" operand A and the
+first token (2 of the 5 roles); in a set that also holds "The addition of 6 and 6 is" (operand A after the operator)
+none.
 """
 
 from __future__ import annotations
@@ -254,6 +260,20 @@ def role_masks(backend: ModelBackend, pairs: Sequence[PromptPair], width: int) -
     return torch.stack([(at == r).float()[..., None] for r in range(len(CIRCUIT_ROLES))])
 
 
+def live_roles(backend: ModelBackend, pairs: Sequence[PromptPair]) -> list[bool]:
+    """Whether each token role can carry a unit's difference to END.  The model is causal: at a position before the
+    first token where X_r and X_c differ every value is the same on both prompts, and a position after END does not
+    reach it; a role whose positions in every pair are such sends a zero difference, its rows' effect is exactly 0,
+    and they are not run.  [R]"""
+    at = circuit_roles(backend, pairs, max(len(p.ref_ids) for p in pairs))  # [P, width]
+    live = [False] * len(CIRCUIT_ROLES)
+    for i, p in enumerate(pairs):
+        first = next((t for t, (a, b) in enumerate(zip(p.ref_ids, p.cf_ids)) if a != b), len(p.ref_ids))
+        for r in at[i, first:len(p.ref_ids)].tolist():
+            live[r] = True
+    return live
+
+
 def _add_rows(deltas: Sequence[torch.Tensor], P: int) -> HookFn:
     """Hook: row block s gets ``deltas[s]`` [P, pos, d] added (an empty block: None)."""
     def fn(act: torch.Tensor) -> torch.Tensor:
@@ -287,10 +307,12 @@ def edge_patching(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Seq
     P = run.n
     masks = role_masks(backend, pairs, run.ref.shape[1]) if by_role else None  # [R, P, T, 1]
     R = 1 if masks is None else len(masks)
+    live = live_roles(backend, pairs) if by_role else [True]
     units = [(e, r) for e in edges for r in range(R)]  # edge-major, then role
     groups: dict[tuple, list[int]] = {}
-    for i, (e, _) in enumerate(units):
-        groups.setdefault((e.receiver.kind, e.receiver.layer), []).append(i)
+    for i, (e, r) in enumerate(units):
+        if live[r]:  # a dead role's rows keep X_r's logit: their effect is exactly 0
+            groups.setdefault((e.receiver.kind, e.receiver.layer), []).append(i)
 
     def edits_of(key: tuple, idx: list[int]) -> list[Edit]:
         kind, layer = key
@@ -303,7 +325,7 @@ def edge_patching(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Seq
             return _mlp_edits(backend, run, layer, d)
         return _head_edits(backend, run, group, d)
 
-    out = torch.empty(len(units), P)
+    out = run.logit_o.repeat(len(units), 1)  # [E * R, P]
     for key, got in _patched_groups(backend, run, groups, edits_of, rows_per_pass, progress).items():
         out[groups[key]] = got
     return EdgeRaw(list(pairs), edges, run.logit_o, out if masks is None else out.reshape(len(edges), R, P))
@@ -361,16 +383,16 @@ def node_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_pe
     diffs = sender_differences(backend, run, nodes)
     P = run.n
     masks = role_masks(backend, pairs, run.ref.shape[1])  # [R, P, T, 1]
-    R = len(masks)
+    R, live = len(masks), live_roles(backend, pairs)
     groups: dict[object, list[tuple[int, int]]] = {}  # where a node's output enters the stream -> (node, role)
     for i, n in enumerate(nodes):
         site = hooks.attn_out(n.layer) if n.kind == "head" else hooks.mlp_out(n.layer)
-        groups.setdefault(site, []).extend((i, r) for r in range(R))
+        groups.setdefault(site, []).extend((i, r) for r in range(R) if live[r])
 
     def edits_of(site, batch: list[tuple[int, int]]) -> list[Edit]:
         return [(site, _add_rows([diffs[nodes[i].name] * masks[r] for i, r in batch], P))]
 
-    out = torch.empty(len(nodes), R, P)
+    out = run.logit_o.repeat(len(nodes), R, 1)  # [N, R, P]: a dead role's rows keep X_r's logit (effect 0)
     for site, got in _patched_groups(backend, run, groups, edits_of, rows_per_pass, progress).items():
         for s, (i, r) in enumerate(groups[site]):
             out[i, r] = got[s]
@@ -443,7 +465,7 @@ def edge_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges
     edges = list(edges) if edges is not None else edge_graph(backend)
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
     w = prepare_work(pairs) + sender_differences_work(backend, edges, n, width)
-    R = len(CIRCUIT_ROLES) if by_role else 1
+    R = sum(live_roles(backend, pairs)) if by_role else 1
     groups: dict[tuple, int] = {}
     for e in edges:
         groups[(e.receiver.kind, e.receiver.layer)] = groups.get((e.receiver.kind, e.receiver.layer), 0) + R
@@ -464,8 +486,9 @@ def node_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, ro
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
     w = prepare_work(pairs) + sender_differences_work(backend, [Edge(s, Node("logits")) for s in nodes], n, width)
     sites: dict[tuple, int] = {}
+    R = sum(live_roles(backend, pairs))
     for s in nodes:
-        sites[(s.kind, s.layer)] = sites.get((s.kind, s.layer), 0) + len(CIRCUIT_ROLES)
+        sites[(s.kind, s.layer)] = sites.get((s.kind, s.layer), 0) + R
     per = max(1, rows_per_pass // max(1, n))
     for count in sites.values():
         w += patch_rows_work(count, n, width, rows_per_pass=per * n)

@@ -98,6 +98,32 @@ def test_edges_and_nodes_at_token_roles_equal_plain_loop_on_bundled_model(organi
         assert float((alone.logit[c] - nodes.patched.reshape(-1, len(pairs))[u]).abs().max()) < 1e-4, units.names[u]
 
 
+def test_roles_that_cannot_reach_end_are_not_run_and_read_zero(organism):
+    """"1 + 4 =" against "1 > 4 =": operand A and the first token precede the first token that differs, so their rows
+    are not run (effect exactly 0); the plain loop, which runs them, finds them 0 too (1e-4) and the live roles
+    equal to it (the work counted without their rows: test_edges_cost)."""
+    from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
+    from engine.techniques.edges import live_roles, node_patching
+    spec = PromptSetSpec(ops=("add", "sub"), n=2, seed=3, templates=("add:{A} [+] {B} =", "sub:{A} [-] {B} ="))
+    pairs, _ = generate(organism.tokenizer, spec)
+    live = live_roles(organism, pairs)
+    assert live == [r not in ("operand A", "other") for r in CIRCUIT_ROLES], live
+    mixed, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub"), n=2, seed=3))
+    assert all(live_roles(organism, mixed))  # "The addition of 6 and 6 is": operand A follows the operator
+    ref = PlainEdges(plain_of(organism, "models/organism"), pairs)
+    at = circuit_roles(organism, pairs, max(len(p.ref_ids) for p in pairs))
+    nodes = node_patching(organism, pairs, rows_per_pass=64)
+    worst = max(float((nodes.patched[n, r] - ref.node_patched(name, (at == r).float()[..., None])).abs().max())
+                for n, name in enumerate(nodes.nodes) for r in range(len(CIRCUIT_ROLES)))
+    assert worst < 1e-4, f"nodes at token roles vs the plain loop: {worst:.2e}"
+    dead = [r for r, ok in enumerate(live) if not ok]
+    assert bool((nodes.patched[:, dead] == nodes.logit_o).all())  # not run: X_r's logit itself
+    assert float((nodes.patched - nodes.logit_o).abs().max()) > 1e-3
+    edges = sample(edge_graph(organism), heads=2, others=2)
+    raw = edge_patching(organism, pairs, edges, by_role=True, rows_per_pass=64)
+    assert bool((raw.patched[:, dead] == raw.logit_o).all())
+
+
 @pytest.mark.parametrize("arch", (*MATRIX, "gpt_neox"))
 def test_nodes_at_token_roles_equal_plain_loop_on_matrix(arch, tmp_path):
     """Every head and MLP at every token role (sandwich norms: a head's difference is taken after the norm of the

@@ -11,10 +11,14 @@ from engine.techniques.eap import eap, eap_work
 from engine.techniques.edges import edge_graph, edge_patching, edge_patching_work, node_patching, node_patching_work
 from tests.helpers.plain_edges import sample
 
+#: a set whose every token role reaches END, and one where two do not ("1 + 4 =" vs "1 > 4 =": operand A and the first
+#: token precede the change; their rows are not run and not counted)
+SETS = {"mixed": {}, "symbols": {"templates": ("add:{A} [+] {B} =", "mul:{A} [*] {B} =")}}
 
-@pytest.fixture(scope="module")
-def setup(organism):
-    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul"), n=2, seed=5))
+
+@pytest.fixture(scope="module", params=sorted(SETS))
+def setup(organism, request):
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "mul"), n=2, seed=5, **SETS[request.param]))
     return organism, pairs, sample(edge_graph(organism), heads=6, others=4)
 
 
