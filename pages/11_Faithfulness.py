@@ -150,7 +150,7 @@ st.caption(f"Keep the top x % of the {unit} by a ranking and ablate the rest as 
            f"rankings, random units: prompt pair i is read under random draw i mod {RANDOM_DRAWS} of each size, the "
            "baseline a ranking has to beat. At the position resolutions EAP and EAP-IG are split by token role; "
            "exact patches each unit alone: an edge's counterfactual difference sent at one role's positions only "
-           "(five times the cost of exact edge patching), a component's counterfactual output at one role's "
+           "(up to five times the cost of exact edge patching), a component's counterfactual output at one role's "
            "positions (a node's score, not a sum over its edges).")
 allowed = list(RANKINGS_AT[resolution])
 suffix = "" if resolution == "edge" else f"_{resolution}"

@@ -70,7 +70,7 @@ def test_position_resolutions_and_the_side_by_side_table():
     at.radio(key="faith_resolution").set_value("edge-position").run()
     box = at.multiselect(key="faith_edge_curves_edge-position")
     assert box.options == ["exact (each edge at each role)", "EAP (one gradient)", "EAP-IG (5 steps)"]
-    assert box.value == ["eap", "eap-ig"]  # exact (five times exact edge patching) only when chosen
+    assert box.value == ["eap", "eap-ig"]  # exact (up to five times exact edge patching) only when chosen
     at.multiselect(key="faith_edge_curves_edge-position").set_value(["eap"]).run()
     button = [b for b in at.button if b.key == "edge_curves_eap_counterfactual_edge-position"]
     assert button and "Compute the edge × position circuits' curves" in button[0].label  # nothing computed unasked
