@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.e2e.conftest import WAIT, ask_all, click_at, goto, idle, shot
 
@@ -14,6 +15,12 @@ pytestmark = pytest.mark.e2e
 
 def _head_title(page) -> str:
     return page.locator("h3", has_text=re.compile(r"^Head \d+\.\d+")).first.inner_text()
+
+
+#: Vega's tooltip is on view and names a head
+TIP_SHOWN = """() => { const t = document.querySelector('#vg-tooltip-element');
+    return !!t && t.getClientRects().length > 0 && getComputedStyle(t).visibility !== 'hidden'
+        && /L\\d+H\\d+/.test(t.innerText); }"""
 
 
 def test_attribution_tab_point_click_and_head_to_head(server, page):
@@ -39,7 +46,11 @@ def test_attribution_tab_point_click_and_head_to_head(server, page):
     want = None
     for point in scatter.locator("g.mark-symbol path").all():
         point.hover(force=True)
-        found = re.search(r"L(\d+)H(\d+)", tip.inner_text()) if tip.count() and tip.is_visible() else None
+        try:  # Vega shows the tooltip a moment after the pointer arrives (later on a loaded machine)
+            page.wait_for_function(TIP_SHOWN, timeout=2_000)
+        except PlaywrightTimeout:
+            continue
+        found = re.search(r"L(\d+)H(\d+)", tip.inner_text())
         if found and f"Head {found.group(1)}.{found.group(2)}" != before:
             want = f"Head {found.group(1)}.{found.group(2)}"
             point.click(force=True)
