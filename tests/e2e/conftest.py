@@ -177,9 +177,10 @@ ASKS = r"\(estimated: about "
 
 def ask_all(page, *, skip: tuple[str, ...] = ("Build the report",), tries: int = 8) -> int:
     """Press each button that asks before a computation, one after the other (pressing one may show the next), but
-    those whose label holds one of ``skip``; the number pressed. A disabled button waits for a choice on its page (a
-    job running, a form) and is left; a click that times out on an enabled one (a loaded machine rerunning the page)
-    is tried again, twice at most (CI once read a Numbers page that had never been asked: no chart on it)."""
+    those whose label holds one of ``skip``; the number pressed.  Nothing to press at the first look: a second look
+    once the page has been still a second (a page's first run can end before the run it asks for begins, late on a
+    loaded machine: CI's Numbers page was left at "Fit the probes").  A disabled button waits for a choice on its
+    page (a job running, a form) and is left; a click that times out is tried again, twice at most."""
     import re
 
     from playwright.sync_api import TimeoutError as PlaywrightTimeout

@@ -165,7 +165,7 @@ def _plot_spans(page, chart, tries: int = 60) -> list[float]:
 
 #: [n, skip]: the page shows n charts, or a button that asks before a computation (one not skipped)
 DRAWN_OR_ASKING = f"""([n, skip]) => document.querySelectorAll({CHART!r}).length >= n
-    || [...document.querySelectorAll('button')].some(b => b.innerText.includes({ASKS.replace(chr(92), "")!r})
+    || [...document.querySelectorAll('button')].some(b => new RegExp({ASKS!r}).test(b.innerText)
                                                          && !skip.some(s => b.innerText.includes(s)))"""
 
 
