@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import IDLE_JS, idle, streamlit_server
+from tests.e2e.conftest import streamlit_server
+from tests.e2e.runs import idle, record
 
 METRICS = "[...document.querySelectorAll('[data-testid=stMetricValue]')].map(m => m.innerText).join('|')"
 BARS = ("[...document.querySelectorAll('[data-testid=stVegaLiteChart] g.mark-rect path, "
@@ -31,6 +32,7 @@ def measure(url: str, steps: int) -> tuple[list[float], list[float]]:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium")
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        record(pg)  # idle reads the page's runs (tests/e2e/runs.py)
         pg.goto(url + "/Intervene?prompt=Q%3A+What+is+7+plus+8%3F+A%3A")
         pg.wait_for_selector("[data-testid='stAppViewContainer']")
         idle(pg)
@@ -55,7 +57,7 @@ def measure(url: str, steps: int) -> tuple[list[float], list[float]]:
             t1 = time.perf_counter()
             pg.wait_for_function(f"(b) => ({BARS}) !== b", arg=c0, timeout=20_000, polling="raf")
             t2 = time.perf_counter()
-            pg.wait_for_function(IDLE_JS, polling=5)
+            idle(pg)
             if i >= 2:
                 numbers.append(1000 * (t1 - t0))
                 charts.append(1000 * (t2 - t0))

@@ -28,15 +28,11 @@ import time
 import torch
 
 from engine.backends import open_model
+from engine.machinery.batching import pad, pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
 from engine.techniques.accuracy import keep_correct
-from engine.techniques.path_patching import _pad, _pad_id, path_patching
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    ra, rb = a.argsort().argsort().double(), b.argsort().argsort().double()
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
+from engine.techniques.attribution import spearman
+from engine.techniques.path_patching import path_patching
 
 
 def run(spec: str, device: str | None, dtypes: list[str], n: int, backend: str, batch_size: int) -> list[dict]:
@@ -45,7 +41,7 @@ def run(spec: str, device: str | None, dtypes: list[str], n: int, backend: str, 
     pairs = keep_correct(ref_model, pairs)
     if not pairs:
         raise SystemExit("the model answers none of the prompts right in float32")
-    ids, mask, end = _pad([p.ref_ids for p in pairs], _pad_id(ref_model))
+    ids, mask, end = pad([p.ref_ids for p in pairs], pad_id(ref_model))
     rows_idx = torch.arange(len(pairs))
 
     def measure(model) -> tuple[torch.Tensor, object, float]:
@@ -77,7 +73,7 @@ def run(spec: str, device: str | None, dtypes: list[str], n: int, backend: str, 
             "effect_range": float(eff32.abs().max()),
             "logit_diff_max": float((ld - ld32).abs().max()),
             "top10_overlap": len(top32 & set(eff.argsort()[:10].tolist())),
-            "spearman": spearman(eff, eff32),
+            "spearman": spearman(eff.tolist(), eff32.tolist()),
         })
         del model
     return out
