@@ -31,7 +31,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
+from scipy.stats import pearsonr
 
 from bench.edges import spec_of, top_overlap
 from cache import ResultCache
@@ -39,6 +39,7 @@ from engine.backends import open_model
 from engine.prompts.promptsets import PromptSetSpec
 from engine.results import NotCached, cache_only
 from engine.techniques.accuracy import kept_pairs
+from engine.techniques.attribution import spearman
 from engine.techniques.circuit_units import RANKINGS_AT, RESOLUTIONS
 from engine.techniques.edge_scores import cached_edge_curves, cached_edge_scores, unit_scores
 from engine.techniques.edges import edge_graph
@@ -84,7 +85,7 @@ def agreement_rows(model, pairs, resolution: str, rankings: list[str], steps: in
     for r in rankings:
         s, seconds, fe = scored(model, pairs, r, resolution, steps, cache)
         agree = "| — | — | — | — |" if r == "exact" else (
-            f"| {spearmanr(exact, s).statistic:.2f} | {pearsonr(exact, s).statistic:.2f} | "
+            f"| {spearman(exact, s):.2f} | {pearsonr(exact, s).statistic:.2f} | "
             "{:,} / {:,} | {:,} / {:,} |".format(*top_overlap(exact, s, 0.01), *top_overlap(exact, s, 0.05)))
         out.append(f"| {NAMES[r]} | {seconds:.0f} | {fe:,.0f} {agree}")
     return out

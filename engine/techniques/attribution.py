@@ -50,7 +50,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
+from scipy.stats import spearmanr
 
 from engine.backends import hooks
 from engine.backends.base import ModelBackend
@@ -343,23 +345,12 @@ def sender_rows(raw: AttributionRaw, metric: str = "effect") -> list[SenderRow]:
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties); nan when either side is constant."""
-    ra, rb = _ranks(a), _ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = float((ra.pow(2).sum() * rb.pow(2).sum()).sqrt())
-    return float("nan") if den == 0 else float((ra * rb).sum()) / den
-
-
-def _ranks(x: Sequence[float]) -> torch.Tensor:
-    t = torch.tensor(list(x), dtype=torch.float64)
-    order = torch.argsort(t, stable=True)
-    ranks = torch.empty_like(t)
-    ranks[order] = torch.arange(len(t), dtype=torch.float64)
-    for v in torch.unique(t):  # ties share their average rank
-        sel = t == v
-        if int(sel.sum()) > 1:
-            ranks[sel] = ranks[sel].mean()
-    return ranks
+    """Spearman's rank correlation (average ranks for ties: :func:`scipy.stats.spearmanr`); nan when either side is
+    constant."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(spearmanr(x, y).statistic)
 
 
 @dataclass(frozen=True)
