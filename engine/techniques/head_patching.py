@@ -6,15 +6,18 @@ algorithm asks which earlier senders write what that head reads at END:
 
 1. Run X_r and X_c; cache every head's output (z), every MLP's output and the receiver layer's
    queries, keys and values.
-2. Run X_r again, with
+2. **Record** the receiver's new output: run X_r with
    * the sender's END output (head (l_s, h_s), l_s < l_r, or MLP l_s < l_r) taken from X_c,
    * every other head frozen at X_r, at every position, in every layer -- including the receiver
-     layer's other heads and every head above it,
+     layer's other heads,
    * at the receiver: its chosen input (q, k or v) recomputed from the patched residual stream,
-     the other two frozen at X_r; so the receiver's END output changes only through that input;
-   * the MLPs recomputed, so the receiver's changed output is passed on to the logits through the
-     END position's MLPs (the rest frozen).
-3. Read the answer token's logit at END: ``logit_p`` vs ``logit_o`` (the same metrics as path
+     the other two frozen at X_r, the MLPs recomputed;
+   and keep the receiver's output z (Wang et al. 2023a's path patching, step 2).
+3. **Pass it on alone**: run X_r again with every head frozen at X_r but the receiver, whose output is the
+   recorded z; the MLPs recomputed, so the receiver's changed output reaches the logits through the residual
+   stream and the END position's MLPs -- and the sender's own write (its direct path to the logits, and its path
+   through the MLPs) does not: what is read is carried only through the receiver's input.
+4. Read the answer token's logit at END: ``logit_p`` vs ``logit_o`` (the same metrics as path
    patching: relative ``effect`` and ``logit_diff``).
 
 A sender that matters only through this receiver's query shows a strongly negative effect: it is
@@ -24,8 +27,8 @@ the END residual, so only the receiver's END query (or END key / value) moves.
 Cost -- the floor.  With every head frozen and the sender patched at END, no position before END
 differs from X_r's run: the receiver's queries, keys and values there are X_r's.  So X_r's keys and
 values up to END are kept once per prompt length, and each (sender, prompt) row runs **the END token
-alone** against them (:func:`engine.machinery.patch_rows.at_end`): one position per row, through the
-model's own layers (its rotary embedding, grouped-query attention, norms), instead of the whole
+alone** against them in each of steps 2 and 3 (:func:`engine.machinery.patch_rows.at_end`): one position per
+row, through the model's own layers (its rotary embedding, grouped-query attention, norms), instead of the whole
 prompt.  :func:`head_path_patching_reference` -- whole prompts, one row per sender and prompt, on the
 patching core -- is the textbook loop; the two agree to float rounding (``tests/integration/
 test_head_patching.py``).  A backend that cannot keep keys and values (NDIF) runs the reference, and
@@ -44,7 +47,7 @@ from engine.backends import hooks
 from engine.backends.base import ModelBackend
 from engine.machinery.batching import TOKENS_PER_PASS, check_pairs, length_chunks
 from engine.machinery.components import wide_rows
-from engine.machinery.patch_rows import PatchRun, at_end, patch_rows, prepare, replace
+from engine.machinery.patch_rows import PatchRun, at_end, chain, patch_rows, prepare, replace
 from engine.machinery.shortcut import ShortcutMismatch, fallback_note
 from engine.progress import ProgressFn, Stages, note
 from engine.prompts.pairs import PromptPair
@@ -114,47 +117,59 @@ def _head_path_patching_at_end(backend: ModelBackend, pairs: Sequence[PromptPair
     senders = senders_before(receiver, backend.facts.n_heads)
     patched = torch.empty(len(senders), len(pairs))  # [S, P]
     logit_o = torch.empty(len(pairs))
-    steps = Stages(progress, [len(idx) for idx in chunks])  # sized by prompts
+    steps = Stages(progress, [len(idx) for idx in chunks for _ in range(2)])  # sized by prompts, two steps each
     for ci, idx in enumerate(chunks):
         chunk = [pairs[i] for i in idx]
-        run, edits = _prepared(backend, chunk, receiver)
+        run, record, through = _prepared(backend, chunk, receiver)
         end_run = at_end(backend, run)
         rows = rows_per_pass or max(len(chunk), TOKENS_PER_PASS // len(chunk[0].ref_ids))
-        patched[:, idx] = patch_rows(backend, end_run, senders, lambda grp, r=end_run, e=edits: e(r, grp),
-                                     rows_per_pass=rows, progress=steps.stage(ci))
+        patched[:, idx] = _two_steps(backend, end_run, senders, record, through, rows, steps, 2 * ci)
         logit_o[idx] = run.logit_o
     return _raw(backend, pairs, receiver, senders, patched, logit_o)
 
 
+def _two_steps(backend: ModelBackend, run: PatchRun, senders: Sequence[Sender], record, through, rows: int,
+               steps: Stages, at: int) -> torch.Tensor:
+    """Steps 2 and 3 of every sender (module docstring): the receiver's output recorded, then passed on alone.
+    # [S, P]"""
+    z_of: dict[Sender, torch.Tensor] = {}
+    patch_rows(backend, run, senders, lambda grp: record(run, grp, z_of), rows_per_pass=rows,
+               progress=steps.stage(at))
+    return patch_rows(backend, run, senders, lambda grp: through(run, grp, z_of), rows_per_pass=rows,
+                      progress=steps.stage(at + 1))
+
+
 def head_path_patching_work(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver):
     """The forward work of :func:`head_path_patching` (``engine.cost.Work``): per chunk of one length, X_r and X_c
-    cached, X_r's keys and values, and every earlier sender as a row of the END token alone (the textbook loop
-    where the backend cannot continue a prefix)."""
+    cached, X_r's keys and values, and every earlier sender as a row of the END token alone in each of steps 2 and 3
+    (the textbook loop where the backend cannot continue a prefix)."""
     from engine.cost import NO_WORK, one_pass
     from engine.machinery.patch_rows import patch_rows_work, prepare_work
     n_senders = len(senders_before(receiver, backend.facts.n_heads))
     if not backend.continues:
         width = max(len(p.ref_ids) for p in pairs)
-        return prepare_work(pairs) + patch_rows_work(n_senders, len(pairs), width)
+        rows = patch_rows_work(n_senders, len(pairs), width)
+        return prepare_work(pairs) + rows + rows  # steps 2 and 3
     w = NO_WORK
     for idx in length_chunks(pairs, TOKENS_PER_PASS):
         chunk = [pairs[i] for i in idx]
         n, width = len(chunk), len(chunk[0].ref_ids)
         rows = max(n, TOKENS_PER_PASS // width)
         w += prepare_work(chunk) + one_pass(n, width - 1)
-        w += patch_rows_work(n_senders, n, width, rows_per_pass=rows, start=width - 1)
+        step = patch_rows_work(n_senders, n, width, rows_per_pass=rows, start=width - 1)
+        w += step + step  # steps 2 and 3
     return w
 
 
 def head_path_patching_reference(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver, *,
                                  rows_per_pass: int = 128, progress: ProgressFn | None = None) -> PatchingRaw:
-    """The textbook loop: whole (padded) prompts, one row per sender and prompt, one hooked pass per group."""
+    """The textbook loop: whole (padded) prompts, one row per sender and prompt in each of steps 2 and 3, one hooked
+    pass per group."""
     _check_receiver(backend, receiver)
-    run, edits = _prepared(backend, pairs, receiver)
+    run, record, through = _prepared(backend, pairs, receiver)
     senders = senders_before(receiver, backend.facts.n_heads)
-    patched = patch_rows(backend, run, senders, lambda grp: edits(run, grp), rows_per_pass=rows_per_pass,
-                         progress=progress)  # [S, P]
-    return _raw(backend, pairs, receiver, senders, patched, run.logit_o)
+    patched = _two_steps(backend, run, senders, record, through, rows_per_pass, Stages(progress, [1, 1]), 0)
+    return _raw(backend, pairs, receiver, senders, patched, run.logit_o)  # patched: [S, P]
 
 
 def _check_receiver(backend: ModelBackend, receiver: Receiver) -> None:
@@ -164,17 +179,38 @@ def _check_receiver(backend: ModelBackend, receiver: Receiver) -> None:
 
 
 def _prepared(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver):
-    """Step 1 (X_r and X_c cached) and the hooks of a group of senders: every head frozen at X_r but
-    the receiver, the sender's END output from X_c, the receiver's other two inputs frozen at X_r."""
-    L, lr = backend.facts.n_layers, receiver.layer
+    """Step 1 (X_r and X_c cached) and the hooks of a group of senders in steps 2 and 3: ``record(run, group,
+    z_of)`` -- every head frozen at X_r but the receiver, the sender's END output from X_c, the receiver's other two
+    inputs frozen at X_r; the receiver's output of each sender's rows kept in ``z_of[sender]`` -- and ``through(run,
+    group, z_of)`` -- every head frozen at X_r, the receiver's output ``z_of[sender]``."""
+    L, lr, hr = backend.facts.n_layers, receiver.layer, receiver.head
     qkv = {"q": hooks.attn_q(lr), "k": hooks.attn_k(lr), "v": hooks.attn_v(lr)}
     frozen_inputs = [qkv[i] for i in INPUTS if i != receiver.input]  # only the chosen input is recomputed
     run = prepare(backend, pairs, sender_hooks(L) + frozen_inputs, sender_hooks(L))
+    z_lr = hooks.attn_z(lr)
 
-    def edits(r: PatchRun, group: Sequence[Sender]):
-        return (sender_edits(r, group, L, keep=(lr, receiver.head))
-                + [(name, replace(r.stacked(r.ref_cache[name], len(group)))) for name in frozen_inputs])
-    return run, edits
+    def record(r: PatchRun, group: Sequence[Sender], z_of: dict):
+        P = r.n
+
+        def keep(act: torch.Tensor) -> torch.Tensor:  # [S * P, pos, H, d_head]
+            for s, snd in enumerate(group):
+                z_of[snd] = act[s * P:(s + 1) * P, :, hr].detach().clone()  # [P, pos, d_head]
+            return act
+        edits = [(name, chain(fn, keep) if name == z_lr else fn)
+                 for name, fn in sender_edits(r, group, L, keep=(lr, hr))]
+        return edits + [(name, replace(r.stacked(r.ref_cache[name], len(group)))) for name in frozen_inputs]
+
+    def through(r: PatchRun, group: Sequence[Sender], z_of: dict):
+        S = len(group)
+        received = torch.cat([z_of[snd] for snd in group])  # [S * P, pos, d_head]
+
+        def put(act: torch.Tensor) -> torch.Tensor:  # [S * P, pos, H, d_head]
+            act[:, :, hr] = received.to(act.device, act.dtype)
+            return act
+        frozen = [(hooks.attn_z(layer), replace(r.stacked(r.ref_cache[hooks.attn_z(layer)], S)))
+                  for layer in range(L)]
+        return [(name, chain(fn, put) if name == z_lr else fn) for name, fn in frozen]
+    return run, record, through
 
 
 def _raw(backend: ModelBackend, pairs: Sequence[PromptPair], receiver: Receiver, senders: Sequence[Sender],
@@ -197,7 +233,8 @@ def cached_head_path_patching(backend: ModelBackend, pairs: Sequence[PromptPair]
     """Head -> head path patching through the result cache: (per-sender means, computed)."""
     from engine.results import run_cached_rows
 
-    params = {"dtype": backend.facts.dtype, "receiver": str(receiver), "position": "END"}
+    params = {"dtype": backend.facts.dtype, "receiver": str(receiver), "position": "END",
+              "steps": "record, then pass on"}
 
     def compute():
         raw = head_path_patching(backend, pairs, receiver, progress=progress)

@@ -293,9 +293,11 @@ def qkv_split(plain: Plain, layer: int) -> tuple[dict[str, torch.nn.Module], obj
 @torch.no_grad()
 def head_to_head(plain: Plain, pairs, receiver: tuple[int, int, str]
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logit_o [P], head [P, L, H] (nan from the receiver's layer on), mlp [P, L]) with the receiver
-    (layer, head, "q"|"k"|"v") as the only head computed: every other head's o_proj input frozen at X_r, the
-    receiver layer's other two projections frozen at X_r, the sender's END output (or MLP contribution) from X_c."""
+    """(logit_o [P], head [P, L, H] (nan from the receiver's layer on), mlp [P, L]): per sender, two passes --
+    the receiver (layer, head, "q"|"k"|"v") the only head computed (every other head's o_proj input frozen at X_r,
+    the receiver layer's other two projections frozen at X_r, the sender's END output or MLP contribution from
+    X_c), its o_proj input recorded; then X_r with every o_proj input frozen at X_r but the receiver's, the
+    recorded one -- the answer logit carried only through the receiver's input."""
     lr, hr, inp = receiver
     ref = [p.ref_ids for p in pairs]
     answer = torch.tensor([p.answer_id for p in pairs])
@@ -311,17 +313,7 @@ def head_to_head(plain: Plain, pairs, receiver: tuple[int, int, str]
     head = torch.full((len(pairs), L, H), float("nan"))
     mlp = torch.full((len(pairs), L), float("nan"))
 
-    def frozen(layer, sender_head=None):
-        def fn(x):
-            new = r["z"][layer].clone()
-            if sender_head is not None:
-                new[rows, end, sender_head] = c["z"][layer][rows, end, sender_head]
-            if layer == lr:
-                new[:, :, hr] = x.reshape(*x.shape[:2], H, -1)[:, :, hr]  # the receiver keeps what it computes
-            return new.reshape(*x.shape[:2], -1)
-        return fn
-
-    def frozen_inputs():
+    def frozen_inputs() -> dict:
         if split is None:
             return {proj[k]: (lambda x, k=k: outs[k].to(x.dtype)) for k in "qkv" if k != inp}
         which = "qkv".index(inp)
@@ -331,7 +323,43 @@ def head_to_head(plain: Plain, pairs, receiver: tuple[int, int, str]
             new[..., split[which]] = x[..., split[which]]
             return new
         return {proj["qkv"]: fn}
-    each_sender(plain, ref, c["mlp"], end, answer, lr, frozen, frozen_inputs, head, mlp)
+
+    for sl in range(lr):
+        for sh in list(range(H)) + [None]:
+            recorded: dict[str, torch.Tensor] = {}
+
+            def frozen(layer, sender_head, recorded=recorded):
+                def fn(x):
+                    new = r["z"][layer].clone()
+                    if sender_head is not None:
+                        new[rows, end, sender_head] = c["z"][layer][rows, end, sender_head]
+                    if layer == lr:
+                        new[:, :, hr] = recorded["z"] = x.reshape(*x.shape[:2], H, -1)[:, :, hr].clone()
+                    return new.reshape(*x.shape[:2], -1)
+                return fn
+            post = frozen_inputs()
+            if sh is None:
+                def put(x, sl=sl):
+                    x = x.clone()
+                    x[rows, end] = c["mlp"][sl][rows, end].to(x.dtype)
+                    return x
+                post[plain.mlp_out(sl)] = put
+            plain.run(ref, {plain.o_proj(j): frozen(j, sh if j == sl else None) for j in range(L)}, post,
+                      end_only=True)
+
+            def passed_on(layer, recorded=recorded):
+                def fn(x):
+                    new = r["z"][layer].clone()
+                    if layer == lr:
+                        new[:, :, hr] = recorded["z"]
+                    return new.reshape(*x.shape[:2], -1).to(x.dtype)
+                return fn
+            lg, at = plain.run(ref, {plain.o_proj(j): passed_on(j) for j in range(L)}, end_only=True)
+            v = lg[rows, at, answer]
+            if sh is None:
+                mlp[:, sl] = v
+            else:
+                head[:, sl, sh] = v
     return logit_o, head, mlp
 
 
