@@ -19,6 +19,7 @@ from engine.techniques.numbers import (
     cached_number_spectrum,
     causal_check_work,
     causal_layer,
+    decode_words,
     default_layer,
     dominant_periods,
     first_decode_layer,
@@ -37,6 +38,7 @@ from views.numbers import (
     kappa_lines,
     patch_bars,
     probe_lines,
+    ridge_caption,
     spectrum_bars,
 )
 
@@ -59,11 +61,11 @@ rows, computed = compute_or_button(lambda cb: cached_number_probes(model, pairs,
                                    note="Every view of this page starts from the probes: one pass of the prompts, "
                                         "then held-out fits at every layer.")
 df = pd.DataFrame([r.__dict__ for r in rows])
-first = first_decode_layer(rows)
+first, decodes = first_decode_layer(rows), decode_words(rows)
 classified = sorted(df.loc[df["method"] == "logistic", "target"].unique())
 st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache") + " · "
-           + (f"C decodes from the last token (accuracy ≥ {DECODE_THRESHOLD:.0%}) from layer {first} on"
-              if first is not None else f"C never decodes from the last token at accuracy ≥ {DECODE_THRESHOLD:.0%}"
+           + (f"C decodes from the last token (accuracy ≥ {DECODE_THRESHOLD:.0%}) {decodes}"
+              if decodes is not None else f"C never decodes from the last token at accuracy ≥ {DECODE_THRESHOLD:.0%}"
               if "C" in classified else "C has too few prompts per value to classify")
            + ". Classification keeps the values with at least 3 prompts (5 folds where 5 per value keep as many; "
              "n_prompts, n_classes in the tooltip).")
@@ -73,7 +75,7 @@ if len(classified) < 3:
             "'Prompts per op' in the sidebar for the classification probes.")
 if classified:  # a chart of the targets that could be classified; none: the note above says why there is none
     st.altair_chart(probe_lines(df, "logistic", DECODE_THRESHOLD), width="stretch")
-st.caption("The number as a scalar: a ridge probe's held-out R².")
+st.caption(ridge_caption(df, len(pairs)))
 st.altair_chart(probe_lines(df, "ridge"), width="stretch")
 st.caption("Each digit on its own (Levy & Geva, 2025): a circular probe maps the residual stream to the digit's point "
            "on a circle (cos, sin of 2π·digit/10) and reads the digit back from the angle — held-out accuracy per "

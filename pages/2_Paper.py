@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.findings.as_code import paper_code
+from engine.findings.checks import CAN_TEACH
 from engine.results import NotCached, cache_only
 from engine.techniques.accuracy import kept_pairs
 from ui import state
@@ -54,13 +55,14 @@ rows = compute_or_button(compute, cost, model=model, stop=True, button="Check th
                          note="Each finding needs its own computation on this model and set (path patching, "
                               "knockouts, attention, the MLPs, the circuits' faithfulness, the other formats, "
                               "exponentiation, GSM8K): what is cached is reused, the rest waits for the button.")
-# what to do where a finding has no number yet, in this dashboard's words
-GO_TO = {"models": "type a second model above", "power": "the Improve page can teach it",
-         "sft": "start precise and full SFT on the Improve page"}
+# what to do where a finding has no number yet, in this dashboard's words (Table 3's note already says that
+# fine-tuning can teach exponentiation: it is told where, inside the note's own parenthesis)
+GO_TO = {"models": "type a second model above", "sft": "start precise and full SFT on the Improve page"}
 df = pd.DataFrame([{"finding": r.figure, "verdict": r.verdict, "this model": r.lab or "–", "rests on": r.pairs or "–",
                     "paper": r.paper,
                     "claim": r.claim,
-                    "how judged": r.note + (f" ({GO_TO[r.key]})" if not r.lab and r.key in GO_TO else "")}
+                    "how judged": r.note.replace(CAN_TEACH, f"{CAN_TEACH} on the Improve page")
+                    + (f" ({GO_TO[r.key]})" if not r.lab and r.key in GO_TO else "")}
                    for r in rows])
 counts = {v: sum(r.verdict == v for r in rows) for v in ("holds", "does not hold", "inconclusive", "not computed")}
 n_computed = len(rows) - counts["not computed"]

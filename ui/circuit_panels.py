@@ -16,7 +16,7 @@ from engine.techniques.attribution import KINDS, agreement, cached_attribution
 from engine.techniques.carries import KINDS as CF_KINDS
 from engine.techniques.carries import carries, pairs_per_kind, what_heads_carry
 from engine.techniques.head_patching import Receiver, cached_head_path_patching
-from engine.techniques.logit_lens import cached_logit_lens, first_top1_layer
+from engine.techniques.logit_lens import cached_logit_lens, top1_words
 from engine.techniques.position_patching import cached_layer_position_patching
 from engine.techniques.stability import ALL, head_stability, summaries
 from ui import url_state
@@ -291,10 +291,8 @@ def logit_lens_view(model, pairs, cache, scale: float = 1.0) -> None:
                          format_func=lambda g: "all operations" if g == "*" else g[3:])
     mine = [r for r in rows if r.group == group]
     df = pd.DataFrame([r.__dict__ for r in mine])
-    first = getattr(first_top1_layer(mine), "layer", None)
     st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "read from the cache") + " · "
-               + (f"the answer is the top token for at least half of the prompts from layer {first} on"
-                  if first is not None else "the answer never tops the lens for half of the prompts"))
+               + top1_words(mine))
     st.altair_chart(scaled(lens_lines(df), scale), width="stretch")
     st.download_button("Logit lens (CSV)", df.to_csv(index=False).encode(), "logit_lens.csv", "text/csv")
 

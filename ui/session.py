@@ -414,8 +414,8 @@ def set_size_text(spec: "PromptSetSpec", n_kept: int, n_generated: int) -> str:
     text = (f"{n_kept} of {n_generated} prompts answered right ({sample_words(spec)}, of the {total} problems its "
             f"templates and operands give)")
     if not spec.every and total > n_generated:
-        text += ("; 'Which prompts' → 'every prompt answered right' in the sidebar keeps all of the "
-                 f"{total} the model gets right")
+        text += ("; 'Which prompts' → 'every prompt answered right' in the sidebar keeps every one of the "
+                 f"{total} problems the model answers right")
     if spec.digit != "first":
         from engine.prompts.pairs import digit_words
         text += (f"; read at the answer's {digit_words(spec.digit)} digit, the digits before it given to the model "

@@ -32,7 +32,7 @@ def probe_frame(df: pd.DataFrame, method: str) -> pd.DataFrame:
 def probe_lines(df: pd.DataFrame, method: str = "logistic", threshold: float | None = None) -> alt.LayerChart:
     """Held-out score per layer (x; -1 = embedding), one panel per position, colour = target, dashed = shuffled."""
     long = probe_frame(df, method)
-    title = "held-out R²" if method == "ridge" else "held-out accuracy"
+    title = "held-out R² (below 0 drawn at 0)" if method == "ridge" else "held-out accuracy"
     base = alt.Chart().mark_line(point=True).encode(
         x=layer_axis(),
         y=alt.Y("value:Q", title=title, scale=alt.Scale(domain=[0, 1], clamp=True)),
@@ -45,6 +45,22 @@ def probe_lines(df: pd.DataFrame, method: str = "logistic", threshold: float | N
         layers.append(alt.Chart().mark_rule(color="grey", strokeDash=[2, 2]).encode(y=alt.datum(threshold)))
     return alt.layer(*layers, data=long).properties(width=FACET_PX, height=220).facet(
         column=alt.Column("position:N", sort=list(POSITION_ORDER), title="position"))
+
+
+def ridge_caption(df: pd.DataFrame, n_pairs: int) -> str:
+    """The caption of the ridge chart (:func:`probe_lines`, ``ridge``): what the dashed line is, how many points its
+    [0, 1] axis draws at 0, and -- where the dashed line is drawn above the probe -- why a shuffled control can."""
+    mine = df[df["method"] == "ridge"]
+    values = pd.concat([mine["score"], mine["baseline"]])
+    text = (f"The number as a scalar: a ridge probe's held-out R² (dashed: the same probe, folds and score on one "
+            f"random permutation of the labels). R² below 0 (held-out predictions worse than the mean) is drawn at "
+            f"0: {int((values < 0).sum())} of {len(values)} points here.")
+    above = int((mine["baseline"].clip(0, 1) > mine["score"].clip(0, 1)).sum())
+    if above:
+        text += (f" The shuffled labels score above the probe at {above} of {len(mine)} layer·position·target points: "
+                 f"with {n_pairs} prompts one permutation can line up by chance with something the residual stream "
+                 f"does hold (such as the prompt's wording) — one draw of chance, not a floor.")
+    return text
 
 
 def kappa_lines(df: pd.DataFrame) -> alt.Chart:

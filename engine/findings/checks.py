@@ -33,6 +33,8 @@ TOP_READERS = 5
 MIN_PAIRS = 8  # fewer correctly answered prompts than this: nothing to analyse
 PRECISE_SHARE = 0.90
 TASK_FOR_SFT = "arithmetic (held-out split)"
+#: the words of a note where fine-tuning can teach the model what it lacks (the Paper page says where)
+CAN_TEACH = "fine-tuning can teach it"
 
 
 @dataclass(frozen=True)
@@ -239,8 +241,8 @@ def power(ev: Evidence) -> Verdict:
     if "power" in ev.unbuilt:
         return Verdict("", None, f"no exponentiation prompts under this set's counterfactual: {ev.unbuilt['power']}")
     if len(pp) < MIN_PAIRS:
-        return Verdict("", None, f"the model answers {len(pp)} exponentiation prompts right "
-                                 f"(at least {MIN_PAIRS} are needed; fine-tuning can teach it)")
+        return Verdict("", None, f"the model answers {len(pp)} exponentiation prompt{'' if len(pp) == 1 else 's'} "
+                                 f"right (at least {MIN_PAIRS} are needed; {CAN_TEACH})")
     p_table, _ = cached_path_patching(ev.model, pp, cache=ev.cache, progress=ev.progress)
     p_top = tuple((a, b) for a, b, _ in p_table.top_heads(TOP_READERS))
     base, after = before_and_after(ev, pp, Knockout(p_top))
@@ -256,7 +258,8 @@ def gsm8k(ev: Evidence) -> Verdict:
     if ev.gsm8k_pairs is None:
         return Verdict("", None, "GSM8K is not available here (../shared/data or ARITHLAB_DATA)")
     if len(ev.gsm8k_pairs) < MIN_PAIRS:
-        return Verdict("", None, f"the model answers {len(ev.gsm8k_pairs)} GSM8K questions right at the first "
+        n = len(ev.gsm8k_pairs)
+        return Verdict("", None, f"the model answers {n} GSM8K question{'' if n == 1 else 's'} right at the first "
                                  f"answer token (at least {MIN_PAIRS} are needed)")
     from engine.techniques.knockout import Knockout
     from engine.techniques.transfer import overlap, top_heads_of

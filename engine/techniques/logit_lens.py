@@ -187,6 +187,25 @@ def first_top1_layer(rows: Sequence[LensRow]) -> LensRow | None:
     return next((r for r in rows if r.top1 >= 0.5), None)
 
 
+def top1_words(rows: Sequence[LensRow]) -> str:
+    """Where the answer is the top token for at least half of the prompts, in words true of every layer of ``rows``
+    (one group's, in order): "from layer L on" only when no later layer falls below half again; otherwise the
+    first such layer, how many of the later ones keep it, and the last layer's share."""
+    first = first_top1_layer(rows)
+    if first is None:
+        return "the answer never tops the lens for half of the prompts"
+    where = "the embedding" if first.layer < 0 else f"layer {first.layer}"
+    later = [r for r in rows if r.layer > first.layer]
+    kept = sum(r.top1 >= 0.5 for r in later)
+    if kept == len(later):
+        return f"the answer is the top token for at least half of the prompts from {where} on"
+    share = f"{rows[-1].top1:.0%} of them"
+    after = (f"but not at the last layer: {share}" if len(later) == 1 else
+             f"{'but at none' if kept == 0 else f'and at {kept}'} of the {len(later)} layers after it; "
+             f"{share} after the last layer")
+    return f"the answer is the top token for at least half of the prompts first at {where} ({after})"
+
+
 def finding(model, pairs, cache, table) -> str | None:
     """Where the answer appears in the residual stream (the logit lens of Fig. 6's story)."""
     from engine.results import NotCached

@@ -52,6 +52,14 @@ def test_a_small_set_is_said_plainly():
     text = " ".join(c.value for c in at.caption)
     assert "4 of 4 prompts answered right (a balanced sample of 1 per operation" in text
     assert "every prompt answered right" in text
+    # the total is the problems', not how many of them the model answers right (that is known only once computed)
+    assert "keeps every one of the " in text and " problems the model answers right" in text, text
+    assert "keeps all of the" not in text and "the model gets right" not in text, text
+    # Table 3: the bundled model answers too few exponentiation prompts (one): one parenthesis says why and where
+    # fine-tuning teaches it, and the count's noun agrees with it
+    power = df.loc[df["finding"] == "Table 3", "how judged"].item()
+    assert power.count("(") == 1 and power.endswith("are needed; fine-tuning can teach it on the Improve page)"), power
+    assert "Improve page can teach it" not in power and " 1 exponentiation prompts" not in power, power
     # the bundled model does the paper's templates: the circuit rows are computed
     computed = df[df["this model"] != "–"]["finding"].tolist()
     assert {"Fig. 2 / 15", "Fig. 3", "Fig. 5", "Fig. 6 / 13 / 14", "MIB"} <= set(computed), computed

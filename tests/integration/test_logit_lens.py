@@ -8,7 +8,7 @@ import torch
 from engine.backends import hooks
 from engine.machinery.batching import pad, pad_id
 from engine.prompts.promptsets import PromptSetSpec, generate
-from engine.techniques.logit_lens import cached_logit_lens, logit_lens
+from engine.techniques.logit_lens import LensRow, cached_logit_lens, logit_lens, top1_words
 
 
 def _plain_lens(backend, pairs):
@@ -47,3 +47,23 @@ def test_cached_lens_is_served_from_cache(organism, tmp_path):
     x, c3 = cached_logit_lens(organism, pairs, cache=cache)
     y, c4 = cached_logit_lens(organism, pairs, cache=cache)
     assert c3 and not c4 and x == y and {r.layer for r in y} == set(range(-1, organism.facts.n_layers))
+
+
+def _rows(top1: list[float]) -> list[LensRow]:
+    return [LensRow(layer - 1, "*", 0.5, 1.0, t) for layer, t in enumerate(top1)]  # layer -1: the embedding
+
+
+def test_top1_words_say_from_layer_on_only_when_no_later_layer_falls_below_half():
+    """SmolLM2-135M's lens rises above half at layer 26 and dips to 0.375 at layer 28: not "from layer 26 on"."""
+    monotone = _rows([0.0] * 27 + [0.5, 0.6, 0.7, 0.9])  # layers -1..29, half from layer 26 on
+    assert top1_words(monotone) == "the answer is the top token for at least half of the prompts from layer 26 on"
+    dips = _rows([0.0] * 27 + [0.5, 0.625, 0.375, 0.625])
+    words = top1_words(dips)
+    assert "from layer 26 on" not in words, words  # the old caption said so
+    assert words == ("the answer is the top token for at least half of the prompts first at layer 26 "
+                     "(and at 2 of the 3 layers after it; 62% of them after the last layer)"), words
+    assert top1_words(_rows([0.0, 0.5, 0.25, 0.0])).endswith("first at layer 0 (but at none of the 2 layers after "
+                                                            "it; 0% of them after the last layer)")
+    assert top1_words(_rows([0.0, 0.6, 0.4])).endswith("first at layer 0 (but not at the last layer: 40% of them)")
+    assert top1_words(_rows([0.5, 0.5])).endswith("from the embedding on")
+    assert top1_words(_rows([0.1, 0.49])) == "the answer never tops the lens for half of the prompts"

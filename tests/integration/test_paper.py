@@ -84,6 +84,20 @@ def test_findings_are_their_techniques_numbers(organism):
         assert rows[key].holds is None and rows[key].lab == "" and why in rows[key].note, rows[key]
 
 
+def test_too_few_rows_count_their_prompts_in_words_with_one_parenthesis():
+    """Table 3 / Table 4 with fewer than MIN_PAIRS prompts: "1 exponentiation prompt", "2 ... prompts", and the
+    reason in one parenthesis (the Paper page puts where to fine-tune inside it: no second one)."""
+    placeholder = [object()] * 2
+    for n, noun in ((0, "prompts"), (1, "prompt"), (2, "prompts")):
+        ev = checks.Evidence(None, placeholder, None, power_pairs=placeholder[:n], gsm8k_pairs=placeholder[:n])
+        note = checks.power(ev).note
+        assert note == (f"the model answers {n} exponentiation {noun} right "
+                        f"(at least {checks.MIN_PAIRS} are needed; {checks.CAN_TEACH})"), note
+        assert note.count("(") == 1 and note.count("teach") == 1
+        question = "question" if n == 1 else "questions"
+        assert f"answers {n} GSM8K {question} right" in checks.gsm8k(ev).note
+
+
 def test_knockout_rows_equal_their_techniques_with_and_without_the_kept_shortcut(organism):
     """Table 3 / Table 4 rows equal the transfer technique's numbers (GSM8K's and exponentiation's stand-ins here:
     other correctly answered sets of the bundled model), whether the accuracy before a knockout is taken as 100 %

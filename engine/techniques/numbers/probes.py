@@ -360,3 +360,20 @@ def first_decode_layer(rows: Sequence[NumberRow], target: str = "C", position: s
     mine = sorted((r for r in rows if r.method == "logistic" and r.target == target and r.position == position),
                   key=lambda r: r.layer)
     return next((r.layer for r in mine if r.score >= threshold), None)
+
+
+def decode_words(rows: Sequence[NumberRow], target: str = "C", position: str = "END",
+                 threshold: float = DECODE_THRESHOLD) -> str | None:
+    """Where ``target`` decodes at ``position`` (:func:`first_decode_layer`), in words true of every later layer:
+    "from layer L on" only when none falls below ``threshold`` again, else the first layer and how many of the later
+    ones keep it; None when no layer decodes it."""
+    first = first_decode_layer(rows, target, position, threshold)
+    if first is None:
+        return None
+    later = [r for r in rows if r.method == "logistic" and r.target == target and r.position == position
+             and r.layer > first]
+    kept = sum(r.score >= threshold for r in later)
+    where = "the embedding" if first < 0 else f"layer {first}"
+    if kept == len(later):
+        return f"from {where} on"
+    return f"first at {where} (and at {kept} of the {len(later)} layers after it)"
