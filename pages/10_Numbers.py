@@ -34,7 +34,9 @@ from views.numbers import (
     causal_bars,
     circle_scatter,
     digit_lines,
+    helix_caption,
     helix_lines,
+    kappa_caption,
     kappa_lines,
     patch_bars,
     probe_lines,
@@ -85,9 +87,7 @@ st.download_button("Probe and helix rows (CSV)", df.to_csv(index=False).encode()
 code_view(numbers_code(model, spec))
 
 if df["method"].str.startswith("mod").any():
-    st.caption("Is C mod T linearly separable at the last token? The held-out Cohen's κ of a logistic probe of C mod "
-               "T (0 = chance; dashed: shuffled labels) per layer, for T = 2, 5, 10, 100 — the test a spectrum "
-               "cannot replace.")
+    st.caption(kappa_caption(df))
     st.altair_chart(kappa_lines(df), width="stretch")
 
 st.subheader("Fourier view of the number tokens")
@@ -118,6 +118,8 @@ position = c1.selectbox("Position", POSITIONS, **url_state.bound("num_pos", POSI
 target = c2.selectbox("Target", TARGETS, **url_state.bound("num_target"))
 layer = c3.selectbox("Layer of the circle", layers, **url_state.bound("num_layer", default_layer(rows)))
 st.altair_chart(helix_lines(df, position, target), width="stretch")
+if helix_note := helix_caption(df, position, target):
+    st.caption(helix_note)
 circ = compute_or_button(lambda cb: cached_helix_circle(model, pairs, int(layer), position, target, cache=cache),
                          lambda: estimate(model, pairs, residual_pass_work(model, pairs)), model=model,
                          button="Fit the helix", key="numbers_circle", text="Helix circle", failure="fit the helix")

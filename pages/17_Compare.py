@@ -127,11 +127,31 @@ left.altair_chart(heatmap(fa, metric, lim), width="stretch", key="cmp_a")
 right.markdown(f"**B: {b_name}** ({cmp.n_b} pairs)")
 right.altair_chart(heatmap(fb, metric, lim), width="stretch", key="cmp_b")
 
+
+
+def ranked_by_caption() -> None:
+    """Which metric the top-k lists rank by, and what the rest of the lab ranks by (the Path patching and Paper
+    pages, the 'key heads' row of the findings below: ``PatchingTable.ranking_metric``), so that two orders of the
+    same heads on one page are explained."""
+    ra, rb = table_a.ranking_metric(), table_b.ranking_metric()
+    text = f"Ranked by {metric} (the Metric box above), most negative first, each value the head's mean {metric}."
+    if metric != ra or metric != rb:
+        lab = ra if ra == rb else f"{ra} on A, {rb} on B"
+        text += (f" The Path patching and Paper pages, and the 'key heads' row (Fig. 2 / 15) of the paper's findings "
+                 f"below, rank by {lab} (the relative effect, or logit_diff where the effect's guard leaves out more "
+                 f"than half the pairs): their top heads can come in another order. Pick "
+                 f"{ra if ra == rb else 'that metric'} in the Metric box to read their ranking here.")
+    else:
+        text += " The same ranking as the Path patching and Paper pages and the 'key heads' row of the findings below."
+    st.caption(text)
+
+
 if not cmp.cells:
     st.subheader(f"Top {k} heads of each model")
     st.dataframe(pd.DataFrame({"rank": range(1, len(cmp.top_a) + 1),
                                "A": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_a],
                                "B": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_b]}), hide_index=True)
+    ranked_by_caption()
     shown = findings_side_by_side(model, spec, pairs_a, model_b, spec_b, pairs_b, cache, a_name, b_name)
     code_view(compare_code(model, spec, spec_b, metric, k, model_b, findings=shown))
     st.stop()
@@ -152,5 +172,6 @@ st.download_button("Difference data (CSV)", fd.to_csv(index=False).encode(), "co
 st.subheader(f"Top {k} heads: {cmp.overlap} of {k} shared")
 st.dataframe(pd.DataFrame({"A": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_a],
                            "B": [f"{a}.{b} ({v:+.3f})" for a, b, v in cmp.top_b]}), hide_index=True)
+ranked_by_caption()
 shown = findings_side_by_side(model, spec, pairs_a, model_b, spec_b, pairs_b, cache, a_name, b_name)
 code_view(compare_code(model, spec, spec_b, metric, k, None if model_b is model else model_b, findings=shown))

@@ -10,6 +10,7 @@ import streamlit as st
 
 from engine.cost import cost_of, observe
 from engine.findings.as_code import transfer_code
+from engine.numerics.intervals import SMALL_SET
 from engine.prompts.promptsets import PromptSetSpec, format_spec, generate
 from engine.prompts.templates import PAPER_FAMILIES
 from engine.techniques.accuracy import answered_right, kept_pairs
@@ -22,6 +23,14 @@ from ui.session import result_cache, setup_page
 
 def show_transfer(res) -> None:
     st.metric("Shared key heads", f"{res.overlap} of {res.k}", help=f"Jaccard index {res.jaccard:.2f}")
+    few = [s for s in (res.a, res.b) if s.n_pairs < SMALL_SET]  # the lab's rule (small_set_note)
+    if few:
+        rests = " and ".join(f"set {s.name} on {s.n_pairs} prompt pair{'s' if s.n_pairs != 1 else ''}" for s in few)
+        st.warning(f"Too few pairs to trust this comparison: {rests} the model answers right (at least {SMALL_SET} "
+                   f"per set are advised). On so few, a set's top-{res.k} key heads, the shared count and the "
+                   f"knockout accuracies (one pair: each is 0 % or 100 %) could all move with another sample of "
+                   f"prompts. Raise 'Prompts per op' in the sidebar (both sets are drawn with that many) and press "
+                   f"Compare again.", icon=":material/warning:")
     df = pd.DataFrame([{"set": s.name, "pairs": s.n_pairs, "accuracy": s.accuracy,
                         "knock out own top-k": s.accuracy_ko_own, "knock out other's top-k": s.accuracy_ko_other,
                         "top heads": ", ".join(f"{a}.{b}" for a, b in s.top_heads)} for s in (res.a, res.b)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from engine.numerics.intervals import Interval
 from engine.techniques.faithfulness import FAITHFUL, point_at, smallest_faithful
 from views.charts import HEAD_SELECTION, ROW_PX, layer_axis, stretched
 
@@ -128,7 +129,7 @@ def resolutions_frame(tables: dict[str, tuple[object | None, dict[str, str]]], m
             at = point_at(table.points, s.ranking, metric, share)
             small = smallest_faithful(table.points, s.ranking, metric, level)
             rows.append({"resolution": label, "ranking": series.get(s.ranking, s.ranking),
-                         "f, top 5 %": "—" if at is None else f"{at.f:.2f} [{at.low:.2f}, {at.high:.2f}]",
+                         "f, top 5 %": "—" if at is None else Interval(at.f, at.low, at.high).text(),
                          f"smallest circuit with f ≥ {level:g}": "none below the whole model" if small is None else
                          f"{small.size:.1%} ({small.k:,} units): {small.f:.2f}",
                          "CPR": s.cpr_interval.text(),

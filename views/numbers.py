@@ -6,8 +6,10 @@ Data in (DataFrames of the technique's rows), Altair chart out; no Streamlit, no
 from __future__ import annotations
 
 import altair as alt
+import numpy as np
 import pandas as pd
 
+from engine.techniques.numbers import MIN_FOLDS, PERIODS
 from views.charts import LEGEND, LINE_LEGEND, PALETTE, layer_axis, stretched
 
 POSITION_ORDER = ("END", "A", "B")
@@ -63,21 +65,73 @@ def ridge_caption(df: pd.DataFrame, n_pairs: int) -> str:
     return text
 
 
-def kappa_lines(df: pd.DataFrame) -> alt.Chart:
-    """Held-out Cohen's kappa of n mod T per layer (C at END), one line per period T, dashed = shuffled labels."""
-    mods = df[df["method"].str.startswith("mod")]
+#: the κ chart's lowest value drawn (κ below it is drawn at it: the axis says so where any point is)
+KAPPA_FLOOR = -0.2
+#: the κ chart's colour legend: a title, so that a single line's label ("2") says what it is
+PERIOD_LEGEND = alt.Legend(orient="bottom", direction="vertical", labelLimit=0, title="period T", symbolType="stroke",
+                           symbolStrokeWidth=3, symbolOpacity=1)
+
+
+def kappa_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The ``mod T`` rows long: one row per layer, period T and kind (probe | shuffled labels), NaN κ left out."""
+    mods = df[df["method"].str.fullmatch(r"mod\d+")]
     long = pd.concat([
         pd.DataFrame({"layer": mods["layer"], "T": mods["method"].str[3:], "kind": "probe", "kappa": mods["score"],
                       "n_prompts": mods["n_prompts"]}),
         pd.DataFrame({"layer": mods["layer"], "T": mods["method"].str[3:], "kind": "shuffled labels",
                       "kappa": mods["baseline"], "n_prompts": mods["n_prompts"]})])
+    return long[long["kappa"].notna()]
+
+
+def drawn_periods(df: pd.DataFrame) -> list[int]:
+    """The periods T the κ chart draws a line of: those with a ``mod T`` row of a finite κ, ascending."""
+    return sorted({int(t) for t in kappa_frame(df)["T"]})
+
+
+def kappa_lines(df: pd.DataFrame) -> alt.Chart:
+    """Held-out Cohen's kappa of n mod T per layer (C at END), one line per period T, dashed = shuffled labels; κ
+    below KAPPA_FLOOR drawn at it (the axis title says so where any point is)."""
+    long = kappa_frame(df)
+    title = "held-out Cohen's κ of C mod T"
+    if (long["kappa"] < KAPPA_FLOOR).any():
+        title += f" (below {KAPPA_FLOOR:g} drawn at {KAPPA_FLOOR:g})"
     return stretched(alt.Chart(long).mark_line(point=True).encode(
         x=layer_axis(),
-        y=alt.Y("kappa:Q", title="held-out Cohen's κ of C mod T", scale=alt.Scale(domain=[-0.2, 1], clamp=True)),
-        color=alt.Color("T:N", title="T", sort=["2", "5", "10", "100"], legend=LINE_LEGEND),
+        y=alt.Y("kappa:Q", title=title, scale=alt.Scale(domain=[KAPPA_FLOOR, 1], clamp=True)),
+        color=alt.Color("T:N", title="period T", sort=[str(t) for t in drawn_periods(df)], legend=PERIOD_LEGEND),
         strokeDash=alt.StrokeDash("kind:N", legend=DASH_LEGEND),
         tooltip=["layer", "T", "kind", alt.Tooltip("kappa:Q", format=".3f"), "n_prompts"],
     ).properties(height=220))
+
+
+def periods_words(periods: list[int]) -> str:
+    return ", ".join(f"{t:g}" for t in periods)
+
+
+def kappa_caption(df: pd.DataFrame) -> str:
+    """The caption of :func:`kappa_lines`: the periods drawn, the periods of PERIODS without a line and why (no row:
+    fewer than two values of C mod T with MIN_FOLDS prompts each, the probe's folds; rows of NaN κ only: κ
+    undefined), and how many points the axis draws at KAPPA_FLOOR."""
+    drawn = drawn_periods(df)
+    with_rows = {int(m[3:]) for m in df.loc[df["method"].str.fullmatch(r"mod\d+"), "method"]}
+    text = ("Is C mod T linearly separable at the last token? The held-out Cohen's κ of a logistic probe of C mod T "
+            f"(0 = chance; dashed: shuffled labels) per layer, for T = {periods_words(drawn)} — the test a spectrum "
+            "cannot replace.")
+    no_rows = [t for t in PERIODS if t not in with_rows]
+    if no_rows:
+        helix = df[(df["method"] == "helix") & (df["position"] == "END") & (df["target"] == "C")]
+        on = f"these {int(helix['n_prompts'].max())} prompts" if len(helix) else "this set"
+        text += (f" No line for T = {periods_words(no_rows)}: too few prompts per class on {on} (the probe needs "
+                 f"{MIN_FOLDS} prompts or more in each of at least two values of C mod T); more prompts per "
+                 f"operation may draw them.")
+    undefined = [t for t in PERIODS if t in with_rows and t not in drawn]
+    if undefined:
+        text += f" No line for T = {periods_words(undefined)}: κ is undefined at every layer."
+    kappa = kappa_frame(df)["kappa"]
+    clipped = int((kappa < KAPPA_FLOOR).sum())
+    if clipped:
+        text += f" κ below {KAPPA_FLOOR:g} is drawn at {KAPPA_FLOOR:g}: {clipped} of {len(kappa)} points here."
+    return text
 
 
 def spectrum_bars(df: pd.DataFrame) -> alt.FacetChart:
@@ -96,26 +150,91 @@ def spectrum_bars(df: pd.DataFrame) -> alt.FacetChart:
         y="independent")
 
 
-def helix_lines(df: pd.DataFrame, position: str, target: str) -> alt.Chart:
-    """R² per layer of the helix, the linear [n, 1], the PCA (same dimension) and the class-means fits of one position
-    and target."""
+#: the helix chart's series, in legend order, each with its own dash (series that coincide stay visible)
+HELIX_FITS = ("helix (periods 2, 5, 10, 100 + linear)", "linear (n, 1)", "PCA of the helix's dimension (any subspace)",
+              "class means (any function of n)", "class means, shuffled labels")
+HELIX_DASHES = ([1, 0], [8, 4], [2, 3], [12, 3, 2, 3], [4, 6])
+#: two series whose R² differ by less than this at every layer are said to coincide (the chart cannot tell them apart)
+SAME_R2 = 1e-3
+
+
+def helix_frame(df: pd.DataFrame, position: str, target: str) -> pd.DataFrame:
+    """R² per layer and fit (HELIX_FITS) of one position and target, long."""
     mine = df[(df["position"] == position) & (df["target"] == target)]
     helix = mine[mine["method"] == "helix"]
     means = mine[mine["method"] == "means"]
     pca = mine[mine["method"] == "pca"]
-    long = pd.concat([
-        pd.DataFrame({"layer": helix["layer"], "fit": "helix (periods 2, 5, 10, 100 + linear)", "R2": helix["score"]}),
-        pd.DataFrame({"layer": helix["layer"], "fit": "linear (n, 1)", "R2": helix["baseline"]}),
-        pd.DataFrame({"layer": pca["layer"], "fit": "PCA of the helix's dimension (any subspace)", "R2": pca["score"]}),
-        pd.DataFrame({"layer": means["layer"], "fit": "class means (any function of n)", "R2": means["score"]}),
-        pd.DataFrame({"layer": means["layer"], "fit": "class means, shuffled labels", "R2": means["baseline"]}),
+    return pd.concat([
+        pd.DataFrame({"layer": helix["layer"], "fit": HELIX_FITS[0], "R2": helix["score"]}),
+        pd.DataFrame({"layer": helix["layer"], "fit": HELIX_FITS[1], "R2": helix["baseline"]}),
+        pd.DataFrame({"layer": pca["layer"], "fit": HELIX_FITS[2], "R2": pca["score"]}),
+        pd.DataFrame({"layer": means["layer"], "fit": HELIX_FITS[3], "R2": means["score"]}),
+        pd.DataFrame({"layer": means["layer"], "fit": HELIX_FITS[4], "R2": means["baseline"]}),
     ])
-    return stretched(alt.Chart(long).mark_line(point=True).encode(
+
+
+def helix_lines(df: pd.DataFrame, position: str, target: str) -> alt.Chart:
+    """R² per layer of the helix, the linear [n, 1], the PCA (same dimension) and the class-means fits of one position
+    and target; each fit its colour and dash, so that a line drawn over another still shows."""
+    return stretched(alt.Chart(helix_frame(df, position, target)).mark_line(point=True).encode(
         x=layer_axis(),
         y=alt.Y("R2:Q", title="R² of the residual stream (in-sample)", scale=alt.Scale(domain=[0, 1], clamp=True)),
-        color=alt.Color("fit:N", scale=alt.Scale(range=list(PALETTE[:5])), legend=LINE_LEGEND),
+        color=alt.Color("fit:N", scale=alt.Scale(domain=list(HELIX_FITS), range=list(PALETTE[:5])),
+                        legend=LINE_LEGEND),
+        strokeDash=alt.StrokeDash("fit:N", scale=alt.Scale(domain=list(HELIX_FITS), range=list(HELIX_DASHES)),
+                                  legend=LINE_LEGEND),
         tooltip=["layer", "fit", alt.Tooltip("R2:Q", format=".3f")],
     ).properties(height=260))
+
+
+def coinciding_fits(df: pd.DataFrame, position: str, target: str) -> list[list[str]]:
+    """Groups (legend order) of the helix chart's fits whose R² agree within SAME_R2 at every layer both draw."""
+    wide = helix_frame(df, position, target).pivot_table(index="layer", columns="fit", values="R2", dropna=False)
+    fits = [f for f in HELIX_FITS if f in wide and wide[f].notna().any()]
+    groups: list[list[str]] = []
+    for f in fits:
+        for g in groups:
+            a, b = wide[g[0]], wide[f]
+            both = a.notna() & b.notna()
+            if (a.notna() == b.notna()).all() and bool(((a[both] - b[both]).abs() < SAME_R2).all()):
+                g.append(f)
+                break
+        else:
+            groups.append([f])
+    return [g for g in groups if len(g) > 1]
+
+
+def short(fit: str) -> str:
+    """A fit's name in a sentence: "helix", "linear", "class means", "shuffled-label class means", ..."""
+    return "shuffled-label class means" if fit == HELIX_FITS[4] else fit.split(" (")[0]
+
+
+def helix_caption(df: pd.DataFrame, position: str, target: str) -> str:
+    """What the helix chart's reader cannot see: the fits drawn over one another (with their R² where it is the same
+    at every layer), and why an R² of 1 is by construction where it is: one prompt per value (class means) or as many
+    helix coefficients as prompts."""
+    parts = []
+    wide = helix_frame(df, position, target).pivot_table(index="layer", columns="fit", values="R2")
+    for g in coinciding_fits(df, position, target):
+        vals = wide[g[0]].dropna().to_numpy()
+        same = (f"R² {vals[0]:.2f} at every layer" if np.ptp(vals) < SAME_R2
+                else f"the {short(g[0])}'s R² at every layer")
+        names = [short(f) for f in g[1:]]
+        names = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        parts.append(f"{names}: {same}, drawn over the {short(g[0])} line")
+    notes = [f"Lines drawn over one another — {'; '.join(parts)}."] if parts else []
+    mine = df[(df["position"] == position) & (df["target"] == target) & (df["method"] == "helix")]
+    if len(mine):
+        p, nv = int(mine["n_prompts"].max()), int(mine["n_classes"].max())
+        coefs = 2 * len(PERIODS) + 2
+        if nv == p:
+            notes.append(f"Each of the {p} prompts has its own value of {target}, so one mean per value fits every "
+                         f"prompt exactly: the class means' R² of 1 is by construction, shuffled labels too.")
+        helix = mine["score"].dropna()
+        if coefs >= p and len(helix) and bool((helix > 1 - SAME_R2).all()):
+            notes.append(f"The helix fits {coefs} coefficients per residual dimension to {p} prompts: with as many "
+                         f"parameters as points or more, its in-sample R² of 1 says nothing about a helix.")
+    return " ".join(notes)
 
 
 #: the circle's plot at its smallest (px) and a label's box: labels closer than that to a kept one are left out

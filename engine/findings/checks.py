@@ -117,8 +117,9 @@ def pct(iv: Interval, fmt: str = "{:+.0f}") -> str:
 
 def sparse_heads(table, who: str = "") -> Verdict:
     s = head_sparsity(table.per_pair)
-    top = ", ".join(f"{a}.{b}" for a, b, _ in table.top_heads(3))
-    return Verdict(f"{who}{s.text()}; top {top}", s.holds(),
+    metric = table.ranking_metric()  # the lab's ranking (the Path patching page's): effect, or logit_diff
+    top = ", ".join(f"{a}.{b}" for a, b, _ in table.top_heads(3, metric))
+    return Verdict(f"{who}{s.text()}; top by {metric}: {top}", s.holds(),
                    f"holds when the interval of the top {100 * TOP_HEADS:.0f} % of the heads' share of all heads' "
                    f"|effect| (answer-logit difference, every pair) lies above the {NULL_QUANTILE:.0%} quantile of "
                    f"the same share with each pair's head labels shuffled (the share itself at or below it: "

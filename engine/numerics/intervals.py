@@ -70,10 +70,18 @@ class Interval:
         return Interval(c * self.value, lo, hi)
 
     def text(self, fmt: str = "{:.2f}", unit: str = "") -> str:
-        """``32 % [27, 35]``: ``fmt`` for each number, ``unit`` after the value."""
+        """``32 % [27, 35]``: ``fmt`` for each number (:func:`number_text`: one that rounds to zero prints as 0,
+        never -0), ``unit`` after the value."""
         if not (self.low == self.low):
-            return fmt.format(self.value) + unit + " (one pair: no interval)"
-        return f"{fmt.format(self.value)}{unit} [{fmt.format(self.low)}, {fmt.format(self.high)}]"
+            return number_text(fmt, self.value) + unit + " (one pair: no interval)"
+        return f"{number_text(fmt, self.value)}{unit} [{number_text(fmt, self.low)}, {number_text(fmt, self.high)}]"
+
+
+def number_text(fmt: str, x: float) -> str:
+    """``fmt.format(x)``, but a value that rounds to zero at ``fmt``'s precision (-0.001 at ``{:.2f}``) or is -0.0
+    prints as 0 does (``0.00``; ``+0.00`` with ``{:+.2f}``), not ``-0.00``."""
+    s = fmt.format(x)
+    return fmt.format(0.0) if s == fmt.format(-0.0) else s
 
 
 def interval(stat: Callable[[np.ndarray], float], n: int, *, resamples: int = RESAMPLES,

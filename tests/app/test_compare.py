@@ -159,3 +159,34 @@ def test_the_carry_for_b():
                          metric="logit_diff", k=5)
     m = re.search(r"(\d+) of (\d+) cells differ", md)
     assert m and (int(m.group(1)), int(m.group(2))) == (len(cmp.differing()), len(cmp.cells)), md
+
+
+def test_the_top_k_lists_say_what_they_rank_by():
+    """The Compare page's top-k lists rank by its Metric box (logit_diff by default), the Paper page's 'key heads'
+    row (Fig. 2 / 15) by the lab's ranking (``PatchingTable.ranking_metric``): a caption under the list names both
+    when they differ -- the two orders of one page are explained -- and the row names its own metric."""
+    from engine.backends import open_model
+    from engine.findings.checks import sparse_heads
+    from engine.prompts.promptsets import PromptSetSpec
+    from engine.techniques.accuracy import kept_pairs
+    from engine.techniques.path_patching import cached_path_patching
+    model = open_model("organism")
+    table = cached_path_patching(model, kept_pairs(model, PromptSetSpec(ops=("add", "sub", "mul", "div"), n=8,
+                                                                        seed=0))[0])[0]
+    ranking = table.ranking_metric()
+    assert ranking == "effect"  # the bundled model's effect counts: the Compare page's default differs from it
+    top3 = ", ".join(f"{a}.{b}" for a, b, _ in table.top_heads(3, ranking))
+    assert sparse_heads(table).lab.endswith(f"; top by {ranking}: {top3}")
+    at = page("17_Compare.py", n=8).run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    caption = next(c.value for c in at.caption if c.value.startswith("Ranked by "))
+    assert caption.startswith("Ranked by logit_diff (the Metric box above)"), caption
+    assert f"'key heads' row (Fig. 2 / 15) of the paper's findings below, rank by {ranking}" in caption, caption
+    assert [h.split(" ")[0] for h in at.dataframe[0].value["A"]] == [f"{a}.{b}" for a, b, _ in
+                                                                      table.top_heads(5, "logit_diff")]
+    at.selectbox(key="cmp_metric").set_value(ranking).run()
+    assert not at.exception and not errors(at), (at.exception, errors(at))
+    caption = next(c.value for c in at.caption if c.value.startswith("Ranked by "))
+    assert caption.startswith(f"Ranked by {ranking}") and "The same ranking as the Path patching" in caption, caption
+    assert [h.split(" ")[0] for h in at.dataframe[0].value["A"]] == [f"{a}.{b}" for a, b, _ in
+                                                                      table.top_heads(5, ranking)]

@@ -218,6 +218,30 @@ def test_transfer_page():
     assert len(at.dataframe) == 1 and any("Showing the last comparison" in i.value for i in at.info)
 
 
+def test_transfer_page_says_when_a_set_rests_on_too_few_pairs():
+    """A set of fewer than SMALL_SET answered pairs (the lab's rule, engine.numerics.intervals.small_set_note): a
+    warning beside the shared key heads names that set and its pairs, and says to raise 'Prompts per op'; two sets
+    of enough pairs: no such warning."""
+    from engine.numerics.intervals import SMALL_SET
+    at = page("7_Transfer.py", n=3).run()  # B: word problems, additions only -- at most 3 pairs
+    _ok(at)
+    next(b for b in at.button if b.label.startswith("Compare (estimated: ")).click().run()
+    _ok(at)
+    table = at.dataframe[0].value
+    n_b = int(table.loc[table["set"] == "B", "pairs"].iloc[0])
+    assert n_b < SMALL_SET
+    few = [w.value for w in at.warning if "Too few pairs" in w.value]
+    assert len(few) == 1 and f"set B on {n_b} prompt pair" in few[0] and f"at least {SMALL_SET}" in few[0], few
+    assert "Raise 'Prompts per op' in the sidebar" in few[0]
+    at = page("7_Transfer.py", n=12).run()
+    next(s for s in at.selectbox if s.label == "Second set (B)").set_value("paper templates").run()
+    next(b for b in at.button if b.label.startswith("Compare (estimated: ")).click().run()
+    _ok(at)
+    table = at.dataframe[0].value
+    assert min(table["pairs"]) >= SMALL_SET, table
+    assert not any("Too few pairs" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
 def test_patching_page_shows_answer_tokens_and_role_definitions():
     from engine.techniques.attention import ROLE_DEFINITIONS
     at = page("4_Path_patching.py").run()

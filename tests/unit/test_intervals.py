@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.numerics.intervals import Interval, all_hold, interval, mean_intervals
+from engine.numerics.intervals import Interval, all_hold, interval, mean_intervals, number_text
 
 
 def test_a_criterion_holds_fails_or_is_inconclusive_by_where_the_interval_lies():
@@ -20,6 +20,18 @@ def test_a_criterion_holds_fails_or_is_inconclusive_by_where_the_interval_lies()
     assert all_hold(True, True) is True and all_hold(True, None) is None and all_hold(None, False) is False
     assert Interval(0.25, 0.2, 0.3).scaled(-100) == Interval(-25.0, -30.0, -20.0)
     assert Interval(0.25, 0.2, 0.3).scaled(100).text("{:.0f}", " %") == "25 % [20, 30]"
+
+
+def test_a_value_that_rounds_to_zero_prints_without_a_minus_sign():
+    """-0.001 at two decimals is 0.00, not -0.00 (the Faithfulness page's "-0.00 [-0.00, 0.00]"); a signed format
+    prints it as it prints 0 (+0.00); values that do not round to zero keep their sign."""
+    assert Interval(-0.001, -0.004, 0.002).text() == "0.00 [0.00, 0.00]"
+    assert Interval(-0.0, -0.0, 0.0).text() == "0.00 [0.00, 0.00]"
+    assert Interval(-0.001, -0.02, 0.004).text("{:+.2f}") == "+0.00 [-0.02, +0.00]"
+    assert Interval(-0.002, -0.004, 0.01).scaled(100).text("{:+.0f}", " %") == "+0 % [+0, +1]"
+    assert Interval(-0.001, math.nan, math.nan).text() == "0.00 (one pair: no interval)"
+    assert number_text("{:.0%}", -0.001) == "0%" and number_text("{:.3g}", -1e-9) == "-1e-09"
+    assert number_text("{:.2f}", -0.005001) == "-0.01" and number_text("{:.2f}", 0.0) == "0.00"
 
 
 def test_the_bootstrap_matches_a_plain_percentile_bootstrap():
