@@ -52,6 +52,6 @@ if got is not None:
         wide["rank of the answer"] = ranks.reindex(wide.index)
     ranked = [c for c in wide.columns if c.startswith("#")]
     st.dataframe(highlight_answer(wide, ranked, int(top[top["answer"]]["number"].iloc[0]))
-                 if top["answer"].any() else wide, width="stretch", height=36 * (len(wide) + 1) + 2)  # every row
+                 if top["answer"].any() else wide, width="stretch", height="content")  # every row, no empty one
     st.download_button("Top tokens (CSV)", top.to_csv(index=False).encode(), "top_number_tokens.csv", "text/csv")
 code_view(mlp_projections_code(model, spec, current_prompt()))

@@ -79,7 +79,8 @@ with st.form("finetune_form"):
     c8, c9, c10 = st.columns(3)
     max_steps = c8.number_input("Max steps (0 = no limit)", 0, 10**6, 0, help="the budget", key="ft_max_steps")
     wd = c9.number_input("Weight decay", 0.0, 10.0, None, key="ft_wd", placeholder=f"recipe: {recipe.weight_decay:g}")
-    name = c10.text_input("Save as", "", key="ft_name", placeholder="name of the tuned model (under .cache/tuned/)")
+    name = c10.text_input("Save as", "", key="ft_name", placeholder="name of the tuned model",
+                          help="the tuned model is saved under .cache/tuned/ with this name")
     submitted = st.form_submit_button("Start fine-tuning", type="primary")
 
 top = [(int(a), int(b)) for a, b, _ in table.top_heads(int(k))]

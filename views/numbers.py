@@ -267,8 +267,9 @@ def circle_scatter(df: pd.DataFrame) -> alt.LayerChart:
         y=alt.Y("y:Q", title="fitted sin direction", scale=alt.Scale(zero=False)), color=color,
         tooltip=["prompt", "value", alt.Tooltip("x:Q", format=".2f"), alt.Tooltip("y:Q", format=".2f")])
     path = alt.Chart(means).mark_line(color="grey", opacity=0.5).encode(x="x:Q", y="y:Q", order="value:Q")
-    labels = alt.Chart(means[uncrowded(means)]).mark_text(fontSize=14, fontWeight="bold", dy=-10).encode(
-        x="x:Q", y="y:Q", text="label:N", color=color)
+    # labels in one dark colour: viridis ends in a yellow a reader cannot read on white (the number is the label)
+    labels = alt.Chart(means[uncrowded(means)]).mark_text(fontSize=14, fontWeight="bold", dy=-10,
+                                                          color="#222222").encode(x="x:Q", y="y:Q", text="label:N")
     return stretched(alt.layer(path, points, labels).properties(height=360))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -82,6 +82,20 @@ def number_text(fmt: str, x: float) -> str:
     prints as 0 does (``0.00``; ``+0.00`` with ``{:+.2f}``), not ``-0.00``."""
     s = fmt.format(x)
     return fmt.format(0.0) if s == fmt.format(-0.0) else s
+
+
+def whole_percents(counts: Sequence[int]) -> list[int]:
+    """Each count's share of their total in whole percent, summing to exactly 100 (largest remainder: the floors,
+    then one more point to the counts with the largest fractions, ties to the earlier count).  Rounding each share
+    alone can print 3 of 8 and five 1s of 8 as 38 % and 12 % each: 98 % in all.  [] for no counts or a zero total."""
+    total = sum(counts)
+    if not counts or total <= 0:
+        return []
+    exact = [100 * c / total for c in counts]
+    out = [math.floor(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: (out[i] - exact[i], i))[:100 - sum(out)]:
+        out[i] += 1
+    return out
 
 
 def interval(stat: Callable[[np.ndarray], float], n: int, *, resamples: int = RESAMPLES,

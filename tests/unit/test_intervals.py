@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.numerics.intervals import Interval, all_hold, interval, mean_intervals, number_text
+from engine.numerics.intervals import Interval, all_hold, interval, mean_intervals, number_text, whole_percents
 
 
 def test_a_criterion_holds_fails_or_is_inconclusive_by_where_the_interval_lies():
@@ -32,6 +32,21 @@ def test_a_value_that_rounds_to_zero_prints_without_a_minus_sign():
     assert Interval(-0.001, math.nan, math.nan).text() == "0.00 (one pair: no interval)"
     assert number_text("{:.0%}", -0.001) == "0%" and number_text("{:.3g}", -1e-9) == "-1e-09"
     assert number_text("{:.2f}", -0.005001) == "-0.01" and number_text("{:.2f}", 0.0) == "0.00"
+
+
+def test_shares_in_whole_percent_add_up_to_100():
+    # the Path patching page's line on SmolLM2: 3 of 8 and five 1s printed 38 % + 5 x 12 % = 98 %
+    assert whole_percents([3, 1, 1, 1, 1, 1]) == [38, 13, 13, 12, 12, 12]  # ties: the earlier counts
+    assert sum(round(100 * c / 8) for c in [3, 1, 1, 1, 1, 1]) == 98  # what rounding each alone printed
+    assert whole_percents([1, 1, 1]) == [34, 33, 33]
+    assert whole_percents([5]) == [100] and whole_percents([]) == [] and whole_percents([0, 0]) == []
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        counts = list(rng.integers(0, 50, size=int(rng.integers(1, 12))))
+        if sum(counts):
+            got = whole_percents(counts)
+            assert sum(got) == 100
+            assert all(abs(g - 100 * c / sum(counts)) < 1 for g, c in zip(got, counts))
 
 
 def test_the_bootstrap_matches_a_plain_percentile_bootstrap():

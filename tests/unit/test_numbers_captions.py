@@ -8,7 +8,15 @@ from __future__ import annotations
 import pandas as pd
 
 from engine.techniques.numbers import NumberRow, decode_words
-from views.numbers import helix_caption, helix_lines, kappa_caption, kappa_lines, probe_lines, ridge_caption
+from views.numbers import (
+    circle_scatter,
+    helix_caption,
+    helix_lines,
+    kappa_caption,
+    kappa_lines,
+    probe_lines,
+    ridge_caption,
+)
 
 
 def rows(scores: list[tuple[float, float]]) -> pd.DataFrame:
@@ -96,3 +104,14 @@ def test_every_helix_fit_has_its_own_dash():
     enc = helix_lines(helix_rows([1.0], [0.2], [1.0], [1.0], [1.0], 8, 8), "END", "C").to_dict()["encoding"]
     dashes = enc["strokeDash"]["scale"]["range"]
     assert enc["strokeDash"]["field"] == "fit" and len({tuple(d) for d in dashes}) == len(dashes) == 5
+
+
+def test_the_circle_scatters_labels_are_dark_whatever_the_points_colour():
+    # viridis ends in yellow (#fde725): labels coloured by value could not be read on white at the largest values
+    df = pd.DataFrame([{"prompt": f"p{v}{i}", "value": v, "x": float(v) + i / 10, "y": float(-v)}
+                       for v in range(1, 10) for i in range(2)])
+    layers = circle_scatter(df).to_dict()["layer"]
+    text = [lay for lay in layers if lay["mark"]["type"] == "text"]
+    assert len(text) == 1 and text[0]["mark"]["color"] == "#222222" and "color" not in text[0]["encoding"]
+    points = [lay for lay in layers if lay["mark"]["type"] == "circle"]
+    assert points[0]["encoding"]["color"]["field"] == "value"  # the points keep the value's colour
