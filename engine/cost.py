@@ -116,6 +116,11 @@ def pass_upto(backend: ModelBackend, rows: int, width: int, layer: int) -> Work:
     return one_pass(rows, width)
 
 
+def block_pass(rows: int, width: int) -> Work:
+    """One block run alone on ``rows`` streams of ``width`` positions (``ModelBackend.block_activations``)."""
+    return Work(1, layers=rows * width)
+
+
 def padded_passes(seqs: Sequence[Sequence[int]], batch_size: int, unembedded_per_row: int | None = 1) -> Work:
     """Consecutive padded batches of ``batch_size`` of ``seqs``, ``unembedded_per_row`` positions each unembedded
     (None: every position, full logits)."""

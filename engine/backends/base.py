@@ -78,6 +78,12 @@ class WorkMeter:
         self.forward_calls += 1
         self.layer_tokens += int(input_ids.numel()) * blocks
 
+    def record_block(self, resid: torch.Tensor) -> None:
+        """One block run alone on a residual stream ``resid`` [rows, pos, d_model]
+        (:meth:`ModelBackend.block_activations`)."""
+        self.forward_calls += 1
+        self.layer_tokens += int(resid.shape[0] * resid.shape[1])
+
 
 def last_block(names: Sequence[HookName]) -> int:
     """The last block that :meth:`ModelBackend.activations_upto`'s ``names`` lie in; ValueError for none or for a
@@ -86,6 +92,16 @@ def last_block(names: Sequence[HookName]) -> int:
     if not layers or None in layers:
         raise ValueError(f"activations_upto reads block activations only, not {list(names)}")
     return max(layers)
+
+
+@dataclass(frozen=True)
+class BlockCalls:
+    """How a forward pass of some rows called each block (:meth:`ModelBackend.block_calls`): per layer, the
+    arguments besides the residual stream (the attention mask, the positions and their rotary embeddings, ...),
+    so that one block can be run again alone on another stream of the same rows, repeated."""
+
+    rows: int  # P: the rows of the pass the calls were taken from
+    calls: tuple  # [n_layers] of (positional args after the stream, keyword args, stream given positionally)
 
 
 class PassStopped(Exception):
@@ -183,6 +199,24 @@ class ModelBackend(ABC):
         ``hooks`` apply as in :meth:`activations`; the caller keeps them in those blocks or before them (one of a
         later block would not fire).  This default runs the whole pass."""
         return self.activations(input_ids, attention_mask, names)
+
+    @property
+    def runs_one_block(self) -> bool:
+        """Whether :meth:`block_activations` can run a block alone on a given residual stream.  A technique that
+        uses it checks it first (:mod:`engine.machinery.shortcut`: the blocks chained on X_r's stream must give
+        X_r's) and otherwise runs whole passes."""
+        return False
+
+    def block_calls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> BlockCalls:
+        """One forward pass of these rows, keeping what each block was called with besides its input stream."""
+        raise NotImplementedError(f"{type(self).__name__} does not run a block alone")
+
+    def block_activations(self, calls: BlockCalls, layer: int, resid_pre: torch.Tensor,
+                          names: Sequence[HookName]) -> dict[HookName, torch.Tensor]:
+        """Block ``layer`` alone on ``resid_pre`` [S * P, pos, d_model] (S repeats of the P rows ``calls`` were
+        taken from, repeat-major), active ``hooks`` applied; its ``names`` activations (block ``layer``'s only).
+        The meter counts one block of S * P rows (:meth:`WorkMeter.record_block`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run a block alone")
 
     def end_rows_ok(self) -> bool:
         """Whether the final norm and the unembedding may run on a few positions of each row.

@@ -16,6 +16,7 @@ import torch
 
 from engine.backends import hooks as hook_names
 from engine.backends.base import (
+    BlockCalls,
     HookFn,
     MissingActivation,
     ModelBackend,
@@ -116,6 +117,57 @@ class BridgeBackend(ModelBackend):
             self.meter.record_upto(input_ids, last + 1)
         else:
             raise MissingActivation(f"{self.facts.architecture}'s block {last} never fired its output hook")
+        return {n: got[n].to(self.device) for n in asked}
+
+    @property
+    def runs_one_block(self) -> bool:
+        return True
+
+    def block_calls(self, input_ids, attention_mask):
+        taken: dict[int, tuple] = {}
+
+        def take(layer: int):
+            def pre(module, args, kwargs):  # the block's call as the model made it
+                rest = tuple(args[1:])
+                kw = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+                taken[layer] = (rest, kw, bool(args))
+            return pre
+        handles = [b.register_forward_pre_hook(take(j), with_kwargs=True) for j, b in enumerate(self.bridge.blocks)]
+        kwargs = {} if attention_mask is None else {"attention_mask": attention_mask.to(self.device)}
+        try:
+            with self._lock, torch.no_grad():
+                lg = self.bridge(input_ids.to(self.device), return_type="logits", **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+        self.meter.record(input_ids, lg)
+        if sorted(taken) != list(range(self.facts.n_layers)):
+            raise MissingActivation(f"{self.facts.architecture}: the pass called blocks {sorted(taken)}, not each of "
+                                    f"its {self.facts.n_layers} once")
+        return BlockCalls(int(input_ids.shape[0]), tuple(taken[j] for j in range(self.facts.n_layers)))
+
+    def block_activations(self, calls, layer, resid_pre, names):
+        rest, kw, positional = calls.calls[layer]
+        S = resid_pre.shape[0] // calls.rows
+        rest = _repeated(rest, calls.rows, S)
+        kw = {k: _repeated(v, calls.rows, S) for k, v in kw.items()}
+        if "use_cache" in kw:
+            kw["use_cache"] = False
+        asked = list(names)
+        got: dict = {}
+
+        def keep(name):
+            def fn(act):
+                got[name] = act.detach()
+            return fn
+        x = resid_pre.to(self.device, next(self.bridge.parameters()).dtype)
+        with torch.no_grad(), self.hooks([(self._alias(n), keep(n)) for n in asked]):
+            block = self.bridge.blocks[layer]
+            if positional:
+                block(x, *rest, **kw)
+            else:
+                block(hidden_states=x, **kw)
+        self.meter.record_block(x)
         return {n: got[n].to(self.device) for n in asked}
 
     @property
@@ -284,3 +336,18 @@ def _module_device(module: torch.nn.Module, default: torch.device) -> torch.devi
         if p.device.type != "meta":
             return p.device
     return default
+
+
+def _repeated(value, rows: int, times: int):
+    """A block argument for ``times`` repeats of its ``rows`` rows: a tensor of two or more dimensions whose first is
+    the rows repeated (repeat-major), tuples and lists element by element, anything else as it is (a tensor shared
+    by the rows -- a leading 1, or a 1-d one such as the cache positions -- broadcasts).  The pass's key / value
+    cache is not this run's: None in its place (a block run alone attends within its rows)."""
+    from transformers.cache_utils import Cache
+    if isinstance(value, Cache):
+        return None
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == rows:
+        return value.repeat(times, *([1] * (value.dim() - 1)))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_repeated(v, rows, times) for v in value)
+    return value

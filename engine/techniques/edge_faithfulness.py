@@ -26,8 +26,12 @@ other) separately, so the sum above runs, at each position, over the edges ablat
 receiver's correction is then one per role, laid over the positions (:class:`Plan`: a receiver's key is its ablated
 senders per role); everything else is as below.
 
-**The computation** is layer by layer (:func:`edge_circuits`): at layer l every circuit's earlier heads' z and
-MLP outputs are written back (its state), then (B) one block of rows per distinct correction of the layer's
+**The computation** is layer by layer (:func:`edge_circuits`): at layer l each circuit's stream entering the layer
+is its state -- the block run alone on it where the backend can (``ModelBackend.block_activations``, checked:
+the blocks chained alone on X_r's embedding must give X_r's stream after every layer; each circuit's stream is
+then advanced through the layer with its heads' z and MLP output written), else a pass from the input with the
+circuit's earlier heads' z and MLP outputs written back (the same numbers, a pass at layer l l + 1 blocks long;
+the result's ``note`` says so) -- then (B) one block of rows per distinct correction of the layer's
 q / k / v inputs, (C) one block per distinct (q, k, v) triple of corrections a head mixes, (D) the heads'
 differences (a block per head with an ablated out-edge and a base block, unless the attention branch is linear:
 then ``(z_c[h] - z[h]) W_O[h]``, no pass), (E) the MLP with its input's correction; last, the final stream with
@@ -60,8 +64,9 @@ import numpy as np
 import torch
 
 from engine.backends import hooks
-from engine.backends.base import MissingActivation, ModelBackend
+from engine.backends.base import BlockCalls, MissingActivation, ModelBackend
 from engine.machinery.batching import pad, pad_id
+from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch, fallback_note
 from engine.numerics.intervals import LEVEL, RESAMPLES, SEED
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
@@ -217,6 +222,7 @@ class CircuitReadout:
     right: torch.Tensor   # [C, P] bool: the answer is the top token
     logit_o: torch.Tensor  # [P] on X_r
     logit_c: torch.Tensor  # [P] on X_c
+    note: str | None = None  # the blocks could not be run alone here: whole passes computed it (same numbers)
 
 
 class _Runner:
@@ -235,7 +241,8 @@ class _Runner:
         self.answer = torch.tensor([p.answer_id for p in pairs])
         self.P = len(pairs)
         names = sender_value_names(L)
-        held = [n for j in range(L) for n in (hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j), hooks.attn_out(j))]
+        held = [n for j in range(L) for n in (hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j), hooks.attn_out(j),
+                                              hooks.resid_post(j))]
         moved = [hooks.resid_pre(j) for j in range(1, L)]  # what heads_read_only_qkv reads
         r_lg, self.r = backend.run_with_cache(ids, self.mask, names + held)
         c_lg, self.c = backend.run_with_cache(cf, self.mask, names + moved)
@@ -250,6 +257,32 @@ class _Runner:
         if means is not None:  # mean ablation: the senders send their means, not X_c's values
             for name, v in sender_means(means, pairs, self.end, ids.shape[1]).items():
                 self.c[name] = v.to(self.c[name].device, self.c[name].dtype).reshape(self.c[name].shape)
+        self.note: str | None = None
+        self.blocks: BlockCalls | None = self._one_block()
+        self.resid: list[torch.Tensor] = []  # [C] of [P, pos, d]: each circuit's stream entering the current layer
+
+    def _one_block(self) -> BlockCalls | None:
+        """The blocks' calls when a layer's passes may run that block alone on each circuit's stream, checked:
+        the blocks chained alone from X_r's embedding (twice over, as the passes repeat their rows) must give X_r's
+        stream after every layer (:data:`engine.machinery.shortcut.TOLERANCE`).  None -- and a note -- where the
+        backend cannot or the check fails: the passes then run from the input with the circuit's earlier layers
+        written back (the same numbers, layer l's passes l + 1 blocks long)."""
+        if not self.b.runs_one_block:
+            return None
+        try:
+            calls = self.b.block_calls(self.ref, self.mask)
+            x = self.r[hooks.resid_pre(0)].repeat(2, 1, 1)
+            for j in range(self.b.facts.n_layers):
+                x = self.b.block_activations(calls, j, x, [hooks.resid_post(j)])[hooks.resid_post(j)]
+                want = self.r[hooks.resid_post(j)].float().cpu().repeat(2, 1, 1)
+                err = float((x.float().cpu() - want).abs().max() / want.abs().max().clamp_min(1e-6))
+                if not err <= TOLERANCE.get(self.b.facts.dtype, 1e-4):
+                    raise ShortcutMismatch(f"block {j} run alone misses the model's stream by {err:.2g} of its scale")
+        except (ShortcutMismatch, MissingActivation, NotImplementedError, RuntimeError, TypeError) as e:
+            # a block that cannot be called alone (an argument it needs this way is missing or of the wrong shape)
+            self.note = fallback_note("edge circuits, a block at a time", str(e))
+            return None
+        return calls
 
     def state_edits(self, z: list[list], mlp: list[list], cs: Sequence[int], upto: int) -> list:
         """Circuits ``cs``' heads' z and MLP outputs of layers < ``upto`` written back (their run so far)."""
@@ -259,19 +292,45 @@ class _Runner:
             edits.append((hooks.mlp_out(j), _setter(torch.cat([mlp[c][j] for c in cs]))))
         return edits
 
-    def passes(self, n_blocks: int, edits_of, names: Sequence[str]) -> list[dict]:
-        """Run blocks 0 .. n_blocks - 1 (``edits_of(block indices)`` -> edits), ``per`` blocks a pass; each
-        block's ``names`` activations (one layer's: the pass stops after it where the backend can).
-        # [n_blocks] of {name: [P, ...]}"""
+    def passes(self, layer: int, circuits: Sequence[int], edits_of, names: Sequence[str], state: tuple | None
+               ) -> list[dict]:
+        """Run blocks 0 .. n - 1 of layer ``layer`` (block i: circuit ``circuits[i]``; ``edits_of(block indices)``
+        -> that layer's edits), ``per`` blocks a pass; each block's ``names`` activations (the layer's).  The block
+        alone on each circuit's stream (:attr:`blocks`), or a pass from the input with ``state`` -- the circuits'
+        (z, mlp) -- written back in the layers before (None: nothing before matters), stopped after the layer
+        where the backend can.  # [n] of {name: [P, ...]}"""
         out: list[dict] = []
+        n_blocks = len(circuits)
         for g in range(0, n_blocks, self.per):
             ix = list(range(g, min(n_blocks, g + self.per)))
-            S = len(ix)
-            with self.b.hooks(edits_of(ix)):
-                acts = self.b.activations_upto(self.ref.repeat(S, 1), self.mask.repeat(S, 1), list(names))
+            S, cs = len(ix), [circuits[i] for i in ix]
+            if self.blocks is not None:
+                with self.b.hooks(edits_of(ix)):
+                    acts = self.b.block_activations(self.blocks, layer, torch.cat([self.resid[c] for c in cs]),
+                                                    list(names))
+            else:
+                before = [] if state is None else self.state_edits(*state, cs, layer)
+                with self.b.hooks(before + edits_of(ix)):
+                    acts = self.b.activations_upto(self.ref.repeat(S, 1), self.mask.repeat(S, 1), list(names))
             for s in range(S):
                 out.append({n: acts[n][s * self.P:(s + 1) * self.P].float().cpu() for n in names})
         return out
+
+    def advance(self, layer: int, z: list[list], mlp: list[list]) -> None:
+        """Each circuit's stream past block ``layer``, its heads' z and its MLP output written (one block alone per
+        ``per`` circuits; nothing to do where the passes run from the input)."""
+        if self.blocks is None:
+            return
+        post, C = hooks.resid_post(layer), len(self.resid)
+        new: list[torch.Tensor] = []
+        for g in range(0, C, self.per):
+            cs = list(range(g, min(C, g + self.per)))
+            edits = [(hooks.attn_z(layer), _setter(torch.cat([z[c][layer] for c in cs]))),
+                     (hooks.mlp_out(layer), _setter(torch.cat([mlp[c][layer] for c in cs])))]
+            with self.b.hooks(edits):
+                x = self.b.block_activations(self.blocks, layer, torch.cat([self.resid[c] for c in cs]), [post])[post]
+            new += [x[s * self.P:(s + 1) * self.P] for s in range(len(cs))]
+        self.resid = new
 
     def end_logits(self, edits: list, S: int) -> torch.Tensor:
         """END logits of S blocks under ``edits``.  # [S * P, vocab]"""
@@ -335,6 +394,8 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
     mlp: list[list] = [[None] * L for _ in range(C)]  # [C][L] of [P, pos, d]
     diff: list[dict] = [{"input": (run.c[hooks.resid_pre(0)] - run.r[hooks.resid_pre(0)]).float().cpu()}
                         for _ in range(C)]  # value_u(X_c) - value_u(run), per circuit
+    run.resid = [run.r[hooks.resid_pre(0)]] * C  # every circuit enters layer 0 with X_r's embedding
+    state = (z, mlp)
 
     def correction(c: int, key: tuple[tuple[str, ...], ...]) -> torch.Tensor:
         """What the ablated edges add to a receiver's input: per role, its senders' differences there."""
@@ -355,8 +416,8 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
         q_, k_, v_, z_ = (hooks.attn_q(layer), hooks.attn_k(layer), hooks.attn_v(layer), hooks.attn_z(layer))
         # (B) the layer's q, k, v (and z) per distinct correction of its heads' inputs
         bb = _blocks_b(plan, C, layer, H)
-        got_b = run.passes(len(bb), lambda ix: run.state_edits(z, mlp, [bb[i][0] for i in ix], layer) + [
-            (hooks.resid_pre(layer), _adder(torch.cat([correction(*bb[i]) for i in ix])))], [q_, k_, v_, z_])
+        got_b = run.passes(layer, [c for c, _ in bb], lambda ix: [
+            (hooks.resid_pre(layer), _adder(torch.cat([correction(*bb[i]) for i in ix])))], [q_, k_, v_, z_], state)
         at_b = {blk: got for blk, got in zip(bb, got_b)}
         # (C) heads whose q, k and v read different corrections
         bc = _blocks_c(plan, C, layer, H)
@@ -364,7 +425,7 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
         def edits_c(ix):
             return [(name, _setter(torch.cat([at_b[(bc[i][0], bc[i][1][n])][name] for i in ix])))
                     for n, name in enumerate((q_, k_, v_))]
-        got_c = run.passes(len(bc), edits_c, [z_])
+        got_c = run.passes(layer, [c for c, _ in bc], edits_c, [z_], None)  # z reads q, k and v only
         at_c = {blk: got[z_] for blk, got in zip(bc, got_c)}
         for c in range(C):
             keys = plan.layer_keys(c, layer, H)
@@ -393,8 +454,8 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
                 if h >= 0:
                     zv[:, :, h] = zc[:, :, h]
                 zs.append(zv)
-            return run.state_edits(z, mlp, [blocks_d[i][0] for i in ix], layer) + [(z_, _setter(torch.cat(zs)))]
-        got_d = run.passes(len(blocks_d), edits_d, [hooks.attn_out(layer)])
+            return [(z_, _setter(torch.cat(zs)))]
+        got_d = run.passes(layer, [c for c, _ in blocks_d], edits_d, [hooks.attn_out(layer)], state)
         base = {c: got[hooks.attn_out(layer)] for (c, h), got in zip(blocks_d, got_d) if h < 0}
         for (c, h), got in zip(blocks_d, got_d):
             if h >= 0:
@@ -403,12 +464,12 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
         parallel = backend.parallel_attn_mlp
 
         def edits_e(ix):
-            e = run.state_edits(z, mlp, ix, layer) + [(z_, _setter(torch.cat([z[c][layer] for c in ix])))]
+            e = [(z_, _setter(torch.cat([z[c][layer] for c in ix])))]
             if not parallel:
                 e.append((hooks.mlp_in(layer), _adder(torch.cat([mlp_correction(c, layer) for c in ix]))))
             return e
         names_e = [hooks.mlp_out(layer)] + ([hooks.resid_pre(layer)] if parallel else [])
-        for c, got in enumerate(run.passes(C, edits_e, names_e)):
+        for c, got in enumerate(run.passes(layer, list(range(C)), edits_e, names_e, state)):
             out = got[hooks.mlp_out(layer)]
             if parallel and plan.ablated[c].get(("mlp", layer)):
                 out = out + _branch_change(backend, layer, got[hooks.resid_pre(layer)], mlp_correction(c, layer))
@@ -418,6 +479,7 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
     for layer in range(L):
         bar = steps.stage(layer)
         step(layer)
+        run.advance(layer, z, mlp)
         if bar is not None:
             bar(1, 1)
     # the final stream with its correction, END's logits
@@ -434,7 +496,7 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
             logit[c], margin[c], right[c] = a, a - block.mean(-1), block.argmax(-1) == run.answer
     if bar is not None:
         bar(1, 1)
-    return CircuitReadout(logit, margin, right, run.logit_o, run.logit_c)
+    return CircuitReadout(logit, margin, right, run.logit_o, run.logit_c, run.note)
 
 
 def _branch_change(backend: ModelBackend, layer: int, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -452,7 +514,7 @@ def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept:
     blocks of passes (B) to (E) (a parallel block: its MLP branch twice per circuit with an ablated edge into the
     MLP), and the final pass, ``rows_per_pass`` rows at most per pass; a layer's passes stop after it where the
     backend can (``engine.cost.pass_upto``)."""
-    from engine.cost import NO_WORK, Work, one_pass, pass_upto
+    from engine.cost import NO_WORK, Work, block_pass, one_pass, pass_upto
     edges = list(edges) if edges is not None else edge_graph(backend)
     kept = _by_role(kept, len(edges))
     C = kept.shape[0]
@@ -460,19 +522,23 @@ def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept:
     plan = plan_of(edges, kept)
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
     per = max(1, rows_per_pass // max(1, n))
+    alone = backend.runs_one_block  # (assumed to pass its check: else the passes run from the input)
     w = one_pass(n, width, n * width) * 2
+    if alone:  # the blocks' calls (full logits) and the check: every block alone on X_r's stream, twice over
+        w += one_pass(n, width, n * width) + block_pass(2 * n, width) * L
     w += one_pass(n, width)  # heads_read_only_qkv's pass (it reads X_r and X_c from the two above)
 
     def blocks(count: int, layer: int | None) -> Work:  # ``count`` blocks of n rows, ``per`` a pass
         out = NO_WORK
         for g in range(0, count, per):
             rows = min(per, count - g) * n
-            out += one_pass(rows, width) if layer is None else pass_upto(backend, rows, width, layer)
+            out += (one_pass(rows, width) if layer is None else block_pass(rows, width) if alone
+                    else pass_upto(backend, rows, width, layer))
         return out
     for layer in range(L):
         dh = [] if backend.attn_branch_is_identity else _diff_heads(plan, C, layer, H)
         for count in (len(_blocks_b(plan, C, layer, H)), len(_blocks_c(plan, C, layer, H)),
-                      len(dh) + len({c for c, _ in dh}), C):
+                      len(dh) + len({c for c, _ in dh}), C) + ((C,) if alone else ()):  # + each stream advanced
             if count:
                 w += blocks(count, layer)
         if backend.parallel_attn_mlp:

@@ -103,6 +103,31 @@ def test_parallel_block_empty_circuit_is_counterfactual(tmp_path):
     assert float((out.logit[1] - out.logit_o).abs().max()) < 1e-4
 
 
+def test_each_layer_runs_its_block_alone_and_falls_back_to_whole_passes_when_that_misses(organism, monkeypatch):
+    """The passes run block l alone on each circuit's stream (checked: the blocks chained alone on X_r's stream give
+    X_r's); a backend whose block run alone misses the model falls back to passes from the input, says so, and
+    gives the same numbers (the plain loop, 1e-4) -- with more work (each pass l + 1 blocks long)."""
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(ops=("add", "sub"), n=2, seed=3))
+    edges, kept = circuits(organism, pairs)
+    organism.meter = WorkMeter()
+    fast = edge_circuits(organism, pairs, kept[2:], rows_per_pass=64)
+    fast_work = metered(organism.meter)
+    assert fast.note is None and organism.runs_one_block
+    real = type(organism).block_activations
+
+    def off(self, calls, layer, resid_pre, names):  # a block model that is wrong from layer 3 on
+        got = real(self, calls, layer, resid_pre, names)
+        return {n: v * 1.01 for n, v in got.items()} if layer >= 3 else got
+    monkeypatch.setattr(type(organism), "block_activations", off)
+    organism.meter = WorkMeter()
+    slow = edge_circuits(organism, pairs, kept[2:], rows_per_pass=64)
+    slow_work = metered(organism.meter)
+    assert slow.note is not None and "block 3 run alone misses the model's stream" in slow.note
+    assert float((slow.logit - fast.logit).abs().max()) < 1e-4
+    assert worst_against_plain(organism, "models/organism", pairs, edges, kept[2:], slow) < 1e-4
+    assert slow_work.fe(organism, pairs) > 1.5 * fast_work.fe(organism, pairs)
+
+
 @pytest.mark.parametrize("arch", ["organism", "gemma3_text"])
 def test_edge_circuits_work(arch, organism, tmp_path):
     backend = organism if arch == "organism" else open_model(str(build_tiny(arch, tmp_path / arch)), device="cpu")
