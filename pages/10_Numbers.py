@@ -70,7 +70,8 @@ st.caption(f"{len(pairs)} prompt pairs · " + ("computed now" if computed else "
               if decodes is not None else f"C never decodes from the last token at accuracy ≥ {DECODE_THRESHOLD:.0%}"
               if "C" in classified else "C has too few prompts per value to classify")
            + ". Classification keeps the values with at least 3 prompts (5 folds where 5 per value keep as many; "
-             "n_prompts, n_classes in the tooltip).")
+             f"n_prompts, n_classes in the tooltip); the dotted line in the linear-probe panels is that "
+             f"{DECODE_THRESHOLD:.0%} threshold.")
 if len(classified) < 3:
     st.info(f"Too few prompts per value to classify {', '.join(sorted(set('ABC') - set(classified)))} (at least "
             "3 answered right for two values): the scalar, digit and helix views below use every prompt. Raise "
@@ -108,8 +109,7 @@ if sp is not None:
 st.subheader("Helix fit")
 st.caption("In-sample least squares of the residual stream on the target number's helix basis, against a line, "
            "against PCA of the same dimension (the most any subspace that size explains) and against one mean per "
-           "value (the most any function of n can explain). With few distinct values the helix already spans every "
-           "function of n and equals the class means.")
+           "value (the most any function of n can explain).")
 c1, c2, c3 = st.columns(3)
 layers = sorted(df["layer"].unique().tolist())
 for key, options in (("num_pos", POSITIONS), ("num_target", TARGETS), ("num_layer", layers)):
@@ -143,9 +143,12 @@ if hp is not None:
                f"prompt's residual stream at that token moved to a donor prompt's value of {target} — the whole "
                f"activation (full), only along the fitted helix (helix, {got['helix'].rank} dimensions), the top "
                f"{got['helix'].rank} principal directions (pca) or {got['helix'].rank} random ones (random). The "
-               f"helix recovers {got['helix'].recovered:.0%} [{got['helix'].recovered_low:.0%}, "
-               f"{got['helix'].recovered_high:.0%}] of the full patch's change in logit[C'] − logit[C], PCA "
-               f"{got['pca'].recovered:.0%}, random {got['random'].recovered:.0%}.")
+               f"bars: the share of prompts whose top token becomes C' — full {got['full'].success:.0%}, helix "
+               f"{got['helix'].success:.0%} [{got['helix'].success_low:.0%}, {got['helix'].success_high:.0%}], "
+               f"PCA {got['pca'].success:.0%}, random {got['random'].success:.0%}. Not drawn (in the tooltips): "
+               f"the helix moves logit[C'] − logit[C] by {got['helix'].recovered:.0%} "
+               f"[{got['helix'].recovered_low:.0%}, {got['helix'].recovered_high:.0%}] of what the full patch "
+               f"moves it, PCA {got['pca'].recovered:.0%}, random {got['random'].recovered:.0%}.")
     st.altair_chart(patch_bars(hdf), width="stretch")
 
 st.subheader("Causal check")

@@ -23,9 +23,12 @@ model, spec = setup_page(
     "The circuit as the paper draws it (Figure 1), from the results the other pages compute: the key heads "
     "(path patching's top k, node effect = their heatmap cell), the operand and operator tokens they attend to "
     "(edge width = END-row attention share, Fig. 5), the MLPs that most lower the answer logit when patched, and "
-    "each component's effect on the answer (edge width = |effect|). Edge colour: grey = attention; orange = patching "
-    "the sender lowers the answer logit (it carries the operation), blue = patching it raises the answer logit; "
-    "dashed = head → head. Columns are the layers that hold a node. Click a node for its numbers and its page. "
+    "each component's effect on the answer (edge width = |effect| relative to the strongest edge of its kind: the "
+    "dashed head → head edges have a scale of their own, so a thick dashed edge may be a weak one: its tooltip "
+    "gives the number). Edge colour: grey = attention; orange = patching the sender lowers the answer logit (it "
+    "carries the operation), blue = patching it raises the answer logit; dashed = head → head. Columns are the "
+    "layers that hold a node; a layer's MLP sits a third of a column right of its heads (it reads them). Click a "
+    "node for its numbers and its page. "
     "Or draw, instead, the strongest edges of MIB's graph under an edge ranking (Draw, below).")
 
 prompt_caption()

@@ -40,7 +40,8 @@ logit_lens_view(model, pairs, cache)
 st.subheader("The numbers each layer's MLP pushes, on your prompt")
 st.caption(f"Your prompt: `{current_prompt()}` (change it in the Prompt lab). Each row is one layer's MLP at the last "
            f"position; #1 is the number whose logit its output raises most (the MLP's output · that number's "
-           f"unembedding vector), then #2 ...; the answer is highlighted, with its rank when it is not in the top 5.")
+           f"unembedding vector), then #2 ...; the answer is highlighted where it is among them, and the last "
+           f"column gives its rank at every layer.")
 got = typed_top_numbers(model, current_prompt())
 if got is not None:
     top, rep = got

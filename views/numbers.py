@@ -231,6 +231,12 @@ def helix_caption(df: pd.DataFrame, position: str, target: str) -> str:
             notes.append(f"Each of the {p} prompts has its own value of {target}, so one mean per value fits every "
                          f"prompt exactly: the class means' R² of 1 is by construction, shuffled labels too.")
         helix = mine["score"].dropna()
+        if nv <= coefs:
+            notes.append(f"{target} takes {nv} distinct values here and the helix basis has {coefs} columns: it spans "
+                         f"every function of {target}, so its R² equals the class means' by construction.")
+        else:
+            notes.append(f"{target} takes {nv} distinct values here, more than the helix basis's {coefs} columns: "
+                         f"the gap between the helix and the class means is what a helix does not explain.")
         if coefs >= p and len(helix) and bool((helix > 1 - SAME_R2).all()):
             notes.append(f"The helix fits {coefs} coefficients per residual dimension to {p} prompts: with as many "
                          f"parameters as points or more, its in-sample R² of 1 says nothing about a helix.")

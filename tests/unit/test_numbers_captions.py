@@ -97,7 +97,20 @@ def test_the_helix_caption_names_the_lines_drawn_over_another_and_why_r2_is_one(
     assert "Each of the 8 prompts has its own value of C" in text and "10 coefficients" in text
     text = helix_caption(helix_rows([0.4, 0.6, 0.7], [0.2, 0.1, 0.3], [0.9, 0.95, 0.97], [0.5, 0.6, 0.8],
                                     [0.1, 0.1, 0.1], n=400, values=38), "END", "C")
-    assert text == ""
+    assert text == ("C takes 38 distinct values here, more than the helix basis's 10 columns: the gap between the "
+                    "helix and the class means is what a helix does not explain.")
+
+
+def test_the_helix_equals_the_class_means_only_where_the_values_are_no_more_than_its_columns():
+    # the page said "with few distinct values the helix already spans every function of n" whatever their number:
+    # on the bundled model's 12-per-operation set C takes more values than the basis has columns, and the helix lay
+    # well below the class means
+    few = helix_caption(helix_rows([0.8, 0.9], [0.2, 0.1], [0.9, 0.95], [0.8, 0.9], [0.1, 0.1], n=40, values=9),
+                        "END", "C")
+    assert "C takes 9 distinct values here and the helix basis has 10 columns: it spans every function of C" in few
+    many = helix_caption(helix_rows([0.3, 0.5], [0.2, 0.1], [0.9, 0.95], [0.7, 0.84], [0.1, 0.1], n=48, values=17),
+                         "END", "C")
+    assert "17 distinct values" in many and "spans every function" not in many
 
 
 def test_every_helix_fit_has_its_own_dash():
