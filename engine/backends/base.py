@@ -214,8 +214,9 @@ class ModelBackend(ABC):
     def block_activations(self, calls: BlockCalls, layer: int, resid_pre: torch.Tensor,
                           names: Sequence[HookName]) -> dict[HookName, torch.Tensor]:
         """Block ``layer`` alone on ``resid_pre`` [S * P, pos, d_model] (S repeats of the P rows ``calls`` were
-        taken from, repeat-major), active ``hooks`` applied; its ``names`` activations (block ``layer``'s only).
-        The meter counts one block of S * P rows (:meth:`WorkMeter.record_block`)."""
+        taken from, repeat-major), active ``hooks`` applied, in the caller's grad mode (a gradient can flow back to
+        ``resid_pre``); its ``names`` activations (block ``layer``'s only, detached).  The meter counts one block of
+        S * P rows (:meth:`WorkMeter.record_block`)."""
         raise NotImplementedError(f"{type(self).__name__} does not run a block alone")
 
     def end_rows_ok(self) -> bool:

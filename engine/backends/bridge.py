@@ -161,7 +161,7 @@ class BridgeBackend(ModelBackend):
                 got[name] = act.detach()
             return fn
         x = resid_pre.to(self.device, next(self.bridge.parameters()).dtype)
-        with torch.no_grad(), self.hooks([(self._alias(n), keep(n)) for n in asked]):
+        with self.hooks([(self._alias(n), keep(n)) for n in asked]):  # in the caller's grad mode
             block = self.bridge.blocks[layer]
             if positional:
                 block(x, *rest, **kw)

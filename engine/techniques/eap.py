@@ -36,7 +36,11 @@ m only through z[l, h] along the edge).  An MLP's input gradient comes from a pr
 it is the vector-Jacobian product of the block model's MLP branch (``backend.mlp_branch``) with dm/dmlp_out,
 checked first against the model's own MLP output.  Cost per point: 1 + L forward and backward
 passes, the layer passes 3 H rows per pair; the senders' differences L passes of H rows per pair
-(:func:`eap_work`).  Checked against autograd through hand-patched runs of a plain model
+(:func:`eap_work`).  A layer's pass needs only that layer: where the backend runs a block alone
+(``ModelBackend.block_activations``) it runs block l alone on the point's own stream entering it (kept from pass
+(1)), the probe added to it -- checked first: the block's z at a zero probe must be pass (1)'s (1e-4 of its
+scale in float32); else whole passes, and the result's ``note`` says so.  Checked against autograd through
+hand-patched runs of a plain model
 (``tests/helpers/plain_edges.py``).
 """
 
@@ -48,9 +52,9 @@ from typing import Sequence
 import torch
 
 from engine.backends import hooks
-from engine.backends.base import ModelBackend
+from engine.backends.base import BlockCalls, ModelBackend
 from engine.machinery.patch_rows import PatchRun
-from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch
+from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch, fallback_note
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
@@ -84,6 +88,7 @@ class EapRaw:
     edges: list[Edge]
     scores: torch.Tensor  # [E, P], or [E, R, P] split by token role (``eap(by_role=True)``)
     steps: int            # 0: EAP, else EAP-IG's points
+    note: str | None = None  # the layers' blocks could not be run alone: whole passes computed it (same numbers)
 
     def effects(self) -> torch.Tensor:
         """Mean estimate per edge (per edge and role).  # [E] or [E, R]"""
@@ -101,21 +106,28 @@ def eap(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge
     diffs = sender_differences(backend, run, list({e.sender: None for e in edges}))
     layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
     points = [1.0] if steps <= 1 else [k / steps for k in range(1, steps + 1)]
-    total = None
+    calls = backend.block_calls(run.ref, run.mask) if backend.runs_one_block and layers else None
+    total, note = None, None
     for i, alpha in enumerate(points):
-        g = gradients(backend, run, layers, alpha)
+        try:
+            g = gradients(backend, run, layers, alpha, calls)
+        except (ShortcutMismatch, RuntimeError, TypeError) as e:
+            # the block alone did not reproduce the model, or could not be called so (an argument of another
+            # shape than its rows': MPT's ALiBi): whole passes from here on (a failure of those raises again)
+            calls, note = None, fallback_note("EAP, a layer's block alone", str(e))
+            g = gradients(backend, run, layers, alpha, None)
         total = g if total is None else _summed(total, g)
         if progress is not None:
             progress(i + 1, len(points))
     n = float(len(points))
     if not by_role:
         scores = torch.stack([(diffs[e.sender.name] * total.of(e)).sum((1, 2)) / n for e in edges])  # [E, P]
-        return EapRaw(list(pairs), edges, scores, steps)
+        return EapRaw(list(pairs), edges, scores, steps, note)
     at = torch.nn.functional.one_hot(circuit_roles(backend, pairs, run.ref.shape[1]), len(CIRCUIT_ROLES))
     at = at.to(torch.float32)  # [P, T, R]
     scores = torch.stack([torch.einsum("pt,ptr->rp", (diffs[e.sender.name] * total.of(e)).sum(2), at) / n
                           for e in edges])  # [E, R, P]
-    return EapRaw(list(pairs), edges, scores, steps)
+    return EapRaw(list(pairs), edges, scores, steps, note)
 
 
 def _summed(a: Gradients, b: Gradients) -> Gradients:
@@ -141,8 +153,10 @@ def _add(probe: torch.Tensor):
     return fn
 
 
-def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], alpha: float = 1.0) -> Gradients:
-    """Every receiver input's gradient at the point ``alpha`` (module docstring): 1 + len(head_layers) passes."""
+def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], alpha: float = 1.0,
+              calls: BlockCalls | None = None) -> Gradients:
+    """Every receiver input's gradient at the point ``alpha`` (module docstring): 1 + len(head_layers) passes, the
+    layers' passes a block alone each where ``calls`` are given (ShortcutMismatch where that misses)."""
     f = backend.facts
     L, H = f.n_layers, f.n_heads
     P, T = run.ref.shape
@@ -165,6 +179,9 @@ def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], 
             seen[what, j] = act.detach()
             return act
         return fn
+    if calls is not None:  # each head layer's stream entering it, and its z (the block's check)
+        edits += [e for j in head_layers
+                  for e in ((hooks.resid_pre(j), keep("pre", j)), (hooks.attn_z(j), keep("z", j)))]
     if sequential:
         edits += [(hooks.mlp_in(j), _add(i_p[j])) for j in range(L)]
     else:
@@ -179,7 +196,8 @@ def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], 
         mlp = [g.float().cpu() for g in grads[2 * L + 1:]]
     else:
         mlp = [_mlp_vjp(backend, j, seen["in", j], seen["out", j], grads[L + 1 + j]) for j in range(L)]
-    heads = {j: _head_input_gradients(backend, run, j, g_z[j], point) for j in head_layers}
+    heads = {j: _head_input_gradients(backend, run, j, g_z[j], point) if calls is None else
+             _head_input_gradients_alone(backend, calls, j, g_z[j], seen["pre", j], seen["z", j]) for j in head_layers}
     return Gradients(g_x, mlp, heads)
 
 
@@ -236,12 +254,45 @@ def _head_input_gradients(backend: ModelBackend, run: PatchRun, layer: int, g_z:
     return g.float().reshape(H, 3, P, T, f.d_model).permute(2, 3, 0, 1, 4).contiguous()
 
 
+def _head_input_gradients_alone(backend: ModelBackend, calls: BlockCalls, layer: int, g_z: torch.Tensor,
+                                stream: torch.Tensor, z_ref: torch.Tensor) -> torch.Tensor:
+    """:func:`_head_input_gradients` with block ``layer`` run alone on ``stream`` [P, T, d], the point's stream
+    entering it (3 H row blocks); ShortcutMismatch unless its z at a zero probe is ``z_ref``, the whole pass's.
+    -> [P, T, H, 3, d]"""
+    f = backend.facts
+    H = f.n_heads
+    P, T = stream.shape[:2]
+    blocks = [(h, x) for h in range(H) for x in QKV]
+    S = len(blocks)
+    probe = torch.zeros(S * P, T, f.d_model, requires_grad=True)
+    seen: dict[str, torch.Tensor] = {}
+
+    def record(act: torch.Tensor) -> torch.Tensor:
+        seen["z"] = act
+        return act
+    names = {"q": hooks.attn_q(layer), "k": hooks.attn_k(layer), "v": hooks.attn_v(layer)}
+    edits = [(name, _detached_rows([x == inp for _, x in blocks], P)) for inp, name in names.items()]
+    edits.append((hooks.attn_z(layer), record))
+    with torch.enable_grad(), backend.hooks(edits):
+        backend.block_activations(calls, layer, stream.repeat(S, 1, 1) + probe.to(stream.device, stream.dtype), [])
+        z = seen["z"].float()  # [S * P, T, H, dh]
+        want = z_ref.float().to(z.device).repeat(S, 1, 1, 1)
+        err = float((z.detach() - want).abs().max() / want.abs().max().clamp_min(1e-6))
+        if not err <= TOLERANCE.get(f.dtype, 1e-4):
+            raise ShortcutMismatch(f"block {layer} run alone misses the model's z by {err:.2g} of its scale")
+        head = torch.tensor([h for h, _ in blocks]).repeat_interleave(P).to(z.device)
+        zh = z[torch.arange(S * P, device=z.device), :, head]  # [S * P, T, dh]
+        obj = (zh * g_z.repeat(S, 1, 1, 1)[torch.arange(S * P), :, head.cpu()].to(z.device)).sum()
+        (g,) = torch.autograd.grad(obj, probe)
+    return g.float().reshape(H, 3, P, T, f.d_model).permute(2, 3, 0, 1, 4).contiguous()
+
+
 def eap_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge] | None = None, *,
              steps: int = 0):
     """The forward and backward work of :func:`eap` (``engine.cost.Work``): X_r and X_c, the heads' differences (a
     pass per layer with head senders), and per point one full-logits pass of the prompts and one of 3 H rows per
     layer with head receivers, each with its backward pass."""
-    from engine.cost import Work
+    from engine.cost import BACKWARD_FACTOR, Work, one_pass
     from engine.machinery.patch_rows import prepare_work
     f = backend.facts
     edges = list(edges) if edges is not None else edge_graph(backend)
@@ -249,6 +300,9 @@ def eap_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence
     w = prepare_work(pairs) + sender_differences_work(backend, edges, n, width)
     per_point = Work(1, n * width, n * width, backward=n * width)
     rows = 3 * f.n_heads * n
-    for _ in {e.receiver.layer for e in edges if e.receiver.kind == "head"}:
-        per_point += Work(1, rows * width, rows * width, backward=rows * width)
-    return w + per_point * max(1, steps)
+    head_layers = {e.receiver.layer for e in edges if e.receiver.kind == "head"}
+    alone = backend.runs_one_block and bool(head_layers)  # (assumed to pass its check)
+    for _ in head_layers:  # a block alone: forward and backward through one block (BACKWARD_FACTOR x a forward)
+        per_point += (Work(1, layers=rows * width * (1 + BACKWARD_FACTOR)) if alone
+                      else Work(1, rows * width, rows * width, backward=rows * width))
+    return w + (one_pass(n, width, n * width) if alone else Work()) + per_point * max(1, steps)
