@@ -196,8 +196,9 @@ def gradients(backend: ModelBackend, run: PatchRun, head_layers: Sequence[int], 
         mlp = [g.float().cpu() for g in grads[2 * L + 1:]]
     else:
         mlp = [_mlp_vjp(backend, j, seen["in", j], seen["out", j], grads[L + 1 + j]) for j in range(L)]
-    heads = {j: _head_input_gradients(backend, run, j, g_z[j], point) if calls is None else
-             _head_input_gradients_alone(backend, calls, j, g_z[j], seen["pre", j], seen["z", j]) for j in head_layers}
+    heads = {j: _head_input_gradients(backend, run, j, g_z[j], point,
+                                      None if calls is None else (calls, seen["pre", j], seen["z", j]))
+             for j in head_layers}
     return Gradients(g_x, mlp, heads)
 
 
@@ -226,9 +227,12 @@ def _detached_rows(keep: Sequence[bool], P: int):
     return fn
 
 
-def _head_input_gradients(backend: ModelBackend, run: PatchRun, layer: int, g_z: torch.Tensor, point
-                          ) -> torch.Tensor:
-    """dm/dx through each head's q, k and v input at ``layer``: one pass, 3 H row blocks.  -> [P, T, H, 3, d]"""
+def _head_input_gradients(backend: ModelBackend, run: PatchRun, layer: int, g_z: torch.Tensor, point,
+                          alone: tuple[BlockCalls, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """dm/dx through each head's q, k and v input at ``layer``: one pass, 3 H row blocks.  ``alone`` = (the blocks'
+    calls, the point's stream entering the layer [P, T, d], the whole pass's z there): block ``layer`` run alone on
+    that stream instead of a whole pass -- ShortcutMismatch unless its z at a zero probe is that z.
+    -> [P, T, H, 3, d]"""
     f = backend.facts
     H = f.n_heads
     P, T = run.ref.shape
@@ -241,45 +245,22 @@ def _head_input_gradients(backend: ModelBackend, run: PatchRun, layer: int, g_z:
         seen["z"] = act
         return act
     names = {"q": hooks.attn_q(layer), "k": hooks.attn_k(layer), "v": hooks.attn_v(layer)}
-    edits = list(point) + [(hooks.resid_pre(layer), _add(probe))]
+    edits = [] if alone else list(point) + [(hooks.resid_pre(layer), _add(probe))]
     edits += [(name, _detached_rows([x == inp for _, x in blocks], P)) for inp, name in names.items()]
     edits.append((hooks.attn_z(layer), record))
     with torch.enable_grad(), backend.hooks(edits):
-        backend.logits(run.stacked(run.ref, S), run.stacked(run.mask, S))
+        if alone is None:
+            backend.logits(run.stacked(run.ref, S), run.stacked(run.mask, S))
+        else:
+            calls, stream, z_ref = alone
+            backend.block_activations(calls, layer, stream.repeat(S, 1, 1) + probe.to(stream.device, stream.dtype),
+                                      [])
         z = seen["z"].float()  # [S * P, T, H, dh]
-        head = torch.tensor([h for h, _ in blocks]).repeat_interleave(P).to(z.device)
-        zh = z[torch.arange(S * P, device=z.device), :, head]  # [S * P, T, dh]
-        obj = (zh * g_z.repeat(S, 1, 1, 1)[torch.arange(S * P), :, head.cpu()].to(z.device)).sum()
-        (g,) = torch.autograd.grad(obj, probe)
-    return g.float().reshape(H, 3, P, T, f.d_model).permute(2, 3, 0, 1, 4).contiguous()
-
-
-def _head_input_gradients_alone(backend: ModelBackend, calls: BlockCalls, layer: int, g_z: torch.Tensor,
-                                stream: torch.Tensor, z_ref: torch.Tensor) -> torch.Tensor:
-    """:func:`_head_input_gradients` with block ``layer`` run alone on ``stream`` [P, T, d], the point's stream
-    entering it (3 H row blocks); ShortcutMismatch unless its z at a zero probe is ``z_ref``, the whole pass's.
-    -> [P, T, H, 3, d]"""
-    f = backend.facts
-    H = f.n_heads
-    P, T = stream.shape[:2]
-    blocks = [(h, x) for h in range(H) for x in QKV]
-    S = len(blocks)
-    probe = torch.zeros(S * P, T, f.d_model, requires_grad=True)
-    seen: dict[str, torch.Tensor] = {}
-
-    def record(act: torch.Tensor) -> torch.Tensor:
-        seen["z"] = act
-        return act
-    names = {"q": hooks.attn_q(layer), "k": hooks.attn_k(layer), "v": hooks.attn_v(layer)}
-    edits = [(name, _detached_rows([x == inp for _, x in blocks], P)) for inp, name in names.items()]
-    edits.append((hooks.attn_z(layer), record))
-    with torch.enable_grad(), backend.hooks(edits):
-        backend.block_activations(calls, layer, stream.repeat(S, 1, 1) + probe.to(stream.device, stream.dtype), [])
-        z = seen["z"].float()  # [S * P, T, H, dh]
-        want = z_ref.float().to(z.device).repeat(S, 1, 1, 1)
-        err = float((z.detach() - want).abs().max() / want.abs().max().clamp_min(1e-6))
-        if not err <= TOLERANCE.get(f.dtype, 1e-4):
-            raise ShortcutMismatch(f"block {layer} run alone misses the model's z by {err:.2g} of its scale")
+        if alone is not None:
+            want = z_ref.float().to(z.device).repeat(S, 1, 1, 1)
+            err = float((z.detach() - want).abs().max() / want.abs().max().clamp_min(1e-6))
+            if not err <= TOLERANCE.get(f.dtype, 1e-4):
+                raise ShortcutMismatch(f"block {layer} run alone misses the model's z by {err:.2g} of its scale")
         head = torch.tensor([h for h, _ in blocks]).repeat_interleave(P).to(z.device)
         zh = z[torch.arange(S * P, device=z.device), :, head]  # [S * P, T, dh]
         obj = (zh * g_z.repeat(S, 1, 1, 1)[torch.arange(S * P), :, head.cpu()].to(z.device)).sum()
