@@ -84,18 +84,19 @@ def number_text(fmt: str, x: float) -> str:
     return fmt.format(0.0) if s == fmt.format(-0.0) else s
 
 
-def whole_percents(counts: Sequence[int]) -> list[int]:
-    """Each count's share of their total in whole percent, summing to exactly 100 (largest remainder: the floors,
-    then one more point to the counts with the largest fractions, ties to the earlier count).  Rounding each share
-    alone can print 3 of 8 and five 1s of 8 as 38 % and 12 % each: 98 % in all.  [] for no counts or a zero total."""
+def share_texts(counts: Sequence[int]) -> list[str]:
+    """Each count's share of their total as text, "37.5 %": in whole percent where those add up to 100, else to one
+    decimal -- equal counts always print equal shares (a largest-remainder rounding would print five 1s of 8 as
+    13 % twice and 12 % three times), and 3 of 8 with five 1s of 8 prints 37.5 % + 5 x 12.5 %, not 38 % + 5 x 12 %
+    = 98 %.  [] for no counts or a zero total."""
     total = sum(counts)
     if not counts or total <= 0:
         return []
     exact = [100 * c / total for c in counts]
-    out = [math.floor(x) for x in exact]
-    for i in sorted(range(len(exact)), key=lambda i: (out[i] - exact[i], i))[:100 - sum(out)]:
-        out[i] += 1
-    return out
+    whole = [round(x) for x in exact]
+    if sum(whole) == 100:
+        return [f"{w} %" for w in whole]
+    return [f"{x:.1f} %" for x in exact]
 
 
 def interval(stat: Callable[[np.ndarray], float], n: int, *, resamples: int = RESAMPLES,

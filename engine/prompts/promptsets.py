@@ -34,7 +34,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from engine.numerics.intervals import whole_percents
+from engine.numerics.intervals import share_texts
 from engine.prompts.custom import CUSTOM_FAMILY, WrittenTemplate, check_kind, explain_dropped, parse_param
 from engine.prompts.pairs import (
     ANSWER_TOKEN_RULE,
@@ -343,8 +343,8 @@ class AnswerTokenStats:
 
     def summary(self) -> str:
         """One line (Markdown) for the pages: each token with its count and share."""
-        shares = whole_percents(list(self.counts.values()))  # they add up to 100 %
-        return " · ".join(f"`{t}` {c} ({s} %)" for (t, c), s in zip(self.counts.items(), shares))
+        shares = share_texts(list(self.counts.values()))  # equal counts, equal shares; 100 % where rounding allows
+        return " · ".join(f"`{t}` {c} ({s})" for (t, c), s in zip(self.counts.items(), shares))
 
     def to_json(self) -> dict[str, Any]:
         d = {"n": self.n, "counts": self.counts, "per_op": self.per_op, "top_op": self.top_op,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.numerics.intervals import Interval, all_hold, interval, mean_intervals, number_text, whole_percents
+from engine.numerics.intervals import Interval, all_hold, interval, mean_intervals, number_text, share_texts
 
 
 def test_a_criterion_holds_fails_or_is_inconclusive_by_where_the_interval_lies():
@@ -34,19 +34,24 @@ def test_a_value_that_rounds_to_zero_prints_without_a_minus_sign():
     assert number_text("{:.2f}", -0.005001) == "-0.01" and number_text("{:.2f}", 0.0) == "0.00"
 
 
-def test_shares_in_whole_percent_add_up_to_100():
-    # the Path patching page's line on SmolLM2: 3 of 8 and five 1s printed 38 % + 5 x 12 % = 98 %
-    assert whole_percents([3, 1, 1, 1, 1, 1]) == [38, 13, 13, 12, 12, 12]  # ties: the earlier counts
+def test_shares_add_up_to_100_where_rounding_allows_and_equal_counts_print_equal_shares():
+    # the Path patching page's line on SmolLM2: 3 of 8 and five 1s printed 38 % + 5 x 12 % = 98 %; a largest-remainder
+    # fix then printed the five equal counts as 13 % twice and 12 % three times
     assert sum(round(100 * c / 8) for c in [3, 1, 1, 1, 1, 1]) == 98  # what rounding each alone printed
-    assert whole_percents([1, 1, 1]) == [34, 33, 33]
-    assert whole_percents([5]) == [100] and whole_percents([]) == [] and whole_percents([0, 0]) == []
+    assert share_texts([3, 1, 1, 1, 1, 1]) == ["37.5 %"] + ["12.5 %"] * 5
+    assert share_texts([2, 1, 1]) == ["50 %", "25 %", "25 %"]  # whole percents where they add up to 100
+    assert share_texts([1, 1, 1]) == ["33.3 %"] * 3  # no rounding adds up: one decimal, equal
+    assert share_texts([5]) == ["100 %"] and share_texts([]) == [] and share_texts([0, 0]) == []
     rng = np.random.default_rng(0)
     for _ in range(200):
-        counts = list(rng.integers(0, 50, size=int(rng.integers(1, 12))))
+        counts = [int(c) for c in rng.integers(0, 50, size=int(rng.integers(1, 12)))]
         if sum(counts):
-            got = whole_percents(counts)
-            assert sum(got) == 100
-            assert all(abs(g - 100 * c / sum(counts)) < 1 for g, c in zip(got, counts))
+            got = share_texts(counts)
+            values = [float(t.removesuffix(" %")) for t in got]
+            assert all(abs(v - 100 * c / sum(counts)) <= 0.5 for v, c in zip(values, counts))
+            assert all(got[i] == got[j] for i in range(len(counts)) for j in range(len(counts))
+                       if counts[i] == counts[j])
+            assert abs(sum(values) - 100) < 0.05 * len(counts) + 1e-9
 
 
 def test_the_bootstrap_matches_a_plain_percentile_bootstrap():
