@@ -39,6 +39,16 @@ def check_reproduces(what: str, got: torch.Tensor, want: torch.Tensor, scale: to
                                f"(tolerance {tol:g})")
 
 
+def check_same(miss: str, got: torch.Tensor, want: torch.Tensor, dtype: str) -> None:
+    """ShortcutMismatch unless ``got`` equals ``want`` (any shape) within the tolerance of ``dtype``, relative to
+    ``want``'s largest |value|; the message is ``miss`` ("block 3 run alone misses the model's stream") and by how
+    much."""
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+    if not err <= TOLERANCE.get(dtype, 1e-4):
+        raise ShortcutMismatch(f"{miss} by {err:.2g} of its scale")
+
+
 def logit_scale(end_logits: torch.Tensor) -> torch.Tensor:
     """Each row's largest |logit|: [P, vocab] -> [P]."""
     return end_logits.detach().float().abs().amax(-1)

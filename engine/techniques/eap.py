@@ -54,7 +54,7 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import BlockCalls, ModelBackend
 from engine.machinery.patch_rows import PatchRun
-from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch, fallback_note
+from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch, check_same, fallback_note
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
@@ -257,10 +257,7 @@ def _head_input_gradients(backend: ModelBackend, run: PatchRun, layer: int, g_z:
                                       [])
         z = seen["z"].float()  # [S * P, T, H, dh]
         if alone is not None:
-            want = z_ref.float().to(z.device).repeat(S, 1, 1, 1)
-            err = float((z.detach() - want).abs().max() / want.abs().max().clamp_min(1e-6))
-            if not err <= TOLERANCE.get(f.dtype, 1e-4):
-                raise ShortcutMismatch(f"block {layer} run alone misses the model's z by {err:.2g} of its scale")
+            check_same(f"block {layer} run alone misses the model's z", z, z_ref.repeat(S, 1, 1, 1), f.dtype)
         head = torch.tensor([h for h, _ in blocks]).repeat_interleave(P).to(z.device)
         zh = z[torch.arange(S * P, device=z.device), :, head]  # [S * P, T, dh]
         obj = (zh * g_z.repeat(S, 1, 1, 1)[torch.arange(S * P), :, head.cpu()].to(z.device)).sum()

@@ -66,7 +66,7 @@ import torch
 from engine.backends import hooks
 from engine.backends.base import BlockCalls, MissingActivation, ModelBackend
 from engine.machinery.batching import pad, pad_id
-from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch, fallback_note
+from engine.machinery.shortcut import ShortcutMismatch, check_same, fallback_note
 from engine.numerics.intervals import LEVEL, RESAMPLES, SEED
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
@@ -241,8 +241,8 @@ class _Runner:
         self.answer = torch.tensor([p.answer_id for p in pairs])
         self.P = len(pairs)
         names = sender_value_names(L)
-        held = [n for j in range(L) for n in (hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j), hooks.attn_out(j),
-                                              hooks.resid_post(j))]
+        held = [n for j in range(L) for n in (hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j), hooks.attn_out(j))]
+        held += [hooks.resid_post(j) for j in range(L)] if backend.runs_one_block else []  # the blocks' check
         moved = [hooks.resid_pre(j) for j in range(1, L)]  # what heads_read_only_qkv reads
         r_lg, self.r = backend.run_with_cache(ids, self.mask, names + held)
         c_lg, self.c = backend.run_with_cache(cf, self.mask, names + moved)
@@ -274,10 +274,8 @@ class _Runner:
             x = self.r[hooks.resid_pre(0)].repeat(2, 1, 1)
             for j in range(self.b.facts.n_layers):
                 x = self.b.block_activations(calls, j, x, [hooks.resid_post(j)])[hooks.resid_post(j)]
-                want = self.r[hooks.resid_post(j)].float().cpu().repeat(2, 1, 1)
-                err = float((x.float().cpu() - want).abs().max() / want.abs().max().clamp_min(1e-6))
-                if not err <= TOLERANCE.get(self.b.facts.dtype, 1e-4):
-                    raise ShortcutMismatch(f"block {j} run alone misses the model's stream by {err:.2g} of its scale")
+                check_same(f"block {j} run alone misses the model's stream", x,
+                           self.r[hooks.resid_post(j)].repeat(2, 1, 1), self.b.facts.dtype)
         except (ShortcutMismatch, MissingActivation, NotImplementedError, RuntimeError, TypeError) as e:
             # a block that cannot be called alone (an argument it needs this way is missing or of the wrong shape)
             self.note = fallback_note("edge circuits, a block at a time", str(e))
@@ -512,8 +510,9 @@ def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept:
     """The forward work of :func:`edge_circuits` (``engine.cost.Work``): X_r and X_c, the check that heads read
     the stream through q, k and v only (one pass), then per layer the
     blocks of passes (B) to (E) (a parallel block: its MLP branch twice per circuit with an ablated edge into the
-    MLP), and the final pass, ``rows_per_pass`` rows at most per pass; a layer's passes stop after it where the
-    backend can (``engine.cost.pass_upto``)."""
+    MLP), and the final pass, ``rows_per_pass`` rows at most per pass; a layer's passes run its block alone where
+    the backend can (``engine.cost.block_pass``: the blocks' calls, their check and each circuit's stream advanced
+    through the layer added), else stop after it where the backend can (``engine.cost.pass_upto``)."""
     from engine.cost import NO_WORK, Work, block_pass, one_pass, pass_upto
     edges = list(edges) if edges is not None else edge_graph(backend)
     kept = _by_role(kept, len(edges))
