@@ -212,11 +212,12 @@ class ModelBackend(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not run a block alone")
 
     def block_activations(self, calls: BlockCalls, layer: int, resid_pre: torch.Tensor,
-                          names: Sequence[HookName]) -> dict[HookName, torch.Tensor]:
+                          names: Sequence[HookName], *, stop: bool = False) -> dict[HookName, torch.Tensor]:
         """Block ``layer`` alone on ``resid_pre`` [S * P, pos, d_model] (S repeats of the P rows ``calls`` were
         taken from, repeat-major), active ``hooks`` applied, in the caller's grad mode (a gradient can flow back to
-        ``resid_pre``); its ``names`` activations (block ``layer``'s only, detached).  The meter counts one block of
-        S * P rows (:meth:`WorkMeter.record_block`)."""
+        ``resid_pre``); its ``names`` activations (block ``layer``'s only, detached).  ``stop``: the block ends once
+        they are read (the attention's: its MLP is not run).  The meter counts one block of S * P rows either way
+        (:meth:`WorkMeter.record_block`)."""
         raise NotImplementedError(f"{type(self).__name__} does not run a block alone")
 
     def end_rows_ok(self) -> bool:

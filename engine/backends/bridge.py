@@ -146,7 +146,7 @@ class BridgeBackend(ModelBackend):
                                     f"its {self.facts.n_layers} once")
         return BlockCalls(int(input_ids.shape[0]), tuple(taken[j] for j in range(self.facts.n_layers)))
 
-    def block_activations(self, calls, layer, resid_pre, names):
+    def block_activations(self, calls, layer, resid_pre, names, *, stop=False):
         rest, kw, positional = calls.calls[layer]
         S = resid_pre.shape[0] // calls.rows
         rest = _repeated(rest, calls.rows, S)
@@ -159,15 +159,23 @@ class BridgeBackend(ModelBackend):
         def keep(name):
             def fn(act):
                 got[name] = act.detach()
+                if stop and len(got) == len(asked):
+                    raise PassStopped
             return fn
         x = resid_pre.to(self.device, next(self.bridge.parameters()).dtype)
-        with self.hooks([(self._alias(n), keep(n)) for n in asked]):  # in the caller's grad mode
-            block = self.bridge.blocks[layer]
-            if positional:
-                block(x, *rest, **kw)
-            else:
-                block(hidden_states=x, **kw)
+        try:
+            with self.hooks([(self._alias(n), keep(n)) for n in asked]):  # in the caller's grad mode
+                block = self.bridge.blocks[layer]
+                if positional:
+                    block(x, *rest, **kw)
+                else:
+                    block(hidden_states=x, **kw)
+        except PassStopped:
+            pass
         self.meter.record_block(x)
+        missing = set(asked) - set(got)
+        if missing:
+            raise MissingActivation(f"{self.facts.architecture}'s block {layer} run alone fired no {sorted(missing)}")
         return {n: got[n].to(self.device) for n in asked}
 
     @property

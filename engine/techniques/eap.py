@@ -38,8 +38,12 @@ checked first against the model's own MLP output.  Cost per point: 1 + L forward
 passes, the layer passes 3 H rows per pair; the senders' differences L passes of H rows per pair
 (:func:`eap_work`).  A layer's pass needs only that layer: where the backend runs a block alone
 (``ModelBackend.block_activations``) it runs block l alone on the point's own stream entering it (kept from pass
-(1)), the probe added to it -- checked first: the block's z at a zero probe must be pass (1)'s (1e-4 of its
-scale in float32); else whole passes, and the result's ``note`` says so.  Checked against autograd through
+(1)), the probe added to it, and ends it at z (m depends on the block only through z there: the MLP is not run)
+-- checked first: the block's z at a zero probe must be pass (1)'s (1e-4 of its scale in float32); the senders'
+differences likewise run block l alone on X_r's stream, up to the attention's output, with one row block left
+unpatched that must give X_r's (:func:`engine.techniques.edges.sender_differences`); else whole passes, and the
+result's ``note`` says so.  Last, per pair and token role, one product of the senders' differences with the
+receivers' gradients over those positions gives every edge's sum at once (:func:`_edge_sums`).  Checked against autograd through
 hand-patched runs of a plain model
 (``tests/helpers/plain_edges.py``).
 """
@@ -58,7 +62,15 @@ from engine.machinery.shortcut import TOLERANCE, ShortcutMismatch, check_same, f
 from engine.progress import ProgressFn
 from engine.prompts.pairs import PromptPair
 from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
-from engine.techniques.edges import QKV, Edge, edge_graph, prepared, sender_differences, sender_differences_work
+from engine.techniques.edges import (
+    QKV,
+    Edge,
+    edge_graph,
+    head_senders_per_layer,
+    prepared,
+    sender_differences,
+    sender_differences_work,
+)
 
 METHOD = "eap"
 
@@ -103,11 +115,14 @@ def eap(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge
         raise ValueError(f"steps must be >= 0 (0: EAP, n: EAP-IG with n points), got {steps}")
     edges = list(edges) if edges is not None else edge_graph(backend)
     run = prepared(backend, pairs)
-    diffs = sender_differences(backend, run, list({e.sender: None for e in edges}))
     layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
+    alone = backend.runs_one_block and bool(layers or head_senders_per_layer(edges))
+    calls = backend.block_calls(run.ref, run.mask) if alone else None
+    diffs, note = sender_differences(backend, run, list({e.sender: None for e in edges}), calls)
+    if note is not None:  # a block alone missed the model: whole passes for the gradients too
+        calls = None
     points = [1.0] if steps <= 1 else [k / steps for k in range(1, steps + 1)]
-    calls = backend.block_calls(run.ref, run.mask) if backend.runs_one_block and layers else None
-    total, note = None, None
+    total = None
     for i, alpha in enumerate(points):
         try:
             g = gradients(backend, run, layers, alpha, calls)
@@ -119,15 +134,39 @@ def eap(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge
         total = g if total is None else _summed(total, g)
         if progress is not None:
             progress(i + 1, len(points))
-    n = float(len(points))
     if not by_role:
-        scores = torch.stack([(diffs[e.sender.name] * total.of(e)).sum((1, 2)) / n for e in edges])  # [E, P]
-        return EapRaw(list(pairs), edges, scores, steps, note)
-    at = torch.nn.functional.one_hot(circuit_roles(backend, pairs, run.ref.shape[1]), len(CIRCUIT_ROLES))
-    at = at.to(torch.float32)  # [P, T, R]
-    scores = torch.stack([torch.einsum("pt,ptr->rp", (diffs[e.sender.name] * total.of(e)).sum(2), at) / n
-                          for e in edges])  # [E, R, P]
-    return EapRaw(list(pairs), edges, scores, steps, note)
+        everywhere = torch.ones(run.ref.shape, dtype=torch.bool)[None]  # [1, P, T]
+        return EapRaw(list(pairs), edges, _edge_sums(diffs, total, edges, everywhere)[:, 0] / len(points), steps,
+                      note)  # [E, P]
+    roles = circuit_roles(backend, pairs, run.ref.shape[1])  # [P, T]
+    at = torch.stack([roles == r for r in range(len(CIRCUIT_ROLES))])  # [R, P, T]
+    return EapRaw(list(pairs), edges, _edge_sums(diffs, total, edges, at) / len(points), steps, note)  # [E, R, P]
+
+
+def _edge_sums(diffs: dict[str, torch.Tensor], total: Gradients, edges: Sequence[Edge], at: torch.Tensor
+               ) -> torch.Tensor:
+    """For every edge u -> v, pair p and group g of positions (``at`` [G, P, T], disjoint): the sum over g's
+    positions of d_u . dm/dx_v -- per pair and group one product of the senders' differences with the receivers'
+    gradients over those positions (U x V sums, the edges read from it).  -> [E, G, P]"""
+    senders = {s: i for i, s in enumerate(dict.fromkeys(e.sender.name for e in edges))}
+    receivers: dict[tuple, int] = {}
+    grads = []
+    for e in edges:
+        if (e.receiver, e.qkv) not in receivers:
+            receivers[e.receiver, e.qkv] = len(grads)
+            grads.append(total.of(e))
+    D = torch.stack([diffs[s] for s in senders])  # [U, P, T, d]
+    G = torch.stack(grads)                         # [V, P, T, d]
+    u = torch.tensor([senders[e.sender.name] for e in edges])
+    v = torch.tensor([receivers[e.receiver, e.qkv] for e in edges])
+    out = torch.zeros(len(edges), at.shape[0], D.shape[1])
+    for g in range(at.shape[0]):
+        for p in range(D.shape[1]):
+            t = at[g, p]
+            if t.any():
+                sums = D[:, p, t].reshape(len(D), -1) @ G[:, p, t].reshape(len(G), -1).T  # [U, V]
+                out[:, g, p] = sums[u, v]
+    return out
 
 
 def _summed(a: Gradients, b: Gradients) -> Gradients:
@@ -254,7 +293,7 @@ def _head_input_gradients(backend: ModelBackend, run: PatchRun, layer: int, g_z:
         else:
             calls, stream, z_ref = alone
             backend.block_activations(calls, layer, stream.repeat(S, 1, 1) + probe.to(stream.device, stream.dtype),
-                                      [])
+                                      [hooks.attn_z(layer)], stop=True)  # m depends on the block only through z
         z = seen["z"].float()  # [S * P, T, H, dh]
         if alone is not None:
             check_same(f"block {layer} run alone misses the model's z", z, z_ref.repeat(S, 1, 1, 1), f.dtype)
@@ -275,11 +314,11 @@ def eap_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence
     f = backend.facts
     edges = list(edges) if edges is not None else edge_graph(backend)
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
-    w = prepare_work(pairs) + sender_differences_work(backend, edges, n, width)
+    head_layers = {e.receiver.layer for e in edges if e.receiver.kind == "head"}
+    alone = backend.runs_one_block and bool(head_layers or head_senders_per_layer(edges))  # (assumed to pass its check)
+    w = prepare_work(pairs) + sender_differences_work(backend, edges, n, width, alone=alone)
     per_point = Work(1, n * width, n * width, backward=n * width)
     rows = 3 * f.n_heads * n
-    head_layers = {e.receiver.layer for e in edges if e.receiver.kind == "head"}
-    alone = backend.runs_one_block and bool(head_layers)  # (assumed to pass its check)
     for _ in head_layers:  # a block alone: forward and backward through one block (BACKWARD_FACTOR x a forward)
         per_point += (Work(1, layers=rows * width * (1 + BACKWARD_FACTOR)) if alone
                       else Work(1, rows * width, rows * width, backward=rows * width))

@@ -29,7 +29,8 @@ senders per role); everything else is as below.
 **The computation** is layer by layer (:func:`edge_circuits`): at layer l each circuit's stream entering the layer
 is its state -- the block run alone on it where the backend can (``ModelBackend.block_activations``, checked:
 the blocks chained alone on X_r's embedding must give X_r's stream after every layer; each circuit's stream is
-then advanced through the layer with its heads' z and MLP output written), else a pass from the input with the
+then advanced through the layer with its heads' z and MLP output written; a pass that reads the attention
+only ends there), else a pass from the input with the
 circuit's earlier heads' z and MLP outputs written back (the same numbers, a pass at layer l l + 1 blocks long;
 the result's ``note`` says so) -- then (B) one block of rows per distinct correction of the layer's
 q / k / v inputs, (C) one block per distinct (q, k, v) triple of corrections a head mixes, (D) the heads'
@@ -294,7 +295,8 @@ class _Runner:
                ) -> list[dict]:
         """Run blocks 0 .. n - 1 of layer ``layer`` (block i: circuit ``circuits[i]``; ``edits_of(block indices)``
         -> that layer's edits), ``per`` blocks a pass; each block's ``names`` activations (the layer's).  The block
-        alone on each circuit's stream (:attr:`blocks`), or a pass from the input with ``state`` -- the circuits'
+        alone on each circuit's stream (:attr:`blocks`), ended once ``names`` are read (an attention pass skips the
+        MLP), or a pass from the input with ``state`` -- the circuits'
         (z, mlp) -- written back in the layers before (None: nothing before matters), stopped after the layer
         where the backend can.  # [n] of {name: [P, ...]}"""
         out: list[dict] = []
@@ -305,7 +307,7 @@ class _Runner:
             if self.blocks is not None:
                 with self.b.hooks(edits_of(ix)):
                     acts = self.b.block_activations(self.blocks, layer, torch.cat([self.resid[c] for c in cs]),
-                                                    list(names))
+                                                    list(names), stop=True)  # ends once they are read
             else:
                 before = [] if state is None else self.state_edits(*state, cs, layer)
                 with self.b.hooks(before + edits_of(ix)):
@@ -395,15 +397,31 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
     run.resid = [run.r[hooks.resid_pre(0)]] * C  # every circuit enters layer 0 with X_r's embedding
     state = (z, mlp)
 
+    total = [d["input"].clone() for d in diff]  # [C] of [P, pos, d]: the sum of every difference in diff[c]
+
+    def send(c: int, sender: str, d: torch.Tensor) -> None:
+        diff[c][sender] = d
+        total[c] += d
+
+    def summed(c: int, senders: tuple[str, ...]) -> torch.Tensor:
+        """The senders' differences summed -- or, where most of the differences known so far are among them, their
+        total less the others' (fewer sums: a small circuit ablates nearly every edge)."""
+        if 2 * len(senders) <= len(diff[c]) + 1:
+            return sum((diff[c][s] for s in senders), torch.zeros_like(total[c]))
+        out, skip = total[c].clone(), set(senders)
+        for s, d in diff[c].items():  # (in the order they were sent: the same sums every run)
+            if s not in skip:
+                out -= d
+        return out
+
     def correction(c: int, key: tuple[tuple[str, ...], ...]) -> torch.Tensor:
         """What the ablated edges add to a receiver's input: per role, its senders' differences there."""
-        d = torch.zeros_like(diff[c]["input"])
+        if run.where is None:
+            return summed(c, key[0])
+        d = torch.zeros_like(total[c])
         for r, senders in enumerate(key):
-            if run.where is None:
-                for s in senders:
-                    d += diff[c][s]
-            elif senders:  # a role's senders summed, then laid over its positions once
-                d += sum(diff[c][s] for s in senders) * run.where[r]
+            if senders:  # a role's senders summed, then laid over its positions once
+                d += summed(c, senders) * run.where[r]
         return d
 
     def mlp_correction(c: int, layer: int) -> torch.Tensor:
@@ -440,7 +458,7 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
             for c in range(C):
                 for h in range(H):
                     if plan.needs_difference(c, f"a{layer}.h{h}"):
-                        diff[c][f"a{layer}.h{h}"] = (zc[:, :, h] - z[c][layer][:, :, h]) @ W_O[h]
+                        send(c, f"a{layer}.h{h}", (zc[:, :, h] - z[c][layer][:, :, h]) @ W_O[h])
         dh = [] if linear else _diff_heads(plan, C, layer, H)
         blocks_d = [(c, h) for c, h in dh] + [(c, -1) for c in dict.fromkeys(c for c, _ in dh)]
 
@@ -457,7 +475,7 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
         base = {c: got[hooks.attn_out(layer)] for (c, h), got in zip(blocks_d, got_d) if h < 0}
         for (c, h), got in zip(blocks_d, got_d):
             if h >= 0:
-                diff[c][f"a{layer}.h{h}"] = got[hooks.attn_out(layer)] - base[c]
+                send(c, f"a{layer}.h{h}", got[hooks.attn_out(layer)] - base[c])
         # (E) the MLP, its input plus its correction (a parallel block: through the block model's branch)
         parallel = backend.parallel_attn_mlp
 
@@ -472,7 +490,7 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
             if parallel and plan.ablated[c].get(("mlp", layer)):
                 out = out + _branch_change(backend, layer, got[hooks.resid_pre(layer)], mlp_correction(c, layer))
             mlp[c][layer] = out
-            diff[c][f"m{layer}"] = run.c[hooks.mlp_out(layer)].float().cpu() - out
+            send(c, f"m{layer}", run.c[hooks.mlp_out(layer)].float().cpu() - out)
     steps = Stages(progress, [1] * (L + 1))
     for layer in range(L):
         bar = steps.stage(layer)

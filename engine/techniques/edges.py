@@ -63,9 +63,10 @@ import numpy as np
 import torch
 
 from engine.backends import hooks
-from engine.backends.base import ModelBackend
+from engine.backends.base import BlockCalls, ModelBackend
 from engine.machinery.batching import batches
 from engine.machinery.patch_rows import Edit, HookFn, PatchRun, patch_rows, prepare
+from engine.machinery.shortcut import ShortcutMismatch, check_same, fallback_note
 from engine.progress import ProgressFn, Stages
 from engine.prompts.pairs import PromptPair
 from engine.techniques.attention import CIRCUIT_ROLES, circuit_roles
@@ -196,20 +197,25 @@ def prepared(backend: ModelBackend, pairs: Sequence[PromptPair]) -> PatchRun:
     names = [hooks.resid_pre(0), hooks.resid_post(L - 1)]
     names += [n for j in range(L) for n in (hooks.attn_z(j), hooks.attn_out(j), hooks.mlp_out(j), hooks.mlp_in(j),
                                               hooks.attn_q(j), hooks.attn_k(j), hooks.attn_v(j))]
-    if backend.parallel_attn_mlp:  # a parallel block's MLP reads the block input (_mlp_edits)
-        names += [hooks.resid_pre(j) for j in range(L)]
+    if backend.parallel_attn_mlp or backend.runs_one_block:  # a parallel block's MLP reads the block input
+        names += [hooks.resid_pre(j) for j in range(L)]     # (_mlp_edits); a block run alone starts from it
     names = list(dict.fromkeys(names))
     return prepare(backend, pairs, names, [hooks.resid_pre(0), *[n for j in range(L)
                                                                 for n in (hooks.attn_z(j), hooks.mlp_out(j))]])
 
 
 @torch.no_grad()
-def sender_differences(backend: ModelBackend, run: PatchRun, senders: Sequence[Node]) -> dict[str, torch.Tensor]:
-    """{sender name: d_u [P, pos, d_model]} (module docstring).  A head's: one pass per layer, the layer's heads
-    as rows, each row's head output from X_c at every position, the attention's output read."""
+def sender_differences(backend: ModelBackend, run: PatchRun, senders: Sequence[Node], calls: BlockCalls | None = None
+                       ) -> tuple[dict[str, torch.Tensor], str | None]:
+    """({sender name: d_u [P, pos, d_model]}, note) (module docstring).  A head's: one pass per layer, the layer's
+    heads as rows, each row's head output from X_c at every position, the attention's output read.  With ``calls``
+    (X_r's, ``ModelBackend.block_calls``; ``run`` from :func:`prepared`, which keeps each layer's input where the
+    backend runs a block alone) that layer's block runs alone on X_r's stream entering it, one row block more left
+    unpatched -- checked first: its attention output must be X_r's; else whole passes, and ``note`` says so."""
     out: dict[str, torch.Tensor] = {}
     P = run.n
     by_layer: dict[int, list[int]] = {}
+    note = None
     for s in senders:
         if s.kind == "input":
             out[s.name] = (run.cf_cache[hooks.resid_pre(0)] - run.ref_cache[hooks.resid_pre(0)]).float()
@@ -219,20 +225,33 @@ def sender_differences(backend: ModelBackend, run: PatchRun, senders: Sequence[N
         elif s.kind == "head":
             by_layer.setdefault(s.layer, []).append(s.head)
     for layer, heads in by_layer.items():
-        z = hooks.attn_z(layer)
+        z, attn_out = hooks.attn_z(layer), hooks.attn_out(layer)
         S = len(heads)
 
-        def put(act: torch.Tensor, heads=heads, z=z) -> torch.Tensor:  # [S * P, pos, H, d_head]
+        def put(act: torch.Tensor, heads=heads, z=z) -> torch.Tensor:  # [S * P (+ P), pos, H, d_head]
             for i, h in enumerate(heads):
                 act[i * P:(i + 1) * P, :, h] = run.cf_cache[z][:, :, h].to(act.device, act.dtype)
             return act
-        with backend.hooks([(z, put)]):
-            acts = backend.activations_upto(run.stacked(run.ref, S), run.stacked(run.mask, S),
-                                            [hooks.attn_out(layer)])
-        a = acts[hooks.attn_out(layer)].float().reshape(S, P, *run.ref_cache[hooks.attn_out(layer)].shape[1:])
+        a = None  # [S, P, pos, d]
+        if calls is not None:
+            try:
+                with backend.hooks([(z, put)]):
+                    got = backend.block_activations(calls, layer, run.stacked(run.ref_cache[hooks.resid_pre(layer)],
+                                                                              S + 1), [attn_out], stop=True)
+                a = got[attn_out].float().reshape(S + 1, P, *run.ref_cache[attn_out].shape[1:])
+                check_same(f"block {layer} run alone misses the model's attention output", a[S],
+                           run.ref_cache[attn_out], backend.facts.dtype)
+                a = a[:S]
+            except (ShortcutMismatch, RuntimeError, TypeError) as e:
+                calls, a = None, None
+                note = fallback_note("The senders' differences, a layer's block alone", str(e))
+        if a is None:
+            with backend.hooks([(z, put)]):
+                acts = backend.activations_upto(run.stacked(run.ref, S), run.stacked(run.mask, S), [attn_out])
+            a = acts[attn_out].float().reshape(S, P, *run.ref_cache[attn_out].shape[1:])
         for i, h in enumerate(heads):
-            out[Node("head", layer, h).name] = (a[i] - run.ref_cache[hooks.attn_out(layer)].float()).cpu()
-    return {k: v.cpu() for k, v in out.items()}
+            out[Node("head", layer, h).name] = (a[i] - run.ref_cache[attn_out].float()).cpu()
+    return {k: v.cpu() for k, v in out.items()}, note
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +322,7 @@ def edge_patching(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Seq
     ``by_role``: each edge at each token role's positions only (patched [E, R, P])."""
     edges = list(edges) if edges is not None else edge_graph(backend)
     run = prepared(backend, pairs)
-    diffs = sender_differences(backend, run, list({e.sender: None for e in edges}))
+    diffs, _ = sender_differences(backend, run, list({e.sender: None for e in edges}))
     P = run.n
     masks = role_masks(backend, pairs, run.ref.shape[1]) if by_role else None  # [R, P, T, 1]
     R = 1 if masks is None else len(masks)
@@ -380,7 +399,7 @@ def node_patching(backend: ModelBackend, pairs: Sequence[PromptPair], *, rows_pe
     """The answer logit with each node's X_c output at each token role's positions (exact; module docstring)."""
     nodes = node_senders(backend)
     run = prepared(backend, pairs)
-    diffs = sender_differences(backend, run, nodes)
+    diffs, _ = sender_differences(backend, run, nodes)
     P = run.n
     masks = role_masks(backend, pairs, run.ref.shape[1])  # [R, P, T, 1]
     R, live = len(masks), live_roles(backend, pairs)
@@ -445,13 +464,14 @@ def head_senders_per_layer(edges: Sequence[Edge]) -> dict[int, int]:
     return {layer: sum(1 for j, _ in heads if j == layer) for layer in sorted({j for j, _ in heads})}
 
 
-def sender_differences_work(backend: ModelBackend, edges: Sequence[Edge], n: int, width: int):
+def sender_differences_work(backend: ModelBackend, edges: Sequence[Edge], n: int, width: int, *, alone: bool = False):
     """The work of :func:`sender_differences` for ``edges``' senders and ``n`` prompts padded to ``width``: a pass
-    per layer with head senders, its heads as rows, stopped after that layer where the backend can."""
-    from engine.cost import NO_WORK, pass_upto
+    per layer with head senders, its heads as rows, stopped after that layer where the backend can; ``alone``: that
+    layer's block alone on one row block more (the check's), X_r's block calls not counted here."""
+    from engine.cost import NO_WORK, block_pass, pass_upto
     w = NO_WORK
     for layer, count in head_senders_per_layer(edges).items():
-        w += pass_upto(backend, count * n, width, layer)
+        w += block_pass((count + 1) * n, width) if alone else pass_upto(backend, count * n, width, layer)
     return w
 
 

@@ -37,17 +37,20 @@ def test_eap_ig_with_one_step_is_eap(bundled):
     backend, pairs, edges, raw = bundled
     few = [i for i, e in enumerate(edges) if e.receiver.kind != "head" or e.receiver.layer < 3]  # fewer passes
     sub = [edges[i] for i in few]
-    assert torch.equal(eap(backend, pairs, sub, steps=1).scores, raw.scores[few])
+    one = eap(backend, pairs, sub).scores
+    assert float((one - raw.scores[few]).abs().max()) < 1e-6  # (another edge set: sums in another order)
+    assert torch.equal(eap(backend, pairs, sub, steps=1).scores, one)
     two = eap(backend, pairs, sub, steps=2)  # X_c half-way in: another estimate
-    assert float((two.scores - raw.scores[few]).abs().max()) > 1e-4
+    assert float((two.scores - one).abs().max()) > 1e-4
     with pytest.raises(ValueError):
         eap(backend, pairs, edges, steps=-1)
 
 
 def test_a_layers_block_alone_gives_the_whole_passes_gradients_and_falls_back_when_it_misses(bundled, monkeypatch):
-    """The head inputs' gradients from each layer's block run alone on the point's stream equal those of whole
-    passes (EAP-IG's interpolated points too, 1e-5) for less work; a block that misses the model's z falls back to
-    whole passes and says so, with the same scores."""
+    """The senders' differences and the head inputs' gradients from each layer's block run alone (on X_r's stream,
+    on the point's stream) equal those of whole passes (EAP-IG's interpolated points too, 1e-5) for less work; a
+    block that misses the model's attention output or z falls back to whole passes and says so, with the same
+    scores."""
     from engine.backends.base import WorkMeter
     from engine.cost import metered
     backend, pairs, edges, _ = bundled
@@ -65,14 +68,17 @@ def test_a_layers_block_alone_gives_the_whole_passes_gradients_and_falls_back_wh
     monkeypatch.setattr(cls, "runs_one_block", property(lambda self: True))
 
     wrong = max(e.receiver.layer for e in edges if e.receiver.kind == "head")
-
-    def off(self, calls, layer, resid_pre, names):  # a block model that is wrong at one layer of the sample's heads
-        # (a scale would not do: the block's norm removes it)
-        return real(self, calls, layer, resid_pre + (0.05 * resid_pre.roll(1, -1) if layer == wrong else 0), names)
-    monkeypatch.setattr(cls, "block_activations", off)
-    missed = eap(backend, pairs, edges, steps=2)
-    assert missed.note is not None and f"block {wrong} run alone misses the model's z" in missed.note
-    assert float((missed.scores - whole.scores).abs().max()) < 1e-5
+    rows_of_gradients = 3 * backend.facts.n_heads * len(pairs)
+    for only_gradients, check in ((False, "attention output"), (True, "z")):
+        def off(self, calls, layer, resid_pre, names, only_gradients=only_gradients, **kw):
+            # a block model wrong at one layer of the sample's heads (a scale would not do: the block's norm removes
+            # it): in every call (the senders' differences catch it first), or only in the gradients' (3 H row blocks)
+            bad = layer == wrong and (not only_gradients or resid_pre.shape[0] == rows_of_gradients)
+            return real(self, calls, layer, resid_pre + (0.05 * resid_pre.roll(1, -1) if bad else 0), names, **kw)
+        monkeypatch.setattr(cls, "block_activations", off)
+        missed = eap(backend, pairs, edges, steps=2)
+        assert missed.note is not None and f"block {wrong} run alone misses the model's {check}" in missed.note
+        assert float((missed.scores - whole.scores).abs().max()) < 1e-5
 
 
 def test_eap_equals_autograd_on_sandwich_norms(tmp_path):

@@ -115,8 +115,8 @@ def test_each_layer_runs_its_block_alone_and_falls_back_to_whole_passes_when_tha
     assert fast.note is None and organism.runs_one_block
     real = type(organism).block_activations
 
-    def off(self, calls, layer, resid_pre, names):  # a block model that is wrong from layer 3 on
-        got = real(self, calls, layer, resid_pre, names)
+    def off(self, calls, layer, resid_pre, names, **kw):  # a block model that is wrong from layer 3 on
+        got = real(self, calls, layer, resid_pre, names, **kw)
         return {n: v * 1.01 for n, v in got.items()} if layer >= 3 else got
     monkeypatch.setattr(type(organism), "block_activations", off)
     organism.meter = WorkMeter()
