@@ -73,6 +73,16 @@ class BridgeBackend(ModelBackend):
             return hook_names.resid_pre(int(str(name).split(".")[1]))
         return name
 
+    def _point(self, name: str):
+        """The bridge's HookPoint of a TransformerLens hook name, resolved once per backend by the bridge's own rules
+        (its aliases; a hook point this model never fires refused)."""
+        points = self.__dict__.setdefault("_points", {})
+        if name not in points:
+            from transformer_lens.model_bridge.bridge_core import build_alias_to_canonical_map
+            hook_dict = self.bridge.hook_dict
+            points[name] = self.bridge._resolve_hook_point(name, build_alias_to_canonical_map(hook_dict), hook_dict)[1]
+        return points[name]
+
     @contextmanager
     def hooks(self, edits):
         """The edits in place for the block; MissingActivation after a block that ran the model but never fired
@@ -85,8 +95,23 @@ class BridgeBackend(ModelBackend):
                 out = fn(act)
                 return act if out is None else out
             return hook
-        with self._lock, self.bridge.hooks(fwd_hooks=[(n, wrap(n, fn)) for n, fn in edits]):
-            yield
+        if getattr(self.bridge, "compatibility_mode", False):  # its hooks are called once per alias name
+            with self._lock, self.bridge.hooks(fwd_hooks=[(n, wrap(n, fn)) for n, fn in edits]):
+                yield
+        else:  # as the bridge's own ``hooks`` does it, the names resolved once (it rebuilds its alias map per call)
+            with self._lock:
+                level = getattr(self.bridge, "context_level", 0) + 1
+                self.bridge.context_level = level
+                added = []
+                try:
+                    for n, fn in edits:
+                        point = self._point(str(n))
+                        added.append((point, point.add_hook(wrap(n, fn), dir="fwd", level=level)))
+                    yield
+                finally:
+                    for point, handle in added:
+                        self.bridge._remove_temporary_hook(point, "fwd", handle)
+                    self.bridge.context_level = level - 1
         silent = {str(n) for n, _ in edits} - fired
         if fired and silent:
             raise MissingActivation(f"{self.facts.architecture} never runs hook point(s) {sorted(silent)[:4]} (its "

@@ -43,9 +43,8 @@ passes, the layer passes 3 H rows per pair; the senders' differences L passes of
 differences likewise run block l alone on X_r's stream, up to the attention's output, with one row block left
 unpatched that must give X_r's (:func:`engine.techniques.edges.sender_differences`); else whole passes, and the
 result's ``note`` says so.  Last, per pair and token role, one product of the senders' differences with the
-receivers' gradients over those positions gives every edge's sum at once (:func:`_edge_sums`).  Checked against autograd through
-hand-patched runs of a plain model
-(``tests/helpers/plain_edges.py``).
+receivers' gradients over those positions gives every edge's sum at once (:func:`_edge_sums`).  Checked against
+autograd through hand-patched runs of a plain model (``tests/helpers/plain_edges.py``).
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ senders per role); everything else is as below.
 **The computation** is layer by layer (:func:`edge_circuits`): at layer l each circuit's stream entering the layer
 is its state -- the block run alone on it where the backend can (``ModelBackend.block_activations``, checked:
 the blocks chained alone on X_r's embedding must give X_r's stream after every layer; each circuit's stream is
-then advanced through the layer with its heads' z and MLP output written; a pass that reads the attention
-only ends there), else a pass from the input with the
+then the stream after the layer in pass (E) -- a parallel block's, whose MLP output is corrected after that pass,
+advanced through the layer with its heads' z and MLP output written; a pass that reads the attention only ends
+there), else a pass from the input with the
 circuit's earlier heads' z and MLP outputs written back (the same numbers, a pass at layer l l + 1 blocks long;
 the result's ``note`` says so) -- then (B) one block of rows per distinct correction of the layer's
 q / k / v inputs, (C) one block per distinct (q, k, v) triple of corrections a head mixes, (D) the heads'
@@ -318,7 +319,8 @@ class _Runner:
 
     def advance(self, layer: int, z: list[list], mlp: list[list]) -> None:
         """Each circuit's stream past block ``layer``, its heads' z and its MLP output written (one block alone per
-        ``per`` circuits; nothing to do where the passes run from the input)."""
+        ``per`` circuits; nothing to do where the passes run from the input).  A sequential block's streams come
+        from pass (E) instead, which computes them."""
         if self.blocks is None:
             return
         post, C = hooks.resid_post(layer), len(self.resid)
@@ -484,18 +486,27 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
             if not parallel:
                 e.append((hooks.mlp_in(layer), _adder(torch.cat([mlp_correction(c, layer) for c in ix]))))
             return e
-        names_e = [hooks.mlp_out(layer)] + ([hooks.resid_pre(layer)] if parallel else [])
+        # a sequential block's MLP output here is the circuit's own, so is the stream after it: each circuit's
+        # stream is advanced by this pass (a parallel block's MLP output is corrected below: advanced after it)
+        post = hooks.resid_post(layer) if run.blocks is not None and not parallel else None
+        names_e = [hooks.mlp_out(layer)] + ([hooks.resid_pre(layer)] if parallel else []) + ([post] if post else [])
+        advanced = []
         for c, got in enumerate(run.passes(layer, list(range(C)), edits_e, names_e, state)):
             out = got[hooks.mlp_out(layer)]
             if parallel and plan.ablated[c].get(("mlp", layer)):
                 out = out + _branch_change(backend, layer, got[hooks.resid_pre(layer)], mlp_correction(c, layer))
             mlp[c][layer] = out
             send(c, f"m{layer}", run.c[hooks.mlp_out(layer)].float().cpu() - out)
+            if post:
+                advanced.append(got[post])
+        if post:
+            run.resid = advanced
+        else:
+            run.advance(layer, z, mlp)
     steps = Stages(progress, [1] * (L + 1))
     for layer in range(L):
         bar = steps.stage(layer)
         step(layer)
-        run.advance(layer, z, mlp)
         if bar is not None:
             bar(1, 1)
     # the final stream with its correction, END's logits
@@ -555,7 +566,8 @@ def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept:
     for layer in range(L):
         dh = [] if backend.attn_branch_is_identity else _diff_heads(plan, C, layer, H)
         for count in (len(_blocks_b(plan, C, layer, H)), len(_blocks_c(plan, C, layer, H)),
-                      len(dh) + len({c for c, _ in dh}), C) + ((C,) if alone else ()):  # + each stream advanced
+                      len(dh) + len({c for c, _ in dh}), C) + ((C,) if alone and backend.parallel_attn_mlp
+                                                                  else ()):  # + a parallel block's streams advanced
             if count:
                 w += blocks(count, layer)
         if backend.parallel_attn_mlp:
