@@ -71,7 +71,8 @@ class Work:
     the final norm and the unembedding, ``layers`` positions times blocks of the passes that stop after a block),
     ``mlp_rows``, rows through one MLP branch (the END chains), and ``backward``, positions a backward pass carries
     back through every block (attribution patching's gradients; counted as :data:`BACKWARD_FACTOR` forward
-    positions each)."""
+    positions each), and ``attention``, positions through one block's attention only (a block run alone that
+    stops there: one block less its MLP branch)."""
 
     calls: int = 0
     body: int = 0
@@ -79,24 +80,27 @@ class Work:
     mlp_rows: int = 0
     backward: int = 0
     layers: int = 0
+    attention: int = 0
 
     def __add__(self, other: Work) -> Work:
         return Work(self.calls + other.calls, self.body + other.body, self.unembed + other.unembed,
-                    self.mlp_rows + other.mlp_rows, self.backward + other.backward, self.layers + other.layers)
+                    self.mlp_rows + other.mlp_rows, self.backward + other.backward, self.layers + other.layers,
+                    self.attention + other.attention)
 
     def __mul__(self, k: int) -> Work:
         return Work(self.calls * k, self.body * k, self.unembed * k, self.mlp_rows * k, self.backward * k,
-                    self.layers * k)
+                    self.layers * k, self.attention * k)
 
     def forward_body(self, n_layers: int) -> float:
         """Positions through every block: a backward position counted as :data:`BACKWARD_FACTOR` of them, a
-        position through one block of a stopped pass as 1 / ``n_layers``."""
-        return self.body + BACKWARD_FACTOR * self.backward + self.layers / max(n_layers, 1)
+        position through one block of a stopped pass (or its attention: its MLP branch is taken off in
+        :meth:`fe`) as 1 / ``n_layers``."""
+        return self.body + BACKWARD_FACTOR * self.backward + (self.layers + self.attention) / max(n_layers, 1)
 
     def fe(self, backend: ModelBackend, pairs: Sequence[PromptPair]) -> float:
         """Forward-equivalents of this work, one padded full-logits pass of ``pairs`` = 1."""
         return fe_of(backend, pairs, body=self.forward_body(backend.facts.n_layers), unembed=self.unembed,
-                     mlp_rows=self.mlp_rows)
+                     mlp_rows=self.mlp_rows - self.attention)
 
 
 NO_WORK = Work()
@@ -116,9 +120,10 @@ def pass_upto(backend: ModelBackend, rows: int, width: int, layer: int) -> Work:
     return one_pass(rows, width)
 
 
-def block_pass(rows: int, width: int) -> Work:
-    """One block run alone on ``rows`` streams of ``width`` positions (``ModelBackend.block_activations``)."""
-    return Work(1, layers=rows * width)
+def block_pass(rows: int, width: int, attention_only: bool = False) -> Work:
+    """One block run alone on ``rows`` streams of ``width`` positions (``ModelBackend.block_activations``);
+    ``attention_only``: stopped in its attention."""
+    return Work(1, attention=rows * width) if attention_only else Work(1, layers=rows * width)
 
 
 def padded_passes(seqs: Sequence[Sequence[int]], batch_size: int, unembedded_per_row: int | None = 1) -> Work:
@@ -312,7 +317,8 @@ def fe_of(backend: ModelBackend, pairs: Sequence[PromptPair], *, body: float, un
 
 def metered(meter: WorkMeter) -> Work:
     """What a :class:`WorkMeter` counted, as :class:`Work` (it counts no MLP-branch rows)."""
-    return Work(meter.forward_calls, meter.body_tokens, meter.unembed_rows, layers=meter.layer_tokens)
+    return Work(meter.forward_calls, meter.body_tokens, meter.unembed_rows, layers=meter.layer_tokens,
+                attention=meter.attention_tokens)
 
 
 def unless_cached(probe: Callable[[], object], work: Callable[[], Work]) -> Work:

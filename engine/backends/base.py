@@ -60,13 +60,15 @@ class WorkMeter:
     every block (padding included); ``unembed_rows`` the positions that went through the final norm
     and the unembedding (``batch * pos`` for full logits, ``batch`` for END-only logits);
     ``layer_tokens`` positions times blocks of the passes stopped after a block
-    (:meth:`ModelBackend.activations_upto`: they count there, not in ``body_tokens``).
+    (:meth:`ModelBackend.activations_upto`: they count there, not in ``body_tokens``); ``attention_tokens``
+    positions through one block's attention only (a block run alone that stopped there).
     """
 
     forward_calls: int = 0
     body_tokens: int = 0
     unembed_rows: int = 0
     layer_tokens: int = 0
+    attention_tokens: int = 0
 
     def record(self, input_ids: torch.Tensor, logits: torch.Tensor) -> None:
         self.forward_calls += 1
@@ -78,11 +80,14 @@ class WorkMeter:
         self.forward_calls += 1
         self.layer_tokens += int(input_ids.numel()) * blocks
 
-    def record_block(self, resid: torch.Tensor) -> None:
+    def record_block(self, resid: torch.Tensor, attention_only: bool = False) -> None:
         """One block run alone on a residual stream ``resid`` [rows, pos, d_model]
-        (:meth:`ModelBackend.block_activations`)."""
+        (:meth:`ModelBackend.block_activations`); ``attention_only``: it stopped in its attention."""
         self.forward_calls += 1
-        self.layer_tokens += int(resid.shape[0] * resid.shape[1])
+        if attention_only:
+            self.attention_tokens += int(resid.shape[0] * resid.shape[1])
+        else:
+            self.layer_tokens += int(resid.shape[0] * resid.shape[1])
 
 
 def last_block(names: Sequence[HookName]) -> int:
@@ -216,8 +221,8 @@ class ModelBackend(ABC):
         """Block ``layer`` alone on ``resid_pre`` [S * P, pos, d_model] (S repeats of the P rows ``calls`` were
         taken from, repeat-major), active ``hooks`` applied, in the caller's grad mode (a gradient can flow back to
         ``resid_pre``); its ``names`` activations (block ``layer``'s only, detached).  ``stop``: the block ends once
-        they are read (the attention's: its MLP is not run).  The meter counts one block of S * P rows either way
-        (:meth:`WorkMeter.record_block`)."""
+        they are read (the attention's: its MLP is not run).  The meter counts one block of S * P rows, or, stopped
+        with attention activations only, its attention (:meth:`WorkMeter.record_block`)."""
         raise NotImplementedError(f"{type(self).__name__} does not run a block alone")
 
     def end_rows_ok(self) -> bool:

@@ -76,12 +76,14 @@ class BridgeBackend(ModelBackend):
     def _point(self, name: str):
         """The bridge's HookPoint of a TransformerLens hook name, resolved once per backend by the bridge's own rules
         (its aliases; a hook point this model never fires refused)."""
-        points = self.__dict__.setdefault("_points", {})
-        if name not in points:
+        if "_points" not in self.__dict__:  # the bridge's hook points and aliases, read once
             from transformer_lens.model_bridge.bridge_core import build_alias_to_canonical_map
             hook_dict = self.bridge.hook_dict
-            points[name] = self.bridge._resolve_hook_point(name, build_alias_to_canonical_map(hook_dict), hook_dict)[1]
-        return points[name]
+            self._hook_index = (build_alias_to_canonical_map(hook_dict), hook_dict)
+            self._points = {}
+        if name not in self._points:
+            self._points[name] = self.bridge._resolve_hook_point(name, *self._hook_index)[1]
+        return self._points[name]
 
     @contextmanager
     def hooks(self, edits):
@@ -197,7 +199,7 @@ class BridgeBackend(ModelBackend):
                     block(hidden_states=x, **kw)
         except PassStopped:
             pass
-        self.meter.record_block(x)
+        self.meter.record_block(x, attention_only=stop and all(hook_names.in_attention(n) for n in asked))
         missing = set(asked) - set(got)
         if missing:
             raise MissingActivation(f"{self.facts.architecture}'s block {layer} run alone fired no {sorted(missing)}")

@@ -167,6 +167,15 @@ def v_input(layer: int) -> HookName:
 
 # --- MLP -------------------------------------------------------------------------------------
 
+def in_attention(name: HookName) -> bool:
+    """Whether ``name`` is an activation of its block's attention (q, k, v, scores, pattern, z, result, output),
+    read before the block's MLP."""
+    layer = layer_of(name)
+    return layer is not None and str(name) in {
+        str(f(layer)) for f in (attn_q, attn_k, attn_v, attn_scores, attn_pattern, attn_z, attn_result, attn_proj_out,
+                                attn_out)}
+
+
 def mlp_in(layer: int) -> HookName:
     """The residual stream the MLP branch reads, before its norm: the mid-block stream, or the block input in a
     parallel block (needs ``set_use_hook_mlp_in(True)``).  # [batch, pos, d_model]"""

@@ -318,7 +318,7 @@ def eap_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence
     w = prepare_work(pairs) + sender_differences_work(backend, edges, n, width, alone=alone)
     per_point = Work(1, n * width, n * width, backward=n * width)
     rows = 3 * f.n_heads * n
-    for _ in head_layers:  # a block alone: forward and backward through one block (BACKWARD_FACTOR x a forward)
-        per_point += (Work(1, layers=rows * width * (1 + BACKWARD_FACTOR)) if alone
+    for _ in head_layers:  # a block alone up to z: forward and backward through its attention (BACKWARD_FACTOR x)
+        per_point += (Work(1, attention=rows * width * (1 + BACKWARD_FACTOR)) if alone
                       else Work(1, rows * width, rows * width, backward=rows * width))
     return w + (one_pass(n, width, n * width) if alone else Work()) + per_point * max(1, steps)

@@ -540,8 +540,9 @@ def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept:
     the stream through q, k and v only (one pass), then per layer the
     blocks of passes (B) to (E) (a parallel block: its MLP branch twice per circuit with an ablated edge into the
     MLP), and the final pass, ``rows_per_pass`` rows at most per pass; a layer's passes run its block alone where
-    the backend can (``engine.cost.block_pass``: the blocks' calls, their check and each circuit's stream advanced
-    through the layer added), else stop after it where the backend can (``engine.cost.pass_upto``)."""
+    the backend can (``engine.cost.block_pass``: (B) to (D) its attention only; the blocks' calls, their check and
+    a parallel block's streams advanced through the layer added), else stop after it where the backend can
+    (``engine.cost.pass_upto``)."""
     from engine.cost import NO_WORK, Work, block_pass, one_pass, pass_upto
     edges = list(edges) if edges is not None else edge_graph(backend)
     kept = _by_role(kept, len(edges))
@@ -556,20 +557,23 @@ def edge_circuits_work(backend: ModelBackend, pairs: Sequence[PromptPair], kept:
         w += one_pass(n, width, n * width) + block_pass(2 * n, width) * L
     w += one_pass(n, width)  # heads_read_only_qkv's pass (it reads X_r and X_c from the two above)
 
-    def blocks(count: int, layer: int | None) -> Work:  # ``count`` blocks of n rows, ``per`` a pass
-        out = NO_WORK
+    def blocks(count: int, layer: int | None, attention_only: bool = False) -> Work:  # ``count`` blocks of n rows
+        out = NO_WORK  # (``per`` a pass)
         for g in range(0, count, per):
             rows = min(per, count - g) * n
-            out += (one_pass(rows, width) if layer is None else block_pass(rows, width) if alone
+            out += (one_pass(rows, width) if layer is None else block_pass(rows, width, attention_only) if alone
                     else pass_upto(backend, rows, width, layer))
         return out
     for layer in range(L):
         dh = [] if backend.attn_branch_is_identity else _diff_heads(plan, C, layer, H)
-        for count in (len(_blocks_b(plan, C, layer, H)), len(_blocks_c(plan, C, layer, H)),
-                      len(dh) + len({c for c, _ in dh}), C) + ((C,) if alone and backend.parallel_attn_mlp
-                                                                  else ()):  # + a parallel block's streams advanced
+        # (B), (C) and (D) read the attention only (a block alone stops there), (E) the MLP's output
+        stages = ((len(_blocks_b(plan, C, layer, H)), True), (len(_blocks_c(plan, C, layer, H)), True),
+                  (len(dh) + len({c for c, _ in dh}), True), (C, False))
+        for count, attention_only in stages:
             if count:
-                w += blocks(count, layer)
+                w += blocks(count, layer, attention_only)
+        if alone and backend.parallel_attn_mlp:  # a parallel block's streams advanced
+            w += blocks(C, layer)
         if backend.parallel_attn_mlp:
             w += Work(mlp_rows=2 * n * width * sum(1 for c in range(C) if plan.ablated[c].get(("mlp", layer))))
     return w + blocks(C, None)  # the final pass: END's logits

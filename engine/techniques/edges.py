@@ -467,11 +467,13 @@ def head_senders_per_layer(edges: Sequence[Edge]) -> dict[int, int]:
 def sender_differences_work(backend: ModelBackend, edges: Sequence[Edge], n: int, width: int, *, alone: bool = False):
     """The work of :func:`sender_differences` for ``edges``' senders and ``n`` prompts padded to ``width``: a pass
     per layer with head senders, its heads as rows, stopped after that layer where the backend can; ``alone``: that
-    layer's block alone on one row block more (the check's), X_r's block calls not counted here."""
+    layer's block alone, up to its attention's output, on one row block more (the check's), X_r's block calls not
+    counted here."""
     from engine.cost import NO_WORK, block_pass, pass_upto
     w = NO_WORK
     for layer, count in head_senders_per_layer(edges).items():
-        w += block_pass((count + 1) * n, width) if alone else pass_upto(backend, count * n, width, layer)
+        w += block_pass((count + 1) * n, width, attention_only=True) if alone else \
+            pass_upto(backend, count * n, width, layer)
     return w
 
 

@@ -139,7 +139,9 @@ def test_edge_circuits_work(arch, organism, tmp_path):
     backend.meter = WorkMeter()
     edge_circuits(backend, pairs, kept, rows_per_pass=16)
     got = metered(backend.meter)
-    assert (got.calls, got.body, got.unembed) == (w.calls, w.body, w.unembed)
+    assert (got.calls, got.body, got.unembed, got.layers, got.attention) == \
+        (w.calls, w.body, w.unembed, w.layers, w.attention)
+    assert got.attention > 0  # (B) to (D) stop in the attention
 
 
 def test_top_edges():

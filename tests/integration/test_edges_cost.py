@@ -26,7 +26,7 @@ def counted(model, run):
     model.meter = WorkMeter()
     run()
     w = metered(model.meter)
-    return w.calls, w.body, w.unembed
+    return w.calls, w.body, w.unembed, w.layers, w.attention
 
 
 @pytest.mark.parametrize("by_role", [False, True])
@@ -34,19 +34,23 @@ def test_exact_edge_patching_work(setup, by_role):
     model, pairs, edges = setup
     w = edge_patching_work(model, pairs, edges, by_role=by_role, rows_per_pass=32)
     assert counted(model, lambda: edge_patching(model, pairs, edges, by_role=by_role, rows_per_pass=32)) == \
-        (w.calls, w.body, w.unembed)
+        (w.calls, w.body, w.unembed, w.layers, w.attention)
 
 
 def test_exact_node_patching_work(setup):
     """Every head and MLP at every token role (the exact ranking of node x position circuits)."""
     model, pairs, _ = setup
     w = node_patching_work(model, pairs, rows_per_pass=32)
-    assert counted(model, lambda: node_patching(model, pairs, rows_per_pass=32)) == (w.calls, w.body, w.unembed)
+    assert counted(model, lambda: node_patching(model, pairs, rows_per_pass=32)) == \
+        (w.calls, w.body, w.unembed, w.layers, w.attention)
 
 
 @pytest.mark.parametrize("steps", [0, 2])
 def test_eap_work(setup, steps):
     model, pairs, edges = setup
     w = eap_work(model, pairs, edges, steps=steps)
-    assert counted(model, lambda: eap(model, pairs, edges, steps=steps)) == (w.calls, w.body, w.unembed)
-    assert w.backward > 0
+    got = counted(model, lambda: eap(model, pairs, edges, steps=steps))
+    assert got[:3] == (w.calls, w.body, w.unembed)
+    # the blocks alone stop at z or the attention's output: counted as attention, their backward in it (x 1 + 2)
+    assert (got[3], got[4]) != (0, 0) and got[3] == w.layers
+    assert w.attention > got[4] > 0 and w.backward > 0
