@@ -115,8 +115,7 @@ def eap(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence[Edge
     edges = list(edges) if edges is not None else edge_graph(backend)
     run = prepared(backend, pairs)
     layers = sorted({e.receiver.layer for e in edges if e.receiver.kind == "head"})
-    alone = backend.runs_one_block and bool(layers or head_senders_per_layer(edges))
-    calls = backend.block_calls(run.ref, run.mask) if alone else None
+    calls = backend.block_calls(run.ref, run.mask) if _blocks_alone(backend, edges) else None
     diffs, note = sender_differences(backend, run, list({e.sender: None for e in edges}), calls)
     if note is not None:  # a block alone missed the model: whole passes for the gradients too
         calls = None
@@ -166,6 +165,13 @@ def _edge_sums(diffs: dict[str, torch.Tensor], total: Gradients, edges: Sequence
                 sums = D[:, p, t].reshape(len(D), -1) @ G[:, p, t].reshape(len(G), -1).T  # [U, V]
                 out[:, g, p] = sums[u, v]
     return out
+
+
+def _blocks_alone(backend: ModelBackend, edges: Sequence[Edge]) -> bool:
+    """Whether :func:`eap` runs layers' blocks alone: the backend can, and some edge has a head receiver (the
+    gradients' layer passes) or a head sender (the senders' differences)."""
+    return backend.runs_one_block and (any(e.receiver.kind == "head" for e in edges)
+                                       or bool(head_senders_per_layer(edges)))
 
 
 def _summed(a: Gradients, b: Gradients) -> Gradients:
@@ -314,7 +320,7 @@ def eap_work(backend: ModelBackend, pairs: Sequence[PromptPair], edges: Sequence
     edges = list(edges) if edges is not None else edge_graph(backend)
     n, width = len(pairs), max(len(p.ref_ids) for p in pairs)
     head_layers = {e.receiver.layer for e in edges if e.receiver.kind == "head"}
-    alone = backend.runs_one_block and bool(head_layers or head_senders_per_layer(edges))  # (assumed to pass its check)
+    alone = _blocks_alone(backend, edges)  # (assumed to pass its check)
     w = prepare_work(pairs) + sender_differences_work(backend, edges, n, width, alone=alone)
     per_point = Work(1, n * width, n * width, backward=n * width)
     rows = 3 * f.n_heads * n
