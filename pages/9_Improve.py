@@ -68,8 +68,9 @@ with st.form("finetune_form"):
     data = c4.selectbox("Data", list(BUILTIN_SETS) + ["JSONL file ..."], index=list(BUILTIN_SETS).index(default_set),
                         key="ft_data",
                         help="built-in sets (docs/finetune.md) or a JSONL file of {prompt, answer} lines")
-    data_path = c4.text_input("JSONL path", "", key="ft_data_path", label_visibility="collapsed",
-                              placeholder="path/to/data.jsonl")
+    data_path = c4.text_input("JSONL file (Data: JSONL file ...)", "", key="ft_data_path",
+                              placeholder="path/to/data.jsonl",
+                              help="read only when Data is \"JSONL file ...\": one {prompt, answer} object per line")
     lr = c5.number_input("Learning rate", 1e-7, 1.0, None, format="%.1e", key="ft_lr",
                          placeholder=f"recipe: {recipe.lr:.1e}", help=recipe.reason)
     epochs = c6.number_input("Epochs", 0.1, 1000.0, None, key="ft_epochs",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import altair as alt
 import pandas as pd
 
@@ -61,9 +63,11 @@ def lens_lines(df: pd.DataFrame) -> alt.Chart:
                 axis=alt.Axis(titleColor="#D55E00")),
         tooltip=["layer", alt.Tooltip("mean_prob:Q", format=".3f"), alt.Tooltip("top1:Q", format=".0%"),
                  alt.Tooltip("median_rank:Q", format=".0f")])
+    top = float(df["median_rank"].max()) if len(df) else 1.0
+    decades = [10 ** k for k in range(int(math.ceil(math.log10(max(top, 1.0)))) + 1)]  # 1, 10, 100 ... (no 2, 3, 20)
     rank = base.mark_line(point=True, color="#0072B2", strokeDash=[5, 3]).encode(
         y=alt.Y("median_rank:Q", title="median rank of the answer, dashed (log scale)", scale=alt.Scale(type="log"),
-                axis=alt.Axis(titleColor="#0072B2")))
+                axis=alt.Axis(titleColor="#0072B2", values=decades, format=",d")))
     return stretched(alt.layer(prob, rank).resolve_scale(y="independent").properties(height=280))
 
 

@@ -15,6 +15,9 @@ EDGE_KINDS = {"attention": "attention share (token → head)",
               "lowers": "patching it lowers the answer logit",
               "raises": "patching it raises the answer logit"}
 EDGE_COLOR = {EDGE_KINDS["attention"]: "#999999", EDGE_KINDS["lowers"]: "#d55e00", EDGE_KINDS["raises"]: "#0072b2"}
+#: an edge's line: head -> head edges dashed, on a width scale of their own (named in the legend where drawn)
+LINES = {"solid": "token → head, → answer", "dashed": "head → head (own width scale)"}
+LINE_DASH = {LINES["solid"]: [1, 0], LINES["dashed"]: [6, 4]}
 DIAGRAM_SELECTION = "diagram_node"
 NODE_GAP_PX = 48      # vertical distance between two rows of nodes (a node's label sits above it)
 NOTE_GAP_PX = 18      # more between rows when a note is drawn under a pinned node
@@ -90,12 +93,14 @@ def diagram_chart(diagram) -> alt.Chart:
         strongest = max(abs(x.weight) for x in diagram.edges if x.kind == e.kind) or 1.0
         edges.append({"source": e.source, "target": e.target, "kind": e.kind, "via": e.via or "-",
                       "sign": edge_kind(e), "weight": e.weight, "width": 1 + 7 * abs(e.weight) / strongest,
-                      "dash": e.kind == "head-head", "x": pos.x[e.source], "y": pos.y[e.source],
+                      "line": LINES["dashed" if e.kind == "head-head" else "solid"],
+                      "x": pos.x[e.source], "y": pos.y[e.source],
                       "x2": pos.x[e.target], "y2": pos.y[e.target] + VIA_OFFSET.get(e.via, 0.0)})
-    edf = pd.DataFrame(edges, columns=["source", "target", "kind", "via", "sign", "weight", "width", "dash", "x", "y",
+    edf = pd.DataFrame(edges, columns=["source", "target", "kind", "via", "sign", "weight", "width", "line", "x", "y",
                                        "x2", "y2"])
     names = "[" + ", ".join(repr(c) for c in cols) + "]"
     shown = [k for k in EDGE_COLOR if k in set(edf.sign)]  # the legend names the kinds of edge drawn, no other
+    dashes = [k for k in LINE_DASH if k in set(edf.line)]
     xs = alt.X("x:Q", title=None, scale=alt.Scale(domain=[-0.5, len(cols) - 0.5], nice=False),
                axis=alt.Axis(values=list(range(len(cols))), labelExpr=f"{names}[datum.value]", labelOverlap=False,
                              grid=False, labelFontSize=12, labelFontWeight="bold", orient="top", ticks=False))
@@ -103,7 +108,12 @@ def diagram_chart(diagram) -> alt.Chart:
     ys = alt.Y("y:Q", axis=None, scale=alt.Scale(domain=[lo - 0.6, hi + 0.6], nice=False))
     lines = alt.Chart(edf).mark_rule(opacity=0.7).encode(
         x=xs, y=ys, x2="x2:Q", y2="y2:Q", strokeWidth=alt.StrokeWidth("width:Q", legend=None, scale=None),
-        strokeDash=alt.condition(alt.datum.dash, alt.value([6, 4]), alt.value([1, 0])),
+        strokeDash=alt.StrokeDash("line:N", title="line",
+                                  scale=alt.Scale(domain=dashes, range=[LINE_DASH[k] for k in dashes]),
+                                  # a legend only where head -> head edges are drawn beside the others
+                                  legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0,
+                                                    symbolStrokeColor="#555555", symbolStrokeWidth=2, symbolSize=900)
+                                  if LINES["dashed"] in dashes else None),
         color=alt.Color("sign:N", title="edge", legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0),
                         scale=alt.Scale(domain=shown, range=[EDGE_COLOR[k] for k in shown])),
         tooltip=["source", "target", "kind"] + ([alt.Tooltip("via:N", title="into the receiver's")]
@@ -116,8 +126,12 @@ def diagram_chart(diagram) -> alt.Chart:
                                     legend=alt.Legend(orient="bottom", direction="vertical")),
         tooltip=["label", "kind", "layer", alt.Tooltip("effect:Q", format=".4f")]
         + ([alt.Tooltip("note:N", title="your note")] if noted else [])).add_params(sel)
-    text = alt.Chart(nodes).mark_text(dy=-19, fontSize=12).encode(x=xs, y=ys, text="label:N")
-    layers = [lines, dots, text]
+    label = {"dy": -19, "fontSize": 12}
+    # a white halo under each label, so that an edge running through it (into the answer) does not hide a letter
+    halo = alt.Chart(nodes).mark_text(**label, color="white", stroke="white", strokeWidth=4).encode(
+        x=xs, y=ys, text="label:N")
+    text = alt.Chart(nodes).mark_text(**label).encode(x=xs, y=ys, text="label:N")
+    layers = [lines, dots, halo, text]
     if noted:  # a ring round each pinned node and its note under it: plain text, as Vega draws any string
         pinned = alt.Chart(nodes[nodes.note != ""])
         note = {"dy": 21, "fontSize": 12, "fontStyle": "italic"}
@@ -130,10 +144,16 @@ def diagram_chart(diagram) -> alt.Chart:
     return stretched(alt.layer(*layers).resolve_scale(color="independent").properties(height=height))
 
 
+#: an exported diagram's width per column (no page to fit: its legends, side by side below, must fit too)
+EXPORT_PX_PER_COLUMN = 140
+EXPORT_MIN_WIDTH_PX = 720
+
+
 def diagram_image(diagram, fmt: str) -> bytes:
-    """The chart as ``svg`` (UTF-8) or ``png`` bytes."""
+    """The chart as ``svg`` (UTF-8) or ``png`` bytes, :data:`EXPORT_PX_PER_COLUMN` wide per column."""
     import vl_convert
-    spec = diagram_chart(diagram).to_json()
+    width = max(EXPORT_MIN_WIDTH_PX, EXPORT_PX_PER_COLUMN * len(columns(diagram)))
+    spec = diagram_chart(diagram).properties(width=width).to_json()
     if fmt == "svg":
         return vl_convert.vegalite_to_svg(spec).encode()
     if fmt == "png":

@@ -92,3 +92,16 @@ def test_ranked_bars_mark_the_answer():
     rows = next(iter(spec["datasets"].values()))
     assert [r["kind"] for r in rows] == ["the answer", "another token", "another token"]
     assert spec["layer"][0]["encoding"]["color"]["scale"]["range"][0] == PALETTE[0]
+
+
+def test_the_logit_lens_rank_axis_ticks_only_powers_of_ten():
+    """A log axis with 2, 3, 20, 30, 200 and 300 beside 1, 10, 100 drew its labels nearly on top of each other
+    (Gemma 3's lens, a rank of ~900 at the embedding)."""
+    from views.circuit_charts import lens_lines
+    df = pd.DataFrame({"layer": [-1, 0, 1], "mean_prob": [0.0, 0.1, 0.6], "median_rank": [912.0, 35.0, 1.0],
+                       "top1": [0.0, 0.0, 0.7]})
+    spec = lens_lines(df).to_dict()
+    axis = spec["layer"][1]["encoding"]["y"]["axis"]
+    assert axis["values"] == [1, 10, 100, 1000] and axis["format"] == ",d"
+    one = lens_lines(df.assign(median_rank=1.0)).to_dict()  # every rank 1: one tick, not an empty axis
+    assert one["layer"][1]["encoding"]["y"]["axis"]["values"] == [1]

@@ -5,7 +5,7 @@ head on the operand tokens and squeezed 31 layers into the page."""
 from __future__ import annotations
 
 from engine.techniques.circuit import Diagram, Edge, Node
-from views.circuit_diagram import EDGE_KINDS, columns, diagram_chart, edge_kind, layout
+from views.circuit_diagram import EDGE_KINDS, LINES, columns, diagram_chart, diagram_image, edge_kind, layout
 
 
 def _circuit() -> Diagram:
@@ -42,6 +42,23 @@ def test_edges_say_what_they_are_by_colour_and_the_legend_names_it():
     rules = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")
     assert rules["encoding"]["color"]["field"] == "sign"
     assert set(rules["encoding"]["color"]["scale"]["domain"]) == set(EDGE_KINDS.values())
+    # the dashed line says what it is in a legend of its own, drawn only where head -> head edges are
+    dash = rules["encoding"]["strokeDash"]
+    assert dash["scale"] == {"domain": [LINES["solid"], LINES["dashed"]], "range": [[1, 0], [6, 4]]}
+    assert dash["legend"]["orient"] == "bottom"
+    svg = diagram_image(d, "svg").decode()
+    assert LINES["dashed"] in svg and LINES["solid"] in svg and 'stroke-dasharray="6,4"' in svg
+    plain = Diagram(d.model, d.metric, d.n_pairs, d.nodes, [e for e in d.edges if e.kind != "head-head"])
+    rules = next(layer for layer in diagram_chart(plain).to_dict()["layer"] if layer["mark"]["type"] == "rule")
+    assert rules["encoding"]["strokeDash"]["legend"] is None
+    assert LINES["dashed"] not in diagram_image(plain, "svg").decode()
+
+
+def test_each_node_label_has_a_white_halo_under_it():
+    spec = diagram_chart(_circuit()).to_dict()
+    texts = [layer for layer in spec["layer"] if layer["mark"]["type"] == "text"]
+    assert [t["encoding"]["text"]["field"] for t in texts] == ["label", "label"]
+    assert texts[0]["mark"]["stroke"] == "white" and "stroke" not in texts[1]["mark"]
 
 
 def test_a_pinned_node_is_ringed_with_its_note_under_it_cut_and_drawn_as_text():
@@ -59,7 +76,7 @@ def test_a_pinned_node_is_ringed_with_its_note_under_it_cut_and_drawn_as_text():
     ring = next(m for m in marks if m["type"] == "circle" and m.get("filled") is False)
     assert ring["stroke"] == PIN_COLOR
     texts = [layer for layer in spec["layer"] if layer["mark"]["type"] == "text"]
-    assert [t["encoding"]["text"]["field"] for t in texts] == ["label", "shown_note", "shown_note"]  # halo, note
+    assert [t["encoding"]["text"]["field"] for t in texts] == ["label", "label", "shown_note", "shown_note"]
     dots = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "circle" and "filled" not in layer["mark"])
     assert any(t.get("title") == "your note" for t in dots["encoding"]["tooltip"])
     svg = diagram_image(d, "svg").decode()
@@ -69,7 +86,7 @@ def test_a_pinned_node_is_ringed_with_its_note_under_it_cut_and_drawn_as_text():
 
 def test_a_diagram_without_notes_draws_no_ring_and_no_note_line():
     spec = diagram_chart(_circuit()).to_dict()
-    assert len(spec["layer"]) == 3
+    assert len(spec["layer"]) == 4  # edges, nodes, the labels' halo, the labels
 
 
 def test_an_edge_circuit_draws_q_k_v_apart_and_its_input_in_the_middle():
