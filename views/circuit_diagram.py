@@ -28,6 +28,9 @@ MIN_HEIGHT_PX = 300
 #: an edge of MIB's graph into a head's query, key or value ends a little above, at or below the head: three
 #: edges from one sender to one head are three lines, not one drawn thrice (vertical offset, in rows of nodes)
 VIA_OFFSET = {"q": -0.18, "k": 0.0, "v": 0.18}
+#: an edge that would run through a node it does not touch (within NEAR rows below its centre -- a dot's radius is a
+#: quarter row -- or ABOVE rows above it, where its label is) bends round it, BEND rows below its centre
+NEAR, ABOVE, BEND = 0.3, 0.6, 0.45
 #: an MLP sits a little right of its layer's heads (it reads them, in a sequential block): an edge from a head to
 #: its own layer's MLP is not drawn along the column through the other heads
 MLP_SHIFT = 0.35
@@ -79,6 +82,22 @@ def edge_kind(e) -> str:
     return EDGE_KINDS["attention" if e.kind == "attention" else "lowers" if e.weight < 0 else "raises"]
 
 
+def route(start: tuple[float, float], end: tuple[float, float], others: list[tuple[str, float, float]],
+          depth: int = 4) -> list[tuple[float, float]]:
+    """An edge's points from ``start`` to ``end`` (x, y): the straight line, or bent :data:`BEND` rows below the
+    first node of ``others`` (id, x, y) it would run through -- within :data:`NEAR` rows below its centre or
+    :data:`ABOVE` above it, its label -- and each part routed again (``depth`` times at most).  An edge drawn through
+    a node it does not touch reads as two edges of that node."""
+    (x, y), (x2, y2) = start, end = (float(start[0]), float(start[1])), (float(end[0]), float(end[1]))
+    hits = [(abs(nx - x), nx, ny) for _, nx, ny in others
+            if min(x, x2) < nx < max(x, x2) and -NEAR < y + (y2 - y) * (nx - x) / (x2 - x) - ny < ABOVE]
+    if not hits or depth == 0:
+        return [start, end]
+    _, nx, ny = min(hits)
+    bend = (nx, ny - BEND)
+    return route(start, bend, others, depth - 1) + route(bend, end, others, depth - 1)[1:]
+
+
 def diagram_chart(diagram) -> alt.Chart:
     """Edges (width: attention share, or |effect| relative to the strongest of their kind; colour: attention, or
     the effect's sign; head -> head edges dashed) under labelled nodes; a pinned node (its note) is ringed in orange
@@ -89,15 +108,18 @@ def diagram_chart(diagram) -> alt.Chart:
     pos = nodes.set_index("id")
     cols = columns(diagram)
     edges = []
-    for e in diagram.edges:
+    through = list(zip(nodes.id, nodes.x, nodes.y))
+    for i, e in enumerate(diagram.edges):
         strongest = max(abs(x.weight) for x in diagram.edges if x.kind == e.kind) or 1.0
-        edges.append({"source": e.source, "target": e.target, "kind": e.kind, "via": e.via or "-",
-                      "sign": edge_kind(e), "weight": e.weight, "width": 1 + 7 * abs(e.weight) / strongest,
-                      "line": LINES["dashed" if e.kind == "head-head" else "solid"],
-                      "x": pos.x[e.source], "y": pos.y[e.source],
-                      "x2": pos.x[e.target], "y2": pos.y[e.target] + VIA_OFFSET.get(e.via, 0.0)})
-    edf = pd.DataFrame(edges, columns=["source", "target", "kind", "via", "sign", "weight", "width", "line", "x", "y",
-                                       "x2", "y2"])
+        row = {"edge": i, "source": e.source, "target": e.target, "kind": e.kind, "via": e.via or "-",
+               "sign": edge_kind(e), "weight": e.weight, "width": 1 + 7 * abs(e.weight) / strongest,
+               "line": LINES["dashed" if e.kind == "head-head" else "solid"]}
+        points = route((pos.x[e.source], pos.y[e.source]),
+                       (pos.x[e.target], pos.y[e.target] + VIA_OFFSET.get(e.via, 0.0)),
+                       [n for n in through if n[0] not in (e.source, e.target)])
+        edges += [row | {"order": k, "x": x, "y": y} for k, (x, y) in enumerate(points)]
+    edf = pd.DataFrame(edges, columns=["edge", "source", "target", "kind", "via", "sign", "weight", "width", "line",
+                                       "order", "x", "y"])
     names = "[" + ", ".join(repr(c) for c in cols) + "]"
     shown = [k for k in EDGE_COLOR if k in set(edf.sign)]  # the legend names the kinds of edge drawn, no other
     dashes = [k for k in LINE_DASH if k in set(edf.line)]
@@ -106,8 +128,8 @@ def diagram_chart(diagram) -> alt.Chart:
                              grid=False, labelFontSize=12, labelFontWeight="bold", orient="top", ticks=False))
     lo, hi = (float(nodes.y.min()), float(nodes.y.max())) if len(nodes) else (0.0, 0.0)
     ys = alt.Y("y:Q", axis=None, scale=alt.Scale(domain=[lo - 0.6, hi + 0.6], nice=False))
-    lines = alt.Chart(edf).mark_rule(opacity=0.7).encode(
-        x=xs, y=ys, x2="x2:Q", y2="y2:Q", strokeWidth=alt.StrokeWidth("width:Q", legend=None, scale=None),
+    lines = alt.Chart(edf).mark_line(opacity=0.7).encode(
+        x=xs, y=ys, detail="edge:N", order="order:Q", strokeWidth=alt.StrokeWidth("width:Q", legend=None, scale=None),
         strokeDash=alt.StrokeDash("line:N", title="line",
                                   scale=alt.Scale(domain=dashes, range=[LINE_DASH[k] for k in dashes]),
                                   # a legend only where head -> head edges are drawn beside the others

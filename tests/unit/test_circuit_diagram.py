@@ -4,6 +4,8 @@ head on the operand tokens and squeezed 31 layers into the page."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine.techniques.circuit import Diagram, Edge, Node
 from views.circuit_diagram import EDGE_KINDS, LINES, columns, diagram_chart, diagram_image, edge_kind, layout
 
@@ -39,7 +41,7 @@ def test_edges_say_what_they_are_by_colour_and_the_legend_names_it():
     assert kinds[("h20.4", "answer")] == EDGE_KINDS["raises"]
     assert kinds[("h0.7", "h20.1")] == EDGE_KINDS["lowers"]  # head -> head: signed too (and dashed)
     spec = diagram_chart(d).to_dict()
-    rules = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")
+    rules = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "line")
     assert rules["encoding"]["color"]["field"] == "sign"
     assert set(rules["encoding"]["color"]["scale"]["domain"]) == set(EDGE_KINDS.values())
     # the dashed line says what it is in a legend of its own, drawn only where head -> head edges are
@@ -49,7 +51,7 @@ def test_edges_say_what_they_are_by_colour_and_the_legend_names_it():
     svg = diagram_image(d, "svg").decode()
     assert LINES["dashed"] in svg and LINES["solid"] in svg and 'stroke-dasharray="6,4"' in svg
     plain = Diagram(d.model, d.metric, d.n_pairs, d.nodes, [e for e in d.edges if e.kind != "head-head"])
-    rules = next(layer for layer in diagram_chart(plain).to_dict()["layer"] if layer["mark"]["type"] == "rule")
+    rules = next(layer for layer in diagram_chart(plain).to_dict()["layer"] if layer["mark"]["type"] == "line")
     assert rules["encoding"]["strokeDash"]["legend"] is None
     assert LINES["dashed"] not in diagram_image(plain, "svg").decode()
 
@@ -103,9 +105,10 @@ def test_an_edge_circuit_draws_q_k_v_apart_and_its_input_in_the_middle():
     nodes = layout(d).set_index("id")
     assert nodes.y["input"] == (nodes.y.max() + nodes.y.min()) / 2
     spec = diagram_chart(d).to_dict()
-    rules = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")
+    rules = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "line")
     rows = spec["datasets"][rules["data"]["name"]]
-    ends = {r["via"]: r["y2"] for r in rows if r["target"] == "h2.0"}
+    last = {r["edge"]: r for r in rows}  # each edge's points in order: its last is where it ends
+    ends = {r["via"]: r["y"] for r in last.values() if r["target"] == "h2.0"}
     assert ends == {q: nodes.y["h2.0"] + VIA_OFFSET[q] for q in ("q", "k", "v")}
     assert any(t.get("field") == "via" for t in rules["encoding"]["tooltip"])
     assert {r["sign"] for r in rows} == {EDGE_KINDS["lowers"], EDGE_KINDS["raises"]}
@@ -114,3 +117,32 @@ def test_an_edge_circuit_draws_q_k_v_apart_and_its_input_in_the_middle():
     from views.circuit_diagram import MLP_SHIFT
     assert nodes.x["m1"] == columns(d).index("layer 1") + MLP_SHIFT  # right of layer 1's heads: h0.1 -> m1 is
     assert nodes.x["h0.1"] == columns(d).index("layer 0")             # not drawn through them
+
+
+def test_an_edge_that_would_run_through_another_node_bends_round_it():
+    """Gemma 3's circuit drew operand A -> head 12.0 straight through head 9.0: it read as two edges of 9.0."""
+    from views.circuit_diagram import BEND, route
+    others = [("h9.0", 2.0, 0.0), ("h10.0", 3.0, 5.0)]
+    assert route((0.0, 2.0), (4.0, -2.0), others) == [(0.0, 2.0), (2.0, -BEND), (4.0, -2.0)]
+    assert route((4.0, -2.0), (0.0, 2.0), others) == [(4.0, -2.0), (2.0, -BEND), (0.0, 2.0)]  # right to left
+    assert route((0.0, 2.0), (4.0, 1.0), others) == [(0.0, 2.0), (4.0, 1.0)]  # passes 1.5 rows above: straight
+    assert route((2.0, 0.0), (2.0, 3.0), others) == [(2.0, 0.0), (2.0, 3.0)]  # a vertical edge: nothing between
+    # the bent part would run through 10.0's label (0.375 rows above its centre): it bends again, below 10.0
+    label = others + [("h10.0", 3.0, -1.6)]
+    got = [c for point in route((0.0, 2.0), (4.0, -2.0), label) for c in point]
+    assert got == pytest.approx([0.0, 2.0, 2.0, -BEND, 3.0, -1.6 - BEND, 4.0, -2.0])
+    d = Diagram("m", "effect", 2)
+    d.nodes += [Node("A", "token", -1, label="operand A"), Node("B", "token", -1, label="operand B"),
+                Node("h7.0", "head", 7, 0, "7.0", -0.1), Node("h9.0", "head", 9, 0, "9.0", -0.2),
+                Node("h12.0", "head", 12, 0, "12.0", -0.3), Node("answer", "answer", 17, label="answer logit")]
+    d.edges += [Edge("B", "h9.0", "attention", 0.5), Edge("A", "h7.0", "attention", 0.4)]
+    nodes = layout(d).set_index("id")
+    # the layout puts B, 7.0 and 9.0 on one line: B -> 9.0 bends below 7.0; A -> 7.0 has nothing between
+    assert (nodes.x["B"], nodes.y["B"]) == (0, -1) and (nodes.x["h7.0"], nodes.y["h7.0"]) == (1, 0)
+    assert (nodes.x["h9.0"], nodes.y["h9.0"]) == (2, 1)
+    spec = diagram_chart(d).to_dict()
+    lines = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "line")
+    assert lines["encoding"]["detail"]["field"] == "edge" and lines["encoding"]["order"]["field"] == "order"
+    rows = spec["datasets"][lines["data"]["name"]]
+    assert [(r["x"], r["y"]) for r in rows if r["target"] == "h9.0"] == [(0, -1), (1, -BEND), (2, 1)]
+    assert [(r["x"], r["y"]) for r in rows if r["target"] == "h7.0"] == [(0, 1), (1, 0)]
