@@ -107,10 +107,11 @@ def step_answers(model, spec, cache) -> None:
     code_view(as_code.prompt_lab_code(model, text))
 
 
-def tens_dominated(pairs) -> tuple[str, float, int] | None:
-    """(operation, share, token id) of the operation whose commonest first answer token starts more than the sets'
-    dominant share (40 %) of its answers, most of them answers of two digits or more -- the tens digit (the '1' of
-    every sum from 10 to 18), where the units digit is another token; None when no operation is so."""
+def tens_dominated(pairs) -> tuple[str, float, int, int, int] | None:
+    """(operation, share, token id, how many answers start with it, the operation's pairs) of the operation whose
+    commonest first answer token starts more than the sets' dominant share (40 %) of its answers, most of them
+    answers of two digits or more -- the tens digit (the '1' of every sum from 10 to 18), where the units digit is
+    another token; None when no operation is so."""
     from collections import Counter, defaultdict
 
     from engine.prompts.promptsets import DOMINANT_SHARE
@@ -122,7 +123,7 @@ def tens_dominated(pairs) -> tuple[str, float, int] | None:
         tid, k = Counter(p.answer_id for p in ps).most_common(1)[0]
         lead = [p for p in ps if p.answer_id == tid]
         if k / len(ps) > DOMINANT_SHARE and sum(abs(p.answer) >= 10 for p in lead) > len(lead) / 2:
-            found.append((op, k / len(ps), tid))
+            found.append((op, k / len(ps), tid, k, len(ps)))
     return max(found, key=lambda f: f[1]) if found else None
 
 
@@ -134,9 +135,10 @@ def first_digit_note(model, spec, pairs) -> None:
     found = tens_dominated(pairs) if spec.digit == FIRST_DIGIT else None
     if found is None:
         return
-    op, share, tid = found
+    op, share, tid, k, n = found
     tok = display_token(str(model.tokenizer.convert_ids_to_tokens([tid])[0]))
-    sentence(f"{share:.0%} of the set's {op} prompts start their answer with `{tok}`, the tens digit: at the first "
+    sentence(f"{share:.0%} of the set's {op} prompts the model answers right ({k} of {n}) start their answer with "
+             f"`{tok}`, the tens digit: at the first "
              f"digit this story mostly tells how the model predicts `{tok}`. The arithmetic of a two-digit result -- "
              f"its units digit and whether a carry reached the tens -- happens one token later.")
     st.button("Tell the story at the units digit", key="story_units", on_click=state.use_digit, args=("last",),

@@ -156,10 +156,13 @@ def ranked_bars(df: pd.DataFrame, title: str = "probability", answer_id: int | N
                   for t, i in zip(df["shown"], df["token_id"])]
     color = alt.value(PALETTE[1])
     if answer_id is not None:
-        kinds = ["the answer", "another token"]
-        df["kind"] = [kinds[0] if int(i) == int(answer_id) else kinds[1] for i in df["token_id"]]
-        color = alt.Color("kind:N", sort=kinds, scale=alt.Scale(domain=kinds, range=[PALETTE[0], PALETTE[1]]),
-                          legend=alt.Legend(orient="top", title=None))
+        drawn = bool((df["token_id"].astype(int) == int(answer_id)).any())
+        # the legend names what is drawn: where the answer is not among the bars, it says so instead of a swatch
+        kinds = ["the answer", "another token"] if drawn else ["another token (the answer is not among these)"]
+        df["kind"] = [kinds[0] if int(i) == int(answer_id) else kinds[-1] for i in df["token_id"]]
+        colours = [PALETTE[0], PALETTE[1]][-len(kinds):]
+        color = alt.Color("kind:N", sort=kinds, scale=alt.Scale(domain=kinds, range=colours),
+                          legend=alt.Legend(orient="top", title=None, labelLimit=0))
     x = alt.X("shown:N", sort=list(df["shown"]), title=None, axis=alt.Axis(labelAngle=0, labelLimit=0,
                                                                           labelOverlap=False))
     base = alt.Chart(df).encode(x=x, tooltip=[alt.Tooltip("token:N", title="raw token"),

@@ -92,6 +92,10 @@ def test_ranked_bars_mark_the_answer():
     rows = next(iter(spec["datasets"].values()))
     assert [r["kind"] for r in rows] == ["the answer", "another token", "another token"]
     assert spec["layer"][0]["encoding"]["color"]["scale"]["range"][0] == PALETTE[0]
+    # the answer not among the bars (the Story's counterfactual, SmolLM2): no swatch for a bar that is not drawn
+    spec = ranked_bars(df, answer_id=99).to_dict()
+    color = spec["layer"][0]["encoding"]["color"]
+    assert color["scale"] == {"domain": ["another token (the answer is not among these)"], "range": [PALETTE[1]]}
 
 
 def test_the_logit_lens_rank_axis_ticks_only_powers_of_ten():
