@@ -107,7 +107,9 @@ if stats.warning:
     st.warning(stats.warning)
 per_op = df[df.template == "*"].drop(columns="template").set_index("op")
 st.dataframe(per_op.style.format({"first_token": "{:.1%}", "full_answer": "{:.1%}",
-                                  "mean_p_answer": "{:.3f}"}), width="stretch")
+                                  "mean_p_answer": "{:.3f}"}), width="stretch",
+             column_config={"op": "operation", "n": "prompts", "first_token": "first-token accuracy",
+                            "full_answer": "full-answer accuracy", "mean_p_answer": "mean P(answer)"})
 per_tpl = df[df.template != "*"]
 chart = template_bars(per_tpl)
 st.altair_chart(chart, width="stretch")

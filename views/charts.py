@@ -173,17 +173,28 @@ def ranked_bars(df: pd.DataFrame, title: str = "probability", answer_id: int | N
     return stretched((bars + text).properties(height=240))
 
 
+#: a template's accuracy is printed inside its bar's end from this share on (outside it, it would leave the chart)
+INSIDE_FROM = 0.85
+
+
 def template_bars(df: pd.DataFrame) -> alt.Chart:
     """First-token accuracy per template, every template name shown in full (one row each, no label
-    dropped or cut).  ``df`` columns: op, template, n, first_token, full_answer."""
-    return stretched(alt.Chart(df).mark_bar().encode(
+    dropped or cut) and each bar's value printed beside it -- a template at 0 % says "0%", not an empty row.
+    ``df`` columns: op, template, n, first_token, full_answer."""
+    base = alt.Chart(df).encode(
         x=alt.X("first_token:Q", title="first-token accuracy", scale=alt.Scale(domain=[0, 1]),
                 axis=alt.Axis(format="%")),
         y=alt.Y("template:N", sort=None, title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False)),
-        color=alt.Color("op:N", title="operation", scale=alt.Scale(range=list(PALETTE)), legend=LEGEND),
         tooltip=["op", "template", "n", alt.Tooltip("first_token:Q", format=".1%"),
-                 alt.Tooltip("full_answer:Q", format=".1%")],
-    ).properties(height=22 * len(df) + 20))
+                 alt.Tooltip("full_answer:Q", format=".1%")])
+    bars = base.mark_bar().encode(
+        color=alt.Color("op:N", title="operation", scale=alt.Scale(range=list(PALETTE)), legend=LEGEND))
+    value = {"text": alt.Text("first_token:Q", format=".0%")}
+    outside = base.mark_text(align="left", dx=4, fontSize=11).encode(**value).transform_filter(
+        alt.datum.first_token < INSIDE_FROM)
+    inside = base.mark_text(align="right", dx=-4, fontSize=11, color="white").encode(**value).transform_filter(
+        alt.datum.first_token >= INSIDE_FROM)
+    return stretched(alt.layer(bars, outside, inside).properties(height=22 * len(df) + 20))
 
 
 def grouped_bars(df: pd.DataFrame, x: str, y: str, color: str, title: str) -> alt.Chart:

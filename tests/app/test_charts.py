@@ -3,6 +3,8 @@ readable tokens, the main result in the strongest colour, legends and labels nev
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from views.charts import (
@@ -55,9 +57,23 @@ def test_every_template_name_is_shown():
     df = pd.DataFrame({"op": ["add"] * 40, "template": [f"add.paper.{i}" for i in range(40)], "n": 10,
                        "first_token": 1.0, "full_answer": 1.0})
     spec = template_bars(df).to_dict()
-    axis = spec["encoding"]["y"]["axis"]
+    axis = spec["layer"][0]["encoding"]["y"]["axis"]
     assert axis["labelLimit"] == 0 and axis["labelOverlap"] is False
     assert spec["height"] >= 20 * 40  # a row per template: no label is dropped for lack of room
+
+
+def test_a_template_at_zero_accuracy_says_0_percent_and_a_full_bar_keeps_its_value_inside():
+    """SmolLM2's Home chart drew add.paper.4 (0 %) as an empty row, the same as a template with no data."""
+    import vl_convert
+
+    df = pd.DataFrame({"op": ["add"] * 3, "template": ["add.paper.0", "add.paper.1", "add.paper.2"], "n": 10,
+                       "first_token": [0.0, 0.4, 1.0], "full_answer": [0.0, 0.4, 1.0]})
+    svg = vl_convert.vegalite_to_svg(template_bars(df).properties(width=400).to_json())
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    assert {"0%", "40%", "100%"} <= set(texts), texts
+    spec = template_bars(df).to_dict()
+    inside = [layer for layer in spec["layer"] if layer["mark"].get("color") == "white"]
+    assert inside and inside[0]["mark"]["align"] == "right"  # 100 %: printed inside the bar, not past the chart
 
 
 def test_two_heatmaps_on_one_symmetric_scale():
