@@ -59,7 +59,7 @@ one hooked run per head input) within 1e-4
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -116,23 +116,28 @@ def sender_names(backend: ModelBackend) -> list[str]:
 class Plan:
     """Per circuit (C of them): for each receiver key (``("head", l, h, x)``, ``("mlp", l)``, ``("logits",)``)
     with an ablated edge, per token role (R: 1 when the circuits are not resolved by position) the senders whose
-    edge into it is ablated there, as a tuple of sender names; and the senders with some ablated edge."""
+    edge into it is ablated there, as a tuple of sender names; and the senders with some ablated edge.  Each
+    distinct tuple of senders per role is numbered once (``keys``; 0: nothing ablated), and the passes compare and
+    look up these numbers (``ids``), not the tuples -- a tuple of a few hundred sender names per role is hashed
+    again at every use."""
 
     ablated: list[dict[tuple, tuple[tuple[str, ...], ...]]]
     senders: list[frozenset[str]]
     roles: int = 1
+    ids: list[dict[tuple, int]] = field(default_factory=list)  # [C] of {receiver: its number in keys}
+    keys: list[tuple[tuple[str, ...], ...]] = field(default_factory=list)  # the distinct ablated senders per role
 
     @property
     def none(self) -> tuple[tuple[str, ...], ...]:
-        """The key of a receiver with nothing ablated."""
+        """The key of a receiver with nothing ablated (number 0)."""
         return ((),) * self.roles
 
-    def key(self, c: int, receiver: tuple) -> tuple[tuple[str, ...], ...]:
-        """Circuit c's ablated senders into ``receiver``, per role."""
-        return self.ablated[c].get(receiver, self.none)
+    def key(self, c: int, receiver: tuple) -> int:
+        """The number of circuit c's ablated senders into ``receiver``, per role (``keys``; 0: none)."""
+        return self.ids[c].get(receiver, 0)
 
-    def layer_keys(self, c: int, layer: int, n_heads: int) -> dict[tuple[int, str], tuple[tuple[str, ...], ...]]:
-        """{(head, x): ablated senders per role} of circuit c's heads at ``layer``."""
+    def layer_keys(self, c: int, layer: int, n_heads: int) -> dict[tuple[int, str], int]:
+        """{(head, x): the number of its ablated senders per role} of circuit c's heads at ``layer``."""
         return {(h, x): self.key(c, ("head", layer, h, x)) for h in range(n_heads) for x in QKV}
 
     def needs_difference(self, c: int, sender: str) -> bool:
@@ -156,7 +161,9 @@ def plan_of(edges: Sequence[Edge], kept: np.ndarray) -> Plan:
                 ab[key] = tuple(tuple(names[off[:, r]]) for r in range(R))
         ablated.append(ab)
         senders.append(frozenset(names_of[i] for i in np.unique(codes[~row.all(1)])))
-    return Plan(ablated, senders, R)
+    number = {((),) * R: 0}  # each distinct tuple hashed once here
+    ids = [{receiver: number.setdefault(t, len(number)) for receiver, t in ab.items()} for ab in ablated]
+    return Plan(ablated, senders, R, ids, list(number))
 
 
 def _by_role(kept: np.ndarray, n_edges: int) -> np.ndarray:
@@ -165,16 +172,16 @@ def _by_role(kept: np.ndarray, n_edges: int) -> np.ndarray:
     return kept.reshape(-1, n_edges, kept.shape[-1] if kept.ndim == 3 else 1)
 
 
-def _blocks_b(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, tuple]]:
-    """Pass (B) of a layer: (circuit, ablated senders) per distinct correction of its heads' inputs."""
+def _blocks_b(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, int]]:
+    """Pass (B) of a layer: (circuit, ablated senders' number) per distinct correction of its heads' inputs."""
     out = []
     for c in range(C):
         out += [(c, k) for k in dict.fromkeys(plan.layer_keys(c, layer, H).values())]
     return out
 
 
-def _blocks_c(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, tuple]]:
-    """Pass (C): (circuit, (q, k, v) corrections) per distinct triple of a head whose three differ."""
+def _blocks_c(plan: Plan, C: int, layer: int, H: int) -> list[tuple[int, tuple[int, int, int]]]:
+    """Pass (C): (circuit, its (q, k, v) corrections' numbers) per distinct triple of a head whose three differ."""
     out = []
     for c in range(C):
         keys = plan.layer_keys(c, layer, H)
@@ -416,8 +423,10 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
                 out -= d
         return out
 
-    def correction(c: int, key: tuple[tuple[str, ...], ...]) -> torch.Tensor:
-        """What the ablated edges add to a receiver's input: per role, its senders' differences there."""
+    def correction(c: int, number: int) -> torch.Tensor:
+        """What the ablated edges add to a receiver's input: per role, its senders' differences there (``number``:
+        the receiver's ablated senders per role, :attr:`Plan.keys`)."""
+        key = plan.keys[number]
         if run.where is None:
             return summed(c, key[0])
         d = torch.zeros_like(total[c])

@@ -75,6 +75,12 @@ def test_the_graph_is_built_once_per_shape_and_its_plan_equals_the_per_edge_loop
         for sender in ("input", "a0.h1", "m1", "a2.h0"):
             assert plan.needs_difference(c, sender) == any(sender in v for v in want.values())
     assert plan.ablated[3] == {} and not plan.senders[3]  # the model: nothing ablated
+    # each distinct tuple of senders numbered once: a receiver's number reads back its senders; 0 is nothing ablated
+    assert plan.keys[0] == ((),) and len(set(plan.keys)) == len(plan.keys)
+    for c in range(4):
+        for receiver, senders in plan.ablated[c].items():
+            assert plan.keys[plan.key(c, receiver)] == senders and plan.key(c, receiver) > 0
+    assert plan.key(3, ("logits",)) == 0 and plan.layer_keys(3, 1, 2) == {(h, x): 0 for h in range(2) for x in "qkv"}
     # per token role: a receiver's key holds each role's ablated senders; a sender kept at some role but ablated at
     # another still needs its difference
     by_role = np.random.default_rng(1).random((2, len(edges), 5)) < 0.5  # [C, E, R]
