@@ -58,14 +58,15 @@ def lens_lines(df: pd.DataFrame) -> alt.Chart:
 
     ``df`` columns: layer, mean_prob, median_rank, top1."""
     base = alt.Chart(df).encode(x=layer_axis("after layer (-1 = the embedding)"))
-    prob = base.mark_line(point=True, color="#D55E00", strokeWidth=3).encode(
+    # (a line's own colour does not reach its points: each point mark is given it)
+    prob = base.mark_line(point=alt.OverlayMarkDef(color="#D55E00"), color="#D55E00", strokeWidth=3).encode(
         y=alt.Y("mean_prob:Q", title="mean P(answer), solid", scale=alt.Scale(domain=[0, 1]),
                 axis=alt.Axis(titleColor="#D55E00")),
         tooltip=["layer", alt.Tooltip("mean_prob:Q", format=".3f"), alt.Tooltip("top1:Q", format=".0%"),
                  alt.Tooltip("median_rank:Q", format=".0f")])
     top = float(df["median_rank"].max()) if len(df) else 1.0
     decades = [10 ** k for k in range(int(math.ceil(math.log10(max(top, 1.0)))) + 1)]  # 1, 10, 100 ... (no 2, 3, 20)
-    rank = base.mark_line(point=True, color="#0072B2", strokeDash=[5, 3]).encode(
+    rank = base.mark_line(point=alt.OverlayMarkDef(color="#0072B2"), color="#0072B2", strokeDash=[5, 3]).encode(
         y=alt.Y("median_rank:Q", title="median rank of the answer, dashed (log scale)", scale=alt.Scale(type="log"),
                 axis=alt.Axis(titleColor="#0072B2", values=decades, format=",d")))
     return stretched(alt.layer(prob, rank).resolve_scale(y="independent").properties(height=280))
@@ -169,7 +170,8 @@ def carries_chart(cdf: pd.DataFrame, metric: str) -> alt.Chart:
         y=alt.Y("value:Q", title=f"mean {metric}"),
         tooltip=["name", "kind", alt.Tooltip("value:Q", format=".4f"), alt.Tooltip("low:Q", format=".4f"),
                  alt.Tooltip("high:Q", format=".4f"), "n"])
-    rules = base.mark_rule(color="black").encode(y="low:Q", y2="high:Q")
+    # black, as the page says (the base's colour encoding would otherwise paint each rule its bar's colour)
+    rules = base.mark_rule(strokeWidth=1.5).encode(y="low:Q", y2="high:Q", color=alt.value("black"))
     return stretched((bars + rules).properties(height=300))
 
 

@@ -125,3 +125,21 @@ def test_the_logit_lens_rank_axis_ticks_only_powers_of_ten():
     assert axis["values"] == [1, 10, 100, 1000] and axis["format"] == ",d"
     one = lens_lines(df.assign(median_rank=1.0)).to_dict()  # every rank 1: one tick, not an empty axis
     assert one["layer"][1]["encoding"]["y"]["axis"]["values"] == [1]
+
+
+def test_drawn_colours_are_the_ones_the_page_names():
+    """Two charts drew a colour their words did not say: the carries chart's interval rules took their bar's colour
+    ("black rules are 95 % bootstrap intervals"), and the logit lens's orange line had blue points."""
+    import vl_convert
+
+    from views.circuit_charts import carries_chart, lens_lines
+    cdf = pd.DataFrame({"layer": [1, 1], "head": [3, 3], "kind": ["operand-a", "operand-b"], "value": [-0.2, 0.1],
+                        "low": [-0.3, 0.0], "high": [-0.1, 0.2], "n": [8, 8]})
+    svg = vl_convert.vegalite_to_svg(carries_chart(cdf, "effect").properties(width=300).to_json())
+    rule_marks = re.findall(r'aria-roledescription="rule mark"[^>]*stroke="([^"]+)"', svg)
+    assert len(rule_marks) == 2 and set(rule_marks) == {"black"}, rule_marks
+    df = pd.DataFrame({"layer": [-1, 0, 1], "mean_prob": [0.0, 0.1, 0.6], "median_rank": [912.0, 35.0, 1.0],
+                       "top1": [0.0, 0.0, 0.7]})
+    svg = vl_convert.vegalite_to_svg(lens_lines(df).properties(width=300).to_json())
+    points = re.findall(r'aria-roledescription="point"[^>]*fill="([^"]+)"', svg)
+    assert points and set(points) == {"#D55E00", "#0072B2"}, points
