@@ -34,7 +34,7 @@ def test_summary_reads_only_the_cache_and_quotes_its_numbers(tmp_path):
     assert found["key heads"].computed and f"{layer}.{head} ({effect:+.2f})" in found["key heads"].text
     assert not found["attention"].computed  # attention roles were never computed
     assert found["MLPs"].computed and found["MLPs"].technique == "mlp-projections"
-    assert "contribution points" not in found["MLPs"].text  # the projections were never computed
+    assert "contribution" not in found["MLPs"].text  # the projections were never computed
     last = [r for r in lens if r.group == "*"][-1]
     assert found["logit lens"].computed and f"P = {last.mean_prob:.2f} after the last layer" in found["logit lens"].text
     assert not found["knockout"].computed
@@ -45,3 +45,27 @@ def test_summary_reads_only_the_cache_and_quotes_its_numbers(tmp_path):
     gap = 100 * (pts[3].random_mean - pts[3].top_accuracy)
     assert ko.computed and f"top 3 heads leaves {pts[3].top_accuracy:.0%}" in ko.text
     assert f"gap of {gap:.0f} points" in ko.text
+
+
+def test_the_mlp_sentence_claims_the_answer_only_where_its_gap_over_other_numbers_is_above_0(tmp_path, monkeypatch):
+    """SmolLM2's Story said "MLP 29's contribution points most towards the answer's unembedding (cos 0.20 vs 0.20 for
+    other numbers)" where the Paper page called the same gap +0.00 [-0.01, +0.01] inconclusive."""
+    import numpy as np
+
+    import engine.techniques.mlp_projections as mp
+    model = open_model("organism", device="cpu")
+    pairs, _ = generate(model.tokenizer, PromptSetSpec(ops=("add",), n=10, seed=0))
+    cache = ResultCache(tmp_path / "c.duckdb")
+    cached_path_patching(model, pairs, cache=cache)
+    mp.cached_mlp_projections(model, pairs, cache=cache)
+    text = {f.step: f for f in circuit_summary(model, pairs, cache)}["MLPs"].text
+    cos_c, cos_o, _ = mp.cached_answer_cosines(model, pairs, cache=cache)
+    best = int(np.argmax(cos_c.mean(0)))
+    assert f"MLP {best}'s contribution points most towards the answer's unembedding" in text, text
+    assert "gap +" in text
+    rng = np.random.default_rng(0)  # answer and other numbers alike: no claim, the interval said
+    same = rng.normal(0.2, 0.01, cos_c.shape)
+    monkeypatch.setattr(mp, "cached_answer_cosines", lambda *a, **k: (same, same + rng.normal(0, 0.01, same.shape),
+                                                                    None))
+    text = {f.step: f for f in circuit_summary(model, pairs, cache)}["MLPs"].text
+    assert "points most towards" not in text and "but not shown to be more than with the other numbers'" in text
