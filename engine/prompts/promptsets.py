@@ -326,20 +326,28 @@ class AnswerTokenStats:
     digit: str = FIRST_DIGIT             # the answer digit counted (the pairs' answer_id)
 
     @property
+    def top_count(self) -> str:
+        """How many of the top operation's pairs start with its top token, in words ("2 of 2")."""
+        counts = self.per_op[self.top_op]  # most frequent first
+        return f"{next(iter(counts.values()))} of {sum(counts.values())}"
+
+    @property
     def warning(self) -> str | None:
         """A sentence when one token holds more than DOMINANT_SHARE of an operation's pairs, else None."""
         if self.top_share <= DOMINANT_SHARE:
             return None
         if self.digit != FIRST_DIGIT:
             which = digit_words(self.digit).split(" ")[0]
-            return (f"{self.top_share:.0%} of the {self.top_op} prompts have the same {which} answer token "
+            return (f"{self.top_share:.0%} of the {self.top_op} prompts ({self.top_count}) have the same {which} "
+                    f"answer token "
                     f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. "
                     f"Balance the set (on by default); if it is balanced already, keeping only the prompts the model "
                     f"answers right unbalanced it: use more prompts or other operations.")
-        return (f"{self.top_share:.0%} of the {self.top_op} prompts have the same first answer token "
-                f"{self.top_token!r}: the analysis mostly measures whether the model predicts {self.top_token!r}. "
-                f"Balance the set's first answer tokens (on by default); if it is balanced already, keeping "
-                f"only the prompts the model answers right unbalanced it: use more prompts or other operations.")
+        return (f"{self.top_share:.0%} of the {self.top_op} prompts ({self.top_count}) have the same first answer "
+                f"token {self.top_token!r}: the analysis mostly measures whether the model predicts "
+                f"{self.top_token!r}. Balance the set's first answer tokens (on by default); if it is balanced "
+                f"already, keeping only the prompts the model answers right unbalanced it: use more prompts or other "
+                f"operations.")
 
     def summary(self) -> str:
         """One line (Markdown) for the pages: each token with its count and share."""
