@@ -10,7 +10,15 @@ import streamlit as st
 from engine.cost import estimate
 from engine.findings.as_code import circuit_code
 from engine.findings.notes import labels as note_labels
-from engine.techniques.circuit import MAX_DRAWN_EDGES, circuit_diagram, circuit_work, edge_diagram, edge_diagram_work
+from engine.techniques.circuit import (
+    MAX_DRAWN_EDGES,
+    circuit_diagram,
+    circuit_parts,
+    circuit_work,
+    edge_diagram,
+    edge_diagram_work,
+    parts_text,
+)
 from ui import state, url_state
 from ui.as_code import code_view
 from ui.nav import link_to
@@ -70,8 +78,8 @@ else:
                                                                       cache=cache)),
                           model=model, stop=True, button="Build the circuit", key="circuit",
                           text="Building the circuit", failure="build the circuit diagram",
-                          note="The diagram needs path patching and the attention by token role of this set"
-                               + (", and one head → head path patching per key head" if senders else "") + ".")
+                          note=lambda: "Still to compute for this diagram: " + parts_text(
+                              circuit_parts(model, pairs, k=int(k), senders=senders, cache=cache)) + ".")
 d = d.noted(note_labels(model.facts.fingerprint, cache))  # each pinned head's / MLP's note (Path patching's pins)
 if by_edges:
     st.caption(f"The {len(d.edges)} edges of the largest |{RANKING_NAMES[ranking]} score| among the graph's, and the "

@@ -252,8 +252,9 @@ def page_run_started() -> None:
 
 
 def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | Callable[[], Cost]", *,
-                      button: str, key: str, text: str, failure: str, note: str | None = None,
-                      stop: bool = False, model=None, ask: bool = False) -> T | None:
+                      button: str, key: str, text: str, failure: str,
+                      note: str | Callable[[], str] | None = None, stop: bool = False, model=None,
+                      ask: bool = False) -> T | None:
     """The one gate of a page computation (nothing heavy unasked):
 
     * ``compute``'s result read from the cache when it holds it -- at once, no forward pass
@@ -262,7 +263,8 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
       this page run has already computed unasked at most ``engine.cost.HEAVY_S`` seconds: computed now under a
       progress bar (:func:`run_with_progress`);
     * else a button labelled "``button`` (estimated: about 40 s, 60 forward passes of the set)", with ``note``
-      beside it: None until it is pressed, then computed under the progress bar (the button goes).
+      beside it (a function giving it: called only on a miss, as ``cost``): None until it is pressed, then
+      computed under the progress bar (the button goes).
 
     None after a user error too (one ``st.error``, "Cannot {failure}: ..."); ``stop``: the page ends where this
     returns None.  ``model``: the backend the cost was estimated for -- the computation's measured seconds correct
@@ -279,6 +281,7 @@ def compute_or_button(compute: Callable[[ProgressBar | None], T], cost: "Cost | 
         return _failed(failure, e, stop)
     spent = float(st.session_state.get(UNASKED, 0.0))
     try:
+        note = note() if callable(note) else note
         estimated = cost() if callable(cost) else cost
         c = estimated if model is None else for_kind(model, estimated, key)  # what this view took before, if measured
         if model is not None and callable(cost) and spent + c.seconds > HEAVY_S and retime(model):

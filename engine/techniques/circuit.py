@@ -91,33 +91,59 @@ def head_id(layer: int, head: int) -> str:
     return f"h{layer}.{head}"
 
 
-def circuit_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int = 5, senders: bool = False,
-                 cache=None):
-    """The forward work of :func:`circuit_diagram` (``engine.cost.Work``): path patching and the attention by role
-    unless cached, and with ``senders`` one head -> head path patching per key head above layer 0 not cached (when
-    path patching is not cached yet, its key heads are not known: counted at the top layer, the most)."""
-    from engine.cost import unless_cached
+def circuit_parts(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int = 5, senders: bool = False,
+                  cache=None) -> list[tuple[str, object]]:
+    """What :func:`circuit_diagram` still has to compute, in words, with each part's forward work
+    (``engine.cost.Work``): path patching and the attention by role unless cached, and with ``senders`` one head ->
+    head path patching per key head above layer 0 not cached (when path patching is not cached yet, its key heads
+    are not known: counted at the top layer, the most).  A cached part is left out."""
+    from engine.cost import NO_WORK, unless_cached
     from engine.results import NotCached, cache_only
     from engine.techniques.attention import cached_role_attention, end_rows_work
     from engine.techniques.head_patching import Receiver, cached_head_path_patching, head_path_patching_work
     from engine.techniques.path_patching import cached_path_patching, path_patching_work
-    w = unless_cached(lambda: cached_role_attention(backend, pairs, cache=cache),
-                      lambda: end_rows_work(backend, pairs))
+    parts = [("the attention by token role", unless_cached(lambda: cached_role_attention(backend, pairs, cache=cache),
+                                                           lambda: end_rows_work(backend, pairs)))]
     try:
         with cache_only():
             table, _ = cached_path_patching(backend, pairs, cache=cache)
         heads = [(layer, head) for layer, head, _ in table.top_heads(k)]
+        named = True
     except NotCached:
-        w += path_patching_work(backend, pairs)
+        parts.append(("path patching", path_patching_work(backend, pairs)))
         heads = [(backend.facts.n_layers - 1, h % backend.facts.n_heads) for h in range(k)]
-    if not senders:
-        return w
-    for layer, head in heads:
-        if layer > 0:
-            rec = Receiver(layer, head, "q")
-            w += unless_cached(lambda r=rec: cached_head_path_patching(backend, pairs, r, cache=cache),
-                               lambda r=rec: head_path_patching_work(backend, pairs, r))
-    return w
+        named = False
+    if senders:
+        for layer, head in heads:
+            if layer > 0:
+                rec = Receiver(layer, head, "q")
+                parts.append((f"{INTO}{layer}.{head}" if named else f"{INTO}each key head",
+                              unless_cached(lambda r=rec: cached_head_path_patching(backend, pairs, r, cache=cache),
+                                            lambda r=rec: head_path_patching_work(backend, pairs, r))))
+    return [(name, w) for name, w in parts if w != NO_WORK]
+
+
+#: how a head -> head part of :func:`circuit_parts` is named (its receiver follows)
+INTO = "head → head path patching into "
+
+
+def parts_text(parts: Sequence[tuple[str, object]]) -> str:
+    """:func:`circuit_parts`' names in one phrase, the head -> head ones as one list ("…; head → head path patching
+    into 1.3, 1.1 and 5.5")."""
+    names = [name for name, _ in parts]
+    into = list(dict.fromkeys(n[len(INTO):] for n in names if n.startswith(INTO)))  # "each key head" once
+    rest = [n for n in names if not n.startswith(INTO)]
+    if into:
+        rest.append(INTO + (into[0] if len(into) == 1 else ", ".join(into[:-1]) + " and " + into[-1]))
+    return "; ".join(rest)
+
+
+def circuit_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int = 5, senders: bool = False,
+                 cache=None):
+    """The forward work of :func:`circuit_diagram` (``engine.cost.Work``): its parts not cached
+    (:func:`circuit_parts`)."""
+    from engine.cost import NO_WORK
+    return sum((w for _, w in circuit_parts(backend, pairs, k=k, senders=senders, cache=cache)), NO_WORK)
 
 
 def circuit_diagram(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int = 5, mlps: int = 3,

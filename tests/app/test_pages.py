@@ -189,7 +189,7 @@ def test_faithfulness_page_on_demand_then_cached(tmp_path, monkeypatch):
     assert len(mib) == 2  # addition and subtraction
 
 
-def test_circuit_page_draws_and_a_click_names_the_node():
+def test_circuit_page_draws_and_a_click_names_the_node(monkeypatch):
     at = page("12_Circuit.py").run()
     _ok(at)
     assert _charts(at) == 1
@@ -204,6 +204,15 @@ def test_circuit_page_draws_and_a_click_names_the_node():
     at.run()
     _ok(at)
     assert any("**answer logit** (answer)" in m.value for m in at.markdown)
+    # head -> head asked for: the box beside the button names what is left, not the parts the diagram has cached
+    # (every computation asked for here, whatever its estimate on this machine)
+    monkeypatch.setattr("engine.cost.HEAVY_S", 0.0)
+    at = page("12_Circuit.py").run()
+    at.toggle(key="circuit_senders_input").set_value(True).run()
+    _ok(at)
+    left = [i.value for i in at.info if i.value.startswith("Still to compute for this diagram: ")]
+    assert left and "head → head path patching into " in left[0], [i.value for i in at.info]
+    assert "path patching;" not in left[0] and "the attention by token role" not in left[0]
 
 
 def test_transfer_page():

@@ -110,3 +110,34 @@ def test_cli_draws_the_top_edges_or_says_why_not(tmp_path):
     r = run_cli("circuit", "--model", "organism", "--op", "add,sub", "--n", "2", "--edges", "eap", "--top", "61",
                 "--out", str(out), cache=tmp_path / "c.duckdb")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "1 to 60 edges" in r.stderr
+
+
+def test_what_the_diagram_still_needs_names_only_the_parts_not_cached(setup, tmp_path):
+    """The Circuit page's box beside its button named path patching and the attention when both were cached
+    (SmolLM2, head -> head on): it lists what is left, and the estimate counts the same parts."""
+    from cache import ResultCache
+    from engine.cost import NO_WORK
+    from engine.techniques.attention import cached_role_attention
+    from engine.techniques.circuit import circuit_parts, circuit_work
+    from engine.techniques.head_patching import Receiver, cached_head_path_patching
+    m, pairs = setup
+    cache = ResultCache(tmp_path / "c.duckdb")
+    cold = circuit_parts(m, pairs, k=2, senders=True, cache=cache)
+    assert [name for name, _ in cold] == ["the attention by token role", "path patching",
+                                          "head → head path patching into each key head",
+                                          "head → head path patching into each key head"]
+    assert circuit_work(m, pairs, k=2, senders=True, cache=cache) == sum((w for _, w in cold), NO_WORK)
+    table, _ = cached_path_patching(m, pairs, cache=cache)
+    cached_role_attention(m, pairs, cache=cache)
+    (l1, h1, _), (l2, h2, _) = table.top_heads(2)
+    assert [name for name, _ in circuit_parts(m, pairs, k=2, senders=False, cache=cache)] == []
+    assert circuit_work(m, pairs, k=2, senders=False, cache=cache) == NO_WORK
+    cached_head_path_patching(m, pairs, Receiver(l1, h1, "q"), cache=cache)
+    left = circuit_parts(m, pairs, k=2, senders=True, cache=cache)
+    assert [name for name, _ in left] == ([f"head → head path patching into {l2}.{h2}"] if l2 > 0 else [])
+    from engine.techniques.circuit import parts_text
+    assert parts_text(cold) == ("the attention by token role; path patching; "
+                                "head → head path patching into each key head")
+    assert parts_text([("path patching", 0), ("head → head path patching into 1.3", 0),
+                       ("head → head path patching into 1.1", 0), ("head → head path patching into 5.5", 0)]) == \
+        "path patching; head → head path patching into 1.3, 1.1 and 5.5"
