@@ -47,7 +47,11 @@ def attribution_view(model, pairs, cache, metric: str) -> tuple[int, int] | None
                             lambda: estimate(model, pairs, attribution_work(model, pairs, total=total)), model=model,
                             button="Compute exact vs attribution", key=f"atp_go_{total}", ask=True,
                             text="Exact and attribution patching, step", failure="run attribution patching",
-                            note="Exact activation patching runs one patch per sender" if total else None)
+                            note="Exact path patching freezes every other head at X_r; exact activation patching "
+                                 "(nothing frozen) adds one forward pass of the set per sender; AtP estimates both "
+                                 "from one forward and one backward pass." if total else
+                                 "Exact path patching (every other head frozen at X_r) beside its AtP estimate: one "
+                                 "forward and one backward pass.")
     if out is None:
         return None
     table, computed = out

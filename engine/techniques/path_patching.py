@@ -584,7 +584,10 @@ def head_sparsity(raw: PatchingRaw) -> Sparsity:
 
 def finding(model, pairs, cache, table: PatchingTable) -> str:
     """Key heads (§4.1): the top heads by effect, and how much of the effect the top 5 % of the heads carry."""
-    names = ", ".join(f"{layer}.{h} ({e:+.2f})" for layer, h, e in table.top_heads(3))
+    top = table.top_heads(3)
+    # small effects to two significant digits: -0.0080 and -0.0076 both read "-0.01" to two decimals
+    fmt = "{:+.2f}" if max((abs(e) for _, _, e in top), default=1.0) >= 0.1 else "{:+.2g}"
+    names = ", ".join(f"{layer}.{h} ({fmt.format(e)})" for layer, h, e in top)
     out = f"Path patching on {table.n_pairs} prompt pairs: the top heads are {names}"
     if table.per_pair is None:
         return out + "."
