@@ -275,7 +275,7 @@ def test_patching_exact_vs_attribution_tab_and_head_to_head_on_demand():
     assert not any("Spearman" in c.value for c in at.caption)  # on demand: nothing computed on the first visit
     go = [b for b in at.button if b.key == "atp_go_True"]
     assert go and re.search(r"\(estimated: about \d+ (s|min), \d+ forward passes of the set\)$", go[0].label)
-    assert any("one patch per sender" in i.value for i in at.info)
+    assert any("adds one forward pass of the set per sender" in i.value for i in at.info)
     go[0].click().run()
     _ok(at)
     assert any("Spearman" in c.value for c in at.caption)
