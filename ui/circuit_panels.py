@@ -164,7 +164,9 @@ def stability_view(table, k: int) -> None:
     sdf = pd.DataFrame([r.__dict__ for r in rows if r.group == group])
     st.altair_chart(stability_chart(sdf, k), width="stretch")
     st.dataframe(pd.DataFrame([{"pairs": label.get(s.group, s.group), "n": s.n, f"top {k}": ", ".join(s.top),
-                                f"mean share of resamples in the top {k}": f"{s.mean_in_top:.0%}",
+                                # one pair resampled is that pair every time: its 100 % would read as stable
+                                f"mean share of resamples in the top {k}": f"{s.mean_in_top:.0%}" if s.n > 1
+                                else "— (1 pair: nothing to resample)",
                                 f"shared with all pairs' top {k}": f"{s.overlap} of {len(s.top)}"} for s in sums]),
                  hide_index=True, width="stretch")
     st.download_button("Stability (CSV)", pd.DataFrame([r.__dict__ for r in rows]).to_csv(index=False).encode(),

@@ -68,6 +68,9 @@ def test_patching_stability_tab():
     assert "*" in box.options[0] or box.value == "*"
     table = next(d.value for d in at.dataframe if "top 5" in d.value.columns)
     assert len(table) >= 5 and "all pairs" in list(table["pairs"])
+    share = table["mean share of resamples in the top 5"]
+    assert (table["n"] == 1).any() and (share[table["n"] == 1] == "— (1 pair: nothing to resample)").all()  # no 100 %
+    assert share[table["n"] > 1].str.endswith("%").all()
     box.set_value("carry:yes").run()
     _ok(at)
     assert at.selectbox(key="stability_group").value == "carry:yes"
