@@ -127,11 +127,6 @@ class Plan:
     ids: list[dict[tuple, int]] = field(default_factory=list)  # [C] of {receiver: its number in keys}
     keys: list[tuple[tuple[str, ...], ...]] = field(default_factory=list)  # the distinct ablated senders per role
 
-    @property
-    def none(self) -> tuple[tuple[str, ...], ...]:
-        """The key of a receiver with nothing ablated (number 0)."""
-        return ((),) * self.roles
-
     def key(self, c: int, receiver: tuple) -> int:
         """The number of circuit c's ablated senders into ``receiver``, per role (``keys``; 0: none)."""
         return self.ids[c].get(receiver, 0)
