@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pandas as pd
@@ -14,10 +15,10 @@ from engine.techniques.circuit import (
     MAX_DRAWN_EDGES,
     circuit_diagram,
     circuit_parts,
-    circuit_work,
     edge_diagram,
     edge_diagram_work,
     parts_text,
+    parts_work,
 )
 from ui import state, url_state
 from ui.as_code import code_view
@@ -72,14 +73,14 @@ else:
     senders = c3.toggle("Head → head edges", **url_state.bound("circ_hh"),
                         help="Which key heads feed which (head → head path patching into each key head's query): one "
                              "path patching per key head, computed once and cached.")
+    # what is not cached yet, probed once (on a miss only): the estimate and the box beside the button both read it
+    todo = functools.cache(lambda: circuit_parts(model, pairs, k=int(k), senders=senders, cache=cache))
     d = compute_or_button(lambda cb: circuit_diagram(model, pairs, k=int(k), mlps=int(mlps), senders=senders,
                                                      cache=cache, progress=cb),
-                          lambda: estimate(model, pairs, circuit_work(model, pairs, k=int(k), senders=senders,
-                                                                      cache=cache)),
+                          lambda: estimate(model, pairs, parts_work(todo())),
                           model=model, stop=True, button="Build the circuit", key="circuit",
                           text="Building the circuit", failure="build the circuit diagram",
-                          note=lambda: "Still to compute for this diagram: " + parts_text(
-                              circuit_parts(model, pairs, k=int(k), senders=senders, cache=cache)) + ".")
+                          note=lambda: "Still to compute for this diagram: " + parts_text(todo()) + ".")
 d = d.noted(note_labels(model.facts.fingerprint, cache))  # each pinned head's / MLP's note (Path patching's pins)
 if by_edges:
     st.caption(f"The {len(d.edges)} edges of the largest |{RANKING_NAMES[ranking]} score| among the graph's, and the "

@@ -190,12 +190,10 @@ def attention(ev: Evidence) -> Verdict:
 
 def mlps(ev: Evidence) -> Verdict:
     """Fig. 6 / 13 / 14: a later MLP writes the answer."""
-    from engine.techniques.mlp_projections import cached_answer_cosines
+    from engine.techniques.mlp_projections import answer_mlp, cached_answer_cosines
     f = ev.model.facts
     cos_c, cos_o, null = cached_answer_cosines(ev.model, ev.pairs, cache=ev.cache, progress=ev.progress)
-    best = int(np.argmax(cos_c.mean(0)))
-    c = interval(lambda idx: float(cos_c[idx, best].mean()), len(cos_c))
-    gap = interval(lambda idx: float((cos_c[idx, best] - cos_o[idx, best]).mean()), len(cos_c))
+    best, c, gap = answer_mlp(cos_c, cos_o)
     return Verdict(f"MLP {best} of {f.n_layers} most aligned with C: cos {c.text()} vs "
                    f"{float(cos_o[:, best].mean()):.2f} for other numbers (gap {gap.text('{:+.2f}')}; "
                    f"random directions up to {float(null[best]):.2f})",

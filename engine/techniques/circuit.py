@@ -138,12 +138,17 @@ def parts_text(parts: Sequence[tuple[str, object]]) -> str:
     return "; ".join(rest)
 
 
+def parts_work(parts: Sequence[tuple[str, object]]):
+    """The forward work of :func:`circuit_parts`' parts, summed (``engine.cost.Work``)."""
+    from engine.cost import NO_WORK
+    return sum((w for _, w in parts), NO_WORK)
+
+
 def circuit_work(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int = 5, senders: bool = False,
                  cache=None):
     """The forward work of :func:`circuit_diagram` (``engine.cost.Work``): its parts not cached
     (:func:`circuit_parts`)."""
-    from engine.cost import NO_WORK
-    return sum((w for _, w in circuit_parts(backend, pairs, k=k, senders=senders, cache=cache)), NO_WORK)
+    return parts_work(circuit_parts(backend, pairs, k=k, senders=senders, cache=cache))
 
 
 def circuit_diagram(backend: ModelBackend, pairs: Sequence[PromptPair], *, k: int = 5, mlps: int = 3,

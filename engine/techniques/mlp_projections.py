@@ -207,11 +207,21 @@ def _cached(backend: ModelBackend, pairs: Sequence[PromptPair], cache, progress:
 # its sentence of the circuit summary (cached results only; registered in engine.registry)
 # ---------------------------------------------------------------------------------------------
 
+def answer_mlp(cos_c: np.ndarray, cos_o: np.ndarray):
+    """(the MLP whose contribution is most aligned with the answer's unembedding on average, its cosine's 95 %
+    interval over the pairs, the interval of its gap over the other numbers' cosine) from ``cos_c`` / ``cos_o``
+    [P, L] (:func:`cached_answer_cosines`): what the summary sentence and the Paper page's check judge."""
+    from engine.numerics.intervals import interval
+    best = int(np.argmax(cos_c.mean(0)))
+    c = interval(lambda idx: float(cos_c[idx, best].mean()), len(cos_c))
+    gap = interval(lambda idx: float((cos_c[idx, best] - cos_o[idx, best]).mean()), len(cos_c))
+    return best, c, gap
+
+
 def finding(model, pairs, cache, table) -> str:
     """The MLPs that write the answer (path patching's MLP senders; Fig. 6's projections when cached): the MLP
     whose contribution is most aligned with the answer's unembedding, and whether it is more aligned with the
     answer than with the other numbers (the gap's 95 % interval over the pairs, as the Paper page judges it)."""
-    from engine.numerics.intervals import interval
     from engine.results import NotCached
     mlps = [v for v in table.values if v.component == "mlp" and v.metric == "effect" and v.group == "*"]
     strongest = min(mlps, key=lambda v: v.value)
@@ -221,9 +231,8 @@ def finding(model, pairs, cache, table) -> str:
         cos_c, cos_o, _ = cached_answer_cosines(model, pairs, cache=cache)  # [P, L] each
     except NotCached:
         return text
-    best = int(np.argmax(cos_c.mean(0)))
+    best, _, gap = answer_mlp(cos_c, cos_o)
     a, b = float(cos_c[:, best].mean()), float(cos_o[:, best].mean())
-    gap = interval(lambda idx: float((cos_c[idx, best] - cos_o[idx, best]).mean()), len(cos_c))
     if gap.above(0.0):
         return text + (f" MLP {best}'s contribution points most towards the answer's unembedding (cos {a:.2f} vs "
                        f"{b:.2f} for other numbers; gap {gap.text('{:+.2f}')}).")
