@@ -301,18 +301,21 @@ def run_cached_rows(model, pairs: Sequence[PromptPair], method: str, params: Map
 # per-pair arrays as artifacts (the bootstrap's inputs, engine.numerics.intervals)
 # ---------------------------------------------------------------------------------------------
 
-def encode_array(x: Any) -> dict[str, Any]:
-    """A float tensor / array as a JSON artifact: its shape and its float32 bytes in base64 (NaN kept)."""
+def encode_array(x: Any, *, exact: bool = False) -> dict[str, Any]:
+    """A float tensor / array as a JSON artifact: its shape and its float32 bytes in base64 (NaN kept); ``exact``:
+    its float64 bytes, bit for bit (scores whose order matters, not only their spread)."""
     import base64
 
     import numpy as np
-    a = np.ascontiguousarray(np.asarray(x.detach().cpu() if hasattr(x, "detach") else x, dtype="<f4"))
-    return {"shape": list(a.shape), "f32": base64.b64encode(a.tobytes()).decode("ascii")}
+    kind, dtype = ("f64", "<f8") if exact else ("f32", "<f4")
+    a = np.ascontiguousarray(np.asarray(x.detach().cpu() if hasattr(x, "detach") else x, dtype=dtype))
+    return {"shape": list(a.shape), kind: base64.b64encode(a.tobytes()).decode("ascii")}
 
 
 def decode_array(obj: Mapping[str, Any]) -> Any:
-    """The numpy float32 array :func:`encode_array` stored."""
+    """The numpy array :func:`encode_array` stored (float32, or float64 where stored ``exact``)."""
     import base64
 
     import numpy as np
-    return np.frombuffer(base64.b64decode(obj["f32"]), dtype="<f4").reshape(obj["shape"]).copy()
+    kind, dtype = ("f64", "<f8") if "f64" in obj else ("f32", "<f4")
+    return np.frombuffer(base64.b64decode(obj[kind]), dtype=dtype).reshape(obj["shape"]).copy()

@@ -96,29 +96,32 @@ def role_scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str
 def cached_role_scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, steps: int = STEPS,
                        nodes: bool = False, cache=None, progress: ProgressFn | None = None
                        ) -> tuple[np.ndarray, dict, bool]:
-    """:func:`role_scores` through the result cache (one row per edge, or node, and role: ``metric`` the role):
-    ([E, R] or [N, R], artifacts {seconds, forward_equivalents}, computed)."""
-    from engine.results import run_cached_rows
+    """:func:`role_scores` through the result cache, stored as one float64 array (``scores``: an edge's, or node's,
+    row per role -- on SmolLM2 616k values, which as rows took longer to store and read than EAP took to compute)
+    beside {seconds, forward_equivalents}: ([E, R] or [N, R], those artifacts, computed)."""
+    from engine.results import decode_array, encode_array, run_cached
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     params = {"dtype": backend.facts.dtype, "ranking": ranking, "steps": steps if ranking == "eap-ig" else 0,
-              "by": {"roles": list(CIRCUIT_ROLES), "version": ROLES_VERSION}}
+              "by": {"roles": list(CIRCUIT_ROLES), "version": ROLES_VERSION}, "stored": "float64 array [unit, role]"}
     f = backend.facts
-    names = component_names(f.n_layers, f.n_heads) if nodes else list(edge_graph(backend).names)
+    shape = (len(component_names(f.n_layers, f.n_heads)) if nodes else len(edge_graph(backend).names),
+             len(CIRCUIT_ROLES))
     resolution = "node-position" if nodes else "edge-position"
 
     def compute():
         t = time.perf_counter()
-        s = role_scores(backend, pairs, ranking, steps=steps, nodes=nodes, progress=progress)
+        s = role_scores(backend, pairs, ranking, steps=steps, nodes=nodes, progress=progress)  # [E or N, R]
         seconds = time.perf_counter() - t
         fe = ranking_work(backend, pairs, ranking, steps=steps, resolution=resolution).fe(backend, pairs)
-        return ([EdgeValue(n, role, float(v)) for n, row in zip(names, s) for role, v in zip(CIRCUIT_ROLES, row)],
-                {"seconds": seconds, "forward_equivalents": fe})
+        return [], {"seconds": seconds, "forward_equivalents": fe, "scores": encode_array(s, exact=True)}
 
     method = METHOD + ("_nodes_by_role" if nodes else "_by_role")
-    rows, art, computed = run_cached_rows(backend, pairs, method, params, compute, EdgeValue, cache=cache)
-    at = {(x.edge, x.metric): x.value for x in rows}
-    return np.array([[at[n, r] for r in CIRCUIT_ROLES] for n in names], dtype=np.float64), art, computed
+    _, art, computed = run_cached(backend, pairs, method, params, compute, cache=cache)
+    s = decode_array(art.pop("scores"))
+    if s.shape != shape:
+        raise ValueError(f"{method}: stored scores of shape {s.shape}, the graph has {shape}")
+    return s, art, computed
 
 
 def ranking_work(backend: ModelBackend, pairs: Sequence[PromptPair], ranking: str, *, steps: int = STEPS,

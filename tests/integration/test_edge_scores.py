@@ -108,3 +108,23 @@ def test_cli_position_resolutions(tmp_path):
     assert {row["ranking"] for row in rows} == {"exact", "random"}
     assert int(next(row["k"] for row in rows if row["ranking"] == "exact" and row["size"] == "1.0")) == seen[
         "node-position"]  # the same units: every head and MLP at five roles
+
+
+@pytest.mark.parametrize("ranking,nodes", [("eap", False), ("exact", True)])
+def test_role_scores_come_back_from_the_cache_bit_for_bit(organism, tmp_path, ranking, nodes):
+    """The scores by token role (every edge's, or every head's and MLP's, at each role) are stored as one float64
+    array: computed and read back, they are role_scores' own values to the last bit, in its shape."""
+    import numpy as np
+
+    from cache import ResultCache
+    from engine.prompts.promptsets import PromptSetSpec, generate
+    from engine.techniques.attention import CIRCUIT_ROLES
+    from engine.techniques.edge_scores import cached_role_scores, role_scores
+    pairs, _ = generate(organism.tokenizer, PromptSetSpec(n=2, ops=("sub",), seed=0))
+    plain = role_scores(organism, pairs, ranking, nodes=nodes)  # [E or N, R]
+    cache = ResultCache(tmp_path / "results.duckdb")
+    cold, art, computed = cached_role_scores(organism, pairs, ranking, nodes=nodes, cache=cache)
+    warm, again, hit = cached_role_scores(organism, pairs, ranking, nodes=nodes, cache=cache)
+    assert computed and not hit and set(art) == set(again) == {"seconds", "forward_equivalents"}
+    assert plain.shape[1] == len(CIRCUIT_ROLES) and cold.dtype == warm.dtype == np.float64
+    assert cold.tobytes() == warm.tobytes() == plain.astype(np.float64).tobytes()

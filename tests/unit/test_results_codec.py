@@ -228,3 +228,14 @@ def test_a_result_says_what_computed_it_and_a_new_version_misses(tmp_path, monke
     run_cached_rows(model, [], "m", {"a": 1}, compute, Long, cache=cache)
     assert len(calls) == 2  # another transformers: computed again, beside the old result
     assert len(cache.list_runs("m")) == 2
+
+
+def test_arrays_round_trip_float32_by_default_and_float64_bit_for_bit_where_exact():
+    import numpy as np
+
+    from engine.results import decode_array, encode_array
+    x = np.array([[1 / 3, -0.0, np.nan], [1e-300, 2.0 ** 60 + 1, -np.inf]])  # [2, 3]: values float32 cannot hold
+    f32 = decode_array(json.loads(json.dumps(encode_array(x))))
+    assert f32.dtype == np.float32 and f32.shape == (2, 3) and f32[0, 0] == np.float32(1 / 3)
+    f64 = decode_array(json.loads(json.dumps(encode_array(x, exact=True))))
+    assert f64.dtype == np.float64 and f64.tobytes() == x.tobytes()  # NaN, -0.0 and the last bits kept
