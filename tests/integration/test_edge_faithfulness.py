@@ -20,6 +20,7 @@ from engine.techniques.edge_faithfulness import (
     random_circuit,
     random_runs,
     top_edges,
+    top_edges_of_sizes,
 )
 from engine.techniques.edges import edge_graph
 from engine.techniques.faithfulness import kept_count
@@ -148,6 +149,11 @@ def test_top_edges():
     keep = top_edges(np.array([0.1, -3.0, 2.0, 0.0]), 2)
     assert keep.tolist() == [False, True, True, False]
     assert not top_edges(np.ones(3), 0).any() and torch.tensor(top_edges(np.ones(3), 3)).all()
+    # every size from one sort: the circuits a sort per size gives, ties (|-1| = |1|, the zeros) in graph order
+    s = np.random.default_rng(0).integers(-3, 4, 200).astype(float)
+    ks = [0, 1, 7, 50, 51, 199, 200]
+    assert np.array_equal(top_edges_of_sizes(s, ks), np.stack([
+        np.isin(np.arange(200), sorted(range(200), key=lambda i: (-abs(s[i]), i))[:k]) for k in ks]))
 
 
 def test_random_ranking_reads_each_pair_under_its_draw_as_the_plain_loop(organism):
