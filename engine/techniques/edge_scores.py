@@ -97,8 +97,8 @@ def cached_role_scores(backend: ModelBackend, pairs: Sequence[PromptPair], ranki
                        nodes: bool = False, cache=None, progress: ProgressFn | None = None
                        ) -> tuple[np.ndarray, dict, bool]:
     """:func:`role_scores` through the result cache, stored as one float64 array (``scores``: an edge's, or node's,
-    row per role -- on SmolLM2 616k values, which as rows took longer to store and read than EAP took to compute)
-    beside {seconds, forward_equivalents}: ([E, R] or [N, R], those artifacts, computed)."""
+    row per role; SmolLM2: 616,055 values per ranking, one artifact rather than as many cache rows) beside
+    {seconds, forward_equivalents}: ([E, R] or [N, R], those artifacts, computed)."""
     from engine.results import decode_array, encode_array, run_cached
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
