@@ -398,11 +398,11 @@ def edge_circuits(backend: ModelBackend, pairs: Sequence[PromptPair], kept: np.n
     mlp: list[list] = [[None] * L for _ in range(C)]  # [C][L] of [P, pos, d]
     # the senders' differences, value_u(X_c) - value_u(run) per circuit, each kept as its rows at each token role's
     # positions (R = 1: every position): a receiver's correction at a role sums only that role's rows
-    roles = [] if run.where is None else [run.where[r, ..., 0] > 0 for r in range(run.where.shape[0])]
-    # [R] of [P, pos] bool: a partition of the positions
+    roles = ([] if run.where is None else  # [R] of [P, pos] bool: a partition of the positions
+             [run.where[r, ..., 0] > 0 for r in range(run.where.shape[0])])
 
     def split(d: torch.Tensor) -> list[torch.Tensor]:  # [P, pos, d] -> [R] of [positions of the role, d]
-        return [d] if run.where is None else [d[m] for m in roles]
+        return [d[m] for m in roles] if roles else [d]
 
     x_in = (run.c[hooks.resid_pre(0)] - run.r[hooks.resid_pre(0)]).float().cpu()  # [P, pos, d]
     diff: list[dict] = [{"input": split(x_in)} for _ in range(C)]  # [C] of {sender: [R] of [n_r, d]}
